@@ -3,6 +3,13 @@
 //! `ServiceRecord` / `RemoteRegistry`, and the derived names and validation rules of XCC v1.
 
 #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
+// Tests state their expectations with unwrap; the lint guards input handling in library code.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+pub mod domains;
+pub mod hamlet;
+pub mod names;
+pub mod resources;
 
 /// `google.rpc.Status`, as Hamlet imports it.
 pub mod google {
@@ -46,7 +53,8 @@ pub mod xcc {
 }
 
 /// Encoded `FileDescriptorSet` of every proto above, for gRPC server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/xcc_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/xcc_descriptor.bin"));
 
 /// Type URL of the Hamlet v1alpha1 payload; the only URL XCC peers subscribe with.
 pub const FEDERATED_SERVICE_V1ALPHA1_URL: &str =
