@@ -29,6 +29,11 @@ use crate::reload::ReloadingTls;
 /// trip, short enough that stalled sockets do not pile up.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Handshakes in flight at most; beyond that, accepting pauses and new sockets wait in the kernel backlog.
+/// Bounds the memory a flood of idle sockets can pin (each may hold its slot for [`HANDSHAKE_TIMEOUT`]);
+/// far above what a registry with a few dozen peers needs.
+const MAX_PENDING_HANDSHAKES: usize = 1024;
+
 /// Pause after a non-transient `accept` error (e.g. out of file descriptors) so the loop does not spin.
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -130,7 +135,7 @@ pub fn peer_info<T>(req: &tonic::Request<T>) -> Option<&PeerInfo> {
 /// [`Identity`].
 ///
 /// Handshakes run concurrently as separate tasks, each limited to [`HANDSHAKE_TIMEOUT`], so a slow or
-/// failing peer never delays others. Failed handshakes are logged at debug level with the peer address and
+/// failing peer never delays others (up to 1024 handshakes in flight; beyond that accepting pauses). Failed handshakes are logged at debug level with the peer address and
 /// counted in `xcc_tls_handshake_failures_total`; they are not yielded. Errors from `accept` itself are
 /// yielded (transient ones, such as a connection reset before it was accepted, are skipped). The stream
 /// ends when `cancel` fires; in-flight handshakes are then abandoned and the listener is closed.
@@ -164,7 +169,7 @@ impl Incoming {
         loop {
             tokio::select! {
                 _ = self.cancel.cancelled() => return None,
-                accepted = self.listener.accept() => match accepted {
+                accepted = self.listener.accept(), if self.handshakes.len() < MAX_PENDING_HANDSHAKES => match accepted {
                     Ok((tcp, remote_addr)) => {
                         self.handshakes.spawn(handshake(tcp, remote_addr, self.tls.clone()));
                     }

@@ -110,6 +110,8 @@ async fn rejected_clients_see_exact_alerts_and_are_never_yielded() {
         )),
         "{err}"
     );
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    assert_eq!(err.to_string(), "received fatal alert: CertificateRequired");
     server.assert_nothing_yielded();
     assert_eq!(failures(&server_tls).as_deref(), Some("1"));
 
@@ -299,4 +301,44 @@ async fn data_flows_both_ways_over_the_yielded_connection() {
         .await
         .expect("read");
     assert_eq!(&buf, b"pong");
+}
+
+#[tokio::test]
+async fn connector_requires_alpn_h2() {
+    let ca = ca();
+    let (_cd, client_tls, _) = tls_dir(&ca, &IssueRequest::cluster("west"));
+    let issued = ca.issue(&server_request()).expect("issue");
+    // A plain TLS server (no ALPN, no client auth) with a valid certificate.
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf_der(&issued.cert_pem)], key_der(&issued.key_pem))
+    .expect("server config");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let server = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.expect("accept");
+        acceptor.accept(tcp).await.map(|_| ())
+    });
+
+    let mut connector = TlsConnector::new(client_tls, SERVER_NAME.into(), None).expect("connector");
+    let uri: http::Uri = format!("http://{addr}").parse().expect("uri");
+    let err = within("connect", connector.call(uri))
+        .await
+        .expect_err("no h2");
+    assert_eq!(
+        err.to_string(),
+        format!("http://{addr}/: server did not negotiate ALPN \"h2\"")
+    );
+    assert_eq!(connector.last_peer(), None);
+    within("server", server)
+        .await
+        .expect("task")
+        .expect("server handshake");
 }
