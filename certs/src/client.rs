@@ -14,8 +14,7 @@ use std::task::{Context, Poll};
 
 use http::Uri;
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, RootCertStore};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
@@ -23,7 +22,7 @@ use tokio_rustls::client::TlsStream;
 use crate::ALPN_H2;
 use crate::error::CertError;
 use crate::identity::{Identity, parse_identity};
-use crate::reload::{ReloadingTls, root_store};
+use crate::reload::{ReloadingTls, parse_certs, root_store};
 use crate::server::HANDSHAKE_TIMEOUT;
 
 /// Connects to xcc (or Hamlet) servers over mutual TLS. Clones share the configuration cache and
@@ -167,17 +166,10 @@ fn host_port(uri: &Uri) -> io::Result<(String, u16)> {
 /// handshake failures later (XCC v1 silently accepted invalid PEM this way).
 pub fn roots_from_pem(pem: &[u8]) -> Result<Arc<RootCertStore>, CertError> {
     const BUNDLE: &str = "CA bundle";
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| CertError::Pem {
-            file: BUNDLE.to_owned(),
-            source,
-        })?;
-    if certs.is_empty() {
-        return Err(CertError::EmptyBundle {
-            file: BUNDLE.to_owned(),
-        });
-    }
+    let certs = parse_certs(pem, BUNDLE).map_err(|e| match e {
+        CertError::NoCertificate { file } => CertError::EmptyBundle { file },
+        other => other,
+    })?;
     Ok(Arc::new(root_store(&certs, BUNDLE)?))
 }
 
