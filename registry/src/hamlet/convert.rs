@@ -1,0 +1,274 @@
+//! Catalog entries ⇄ Hamlet payloads. Pure functions: what the XCC v1 registry server puts in a
+//! `FederatedService` (reference §3.3.3) and how an import is read back (§3.4.3, with the
+//! canonicalisation and annotation allow-list fixes C6/C7).
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+use xcc_proto::federation::types::{v1alpha1, v1alpha2};
+use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, FEDERATED_SERVICE_V1ALPHA2_URL};
+
+use xcc_proto::names::canonical_fqdn;
+
+use crate::catalog::{Endpoint, ServiceEntry};
+
+/// Annotation keys an importer accepts from a peer (C6): everything else is dropped.
+pub use xcc_proto::names::{SERVICE_PORT_ANNOTATION, VIP_ANNOTATION};
+/// Prefix of the annotations that travel as FederatedService labels (S7: with the slash).
+pub const LABEL_PASSTHROUGH_PREFIX: &str = "connectivity.tanzu.vmware.com/";
+
+/// The v1alpha1 payload exactly as the XCC registry server fills it: name = id = fqdn,
+/// protocols `["https"]`, labels = the pass-through annotations, endpoints in order.
+pub fn to_v1alpha1(e: &ServiceEntry) -> v1alpha1::FederatedService {
+    v1alpha1::FederatedService {
+        name: e.fqdn.clone(),
+        description: String::new(),
+        tags: vec![],
+        labels: e.labels.clone(),
+        fqdn: e.fqdn.clone(),
+        id: e.fqdn.clone(),
+        san: String::new(),
+        protocols: vec!["https".into()],
+        endpoints: e
+            .endpoints
+            .iter()
+            .map(|ep| v1alpha1::federated_service::Endpoint {
+                address: ep.address.clone(),
+                port: ep.port,
+            })
+            .collect(),
+    }
+}
+
+/// The v1alpha2 payload: one HTTPS instance whose SNI is the FQDN, associated with all endpoints.
+pub fn to_v1alpha2(e: &ServiceEntry) -> v1alpha2::FederatedService {
+    let mut metadata = BTreeMap::new();
+    metadata.insert("SNI".to_string(), e.fqdn.clone());
+    if let Some(port) = e.labels.get(SERVICE_PORT_ANNOTATION) {
+        metadata.insert("PORT".to_string(), port.clone());
+    }
+    v1alpha2::FederatedService {
+        name: e.fqdn.clone(),
+        description: String::new(),
+        tags: vec![],
+        labels: e.labels.clone(),
+        fqdn: e.fqdn.clone(),
+        endpoints: e
+            .endpoints
+            .iter()
+            .map(|ep| v1alpha2::federated_service::Endpoint {
+                address: ep.address.clone(),
+                port: ep.port,
+                labels: vec![],
+                description: String::new(),
+            })
+            .collect(),
+        sans: vec![],
+        instances: vec![v1alpha2::federated_service::Instance {
+            id: "https".into(),
+            protocol: "HTTPS".into(),
+            metadata,
+            endpoint_selector: vec![],
+            description: String::new(),
+        }],
+    }
+}
+
+pub fn any_v1alpha1(e: &ServiceEntry) -> prost_types::Any {
+    prost_types::Any {
+        type_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
+        value: to_v1alpha1(e).encode_to_vec(),
+    }
+}
+
+pub fn any_v1alpha2(e: &ServiceEntry) -> prost_types::Any {
+    prost_types::Any {
+        type_url: FEDERATED_SERVICE_V1ALPHA2_URL.into(),
+        value: to_v1alpha2(e).encode_to_vec(),
+    }
+}
+
+/// Why an imported resource was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ImportError {
+    #[error("resource type {0:?} is not federation.types.v1alpha1.FederatedService")]
+    WrongType(String),
+    #[error("resource does not decode as a FederatedService: {0}")]
+    Decode(String),
+    #[error("invalid fqdn {fqdn:?}: {reason}")]
+    Fqdn { fqdn: String, reason: String },
+    #[error("endpoint {index}: {reason}")]
+    Endpoint { index: usize, reason: String },
+}
+
+/// An import as read from a peer: canonical FQDN, validated endpoints, allow-listed labels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Imported {
+    pub fqdn: String,
+    /// The FQDN as the peer sent it.
+    pub raw_fqdn: String,
+    pub endpoints: Vec<Endpoint>,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Decode and validate a v1alpha1 resource (the Go client's type check: the part after the last
+/// `/` of the type URL must name the message).
+pub fn import_v1alpha1(any: &prost_types::Any) -> Result<Imported, ImportError> {
+    let type_name = any.type_url.rsplit('/').next().unwrap_or_default();
+    if type_name != "federation.types.v1alpha1.FederatedService" {
+        return Err(ImportError::WrongType(any.type_url.clone()));
+    }
+    let fs = v1alpha1::FederatedService::decode(any.value.as_slice())
+        .map_err(|e| ImportError::Decode(e.to_string()))?;
+    import_fields(
+        &fs.fqdn,
+        &fs.labels,
+        fs.endpoints.iter().map(|e| (&e.address, e.port)),
+    )
+}
+
+fn import_fields<'a>(
+    raw_fqdn: &str,
+    labels: &BTreeMap<String, String>,
+    endpoints: impl Iterator<Item = (&'a String, u32)>,
+) -> Result<Imported, ImportError> {
+    let fqdn = canonical_fqdn(raw_fqdn).map_err(|e| ImportError::Fqdn {
+        fqdn: raw_fqdn.to_string(),
+        reason: e.to_string(),
+    })?;
+    let mut eps = Vec::new();
+    for (index, (address, port)) in endpoints.enumerate() {
+        if !(1..=65535).contains(&port) {
+            return Err(ImportError::Endpoint {
+                index,
+                reason: format!("port {port} is out of range 1-65535"),
+            });
+        }
+        if address.parse::<std::net::IpAddr>().is_err() && canonical_fqdn(address).is_err() {
+            return Err(ImportError::Endpoint {
+                index,
+                reason: format!("address {address:?} is neither an IP address nor a DNS name"),
+            });
+        }
+        eps.push(Endpoint {
+            address: address.clone(),
+            port,
+        });
+    }
+    let mut kept = BTreeMap::new();
+    if let Some(port) = labels.get(SERVICE_PORT_ANNOTATION)
+        && port.parse::<u16>().is_ok_and(|p| p > 0)
+    {
+        kept.insert(SERVICE_PORT_ANNOTATION.to_string(), port.clone());
+    }
+    if let Some(vip) = labels.get(VIP_ANNOTATION)
+        && vip.parse::<std::net::IpAddr>().is_ok()
+    {
+        kept.insert(VIP_ANNOTATION.to_string(), vip.clone());
+    }
+    Ok(Imported {
+        fqdn,
+        raw_fqdn: raw_fqdn.to_string(),
+        endpoints: eps,
+        labels: kept,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{ServiceKey, Source};
+
+    fn entry() -> ServiceEntry {
+        let mut labels = BTreeMap::new();
+        labels.insert(SERVICE_PORT_ANNOTATION.to_string(), "443".to_string());
+        ServiceEntry {
+            key: ServiceKey::new("east", "default", "nginx.xcc.test"),
+            source: Source::Local,
+            fqdn: "nginx.xcc.test".into(),
+            endpoints: vec![
+                Endpoint {
+                    address: "172.17.0.5".into(),
+                    port: 443,
+                },
+                Endpoint {
+                    address: "172.17.0.6".into(),
+                    port: 443,
+                },
+            ],
+            ports: vec![],
+            labels,
+            allowed_requesters: vec![],
+            origin: None,
+            revision: 1,
+        }
+    }
+
+    /// The encoding must equal the reference vector `fs_v1alpha1_xcc` byte for byte.
+    #[test]
+    fn v1alpha1_encoding_matches_the_xcc_vector() {
+        let hex = "0a0e6e67696e782e7863632e7465737422310a2a636f6e6e65637469766974792e74616e7a752e766d776172652e636f6d2f736572766963652d706f727412033434332a0e6e67696e782e7863632e74657374320e6e67696e782e7863632e74657374420568747470734a0f0a0a3137322e31372e302e3510bb034a0f0a0a3137322e31372e302e3610bb03";
+        let bytes = to_v1alpha1(&entry()).encode_to_vec();
+        let got: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(got, hex);
+    }
+
+    #[test]
+    fn import_round_trip_filters_labels_and_canonicalises() {
+        let mut e = entry();
+        e.fqdn = "Nginx.XCC.test.".into();
+        e.labels.insert(VIP_ANNOTATION.into(), "1.2.3.4".into());
+        e.labels.insert("foobar".into(), "x".into());
+        e.labels
+            .insert("connectivity.tanzu.vmware.com/other".into(), "y".into());
+        let got = import_v1alpha1(&any_v1alpha1(&e)).expect("valid");
+        assert_eq!(got.fqdn, "nginx.xcc.test");
+        assert_eq!(got.raw_fqdn, "Nginx.XCC.test.");
+        assert_eq!(
+            got.labels.keys().collect::<Vec<_>>(),
+            vec![SERVICE_PORT_ANNOTATION, VIP_ANNOTATION]
+        );
+        assert_eq!(got.endpoints.len(), 2);
+    }
+
+    #[test]
+    fn import_rejects_bad_input_with_reasons() {
+        let mut any = any_v1alpha1(&entry());
+        any.type_url = "type.googleapis.com/federation.types.v1alpha2.FederatedService".into();
+        assert!(matches!(
+            import_v1alpha1(&any),
+            Err(ImportError::WrongType(_))
+        ));
+        let any = prost_types::Any {
+            type_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
+            value: vec![0xff, 0xff, 0xff],
+        };
+        assert!(matches!(import_v1alpha1(&any), Err(ImportError::Decode(_))));
+        let mut e = entry();
+        e.fqdn = "bad..name".into();
+        assert_eq!(
+            import_v1alpha1(&any_v1alpha1(&e)),
+            Err(ImportError::Fqdn {
+                fqdn: "bad..name".into(),
+                reason: xcc_proto::names::canonical_fqdn("bad..name")
+                    .expect_err("invalid")
+                    .to_string(),
+            })
+        );
+        let mut e = entry();
+        e.endpoints[1].port = 70000;
+        assert_eq!(
+            import_v1alpha1(&any_v1alpha1(&e)),
+            Err(ImportError::Endpoint {
+                index: 1,
+                reason: "port 70000 is out of range 1-65535".into()
+            })
+        );
+        let mut e = entry();
+        e.endpoints[0].address = "not an address".into();
+        assert!(matches!(
+            import_v1alpha1(&any_v1alpha1(&e)),
+            Err(ImportError::Endpoint { index: 0, .. })
+        ));
+    }
+}
