@@ -1,1 +1,14 @@
-//! placeholder
+//! The xcc registry: the catalog of services, the Hamlet server that serves this cluster's
+//! exports, the managed Hamlet clients that import from remote registries, the admin API, and
+//! the stores that keep exports and imports (files here; Kubernetes in its own issue).
+
+pub mod admin;
+pub mod catalog;
+pub mod hamlet;
+pub mod metrics;
+pub mod peers;
+pub mod run;
+pub mod store;
+
+pub use catalog::Catalog;
+pub use run::{Registry, RegistryConfig, StoreConfig};

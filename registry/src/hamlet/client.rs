@@ -1,0 +1,596 @@
+//! The managed Hamlet client: one long-lived task and one gRPC channel per remote registry.
+//!
+//! It subscribes to `federation.types.v1alpha1.FederatedService`, applies what it receives to the
+//! import sink (durably) and to the catalog, and only then sends exactly one ACK (or NACK) per
+//! response, as Go servers require. Reconnects use jittered exponential backoff (floor 1 s, cap
+//! configurable); `Unauthenticated` is not retried. After every (re)connect the remote's snapshot
+//! is applied again and imports the remote no longer has are removed — after the end-of-snapshot
+//! marker when the server offers it, else after a quiet period — touching only this remote's
+//! records.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use rand::{Rng, SeedableRng};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, info, warn};
+use xcc_proto::federation::resourcediscovery::v1alpha1 as rd1;
+use xcc_proto::google::rpc::Status as RpcStatus;
+use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, SNAPSHOT_COMPLETE_URL, SNAPSHOT_MARKER_METADATA};
+
+use super::convert::{self, Imported};
+use crate::catalog::{Catalog, ServiceEntry, ServiceKey, Source};
+use crate::metrics::Metrics;
+use crate::peers::{PeerKind, PeerState, PeerStats, PeerTable};
+
+/// What to import from one remote registry (a RemoteRegistry's spec, resolved).
+#[derive(Clone)]
+pub struct RemoteSpec {
+    /// RemoteRegistry name; imports are owned by it.
+    pub name: String,
+    /// `host:port` of the remote Hamlet server.
+    pub address: String,
+    /// Name the server certificate must carry (and SNI).
+    pub server_name: String,
+    /// CA bundle for the server; `None` = this registry's own CA.
+    pub roots: Option<Arc<rustls::RootCertStore>>,
+    /// Import filter (reference §2.5); empty = everything.
+    pub allowed_domains: Vec<String>,
+}
+
+impl PartialEq for RemoteSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.address == other.address
+            && self.server_name == other.server_name
+            && self.allowed_domains == other.allowed_domains
+            && match (&self.roots, &other.roots) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a.roots == b.roots,
+                _ => false,
+            }
+    }
+}
+
+/// Client tunables.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub backoff: Backoff,
+    /// With a plain Hamlet server (no end-of-snapshot marker): remove stale imports once the
+    /// stream has been quiet this long after connecting.
+    pub quiet_period: Duration,
+    /// Largest response accepted from the remote.
+    pub max_response_bytes: usize,
+    /// Responses applied (and persisted) together before their ACKs are sent.
+    pub max_batch: usize,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            backoff: Backoff::default(),
+            quiet_period: Duration::from_secs(10),
+            // 4 MiB: a FederatedService is a few hundred bytes; this is gRPC's usual default.
+            max_response_bytes: 4 * 1024 * 1024,
+            max_batch: 512,
+        }
+    }
+}
+
+/// Jittered exponential backoff: attempt n waits a random time in
+/// `[max(min, d/2), d]` with `d = min(max, min * 2^n)`; never below `min`.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            // The Hamlet spec's floor for Unavailable retries.
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(120),
+        }
+    }
+}
+
+impl Backoff {
+    pub fn delay(&self, attempt: u32, rng: &mut impl Rng) -> Duration {
+        let ceiling = self
+            .min
+            .saturating_mul(1u32 << attempt.min(20))
+            .min(self.max)
+            .max(self.min);
+        let floor = (ceiling / 2).max(self.min).min(ceiling);
+        if floor == ceiling {
+            return ceiling;
+        }
+        let span = (ceiling - floor).as_nanos() as u64;
+        floor + Duration::from_nanos(rng.random_range(0..=span))
+    }
+}
+
+/// Where imports are kept durably. `persist` receives the complete set of this remote's imports
+/// after a batch; it returns once they are stored.
+pub trait ImportSink: Send + Sync + 'static {
+    fn persist<'a>(
+        &'a self,
+        remote: &'a str,
+        imports: &'a BTreeMap<String, Imported>,
+    ) -> BoxFuture<'a, anyhow::Result<()>>;
+}
+
+/// A sink that keeps nothing beyond the catalog (tests, ephemeral registries).
+pub struct MemorySink;
+
+impl ImportSink for MemorySink {
+    fn persist<'a>(
+        &'a self,
+        _remote: &'a str,
+        _imports: &'a BTreeMap<String, Imported>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        async { Ok(()) }.boxed()
+    }
+}
+
+/// Shared parts every client needs.
+#[derive(Clone)]
+pub struct ClientContext {
+    pub catalog: Catalog,
+    pub peers: PeerTable,
+    pub metrics: Metrics,
+    pub tls: xcc_certs::reload::ReloadingTls,
+    pub sink: Arc<dyn ImportSink>,
+    pub config: ClientConfig,
+}
+
+/// Handle of a running client: update its spec or stop it.
+pub struct ClientHandle {
+    spec: watch::Sender<RemoteSpec>,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ClientHandle {
+    /// Replace the spec; the client redials only if something changed.
+    pub fn update(&self, spec: RemoteSpec) {
+        self.spec.send_if_modified(|cur| {
+            if *cur == spec {
+                false
+            } else {
+                *cur = spec;
+                true
+            }
+        });
+    }
+
+    pub fn spec(&self) -> RemoteSpec {
+        self.spec.borrow().clone()
+    }
+
+    /// Stop the client and wait for it. Its imports stay (the caller decides about them).
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+/// Start a managed client for `spec`.
+pub fn spawn(ctx: ClientContext, spec: RemoteSpec, cancel: CancellationToken) -> ClientHandle {
+    let (tx, rx) = watch::channel(spec);
+    let cancel = cancel.child_token();
+    let task = tokio::spawn(run(ctx, rx, cancel.clone()));
+    ClientHandle {
+        spec: tx,
+        cancel,
+        task,
+    }
+}
+
+/// Why a stream ended.
+enum End {
+    Cancelled,
+    Redial,
+    /// Retry after backoff; `healthy` resets the backoff (the stream got somewhere).
+    Retry {
+        error: String,
+        healthy: bool,
+    },
+    /// Do not retry until the spec changes.
+    Fatal(String),
+}
+
+async fn run(
+    ctx: ClientContext,
+    mut spec_rx: watch::Receiver<RemoteSpec>,
+    cancel: CancellationToken,
+) {
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    'spec: loop {
+        let spec = spec_rx.borrow_and_update().clone();
+        let guard = ctx.peers.register(
+            PeerKind::RemoteRegistry,
+            spec.name.clone(),
+            "",
+            spec.address.clone(),
+        );
+        let stats = guard.stats.clone();
+        let channel = match build_channel(&ctx, &spec) {
+            Ok(c) => c,
+            Err(e) => {
+                stats.set_state(PeerState::Failed);
+                stats.set_error(e.clone());
+                warn!(remote = %spec.name, error = %e, "cannot build a channel; waiting for a spec change");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    r = spec_rx.changed() => { if r.is_err() { return } continue 'spec; }
+                }
+            }
+        };
+        let mut attempt: u32 = 0;
+        loop {
+            stats.set_state(PeerState::Connecting);
+            let end = tokio::select! {
+                _ = cancel.cancelled() => End::Cancelled,
+                r = spec_rx.changed() => if r.is_err() { End::Cancelled } else { End::Redial },
+                end = stream_once(&ctx, &spec, channel.0.clone(), &channel.1, &stats) => end,
+            };
+            match end {
+                End::Cancelled => {
+                    stats.set_state(PeerState::Stopped);
+                    return;
+                }
+                End::Redial => {
+                    info!(remote = %spec.name, "remote registry spec changed; redialling");
+                    continue 'spec;
+                }
+                End::Fatal(error) => {
+                    stats.set_state(PeerState::Failed);
+                    stats.set_error(error.clone());
+                    warn!(remote = %spec.name, %error, "not retrying until the RemoteRegistry changes");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return,
+                        r = spec_rx.changed() => { if r.is_err() { return } continue 'spec; }
+                    }
+                }
+                End::Retry { error, healthy } => {
+                    if healthy {
+                        attempt = 0;
+                    }
+                    let delay = ctx.config.backoff.delay(attempt, &mut rng);
+                    attempt = attempt.saturating_add(1);
+                    stats.set_state(PeerState::Backoff);
+                    stats.set_error(error.clone());
+                    stats.reconnects.fetch_add(1, Ordering::Relaxed);
+                    ctx.metrics.client_reconnects.inc();
+                    info!(remote = %spec.name, %error, ?delay, "import stream ended; reconnecting after backoff");
+                    tokio::select! {
+                        _ = cancel.cancelled() => { stats.set_state(PeerState::Stopped); return; }
+                        r = spec_rx.changed() => { if r.is_err() { return } continue 'spec; }
+                        _ = tokio::time::sleep(delay) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn build_channel(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+) -> Result<(Channel, xcc_certs::client::TlsConnector), String> {
+    let connector = xcc_certs::client::TlsConnector::new(
+        ctx.tls.clone(),
+        spec.server_name.clone(),
+        spec.roots.clone(),
+    )
+    .map_err(|e| format!("TLS setup: {e}"))?;
+    let endpoint = Endpoint::from_shared(format!("http://{}", spec.address))
+        .map_err(|e| format!("invalid address {:?}: {e}", spec.address))?
+        .connect_timeout(Duration::from_secs(10))
+        // Go servers enforce a 40 s minimum between client pings (reference §1.9).
+        .http2_keep_alive_interval(Duration::from_secs(60))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    Ok((
+        endpoint.connect_with_connector_lazy(connector.clone()),
+        connector,
+    ))
+}
+
+pub(crate) fn entry_for(remote: &str, imported: &Imported) -> ServiceEntry {
+    ServiceEntry {
+        key: ServiceKey::new(remote, "", imported.fqdn.clone()),
+        source: Source::Remote(remote.to_string()),
+        fqdn: imported.fqdn.clone(),
+        endpoints: imported.endpoints.clone(),
+        ports: vec![],
+        labels: imported.labels.clone(),
+        allowed_requesters: vec![],
+        origin: None,
+        revision: 0,
+    }
+}
+
+/// This remote's imports as the catalog holds them (loaded from the store at start-up).
+fn current_imports(catalog: &Catalog, remote: &str) -> BTreeMap<String, Imported> {
+    catalog
+        .list(&crate::catalog::ListFilter {
+            source: Some(Source::Remote(remote.to_string())),
+            ..Default::default()
+        })
+        .into_iter()
+        .map(|e| {
+            (
+                e.fqdn.clone(),
+                Imported {
+                    fqdn: e.fqdn.clone(),
+                    raw_fqdn: e.fqdn.clone(),
+                    endpoints: e.endpoints.clone(),
+                    labels: e.labels.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn ack(nonce: String) -> rd1::StreamRequest {
+    rd1::StreamRequest {
+        resource_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
+        response_nonce: nonce,
+        status: Some(RpcStatus::default()),
+    }
+}
+
+fn nack(nonce: String, code: Code, message: String) -> rd1::StreamRequest {
+    rd1::StreamRequest {
+        resource_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
+        response_nonce: nonce,
+        status: Some(RpcStatus {
+            code: code as i32,
+            message,
+            details: vec![],
+        }),
+    }
+}
+
+/// One stream: subscribe, apply batches, ACK, sweep stale imports once per connection.
+async fn stream_once(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    channel: Channel,
+    connector: &xcc_certs::client::TlsConnector,
+    stats: &Arc<PeerStats>,
+) -> End {
+    let (req_tx, req_rx) = mpsc::channel::<rd1::StreamRequest>(ctx.config.max_batch + 1);
+    let _ = req_tx.try_send(rd1::StreamRequest {
+        resource_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
+        response_nonce: String::new(),
+        status: None,
+    });
+    let mut request = tonic::Request::new(ReceiverStream::new(req_rx));
+    request.metadata_mut().insert(
+        SNAPSHOT_MARKER_METADATA,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    let mut client = rd1::discovery_service_client::DiscoveryServiceClient::new(channel)
+        .max_decoding_message_size(ctx.config.max_response_bytes);
+    let response = match client.establish_stream(request).await {
+        Ok(r) => r,
+        Err(status) => return end_for(status, false),
+    };
+    let marker = response
+        .metadata()
+        .get(SNAPSHOT_MARKER_METADATA)
+        .is_some_and(|v| v.as_bytes() == b"1");
+    let mut stream = response.into_inner();
+    if let Some(identity) = connector.last_peer() {
+        stats.set_identity(identity.name());
+    }
+    stats.set_state(PeerState::Connected);
+    stats.set_error("");
+    info!(remote = %spec.name, marker, "import stream established");
+
+    let mut imports = current_imports(&ctx.catalog, &spec.name);
+    stats.records.store(imports.len() as u64, Ordering::Relaxed);
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut swept = false;
+    let mut healthy = false;
+    let quiet = ctx.config.quiet_period;
+    let mut quiet_deadline = tokio::time::Instant::now() + quiet;
+
+    loop {
+        let first = tokio::select! {
+            m = stream.message() => m,
+            _ = tokio::time::sleep_until(quiet_deadline), if !marker && !swept => {
+                swept = true;
+                healthy = true;
+                if let Err(e) = sweep(ctx, spec, &mut imports, &seen, stats).await {
+                    return End::Retry { error: e, healthy };
+                }
+                continue;
+            }
+        };
+        let mut batch = match first {
+            Ok(Some(m)) => vec![m],
+            Ok(None) => {
+                return End::Retry {
+                    error: "remote closed the stream".into(),
+                    healthy,
+                };
+            }
+            Err(status) => return end_for(status, healthy),
+        };
+        while batch.len() < ctx.config.max_batch {
+            match stream.message().now_or_never() {
+                Some(Ok(Some(m))) => batch.push(m),
+                _ => break,
+            }
+        }
+        quiet_deadline = tokio::time::Instant::now() + quiet;
+
+        let mut replies = Vec::with_capacity(batch.len());
+        let mut changed = false;
+        let mut marker_seen = false;
+        for resp in batch {
+            let op = rd1::stream_response::Operation::try_from(resp.operation)
+                .unwrap_or(rd1::stream_response::Operation::Unknown);
+            let Some(any) = resp.resource else {
+                replies.push(nack(
+                    resp.nonce,
+                    Code::InvalidArgument,
+                    "response carries no resource".into(),
+                ));
+                continue;
+            };
+            if op == rd1::stream_response::Operation::Unknown {
+                // The marker, or an operation we do not know: ACK without applying (as Go does).
+                if any.type_url == SNAPSHOT_COMPLETE_URL {
+                    marker_seen = true;
+                }
+                replies.push(ack(resp.nonce));
+                continue;
+            }
+            let imported = match convert::import_v1alpha1(&any) {
+                Ok(i) => i,
+                Err(e) => {
+                    ctx.metrics.client_imports_rejected.inc();
+                    warn!(remote = %spec.name, error = %e, "rejecting an imported resource");
+                    replies.push(nack(resp.nonce, Code::InvalidArgument, e.to_string()));
+                    continue;
+                }
+            };
+            let allowed = xcc_proto::domains::fqdn_allowed(&imported.fqdn, &spec.allowed_domains);
+            match op {
+                rd1::stream_response::Operation::Delete => {
+                    changed |= imports.remove(&imported.fqdn).is_some();
+                    seen.remove(&imported.fqdn);
+                }
+                _ if !allowed => {
+                    debug!(remote = %spec.name, fqdn = %imported.fqdn, "not in allowedDomains; not imported");
+                    changed |= imports.remove(&imported.fqdn).is_some();
+                }
+                _ => {
+                    seen.insert(imported.fqdn.clone());
+                    if imports.get(&imported.fqdn) != Some(&imported) {
+                        imports.insert(imported.fqdn.clone(), imported);
+                        changed = true;
+                    }
+                }
+            }
+            replies.push(ack(resp.nonce));
+        }
+        if changed && let Err(e) = apply(ctx, spec, &imports, stats).await {
+            // Nothing was ACKed: the server keeps these responses outstanding, so reconnecting
+            // (and re-reading the snapshot) loses nothing.
+            return End::Retry { error: e, healthy };
+        }
+        if marker_seen && !swept {
+            swept = true;
+            if let Err(e) = sweep(ctx, spec, &mut imports, &seen, stats).await {
+                return End::Retry { error: e, healthy };
+            }
+        }
+        if marker_seen || swept {
+            healthy = true;
+            stats.mark_synced();
+        }
+        for reply in replies {
+            if req_tx.send(reply).await.is_err() {
+                return End::Retry {
+                    error: "request stream closed".into(),
+                    healthy,
+                };
+            }
+        }
+    }
+}
+
+/// Persist, then mirror into the catalog.
+async fn apply(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    imports: &BTreeMap<String, Imported>,
+    stats: &PeerStats,
+) -> Result<(), String> {
+    if let Err(e) = ctx.sink.persist(&spec.name, imports).await {
+        ctx.metrics.store_errors.inc();
+        return Err(format!("persisting imports: {e:#}"));
+    }
+    let entries = imports.values().map(|i| entry_for(&spec.name, i)).collect();
+    let (up, rm) = ctx
+        .catalog
+        .replace_source(&Source::Remote(spec.name.clone()), entries);
+    ctx.metrics.client_imports_applied.inc_by((up + rm) as u64);
+    stats.records.store(imports.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+async fn sweep(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    imports: &mut BTreeMap<String, Imported>,
+    seen: &HashSet<String>,
+    stats: &PeerStats,
+) -> Result<(), String> {
+    let before = imports.len();
+    imports.retain(|fqdn, _| seen.contains(fqdn));
+    let removed = before - imports.len();
+    if removed > 0 {
+        info!(remote = %spec.name, removed, "removing imports the remote no longer exports");
+        ctx.metrics.client_stale_removed.inc_by(removed as u64);
+        apply(ctx, spec, imports, stats).await?;
+    }
+    Ok(())
+}
+
+fn end_for(status: tonic::Status, healthy: bool) -> End {
+    let error = format!("{:?}: {}", status.code(), status.message());
+    match status.code() {
+        Code::Unauthenticated => End::Fatal(error),
+        _ => End::Retry { error, healthy },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_exponentially_within_floor_and_cap() {
+        let b = Backoff {
+            min: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        };
+        let mut rng = rand::rng();
+        for _ in 0..200 {
+            assert_eq!(b.delay(0, &mut rng), Duration::from_secs(1));
+            let d1 = b.delay(1, &mut rng);
+            assert!(
+                d1 >= Duration::from_secs(1) && d1 <= Duration::from_secs(2),
+                "{d1:?}"
+            );
+            let d3 = b.delay(3, &mut rng);
+            assert!(
+                d3 >= Duration::from_secs(4) && d3 <= Duration::from_secs(8),
+                "{d3:?}"
+            );
+            let d10 = b.delay(10, &mut rng);
+            assert!(
+                d10 >= Duration::from_secs(15) && d10 <= Duration::from_secs(30),
+                "{d10:?}"
+            );
+            let huge = b.delay(u32::MAX, &mut rng);
+            assert!(huge <= Duration::from_secs(30));
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Hamlet protocol: the server side, the managed client and the payload conversions.
+
+pub mod client;
+pub mod consumer;
+pub mod convert;
+pub mod server;

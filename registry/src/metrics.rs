@@ -1,0 +1,203 @@
+//! Prometheus metrics of the registry (one `prometheus-client` registry; labels from small fixed
+//! sets only) and the plain-HTTP `/metrics`, `/healthz`, `/readyz` endpoint for probes. That
+//! endpoint carries no catalog data; every federation and admin API is mTLS-only.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum OpLabel {
+    Create,
+    Update,
+    Delete,
+    Marker,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OpLabels {
+    pub op: OpLabel,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Api {
+    V1alpha1,
+    V1alpha2,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiLabels {
+    pub api: Api,
+}
+
+/// Every metric the registry exports.
+#[derive(Clone, Default)]
+pub struct Metrics {
+    pub hamlet_streams: Family<ApiLabels, Gauge>,
+    pub hamlet_responses: Family<OpLabels, Counter>,
+    pub hamlet_acks: Counter,
+    pub hamlet_nacks: Counter,
+    pub hamlet_unknown_nonces: Counter,
+    pub hamlet_ack_timeouts: Counter,
+    pub hamlet_resyncs: Counter,
+    pub client_reconnects: Counter,
+    pub client_imports_applied: Counter,
+    pub client_imports_rejected: Counter,
+    pub client_stale_removed: Counter,
+    pub catalog_services: Gauge,
+    pub store_errors: Counter,
+}
+
+impl Metrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("xcc");
+        r.register(
+            "hamlet_streams",
+            "Open Hamlet consumer streams",
+            self.hamlet_streams.clone(),
+        );
+        r.register(
+            "hamlet_responses",
+            "Hamlet responses sent, by operation",
+            self.hamlet_responses.clone(),
+        );
+        r.register("hamlet_acks", "ACKs received", self.hamlet_acks.clone());
+        r.register("hamlet_nacks", "NACKs received", self.hamlet_nacks.clone());
+        r.register(
+            "hamlet_unknown_nonces",
+            "ACKs or NACKs naming no outstanding response",
+            self.hamlet_unknown_nonces.clone(),
+        );
+        r.register(
+            "hamlet_ack_timeouts",
+            "Streams closed because a response was not acknowledged in time",
+            self.hamlet_ack_timeouts.clone(),
+        );
+        r.register(
+            "hamlet_resyncs",
+            "Consumers that fell behind the change feed and resynchronised",
+            self.hamlet_resyncs.clone(),
+        );
+        r.register(
+            "client_reconnects",
+            "Import client reconnect attempts",
+            self.client_reconnects.clone(),
+        );
+        r.register(
+            "client_imports_applied",
+            "Imported records created, updated or deleted",
+            self.client_imports_applied.clone(),
+        );
+        r.register(
+            "client_imports_rejected",
+            "Imported records refused as invalid (NACKed)",
+            self.client_imports_rejected.clone(),
+        );
+        r.register(
+            "client_stale_removed",
+            "Stale imports removed after a complete snapshot or quiet period",
+            self.client_stale_removed.clone(),
+        );
+        r.register(
+            "catalog_services",
+            "Services in the catalog",
+            self.catalog_services.clone(),
+        );
+        r.register(
+            "store_errors",
+            "Errors reading or writing the store",
+            self.store_errors.clone(),
+        );
+    }
+
+    pub fn response(&self, op: OpLabel) {
+        self.hamlet_responses.get_or_create(&OpLabels { op }).inc();
+    }
+}
+
+/// Liveness and readiness flags shared with the probe endpoint.
+#[derive(Clone, Default)]
+pub struct Health {
+    ready: Arc<AtomicBool>,
+}
+
+impl Health {
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
+    }
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+}
+
+/// Serve `/metrics`, `/healthz` and `/readyz` until `cancel` fires.
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    health: Health,
+    on_scrape: Arc<dyn Fn() + Send + Sync>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    use axum::http::{StatusCode, header};
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = health.is_ready();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "not ready: first sync pending",
+                        )
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                on_scrape();
+                let mut body = String::new();
+                let result = prometheus_client::encoding::text::encode(&mut body, &registry);
+                async move {
+                    match result {
+                        Ok(()) => (
+                            StatusCode::OK,
+                            [(
+                                header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            body,
+                        ),
+                        Err(_) => (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            [(header::CONTENT_TYPE, "text/plain")],
+                            "encoding failed".to_string(),
+                        ),
+                    }
+                }
+            }),
+        );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
+}
+
+/// Bind helper that reports the bound address (port 0 picks a free one).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let l = tokio::net::TcpListener::bind(addr).await?;
+    let a = l.local_addr()?;
+    Ok((l, a))
+}

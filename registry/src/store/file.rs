@@ -1,0 +1,576 @@
+//! The file store: a registry without Kubernetes.
+//!
+//! ```text
+//! <state-dir>/exports/*.yaml   ServiceRecords to export (written by the operator; watched)
+//! <state-dir>/remotes/*.yaml   RemoteRegistries to import from (written by the operator; watched)
+//! <state-dir>/imports/<remote>.yaml   imported ServiceRecords (written by xcc, atomically)
+//! ```
+//!
+//! Files are re-read when they change (filesystem events, plus a periodic poll for filesystems
+//! that deliver none). Each file is parsed and validated on its own: a malformed file is reported
+//! with its name and the offending field, and the last good content of that file stays in force,
+//! so a typo never wipes state.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use notify::Watcher as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use xcc_proto::names;
+use xcc_proto::resources::{self, ObjectMeta, RemoteRegistry, ServiceRecord};
+
+use crate::catalog::{Catalog, Endpoint, NamedPort, Origin, ServiceEntry, ServiceKey, Source};
+use crate::hamlet::client::{ImportSink, RemoteSpec};
+use crate::hamlet::convert::{Imported, LABEL_PASSTHROUGH_PREFIX};
+
+pub const EXPORTS_DIR: &str = "exports";
+pub const REMOTES_DIR: &str = "remotes";
+pub const IMPORTS_DIR: &str = "imports";
+
+/// Map a ServiceRecord to a catalog entry owned by `cluster`.
+pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, String> {
+    let fqdn = names::canonical_fqdn(&sr.spec.fqdn).map_err(|e| format!("spec.fqdn: {e}"))?;
+    let labels: BTreeMap<String, String> = sr
+        .metadata
+        .annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with(LABEL_PASSTHROUGH_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut allowed: Vec<String> = sr.spec.allowed_requesters.clone().unwrap_or_default();
+    if allowed.is_empty()
+        && let Some(list) = sr.metadata.annotations.get(names::CLUSTERS_ANNOTATION)
+    {
+        allowed = list
+            .split(',')
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+    }
+    allowed.sort();
+    allowed.dedup();
+    Ok(ServiceEntry {
+        key: ServiceKey::new(
+            cluster,
+            sr.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            sr.metadata.name.clone(),
+        ),
+        source: Source::Local,
+        fqdn,
+        endpoints: sr
+            .spec
+            .endpoints
+            .iter()
+            .map(|e| Endpoint {
+                address: e.address.clone(),
+                port: e.port,
+            })
+            .collect(),
+        ports: sr
+            .spec
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| NamedPort {
+                name: p.name.clone().unwrap_or_default(),
+                port: p.port,
+                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+            })
+            .collect(),
+        labels,
+        allowed_requesters: allowed,
+        origin: sr.spec.origin.as_ref().map(|o| Origin {
+            cluster: o.cluster.clone().unwrap_or_else(|| cluster.to_string()),
+            namespace: o.namespace.clone(),
+            name: o.name.clone(),
+            kind: o.kind.clone().unwrap_or_default(),
+        }),
+        revision: 0,
+    })
+}
+
+/// The imported ServiceRecord as XCC names and labels it (reference §3.4.3), with the canonical
+/// FQDN in `spec.fqdn` (C7).
+pub fn imported_record(
+    remote: &str,
+    namespace: &str,
+    imported: &Imported,
+) -> Result<ServiceRecord, String> {
+    let name = names::imported_record_name(&imported.fqdn, remote).map_err(|e| e.to_string())?;
+    let mut labels = BTreeMap::new();
+    labels.insert(names::IMPORTED_LABEL.to_string(), String::new());
+    labels.insert(names::REMOTE_REGISTRY_LABEL.to_string(), remote.to_string());
+    Ok(ServiceRecord {
+        api_version: names::API_VERSION.to_string(),
+        kind: "ServiceRecord".to_string(),
+        metadata: ObjectMeta {
+            name,
+            namespace: Some(namespace.to_string()),
+            labels,
+            annotations: imported.labels.clone(),
+            ..Default::default()
+        },
+        spec: resources::ServiceRecordSpec {
+            fqdn: imported.fqdn.clone(),
+            endpoints: imported
+                .endpoints
+                .iter()
+                .map(|e| resources::Endpoint {
+                    address: e.address.clone(),
+                    port: e.port,
+                })
+                .collect(),
+            ..Default::default()
+        },
+    })
+}
+
+/// Persists each remote's imports to `imports/<remote>.yaml` (write to a temporary file, fsync,
+/// rename: readers see the old or the new file, never half of one).
+pub struct FileImportSink {
+    dir: PathBuf,
+    namespace: String,
+}
+
+impl FileImportSink {
+    pub fn new(state_dir: &Path, namespace: impl Into<String>) -> std::io::Result<Self> {
+        let dir = state_dir.join(IMPORTS_DIR);
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self {
+            dir,
+            namespace: namespace.into(),
+        })
+    }
+
+    pub fn path_for(&self, remote: &str) -> PathBuf {
+        self.dir.join(format!("{remote}.yaml"))
+    }
+
+    /// Remove a remote's import file (the remote was removed from configuration).
+    pub fn forget(&self, remote: &str) -> std::io::Result<()> {
+        match std::fs::remove_file(self.path_for(remote)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Load a remote's persisted imports (start-up).
+    pub fn load(&self, remote: &str) -> anyhow::Result<Vec<Imported>> {
+        let path = self.path_for(remote);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        let records: Vec<ServiceRecord> =
+            resources::parse_documents(&text, &path.display().to_string())?;
+        Ok(records
+            .into_iter()
+            .map(|sr| Imported {
+                fqdn: sr.spec.fqdn.clone(),
+                raw_fqdn: sr.spec.fqdn,
+                endpoints: sr
+                    .spec
+                    .endpoints
+                    .into_iter()
+                    .map(|e| Endpoint {
+                        address: e.address,
+                        port: e.port,
+                    })
+                    .collect(),
+                labels: sr.metadata.annotations,
+            })
+            .collect())
+    }
+}
+
+impl ImportSink for FileImportSink {
+    fn persist<'a>(
+        &'a self,
+        remote: &'a str,
+        imports: &'a BTreeMap<String, Imported>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        async move {
+            let mut records = Vec::with_capacity(imports.len());
+            for i in imports.values() {
+                match imported_record(remote, &self.namespace, i) {
+                    Ok(r) => records.push(r),
+                    Err(e) => warn!(remote, fqdn = %i.fqdn, error = %e, "import has no valid record name; not persisted"),
+                }
+            }
+            let text = resources::to_yaml_documents(&records)?;
+            let dir = self.dir.clone();
+            let path = self.path_for(remote);
+            tokio::task::spawn_blocking(move || write_atomic(&dir, &path, text.as_bytes()))
+                .await
+                .context("writer task failed")??;
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path)
+        .with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
+}
+
+/// One watched directory of YAML files, each parsed on its own with its last good content kept.
+pub struct YamlDir<T> {
+    dir: PathBuf,
+    files: BTreeMap<PathBuf, (Vec<u8>, Vec<T>)>,
+    errors: BTreeMap<PathBuf, String>,
+}
+
+impl<T: resources::ResourceKind + Clone> YamlDir<T> {
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            files: BTreeMap::new(),
+            errors: BTreeMap::new(),
+        }
+    }
+
+    /// Re-read the directory. `validate` checks each item; any error rejects the whole file
+    /// (its previous content stays). Returns whether the effective content changed.
+    pub fn refresh(&mut self, validate: impl Fn(&T) -> Result<(), String>) -> bool {
+        let mut present = Vec::new();
+        let mut changed = false;
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) => {
+                self.errors
+                    .insert(self.dir.clone(), format!("{}: {e}", self.dir.display()));
+                return false;
+            }
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
+            if !is_yaml || !path.is_file() {
+                continue;
+            }
+            present.push(path.clone());
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            if self.files.get(&path).is_some_and(|(b, _)| *b == bytes)
+                && !self.errors.contains_key(&path)
+            {
+                continue;
+            }
+            let shown = display_name(&self.dir, &path);
+            let parsed = std::str::from_utf8(&bytes)
+                .map_err(|_| format!("{shown}: not UTF-8"))
+                .and_then(|text| {
+                    resources::parse_documents::<T>(text, &shown).map_err(|e| e.to_string())
+                })
+                .and_then(|items| {
+                    for (i, item) in items.iter().enumerate() {
+                        validate(item).map_err(|e| format!("{shown}: document {}: {e}", i + 1))?;
+                    }
+                    Ok(items)
+                });
+            match parsed {
+                Ok(items) => {
+                    self.errors.remove(&path);
+                    self.files.insert(path, (bytes, items));
+                    changed = true;
+                }
+                Err(error) => {
+                    if self.errors.get(&path) != Some(&error) {
+                        warn!(%error, "rejected file; keeping its last good content");
+                    }
+                    self.errors.insert(path, error);
+                }
+            }
+        }
+        let gone: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|p| !present.contains(p))
+            .cloned()
+            .collect();
+        for p in gone {
+            self.files.remove(&p);
+            changed = true;
+        }
+        self.errors
+            .retain(|p, _| present.contains(p) || *p == self.dir);
+        changed
+    }
+
+    /// Every item of every accepted file, in file order.
+    pub fn items(&self) -> Vec<T> {
+        self.files
+            .values()
+            .flat_map(|(_, v)| v.iter().cloned())
+            .collect()
+    }
+
+    /// Current rejections, one message per file.
+    pub fn errors(&self) -> Vec<String> {
+        self.errors.values().cloned().collect()
+    }
+}
+
+fn display_name(dir: &Path, path: &Path) -> String {
+    let parent = dir.file_name().map(|s| s.to_string_lossy().to_string());
+    let file = path
+        .file_name()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    match parent {
+        Some(p) => format!("{p}/{file}"),
+        None => file,
+    }
+}
+
+/// Validate a RemoteRegistry and resolve it into a client spec.
+pub fn remote_spec(rr: &RemoteRegistry) -> Result<RemoteSpec, String> {
+    rr.validate().map_err(|e| e.to_string())?;
+    let roots = match rr
+        .spec
+        .tls_config
+        .server_ca_pem()
+        .map_err(|e| e.to_string())?
+    {
+        Some(pem) => Some(
+            xcc_certs::client::roots_from_pem(&pem)
+                .map_err(|e| format!("spec.tlsConfig.serverCA: {e}"))?,
+        ),
+        None => None,
+    };
+    Ok(RemoteSpec {
+        name: rr.metadata.name.clone(),
+        address: rr.spec.address.clone(),
+        server_name: rr.spec.tls_config.server_name.clone(),
+        roots,
+        allowed_domains: rr.spec.allowed_domains.clone().unwrap_or_default(),
+    })
+}
+
+/// Errors currently reported for the watched files (shared with the admin/metrics side); a
+/// watch channel, so tests and status writers can wait for a change.
+#[derive(Clone)]
+pub struct FileErrors(Arc<tokio::sync::watch::Sender<Vec<String>>>);
+
+impl Default for FileErrors {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(Vec::new())))
+    }
+}
+
+impl FileErrors {
+    pub fn set(&self, errors: Vec<String>) {
+        self.0.send_if_modified(|cur| {
+            if *cur == errors {
+                false
+            } else {
+                *cur = errors;
+                true
+            }
+        });
+    }
+    pub fn get(&self) -> Vec<String> {
+        self.0.borrow().clone()
+    }
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Vec<String>> {
+        self.0.subscribe()
+    }
+}
+
+/// Watch `dirs` and send a unit on `tx` whenever something below them changes, plus every
+/// `poll` as a fallback. Ends when `cancel` fires.
+pub fn spawn_dir_watcher(
+    dirs: Vec<PathBuf>,
+    poll: Duration,
+    tx: mpsc::Sender<()>,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let notify_tx = tx.clone();
+        let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            if res.is_ok() {
+                let _ = notify_tx.try_send(());
+            }
+        });
+        let _watcher = match watcher {
+            Ok(mut w) => {
+                for d in &dirs {
+                    if let Err(e) = w.watch(d, notify::RecursiveMode::NonRecursive) {
+                        warn!(dir = %d.display(), error = %e, "cannot watch directory; relying on polling");
+                    }
+                }
+                Some(w)
+            }
+            Err(e) => {
+                warn!(error = %e, "no filesystem watcher; relying on polling");
+                None
+            }
+        };
+        let mut tick = tokio::time::interval(poll);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => { let _ = tx.try_send(()); }
+            }
+        }
+    })
+}
+
+/// Load exports into the catalog; returns whether the local set changed.
+pub fn sync_exports(
+    catalog: &Catalog,
+    cluster: &str,
+    exports: &mut YamlDir<ServiceRecord>,
+) -> bool {
+    let cluster_owned = cluster.to_string();
+    let changed = exports.refresh(|sr: &ServiceRecord| {
+        sr.validate().map_err(|e| e.to_string())?;
+        export_entry(&cluster_owned, sr).map(|_| ())
+    });
+    if changed {
+        let entries: Vec<ServiceEntry> = exports
+            .items()
+            .iter()
+            .filter_map(|sr| export_entry(cluster, sr).ok())
+            .collect();
+        let (up, rm) = catalog.replace_source(&Source::Local, entries);
+        info!(upserted = up, removed = rm, "exports reloaded");
+    }
+    changed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: connectivity.tanzu.vmware.com/v1alpha1
+kind: ServiceRecord
+metadata:
+  name: web.xcc.test
+  namespace: shop
+  annotations:
+    connectivity.tanzu.vmware.com/service-port: "443"
+    connectivity.tanzu.vmware.com/clusters: "west, north"
+    unrelated: "x"
+spec:
+  fqdn: Web.XCC.test
+  endpoints:
+  - address: 10.0.0.1
+    port: 443
+"#;
+
+    #[test]
+    fn export_entry_maps_annotations_and_requesters() {
+        let sr: Vec<ServiceRecord> = resources::parse_documents(GOOD, "t.yaml").expect("parse");
+        let e = export_entry("east", &sr[0]).expect("valid");
+        assert_eq!(e.key, ServiceKey::new("east", "shop", "web.xcc.test"));
+        assert_eq!(e.fqdn, "web.xcc.test");
+        assert_eq!(e.allowed_requesters, vec!["north", "west"]);
+        assert_eq!(
+            e.labels.keys().collect::<Vec<_>>(),
+            vec![
+                "connectivity.tanzu.vmware.com/clusters",
+                "connectivity.tanzu.vmware.com/service-port"
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_file_keeps_last_good_content_and_names_the_field() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(&exports).expect("mkdir");
+        std::fs::write(exports.join("web.yaml"), GOOD).expect("write");
+        let catalog = Catalog::new();
+        let mut yd = YamlDir::new(exports.clone());
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(catalog.len(), 1);
+        let bad = GOOD.replace("port: 443", "port: 70000");
+        std::fs::write(exports.join("web.yaml"), bad).expect("write");
+        assert!(!sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(catalog.len(), 1, "state kept");
+        let errors = yd.errors();
+        assert_eq!(errors.len(), 1);
+        assert!(
+            errors[0].starts_with("exports/web.yaml")
+                && errors[0].contains("spec.endpoints[0].port"),
+            "{errors:?}"
+        );
+        std::fs::remove_file(exports.join("web.yaml")).expect("rm");
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert!(catalog.is_empty());
+        assert!(yd.errors().is_empty());
+    }
+
+    #[tokio::test]
+    async fn imports_are_written_atomically_and_read_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = FileImportSink::new(dir.path(), "cross-cluster-connectivity").expect("sink");
+        let mut imports = BTreeMap::new();
+        let mut labels = BTreeMap::new();
+        labels.insert(
+            names::SERVICE_PORT_ANNOTATION.to_string(),
+            "443".to_string(),
+        );
+        imports.insert(
+            "foobar.some.domain".to_string(),
+            Imported {
+                fqdn: "foobar.some.domain".into(),
+                raw_fqdn: "foobar.some.domain".into(),
+                endpoints: vec![Endpoint {
+                    address: "10.0.0.1".into(),
+                    port: 443,
+                }],
+                labels,
+            },
+        );
+        sink.persist("shared-services-cls", &imports)
+            .await
+            .expect("persist");
+        let text = std::fs::read_to_string(sink.path_for("shared-services-cls")).expect("read");
+        let records: Vec<ServiceRecord> = resources::parse_documents(&text, "x").expect("parse");
+        assert_eq!(records.len(), 1);
+        let r = &records[0];
+        // P-01's expected object, in file form.
+        assert_eq!(r.metadata.name, "foobar.some.domain-6068d556");
+        assert_eq!(
+            r.metadata.namespace.as_deref(),
+            Some("cross-cluster-connectivity")
+        );
+        assert_eq!(
+            r.metadata.labels,
+            BTreeMap::from([
+                (names::IMPORTED_LABEL.to_string(), String::new()),
+                (
+                    names::REMOTE_REGISTRY_LABEL.to_string(),
+                    "shared-services-cls".to_string()
+                ),
+            ])
+        );
+        assert_eq!(r.spec.fqdn, "foobar.some.domain");
+        assert_eq!(sink.load("shared-services-cls").expect("load").len(), 1);
+        sink.forget("shared-services-cls").expect("forget");
+        assert!(sink.load("shared-services-cls").expect("load").is_empty());
+    }
+}

@@ -1,0 +1,3 @@
+//! Stores: where exports come from and where imports go.
+
+pub mod file;
