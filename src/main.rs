@@ -1,1 +1,36 @@
-fn main() {}
+//! `xcc`: one binary for every role. Thin wiring only; the work happens in the crates.
+
+mod admin_cli;
+mod certs_cli;
+mod cli;
+mod demo;
+mod registry_cli;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let mut cli = cli::Cli::parse();
+    // The demo prints a report on stdout; keep its logs to warnings unless asked otherwise.
+    if matches!(cli.command, cli::Command::Demo) && std::env::var_os("XCC_LOG").is_none() {
+        cli.log.log = "warn".into();
+    }
+    cli::init_logging(&cli.log);
+    xcc_certs::install_crypto_provider();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::dispatch(cli.command)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

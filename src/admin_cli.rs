@@ -1,0 +1,314 @@
+//! `xcc admin …`: a command-line client of `xcc.admin.v1`, printing tables or JSON.
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use xcc_proto::xcc::admin::v1 as api;
+
+use crate::cli::TlsArgs;
+
+#[derive(Args, Debug)]
+pub struct AdminArgs {
+    /// Admin API address (host:port).
+    #[arg(long, env = "XCC_ADMIN_ADDR", default_value = "127.0.0.1:9443")]
+    pub addr: String,
+    /// Name to verify on the registry's certificate (default: the host of --addr).
+    #[arg(long, env = "XCC_ADMIN_SERVER_NAME")]
+    pub server_name: Option<String>,
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    pub output: Output,
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AdminCommand {
+    /// List services in the catalog.
+    Services {
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(long)]
+        namespace: Option<String>,
+        #[arg(long)]
+        fqdn_suffix: Option<String>,
+    },
+    /// Show one service, by FQDN or by owner/namespace/name.
+    Service {
+        fqdn: Option<String>,
+        #[arg(long)]
+        owner: Option<String>,
+        #[arg(long)]
+        namespace: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List Hamlet consumers and remote registries.
+    Peers,
+    /// Stream catalog events.
+    Watch {
+        /// Start with every current service.
+        #[arg(long)]
+        snapshot: bool,
+    },
+}
+
+pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
+    let tls = xcc_certs::reload::ReloadingTls::load(args.tls.files()?)?;
+    let mut client = xcc_registry::admin::connect(tls, &args.addr, args.server_name).await?;
+    match args.command {
+        AdminCommand::Services {
+            owner,
+            namespace,
+            fqdn_suffix,
+        } => {
+            let resp = client
+                .list_services(api::ListServicesRequest {
+                    owner_cluster: owner.unwrap_or_default(),
+                    namespace: namespace.unwrap_or_default(),
+                    fqdn_suffix: fqdn_suffix.unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            print_services(&resp.services, args.output);
+        }
+        AdminCommand::Service {
+            fqdn,
+            owner,
+            namespace,
+            name,
+        } => {
+            let svc = client
+                .get_service(api::GetServiceRequest {
+                    fqdn: fqdn.unwrap_or_default(),
+                    owner_cluster: owner.unwrap_or_default(),
+                    namespace: namespace.unwrap_or_default(),
+                    name: name.unwrap_or_default(),
+                })
+                .await?
+                .into_inner();
+            match args.output {
+                Output::Json => println!("{:#}", service_json(&svc)),
+                Output::Table => {
+                    for (k, v) in service_json(&svc).as_object().into_iter().flatten() {
+                        println!("{k:<20} {}", plain(v));
+                    }
+                }
+            }
+        }
+        AdminCommand::Peers => {
+            let resp = client
+                .list_peers(api::ListPeersRequest {})
+                .await?
+                .into_inner();
+            print_peers(&resp.peers, args.output);
+        }
+        AdminCommand::Watch { snapshot } => {
+            let mut stream = client
+                .watch(api::WatchRequest { snapshot })
+                .await?
+                .into_inner();
+            while let Some(ev) = stream.message().await? {
+                let kind = api::catalog_event::Kind::try_from(ev.kind)
+                    .map(|k| k.as_str_name().to_string())
+                    .unwrap_or_else(|_| ev.kind.to_string());
+                match args.output {
+                    Output::Json => println!(
+                        "{}",
+                        json!({"kind": kind, "revision": ev.revision,
+                               "service": ev.service.as_ref().map(service_json)})
+                    ),
+                    Output::Table => match &ev.service {
+                        Some(s) => println!(
+                            "{kind:<18} rev={:<6} {} {}",
+                            ev.revision,
+                            s.fqdn,
+                            endpoints(s)
+                        ),
+                        None => println!("{kind:<18} rev={}", ev.revision),
+                    },
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn endpoints(s: &api::Service) -> String {
+    s.endpoints
+        .iter()
+        .map(|e| format!("{}:{}", e.address, e.port))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub fn service_json(s: &api::Service) -> Value {
+    json!({
+        "ownerCluster": s.owner_cluster,
+        "namespace": s.namespace,
+        "name": s.name,
+        "fqdn": s.fqdn,
+        "endpoints": s.endpoints.iter().map(|e| json!({"address": e.address, "port": e.port})).collect::<Vec<_>>(),
+        "ports": s.ports.iter().map(|p| json!({"name": p.name, "port": p.port, "protocol": p.protocol})).collect::<Vec<_>>(),
+        "labels": s.labels,
+        "allowedRequesters": s.allowed_requesters,
+        "source": s.source,
+        "revision": s.revision,
+    })
+}
+
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Render rows as an aligned table.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = line(headers.to_vec());
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+        out.push('\n');
+    }
+    out
+}
+
+pub fn print_services(services: &[api::Service], output: Output) {
+    match output {
+        Output::Json => println!(
+            "{:#}",
+            Value::Array(services.iter().map(service_json).collect())
+        ),
+        Output::Table => {
+            let rows: Vec<Vec<String>> = services
+                .iter()
+                .map(|s| {
+                    vec![
+                        s.fqdn.clone(),
+                        s.owner_cluster.clone(),
+                        s.namespace.clone(),
+                        s.source.clone(),
+                        endpoints(s),
+                        if s.allowed_requesters.is_empty() {
+                            "*".into()
+                        } else {
+                            s.allowed_requesters.join(",")
+                        },
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &[
+                        "FQDN",
+                        "OWNER",
+                        "NAMESPACE",
+                        "SOURCE",
+                        "ENDPOINTS",
+                        "ALLOWED"
+                    ],
+                    &rows
+                )
+            );
+        }
+    }
+}
+
+fn ago(ts: &Option<prost_types::Timestamp>) -> String {
+    match ts {
+        None => "-".into(),
+        Some(t) => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() as i64)
+                .unwrap_or(0);
+            format!("{}s ago", (now - t.seconds).max(0))
+        }
+    }
+}
+
+pub fn print_peers(peers: &[api::Peer], output: Output) {
+    let kind = |k: i32| {
+        api::peer::Kind::try_from(k)
+            .map(|k| k.as_str_name().to_string())
+            .unwrap_or_default()
+    };
+    let state = |s: i32| {
+        api::peer::State::try_from(s)
+            .map(|s| s.as_str_name().to_string())
+            .unwrap_or_default()
+    };
+    match output {
+        Output::Json => {
+            let v: Vec<Value> = peers
+                .iter()
+                .map(|p| {
+                    json!({"kind": kind(p.kind), "name": p.name, "identity": p.identity,
+                       "address": p.address, "state": state(p.state),
+                       "connectedSince": p.connected_since.map(|t| t.seconds),
+                       "lastSync": p.last_sync.map(|t| t.seconds),
+                       "records": p.record_count, "lastError": p.last_error,
+                       "sent": p.responses_sent, "acks": p.acks, "nacks": p.nacks,
+                       "reconnects": p.reconnects})
+                })
+                .collect();
+            println!("{:#}", Value::Array(v));
+        }
+        Output::Table => {
+            let rows: Vec<Vec<String>> = peers
+                .iter()
+                .map(|p| {
+                    vec![
+                        kind(p.kind),
+                        p.name.clone(),
+                        p.identity.clone(),
+                        state(p.state),
+                        p.record_count.to_string(),
+                        ago(&p.last_sync),
+                        p.last_error.clone(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &[
+                        "KIND",
+                        "NAME",
+                        "IDENTITY",
+                        "STATE",
+                        "RECORDS",
+                        "LAST SYNC",
+                        "LAST ERROR"
+                    ],
+                    &rows
+                )
+            );
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Command-line surface (clap derive, `env` fallbacks, flattened option groups).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "xcc",
+    version,
+    about = "Cross-cluster service discovery (Hamlet-compatible)"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Args, Debug)]
+pub struct LogArgs {
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(long, env = "XCC_LOG", default_value = "info", global = true)]
+    pub log: String,
+    /// Log as JSON lines.
+    #[arg(long, env = "XCC_LOG_JSON", global = true)]
+    pub log_json: bool,
+}
+
+pub fn init_logging(args: &LogArgs) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if args.log_json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Certificate files: a directory with `ca.crt`, `tls.crt`, `tls.key` (the layout of a
+/// cert-manager Secret and of `xcc certs issue`), or each file by name.
+#[derive(Args, Debug, Clone)]
+pub struct TlsArgs {
+    #[arg(long, env = "XCC_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
+    #[arg(long, env = "XCC_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    #[arg(long, env = "XCC_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    #[arg(long, env = "XCC_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    pub fn files(&self) -> anyhow::Result<xcc_certs::reload::TlsFiles> {
+        let base = self
+            .tls_dir
+            .as_ref()
+            .map(|d| xcc_certs::reload::TlsFiles::in_dir(d));
+        let pick = |explicit: &Option<PathBuf>, from_dir: Option<PathBuf>, what: &str| {
+            explicit
+                .clone()
+                .or(from_dir)
+                .ok_or_else(|| anyhow::anyhow!("no {what}: give --tls-dir or --tls-{what}"))
+        };
+        Ok(xcc_certs::reload::TlsFiles {
+            ca: pick(&self.tls_ca, base.as_ref().map(|b| b.ca.clone()), "ca")?,
+            cert: pick(
+                &self.tls_cert,
+                base.as_ref().map(|b| b.cert.clone()),
+                "cert",
+            )?,
+            key: pick(&self.tls_key, base.as_ref().map(|b| b.key.clone()), "key")?,
+        })
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a registry: serve this cluster's exports over Hamlet, import from remote registries.
+    Registry(crate::registry_cli::RegistryArgs),
+    /// Create a CA and issue registry and admin certificates.
+    #[command(subcommand)]
+    Certs(crate::certs_cli::CertsCommand),
+    /// Inspect a registry through its admin API.
+    Admin(crate::admin_cli::AdminArgs),
+    /// Run a two-registry federation on loopback and print what it did.
+    Demo,
+}
+
+pub async fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Registry(args) => crate::registry_cli::run(args).await,
+        Command::Certs(cmd) => crate::certs_cli::run(cmd),
+        Command::Admin(args) => crate::admin_cli::run(args).await,
+        Command::Demo => crate::demo::run().await,
+    }
+}

@@ -1,0 +1,137 @@
+//! `xcc registry`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use tokio_util::sync::CancellationToken;
+use xcc_registry::hamlet::client::{Backoff, ClientConfig};
+use xcc_registry::hamlet::server::HamletConfig;
+use xcc_registry::{Registry, RegistryConfig, StoreConfig};
+
+use crate::cli::TlsArgs;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Store {
+    /// Exports, remotes and imports in YAML files under --state-dir.
+    File,
+    /// Kubernetes ServiceRecords and RemoteRegistries (not available in this build yet).
+    Kube,
+}
+
+#[derive(Args, Debug)]
+pub struct RegistryArgs {
+    #[command(flatten)]
+    pub tls: TlsArgs,
+    #[arg(long, value_enum, env = "XCC_STORE", default_value = "file")]
+    pub store: Store,
+    /// Directory holding exports/, remotes/ and imports/ (file store).
+    #[arg(long, env = "XCC_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Hamlet listener (mTLS gRPC).
+    #[arg(long, env = "XCC_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Admin API listener (mTLS gRPC, admin identities only).
+    #[arg(long, env = "XCC_ADMIN_LISTEN", default_value = "127.0.0.1:9443")]
+    pub admin_listen: SocketAddr,
+    /// Plain-HTTP /metrics, /healthz, /readyz (no catalog data); empty to disable.
+    #[arg(long, env = "XCC_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: String,
+    /// Namespace written into imported ServiceRecords.
+    #[arg(long, env = "NAMESPACE", default_value = xcc_proto::names::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// Plain Hamlet peers send no end-of-snapshot marker: stale imports are removed after the
+    /// stream has been quiet this long (seconds).
+    #[arg(long, env = "XCC_QUIET_PERIOD_SECONDS", default_value_t = 10)]
+    pub quiet_period_seconds: u64,
+    /// Reconnect backoff cap (seconds); the floor is 1 s.
+    #[arg(long, env = "XCC_BACKOFF_MAX_SECONDS", default_value_t = 120)]
+    pub backoff_max_seconds: u64,
+    /// Close a Hamlet stream whose oldest response is unacknowledged this long (seconds).
+    #[arg(long, env = "XCC_ACK_TIMEOUT_SECONDS", default_value_t = 120)]
+    pub ack_timeout_seconds: u64,
+    /// Responses in flight per Hamlet consumer.
+    #[arg(long, env = "XCC_WINDOW", default_value_t = 128)]
+    pub window: usize,
+    /// Poll period for file changes, as a fallback to filesystem events (seconds).
+    #[arg(long, env = "XCC_POLL_SECONDS", default_value_t = 5)]
+    pub poll_seconds: u64,
+}
+
+pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
+    let store = match args.store {
+        Store::File => StoreConfig::File {
+            state_dir: args
+                .state_dir
+                .clone()
+                .context("--store file needs --state-dir")?,
+            poll: Duration::from_secs(args.poll_seconds.max(1)),
+        },
+        Store::Kube => {
+            anyhow::bail!("--store kube is not available in this build yet; use --store file")
+        }
+    };
+    let metrics_listen = if args.metrics_listen.is_empty() {
+        None
+    } else {
+        Some(
+            args.metrics_listen
+                .parse()
+                .with_context(|| format!("--metrics-listen {:?}", args.metrics_listen))?,
+        )
+    };
+    let config = RegistryConfig {
+        tls: args.tls.files()?,
+        namespace: args.namespace,
+        hamlet_listen: args.listen,
+        admin_listen: args.admin_listen,
+        metrics_listen,
+        hamlet: HamletConfig {
+            window: args.window.max(1),
+            ack_timeout: Duration::from_secs(args.ack_timeout_seconds.max(1)),
+            ..HamletConfig::default()
+        },
+        client: ClientConfig {
+            backoff: Backoff {
+                min: Duration::from_secs(1),
+                max: Duration::from_secs(args.backoff_max_seconds.max(1)),
+            },
+            quiet_period: Duration::from_secs(args.quiet_period_seconds),
+            ..ClientConfig::default()
+        },
+        store,
+        cert_poll: Duration::from_secs(30),
+    };
+    let cancel = CancellationToken::new();
+    let registry = Registry::start(config, cancel.clone()).await?;
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown requested");
+        cancel.cancel();
+    });
+    registry.run().await
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
