@@ -8,6 +8,7 @@
 
 pub mod domains;
 pub mod hamlet;
+pub mod mapping;
 pub mod names;
 pub mod resources;
 
