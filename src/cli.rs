@@ -85,6 +85,8 @@ pub enum Command {
     /// Create a CA and issue registry and admin certificates.
     #[command(subcommand)]
     Certs(crate::certs_cli::CertsCommand),
+    /// Print the CustomResourceDefinitions (or write them with --dir).
+    Crds(crate::crds_cli::CrdsArgs),
     /// Inspect a registry through its admin API.
     Admin(crate::admin_cli::AdminArgs),
     /// Run a two-registry federation on loopback and print what it did.
@@ -95,6 +97,7 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Registry(args) => crate::registry_cli::run(args).await,
         Command::Certs(cmd) => crate::certs_cli::run(cmd),
+        Command::Crds(args) => crate::crds_cli::run(args),
         Command::Admin(args) => crate::admin_cli::run(args).await,
         Command::Demo => crate::demo::run().await,
     }

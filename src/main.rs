@@ -3,6 +3,7 @@
 mod admin_cli;
 mod certs_cli;
 mod cli;
+mod crds_cli;
 mod demo;
 mod registry_cli;
 
