@@ -58,6 +58,12 @@ pub struct RegistryArgs {
     /// Poll period for file changes, as a fallback to filesystem events (seconds).
     #[arg(long, env = "XCC_POLL_SECONDS", default_value_t = 5)]
     pub poll_seconds: u64,
+    /// Directory of extra Cedar policies (`*.cedar`), watched; the default policies always apply.
+    #[arg(long, env = "XCC_POLICY_DIR")]
+    pub policy_dir: Option<PathBuf>,
+    /// How long a hierarchy query waits for its answer (seconds).
+    #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5)]
+    pub query_timeout_seconds: u64,
 }
 
 pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
@@ -103,6 +109,11 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         },
         store,
         cert_poll: Duration::from_secs(30),
+        federation: xcc_registry::run::FederationConfig {
+            policy_dir: args.policy_dir,
+            query_timeout: Duration::from_secs(args.query_timeout_seconds.max(1)),
+            ..Default::default()
+        },
     };
     let cancel = CancellationToken::new();
     let registry = Registry::start(config, cancel.clone()).await?;

@@ -603,7 +603,6 @@ impl TryFrom<&resources::ServiceRecordSpec> for ServiceRecordSpec {
 }
 
 impl From<&RemoteRegistrySpec> for resources::RemoteRegistrySpec {
-    /// `imports` has no place in the file shape yet and is dropped.
     fn from(spec: &RemoteRegistrySpec) -> Self {
         let RemoteRegistrySpec {
             address,
@@ -611,7 +610,7 @@ impl From<&RemoteRegistrySpec> for resources::RemoteRegistrySpec {
             allowed_domains,
             role,
             materialize,
-            imports: _,
+            imports,
         } = spec;
         resources::RemoteRegistrySpec {
             address: address.clone(),
@@ -622,6 +621,16 @@ impl From<&RemoteRegistrySpec> for resources::RemoteRegistrySpec {
             allowed_domains: allowed_domains.clone(),
             role: role.map(|r| r.as_str().to_string()),
             materialize: materialize.map(|m| m.as_str().to_string()),
+            imports: imports.as_ref().map(|list| {
+                list.iter()
+                    .map(|i| resources::HierarchyImport {
+                        namespace: i.namespace.clone(),
+                        name: i.name.clone(),
+                        fqdn: i.fqdn.clone(),
+                        requester_service: i.requester_service.clone(),
+                    })
+                    .collect()
+            }),
         }
     }
 }
@@ -636,6 +645,7 @@ impl TryFrom<&resources::RemoteRegistrySpec> for RemoteRegistrySpec {
             allowed_domains,
             role,
             materialize,
+            imports,
         } = spec;
         let role = match role.as_deref() {
             None => None,
@@ -672,7 +682,16 @@ impl TryFrom<&resources::RemoteRegistrySpec> for RemoteRegistrySpec {
             allowed_domains: allowed_domains.clone(),
             role,
             materialize,
-            imports: None,
+            imports: imports.as_ref().map(|list| {
+                list.iter()
+                    .map(|i| Import {
+                        fqdn: i.fqdn.clone(),
+                        namespace: i.namespace.clone(),
+                        name: i.name.clone(),
+                        requester_service: i.requester_service.clone(),
+                    })
+                    .collect()
+            }),
         })
     }
 }

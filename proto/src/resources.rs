@@ -226,6 +226,25 @@ pub struct RemoteRegistrySpec {
     /// How imports are materialised: `Service` (default) or `CiliumGlobalService`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub materialize: Option<String>,
+    /// With `role: Parent`: the services this cluster asks the hierarchy for. Granted answers
+    /// become imported ServiceRecords.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imports: Option<Vec<HierarchyImport>>,
+}
+
+/// One service requested through the hierarchy: by `namespace` + `name`, or by `fqdn`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HierarchyImport {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fqdn: Option<String>,
+    /// The workload that will call the service (for the callee's allowed requesters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester_service: Option<String>,
 }
 
 /// TLS settings for dialling a remote registry.

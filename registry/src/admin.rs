@@ -11,23 +11,72 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use xcc_proto::xcc::admin::v1 as api;
 
+use crate::authz::Condition as AuthzCondition;
 use crate::catalog::{Catalog, CatalogEvent, ListFilter, ServiceEntry, ServiceKey};
+use crate::federation::{Level, Target};
 use crate::peers::{PeerKind, PeerState, PeerTable};
 
 #[derive(Clone)]
 pub struct AdminService {
     catalog: Catalog,
     peers: PeerTable,
+    level: Level,
     cancel: CancellationToken,
+    query_timeout: std::time::Duration,
 }
 
 impl AdminService {
-    pub fn new(catalog: Catalog, peers: PeerTable, cancel: CancellationToken) -> Self {
+    pub fn new(
+        catalog: Catalog,
+        peers: PeerTable,
+        level: Level,
+        cancel: CancellationToken,
+        query_timeout: std::time::Duration,
+    ) -> Self {
         Self {
             catalog,
             peers,
+            level,
             cancel,
+            query_timeout,
         }
+    }
+
+    /// Evaluate at this level only: no forwarding, no grant recorded.
+    fn explain_locally(&self, r: &api::ResolveRequest) -> Result<api::Decision, Status> {
+        let target = target_of(r)?;
+        let requester = if r.requester_cluster.is_empty() {
+            self.level.cluster().to_string()
+        } else {
+            r.requester_cluster.clone()
+        };
+        Ok(
+            match self
+                .level
+                .explain(&target, &requester, &r.requester_service, true)
+            {
+                Some((entry, d)) => api::Decision {
+                    found: true,
+                    allowed: d.allowed,
+                    condition: condition(d.condition),
+                    reason: d.reason.clone(),
+                    policies: d.policies.clone(),
+                    owner_cluster: entry.key.cluster.clone(),
+                    resolver_cluster: self.level.cluster().to_string(),
+                    service: Some(to_api(&entry)),
+                    callee_admits: d.callee_admits,
+                    caller_requested: d.caller_requested,
+                    policy_permits: d.policy_permits,
+                },
+                None => api::Decision {
+                    found: false,
+                    condition: api::Condition::NotFound as i32,
+                    reason: format!("{target} is not in the subtree of {}", self.level.cluster()),
+                    resolver_cluster: self.level.cluster().to_string(),
+                    ..Default::default()
+                },
+            },
+        )
     }
 
     pub fn into_server(self) -> api::admin_server::AdminServer<Self> {
@@ -93,6 +142,84 @@ fn non_empty(s: &str) -> Option<String> {
 }
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<api::CatalogEvent, Status>> + Send>>;
+
+fn target_of(r: &api::ResolveRequest) -> Result<Target, Status> {
+    match (r.fqdn.is_empty(), r.name.is_empty()) {
+        (false, true) => Ok(Target::Fqdn(
+            xcc_proto::names::canonical_fqdn(&r.fqdn)
+                .map_err(|e| Status::invalid_argument(format!("fqdn: {e}")))?,
+        )),
+        (true, false) => Ok(Target::Name {
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+        }),
+        _ => Err(Status::invalid_argument(
+            "give either fqdn, or namespace and name",
+        )),
+    }
+}
+
+fn condition(c: AuthzCondition) -> i32 {
+    (match c {
+        AuthzCondition::Granted => api::Condition::Granted,
+        AuthzCondition::NotAllowedByCallee => api::Condition::NotAllowedByCallee,
+        AuthzCondition::NotRequested => api::Condition::NotRequested,
+        AuthzCondition::PolicyDenied => api::Condition::PolicyDenied,
+    }) as i32
+}
+
+fn decision_from_answer(a: &xcc_proto::xcc::federation::v1::ServiceQueryResponse) -> api::Decision {
+    use xcc_proto::xcc::federation::v1::DenyReason;
+    let cond = if a.unavailable {
+        api::Condition::Unavailable
+    } else if !a.found {
+        api::Condition::NotFound
+    } else if a.access_allowed {
+        api::Condition::Granted
+    } else {
+        match DenyReason::try_from(a.deny_reason).unwrap_or(DenyReason::Unspecified) {
+            DenyReason::NotAllowedByCallee => api::Condition::NotAllowedByCallee,
+            DenyReason::NotRequested => api::Condition::NotRequested,
+            DenyReason::PolicyDenied => api::Condition::PolicyDenied,
+            DenyReason::Unspecified => api::Condition::Unspecified,
+        }
+    };
+    api::Decision {
+        found: a.found,
+        allowed: a.found && a.access_allowed,
+        condition: cond as i32,
+        reason: if a.error.is_empty() && a.access_allowed {
+            format!("granted by {}", a.policies.join(", "))
+        } else {
+            a.error.clone()
+        },
+        policies: a.policies.clone(),
+        owner_cluster: a.owner_cluster.clone(),
+        resolver_cluster: a.resolver_cluster.clone(),
+        service: a.found.then(|| api::Service {
+            owner_cluster: a.owner_cluster.clone(),
+            namespace: a.namespace.clone(),
+            name: a.name.clone(),
+            fqdn: a.fqdn.clone(),
+            endpoints: a
+                .endpoints
+                .iter()
+                .filter_map(|e| crate::federation::convert::parse_endpoint(e).ok())
+                .map(|e| api::Endpoint {
+                    address: e.address,
+                    port: e.port,
+                })
+                .collect(),
+            revision: a.revision,
+            ..Default::default()
+        }),
+        callee_admits: a.found && a.deny_reason != DenyReason::NotAllowedByCallee as i32,
+        caller_requested: a.found
+            && a.deny_reason != DenyReason::NotRequested as i32
+            && a.deny_reason != DenyReason::NotAllowedByCallee as i32,
+        policy_permits: a.found && a.access_allowed,
+    }
+}
 
 #[tonic::async_trait]
 impl api::admin_server::Admin for AdminService {
@@ -184,6 +311,215 @@ impl api::admin_server::Admin for AdminService {
     }
 
     type WatchStream = WatchStream;
+
+    async fn resolve(
+        &self,
+        request: Request<api::ResolveRequest>,
+    ) -> Result<Response<api::Decision>, Status> {
+        authorize(&request)?;
+        let r = request.into_inner();
+        let target = target_of(&r)?;
+        if !r.requester_cluster.is_empty() && r.requester_cluster != self.level.cluster() {
+            // Answers are routed to the requester's cluster, so asking the hierarchy on another
+            // cluster's behalf is not possible from here: evaluate locally instead.
+            return Ok(Response::new(self.explain_locally(&r)?));
+        }
+        let answer = self
+            .level
+            .query(target, &r.requester_service, false, self.query_timeout)
+            .await;
+        Ok(Response::new(decision_from_answer(&answer)))
+    }
+
+    async fn explain(
+        &self,
+        request: Request<api::ResolveRequest>,
+    ) -> Result<Response<api::Decision>, Status> {
+        authorize(&request)?;
+        Ok(Response::new(self.explain_locally(request.get_ref())?))
+    }
+
+    async fn explain_policy(
+        &self,
+        request: Request<api::ExplainPolicyRequest>,
+    ) -> Result<Response<api::Decision>, Status> {
+        authorize(&request)?;
+        let r = request.into_inner();
+        let entry = ServiceEntry {
+            key: ServiceKey::new(
+                r.principal_cluster.clone(),
+                r.namespace.clone(),
+                r.name.clone(),
+            ),
+            source: crate::catalog::Source::Local,
+            fqdn: r.fqdn.clone(),
+            endpoints: vec![],
+            ports: vec![],
+            labels: Default::default(),
+            allowed_requesters: vec![],
+            origin: None,
+            revision: 0,
+        };
+        let policies = self.level.policies();
+        let verdict = match r.action.as_str() {
+            "announce" => policies.announce(&r.principal_cluster, &entry),
+            "discover" => {
+                let d = policies.discover(&entry, &r.principal_cluster, &r.principal_service, true);
+                crate::authz::Verdict {
+                    allowed: d.policy_permits,
+                    policies: d.policies,
+                    errors: vec![],
+                }
+            }
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "action {other:?}: use announce or discover"
+                )));
+            }
+        };
+        Ok(Response::new(api::Decision {
+            found: true,
+            allowed: verdict.allowed,
+            condition: if verdict.allowed {
+                api::Condition::Granted
+            } else {
+                api::Condition::PolicyDenied
+            } as i32,
+            reason: if verdict.errors.is_empty() {
+                if verdict.allowed {
+                    format!("permitted by {}", verdict.policies.join(", "))
+                } else if verdict.policies.is_empty() {
+                    "no policy permits it".into()
+                } else {
+                    format!("forbidden by {}", verdict.policies.join(", "))
+                }
+            } else {
+                verdict.errors.join("; ")
+            },
+            policies: verdict.policies,
+            policy_permits: verdict.allowed,
+            resolver_cluster: self.level.cluster().to_string(),
+            ..Default::default()
+        }))
+    }
+
+    async fn list_routes(
+        &self,
+        request: Request<api::ListRoutesRequest>,
+    ) -> Result<Response<api::ListRoutesResponse>, Status> {
+        authorize(&request)?;
+        let mut routes: Vec<api::Route> = self
+            .level
+            .owner_routes()
+            .into_iter()
+            .map(|r| api::Route {
+                target_namespace: r.target_namespace,
+                target_service: r.target_service,
+                caller_cluster: r.caller_cluster,
+                caller_service: r.caller_service,
+                resolver_cluster: r.resolver_cluster,
+                since: timestamp(Some(r.since)),
+                role: "owner".into(),
+                applied_objects: vec![],
+            })
+            .collect();
+        routes.extend(self.level.resolver_grants().into_iter().map(
+            |(key, cluster, service, since)| api::Route {
+                target_namespace: key.namespace,
+                target_service: key.name,
+                caller_cluster: cluster,
+                caller_service: service,
+                resolver_cluster: self.level.cluster().to_string(),
+                since: timestamp(Some(since)),
+                role: "resolver".into(),
+                applied_objects: vec![],
+            },
+        ));
+        Ok(Response::new(api::ListRoutesResponse { routes }))
+    }
+
+    async fn get_tree(
+        &self,
+        request: Request<api::GetTreeRequest>,
+    ) -> Result<Response<api::Tree>, Status> {
+        authorize(&request)?;
+        let parent_state = self
+            .level
+            .parent()
+            .and_then(|p| {
+                self.peers
+                    .list()
+                    .into_iter()
+                    .find(|s| s.kind == PeerKind::RemoteRegistry && s.name == *p)
+            })
+            .map(|s| format!("{:?}", s.state()).to_uppercase())
+            .unwrap_or_default();
+        let children = self
+            .level
+            .children()
+            .into_iter()
+            .map(|(cluster, subtree, address, since, queued)| {
+                let announced = self
+                    .catalog
+                    .list(&ListFilter {
+                        source: Some(crate::catalog::Source::Child(cluster.clone())),
+                        ..Default::default()
+                    })
+                    .len() as u64;
+                api::Child {
+                    cluster,
+                    subtree,
+                    address,
+                    connected_since: timestamp(Some(since)),
+                    announced_services: announced,
+                    queued_routes: queued as u64,
+                }
+            })
+            .collect();
+        let imports = self
+            .level
+            .subscriptions()
+            .into_iter()
+            .map(|(target, service, answer)| {
+                let (state, reason, owner, endpoints) = match &answer {
+                    None => ("Pending".to_string(), String::new(), String::new(), vec![]),
+                    Some(a) => {
+                        let d = decision_from_answer(a);
+                        let state = match api::Condition::try_from(d.condition)
+                            .unwrap_or(api::Condition::Unspecified)
+                        {
+                            api::Condition::Granted => "Granted",
+                            api::Condition::NotFound => "NotFound",
+                            api::Condition::Unavailable => "Unavailable",
+                            _ => "Denied",
+                        };
+                        (
+                            state.to_string(),
+                            d.reason.clone(),
+                            d.owner_cluster.clone(),
+                            d.service.map(|s| s.endpoints).unwrap_or_default(),
+                        )
+                    }
+                };
+                api::ImportStatus {
+                    target: target.to_string(),
+                    requester_service: service,
+                    state,
+                    reason,
+                    owner_cluster: owner,
+                    endpoints,
+                }
+            })
+            .collect();
+        Ok(Response::new(api::Tree {
+            cluster: self.level.cluster().to_string(),
+            parent: self.level.parent().unwrap_or_default(),
+            parent_state,
+            children,
+            subtree: self.level.subtree(),
+            imports,
+        }))
+    }
 
     async fn watch(
         &self,

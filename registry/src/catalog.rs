@@ -48,6 +48,17 @@ pub enum Source {
     Local,
     /// Imported through the RemoteRegistry of that name.
     Remote(String),
+    /// Announced by the direct child of that name (its subtree).
+    Child(String),
+    /// Granted through the hierarchy (a query answered by an ancestor) via that parent link.
+    Hierarchy(String),
+}
+
+impl Source {
+    /// Served to Hamlet consumers and announced to the parent: this registry's subtree.
+    pub fn in_subtree(&self) -> bool {
+        matches!(self, Source::Local | Source::Child(_))
+    }
 }
 
 impl fmt::Display for Source {
@@ -55,6 +66,8 @@ impl fmt::Display for Source {
         match self {
             Source::Local => f.write_str("local"),
             Source::Remote(name) => write!(f, "remote/{name}"),
+            Source::Child(name) => write!(f, "child/{name}"),
+            Source::Hierarchy(name) => write!(f, "hierarchy/{name}"),
         }
     }
 }
@@ -187,7 +200,8 @@ pub fn fqdn_has_suffix(fqdn: &str, suffix: &str) -> bool {
 #[derive(Default)]
 struct State {
     entries: BTreeMap<ServiceKey, Arc<ServiceEntry>>,
-    /// Local exports by FQDN: the Hamlet view picks the lowest key of each set.
+    /// Subtree entries (local exports and children's announcements) by FQDN: the Hamlet view
+    /// picks the lowest key of each set.
     local_by_fqdn: HashMap<String, BTreeSet<ServiceKey>>,
     revision: u64,
 }
@@ -255,12 +269,12 @@ impl Catalog {
         let entry = Arc::new(entry);
         let mut changed_fqdns: Vec<String> = Vec::new();
         if let Some(prev) = &previous
-            && prev.source == Source::Local
+            && prev.source.in_subtree()
         {
             remove_local_index(st, prev);
             changed_fqdns.push(prev.fqdn.clone());
         }
-        if entry.source == Source::Local {
+        if entry.source.in_subtree() {
             st.local_by_fqdn
                 .entry(entry.fqdn.clone())
                 .or_default()
@@ -287,11 +301,11 @@ impl Catalog {
     fn remove_locked(&self, st: &mut State, key: &ServiceKey) -> Option<Arc<ServiceEntry>> {
         let removed = st.entries.remove(key)?;
         st.revision += 1;
-        if removed.source == Source::Local {
+        if removed.source.in_subtree() {
             remove_local_index(st, &removed);
         }
         let _ = self.events.send(CatalogEvent::Delete(removed.clone()));
-        if removed.source == Source::Local {
+        if removed.source.in_subtree() {
             let _ = self.hamlet.send(Arc::from(removed.fqdn.as_str()));
         }
         Some(removed)
@@ -369,7 +383,7 @@ impl Catalog {
         self.hamlet.subscribe()
     }
 
-    /// The FQDNs currently served over Hamlet (local exports), sorted.
+    /// The FQDNs currently served over Hamlet (this registry's subtree), sorted.
     pub fn hamlet_fqdns(&self) -> Vec<Arc<str>> {
         let st = self.read();
         let mut v: Vec<Arc<str>> = st
@@ -382,14 +396,14 @@ impl Catalog {
         v
     }
 
-    /// The record served over Hamlet for `fqdn`: the local export with the lowest key when
-    /// several namespaces export the same FQDN (deterministic; the others are reported as
-    /// conflicts by [`Catalog::hamlet_conflicts`]).
+    /// The record served over Hamlet for `fqdn`: the subtree entry with the lowest key when
+    /// several export the same FQDN (deterministic; the others are reported as conflicts by
+    /// [`Catalog::hamlet_conflicts`]).
     pub fn hamlet_get(&self, fqdn: &str) -> Option<Arc<ServiceEntry>> {
         self.read().hamlet_winner(fqdn)
     }
 
-    /// Local exports shadowed by another export of the same FQDN.
+    /// Subtree entries shadowed by another entry with the same FQDN.
     pub fn hamlet_conflicts(&self) -> Vec<(ServiceKey, ServiceKey)> {
         let st = self.read();
         let mut out = Vec::new();

@@ -3,7 +3,9 @@
 //! the stores that keep exports and imports (files here; Kubernetes in its own issue).
 
 pub mod admin;
+pub mod authz;
 pub mod catalog;
+pub mod federation;
 pub mod hamlet;
 pub mod metrics;
 pub mod peers;

@@ -18,7 +18,10 @@ use xcc_certs::reload::{ReloadingTls, TlsFiles};
 use xcc_proto::resources::{RemoteRegistry, ServiceRecord};
 
 use crate::admin::AdminService;
+use crate::authz::Policies;
 use crate::catalog::{Catalog, Source};
+use crate::federation::link::ParentSpec;
+use crate::federation::{Level, Target};
 use crate::hamlet::client::{
     self, ClientConfig, ClientContext, ClientHandle, ImportSink, RemoteSpec,
 };
@@ -36,6 +39,33 @@ pub enum StoreConfig {
     File { state_dir: PathBuf, poll: Duration },
 }
 
+/// Hierarchy settings.
+#[derive(Clone, Debug)]
+pub struct FederationConfig {
+    /// The parent (memory store; in file mode a RemoteRegistry with `role: Parent`).
+    pub parent: Option<ParentSpec>,
+    /// Services to ask the hierarchy for (with `parent`).
+    pub imports: Vec<(Target, String)>,
+    /// Extra Cedar policies (`*.cedar`), watched and reloaded; the defaults always apply.
+    pub policy_dir: Option<PathBuf>,
+    /// How long a query waits for its answer.
+    pub query_timeout: Duration,
+    /// How often unanswered, denied or not-found imports are asked again.
+    pub import_retry: Duration,
+}
+
+impl Default for FederationConfig {
+    fn default() -> Self {
+        Self {
+            parent: None,
+            imports: vec![],
+            policy_dir: None,
+            query_timeout: Duration::from_secs(5),
+            import_retry: Duration::from_secs(30),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct RegistryConfig {
     pub tls: TlsFiles,
@@ -49,6 +79,7 @@ pub struct RegistryConfig {
     pub store: StoreConfig,
     /// Fallback poll period for certificate files (filesystem events are used too).
     pub cert_poll: Duration,
+    pub federation: FederationConfig,
 }
 
 impl RegistryConfig {
@@ -65,6 +96,7 @@ impl RegistryConfig {
             client: ClientConfig::default(),
             store: StoreConfig::Memory,
             cert_poll: Duration::from_secs(30),
+            federation: FederationConfig::default(),
         }
     }
 }
@@ -81,6 +113,9 @@ pub struct Registry {
     pub health: Health,
     pub tls: ReloadingTls,
     pub file_errors: FileErrors,
+    /// Policy reload errors (empty when the loaded set is the latest on disk).
+    pub policy_errors: FileErrors,
+    pub level: Level,
     remotes: Remotes,
     cancel: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
@@ -93,9 +128,82 @@ struct Remotes {
     clients: Arc<Mutex<BTreeMap<String, ClientHandle>>>,
     file_sink: Option<Arc<FileImportSink>>,
     cancel: CancellationToken,
+    level: Level,
+    parent: Arc<Mutex<Option<ParentLink>>>,
+    import_retry: Duration,
+}
+
+/// The running parent link and its import sync.
+struct ParentLink {
+    spec: ParentSpec,
+    cancel: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn same_parent(a: &ParentSpec, b: &ParentSpec) -> bool {
+    a.name == b.name
+        && a.address == b.address
+        && a.server_name == b.server_name
+        && match (&a.roots, &b.roots) {
+            (None, None) => true,
+            (Some(x), Some(y)) => Arc::ptr_eq(x, y) || x.roots == y.roots,
+            _ => false,
+        }
 }
 
 impl Remotes {
+    /// Make the parent link match `parent` (with its imports).
+    async fn reconcile_parent(&self, parent: ParentWanted) {
+        let mut current = self.parent.lock().await;
+        let keep = matches!((&*current, &parent), (Some(cur), Some((want, _))) if same_parent(&cur.spec, want));
+        if !keep {
+            if let Some(old) = current.take() {
+                old.cancel.cancel();
+                for t in old.tasks {
+                    let _ = t.await;
+                }
+                self.level.set_imports(&[]);
+                self.ctx
+                    .catalog
+                    .replace_source(&Source::Hierarchy(old.spec.name.clone()), vec![]);
+                if let Some(sink) = &self.file_sink
+                    && let Err(e) = sink.forget(&old.spec.name)
+                {
+                    warn!(parent = %old.spec.name, error = %e, "cannot remove the import file");
+                }
+                info!(parent = %old.spec.name, "parent link stopped");
+            }
+            self.level
+                .set_parent(parent.as_ref().map(|(p, _)| p.name.clone()));
+            if let Some((spec, _)) = &parent {
+                let cancel = self.cancel.child_token();
+                let link = crate::federation::link::spawn(
+                    self.level.clone(),
+                    self.ctx.tls.clone(),
+                    spec.clone(),
+                    self.ctx.config.backoff.clone(),
+                    self.ctx.peers.clone(),
+                    cancel.clone(),
+                );
+                let sync = crate::federation::imports::spawn(
+                    self.level.clone(),
+                    spec.name.clone(),
+                    self.ctx.sink.clone(),
+                    self.import_retry,
+                    cancel.clone(),
+                );
+                info!(parent = %spec.name, address = %spec.address, "parent link started");
+                *current = Some(ParentLink {
+                    spec: spec.clone(),
+                    cancel,
+                    tasks: vec![link, sync],
+                });
+            }
+        }
+        let imports = parent.map(|(_, i)| i).unwrap_or_default();
+        self.level.set_imports(&imports);
+    }
+
     /// Make the running clients match `desired`: start new ones, update changed ones, stop and
     /// forget removed ones (their imports are ours and go with them).
     async fn reconcile(&self, desired: Vec<RemoteSpec>) {
@@ -171,6 +279,81 @@ impl Registry {
         tls.register_metrics(&mut registry);
         let mut tasks = JoinSet::new();
 
+        let policies = match &config.federation.policy_dir {
+            Some(dir) => Policies::from_dir(dir).context("loading Cedar policies")?,
+            None => Policies::default_set(),
+        };
+        info!(policies = ?policies.policy_ids(), "Cedar policies loaded");
+        let policy_handle = Arc::new(std::sync::RwLock::new(Arc::new(policies)));
+        let policy_errors = FileErrors::default();
+        if let Some(dir) = config.federation.policy_dir.clone() {
+            let (tx, mut rx) = mpsc::channel(1);
+            let watcher = file::spawn_dir_watcher(
+                vec![dir.clone()],
+                Duration::from_secs(5),
+                tx,
+                cancel.clone(),
+            );
+            let (handle, errs, c, m) = (
+                policy_handle.clone(),
+                policy_errors.clone(),
+                cancel.clone(),
+                metrics.clone(),
+            );
+            tasks.spawn(async move {
+                let mut last_ids: Vec<String> = vec![];
+                loop {
+                    tokio::select! {
+                        _ = c.cancelled() => break,
+                        got = rx.recv() => if got.is_none() { break },
+                    }
+                    match Policies::from_dir(&dir) {
+                        Ok(p) => {
+                            let ids = p.policy_ids();
+                            if ids != last_ids || !errs.get().is_empty() {
+                                info!(policies = ?ids, "Cedar policies reloaded");
+                            }
+                            last_ids = ids;
+                            *handle.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+                            errs.set(vec![]);
+                        }
+                        Err(e) => {
+                            let msg = e.to_string();
+                            if errs.get() != vec![msg.clone()] {
+                                m.store_errors.inc();
+                                warn!(error = %msg, "rejected policy change; keeping the previous policies");
+                            }
+                            errs.set(vec![msg]);
+                        }
+                    }
+                }
+                watcher.abort();
+                Ok(())
+            });
+        }
+        let level = Level::new(cluster.clone(), None, catalog.clone(), policy_handle);
+        {
+            // The resolver: re-evaluate grants whenever a service changes.
+            let (lvl, c) = (level.clone(), cancel.clone());
+            let mut events = catalog.subscribe();
+            tasks.spawn(async move {
+                loop {
+                    let ev = tokio::select! {
+                        _ = c.cancelled() => break,
+                        ev = events.recv() => ev,
+                    };
+                    match ev {
+                        Ok(ev) => lvl.on_catalog_event(&ev),
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            warn!(missed = n, "resolver fell behind the catalog; grants are re-checked on the next change or query");
+                        }
+                        Err(_) => break,
+                    }
+                }
+                Ok(())
+            });
+        }
+
         let watcher = tls.spawn_watcher(config.cert_poll, cancel.clone());
         tasks.spawn(async move {
             watcher.await.context("certificate watcher panicked")?;
@@ -202,6 +385,13 @@ impl Registry {
                 .http2_keepalive_timeout(Some(Duration::from_secs(20)))
                 .add_service(hamlet.v1alpha1())
                 .add_service(hamlet.v1alpha2())
+                .add_service(
+                    crate::federation::session::FederationService::new(
+                        level.clone(),
+                        cancel.clone(),
+                    )
+                    .into_server(),
+                )
                 .add_service(health_svc)
                 .add_service(reflection);
             let c = cancel.clone();
@@ -217,7 +407,13 @@ impl Registry {
             reporter
                 .set_serving::<xcc_proto::xcc::admin::v1::admin_server::AdminServer<AdminService>>()
                 .await;
-            let admin = AdminService::new(catalog.clone(), peers.clone(), cancel.clone());
+            let admin = AdminService::new(
+                catalog.clone(),
+                peers.clone(),
+                level.clone(),
+                cancel.clone(),
+                config.federation.query_timeout,
+            );
             let incoming =
                 xcc_certs::server::tls_incoming(admin_listener, tls.clone(), cancel.clone());
             let router = tonic::transport::Server::builder()
@@ -256,7 +452,15 @@ impl Registry {
             clients: Arc::new(Mutex::new(BTreeMap::new())),
             file_sink,
             cancel: cancel.clone(),
+            level: level.clone(),
+            parent: Arc::new(Mutex::new(None)),
+            import_retry: config.federation.import_retry,
         };
+        if let Some(parent) = config.federation.parent.clone() {
+            remotes
+                .reconcile_parent(Some((parent, config.federation.imports.clone())))
+                .await;
+        }
 
         let file_errors = FileErrors::default();
         match &config.store {
@@ -273,7 +477,9 @@ impl Registry {
                 // First load before serving readiness.
                 file::sync_exports(&catalog, &cluster, &mut exports);
                 remote_files.refresh(|rr| file::remote_spec(rr).map(|_| ()));
-                remotes.reconcile(specs(&remote_files)).await;
+                let (peers_wanted, parent_wanted) = split_remotes(&remote_files);
+                remotes.reconcile(peers_wanted).await;
+                remotes.reconcile_parent(parent_wanted).await;
                 file_errors.set([exports.errors(), remote_files.errors()].concat());
                 health.set_ready(true);
 
@@ -299,7 +505,9 @@ impl Registry {
                         }
                         file::sync_exports(&cat, &cl, &mut exports);
                         if remote_files.refresh(|rr| file::remote_spec(rr).map(|_| ())) {
-                            rem.reconcile(specs(&remote_files)).await;
+                            let (peers_wanted, parent_wanted) = split_remotes(&remote_files);
+                            rem.reconcile(peers_wanted).await;
+                            rem.reconcile_parent(parent_wanted).await;
                         }
                         errs.set([exports.errors(), remote_files.errors()].concat());
                     }
@@ -340,6 +548,8 @@ impl Registry {
             health,
             tls,
             file_errors,
+            policy_errors,
+            level,
             remotes,
             cancel,
             tasks,
@@ -369,6 +579,17 @@ impl Registry {
         for (_, handle) in std::mem::take(&mut *clients) {
             handle.stop().await;
         }
+        if let Some(link) = self.remotes.parent.lock().await.take() {
+            link.cancel.cancel();
+            for t in link.tasks {
+                let _ = t.await;
+            }
+        }
+    }
+
+    /// Replace the parent link (memory store; the file store watches its files).
+    pub async fn set_parent(&self, parent: ParentWanted) {
+        self.remotes.reconcile_parent(parent).await;
     }
 
     /// Run until `cancel` fires or a supervised task fails (then stop the rest and return the
@@ -395,12 +616,60 @@ impl Registry {
     }
 }
 
-fn specs(files: &YamlDir<RemoteRegistry>) -> Vec<RemoteSpec> {
-    files
-        .items()
-        .iter()
-        .filter_map(|rr| file::remote_spec(rr).ok())
-        .collect()
+/// A parent link and the imports asked through it.
+type ParentWanted = Option<(ParentSpec, Vec<(Target, String)>)>;
+
+/// Peers (Hamlet imports) and the parent (hierarchy) among the RemoteRegistry files. With
+/// several parents, the first by name wins and the others are reported.
+fn split_remotes(files: &YamlDir<RemoteRegistry>) -> (Vec<RemoteSpec>, ParentWanted) {
+    let mut peers = vec![];
+    let mut parents = vec![];
+    for rr in files.items() {
+        let Ok(spec) = file::remote_spec(&rr) else {
+            continue;
+        };
+        if rr.spec.role.as_deref() == Some(xcc_proto::resources::ROLE_PARENT) {
+            let imports = rr
+                .spec
+                .imports
+                .iter()
+                .flatten()
+                .filter_map(|i| {
+                    let service = i.requester_service.clone().unwrap_or_default();
+                    match (&i.fqdn, &i.namespace, &i.name) {
+                        (Some(f), _, _) => xcc_proto::names::canonical_fqdn(f)
+                            .ok()
+                            .map(|f| (Target::Fqdn(f), service)),
+                        (None, Some(ns), Some(n)) => Some((
+                            Target::Name {
+                                namespace: ns.clone(),
+                                name: n.clone(),
+                            },
+                            service,
+                        )),
+                        _ => None,
+                    }
+                })
+                .collect();
+            parents.push((
+                ParentSpec {
+                    name: spec.name,
+                    address: spec.address,
+                    server_name: spec.server_name,
+                    roots: spec.roots,
+                },
+                imports,
+            ));
+        } else {
+            peers.push(spec);
+        }
+    }
+    parents.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+    if parents.len() > 1 {
+        let ignored: Vec<&str> = parents[1..].iter().map(|p| p.0.name.as_str()).collect();
+        warn!(using = %parents[0].0.name, ?ignored, "more than one RemoteRegistry has role Parent; only one parent is allowed");
+    }
+    (peers, parents.into_iter().next())
 }
 
 async fn bind(

@@ -486,6 +486,10 @@ fn remote_registry_validation() {
         ]),
         role: Some("Child".into()),
         materialize: Some("Magic".into()),
+        imports: Some(vec![HierarchyImport {
+            name: Some("api".into()),
+            ..Default::default()
+        }]),
     });
     let ResourceError::Invalid { violations, .. } = bad.validate().unwrap_err() else {
         panic!("expected Invalid");
@@ -501,6 +505,8 @@ fn remote_registry_validation() {
             "spec.allowedDomains[2]: Required value: Invalid domain. For example, labels in the domain name must have between 1 and 63 characters. Check RFC1035 for more details.",
             r#"spec.role: "Child" is not one of Peer, Parent"#,
             r#"spec.materialize: "Magic" is not one of Service, CiliumGlobalService"#,
+            "spec.imports[0]: imports need role Parent",
+            "spec.imports[0].namespace: required with name",
         ]
     );
 }

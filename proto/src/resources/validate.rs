@@ -240,6 +240,25 @@ impl RemoteRegistry {
                 format!("{mode:?} is not one of Service, CiliumGlobalService"),
             );
         }
+        for (i, import) in spec.imports.iter().flatten().enumerate() {
+            let path = format!("spec.imports[{i}]");
+            if spec.role.as_deref() != Some(ROLE_PARENT) {
+                v.add(path.clone(), "imports need role Parent");
+            }
+            match (&import.fqdn, &import.name) {
+                (Some(f), None) => {
+                    if let Err(e) = crate::names::canonical_fqdn(f) {
+                        v.add(format!("{path}.fqdn"), e.to_string());
+                    }
+                }
+                (None, Some(n)) if !n.is_empty() => {
+                    if import.namespace.as_deref().is_none_or(str::is_empty) {
+                        v.add(format!("{path}.namespace"), "required with name");
+                    }
+                }
+                _ => v.add(path.clone(), "give either fqdn, or namespace and name"),
+            }
+        }
         v.into_result(REMOTE_REGISTRY_KIND, &self.metadata)
     }
 }

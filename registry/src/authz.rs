@@ -1,0 +1,625 @@
+//! Authorization: the bilateral rule and Cedar policies. Pure: no I/O except reading a policy
+//! directory in [`Policies::from_dir`].
+//!
+//! A requester R (cluster, optionally `cluster/service`) gets service S only if
+//! (a) S's allowed requesters admit R (empty = every authenticated cluster),
+//! (b) R asked for S, and
+//! (c) the Cedar policy set permits `discover` for R on S.
+//! The three are evaluated separately so the answer can say which one failed. The default policy
+//! set permits `discover` exactly when (a) and (b) hold (passed in the request context), and
+//! permits `announce` of MCS names (`*.svc.clusterset.local`); any other zone must be granted
+//! to a cluster by a policy in the policy directory, so a compromised leaf cannot claim names.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::str::FromStr;
+
+use cedar_policy::{
+    Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityUid, PolicyId,
+    PolicySet, Request, RestrictedExpression, Schema, ValidationMode, Validator,
+};
+
+use crate::catalog::ServiceEntry;
+
+/// The Cedar schema of xcc's entities and actions.
+pub const SCHEMA: &str = r#"
+namespace Xcc {
+  // A registry's cluster.
+  entity Cluster = { name: String };
+  // A workload (service) inside a cluster, the finer-grained requester.
+  entity Workload in [Cluster] = { cluster: String, name: String };
+  // An operator holding an admin certificate.
+  entity Admin;
+  // A service in the catalog.
+  entity Service = {
+    owner: String,
+    namespace: String,
+    name: String,
+    fqdn: String,
+    // Every label-wise suffix of the FQDN: "a.b.c" -> {"a.b.c", "b.c", "c"}.
+    zones: Set<String>,
+    // "key=value" for every label.
+    labels: Set<String>,
+    allowedRequesters: Set<String>,
+  };
+  type Bilateral = { calleeAdmits: Bool, callerRequested: Bool };
+  action announce appliesTo { principal: [Cluster], resource: [Service] };
+  action discover appliesTo { principal: [Cluster, Workload], resource: [Service], context: Bilateral };
+  action import appliesTo { principal: [Cluster, Workload], resource: [Service], context: Bilateral };
+  action admin appliesTo { principal: [Admin], resource: [Cluster] };
+}
+"#;
+
+/// Policies always in force; a policy directory adds to them.
+pub const DEFAULT_POLICIES: &str = r#"
+@id("bilateral")
+permit (
+  principal,
+  action in [Xcc::Action::"discover", Xcc::Action::"import"],
+  resource
+) when { context.calleeAdmits && context.callerRequested };
+
+@id("announce-clusterset")
+permit (principal, action == Xcc::Action::"announce", resource)
+when { resource.fqdn like "*.svc.clusterset.local" };
+"#;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("{file}: policy {id:?} is defined twice")]
+    Duplicate { file: String, id: String },
+    #[error("policies do not validate against the xcc schema: {0}")]
+    Invalid(String),
+    #[error("reading {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+/// A validated policy set.
+pub struct Policies {
+    set: PolicySet,
+    schema: Schema,
+    /// Only the default policies are loaded (lets hot paths skip Cedar evaluation).
+    default_only: bool,
+    /// Source files, for reporting.
+    pub files: Vec<String>,
+}
+
+/// Outcome of one Cedar evaluation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// Policies that determined the decision (permits when allowed, forbids when denied by one).
+    pub policies: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+/// Which bilateral condition decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Condition {
+    Granted,
+    NotAllowedByCallee,
+    NotRequested,
+    PolicyDenied,
+}
+
+impl Condition {
+    /// The reason names used in statuses (RemoteRegistry import conditions).
+    pub fn reason(self) -> &'static str {
+        match self {
+            Condition::Granted => "Granted",
+            Condition::NotAllowedByCallee => "NotAllowedByCallee",
+            Condition::NotRequested => "NotRequested",
+            Condition::PolicyDenied => "PolicyDenied",
+        }
+    }
+}
+
+/// The full decision on one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    pub condition: Condition,
+    pub callee_admits: bool,
+    pub caller_requested: bool,
+    pub policy_permits: bool,
+    pub policies: Vec<String>,
+    pub reason: String,
+}
+
+fn uid(ty: &str, id: &str) -> Result<EntityUid, PolicyError> {
+    let ty = cedar_policy::EntityTypeName::from_str(ty)
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+    Ok(EntityUid::from_type_name_and_id(
+        ty,
+        cedar_policy::EntityId::new(id),
+    ))
+}
+
+fn str_set(items: impl IntoIterator<Item = String>) -> RestrictedExpression {
+    RestrictedExpression::new_set(items.into_iter().map(RestrictedExpression::new_string))
+}
+
+/// Every label-wise suffix of an FQDN.
+pub fn zones_of(fqdn: &str) -> Vec<String> {
+    let fqdn = fqdn.trim_end_matches('.').to_ascii_lowercase();
+    let mut out = vec![];
+    let mut rest = fqdn.as_str();
+    loop {
+        if !rest.is_empty() {
+            out.push(rest.to_string());
+        }
+        match rest.split_once('.') {
+            Some((_, tail)) => rest = tail,
+            None => break,
+        }
+    }
+    out
+}
+
+impl Policies {
+    /// The default policy set alone.
+    pub fn default_set() -> Self {
+        // The embedded sources are tested to parse and validate.
+        match Self::from_sources(&[]) {
+            Ok(p) => p,
+            Err(e) => panic!("embedded default policies are invalid: {e}"),
+        }
+    }
+
+    /// Default policies plus `sources` (name, text), validated against [`SCHEMA`].
+    pub fn from_sources(sources: &[(String, String)]) -> Result<Self, PolicyError> {
+        let (schema, _warnings) = Schema::from_cedarschema_str(SCHEMA)
+            .map_err(|e| PolicyError::Internal(format!("schema: {e}")))?;
+        let mut set = PolicySet::new();
+        let mut all: Vec<(String, &str)> = vec![("<default>".to_string(), DEFAULT_POLICIES)];
+        all.extend(sources.iter().map(|(n, t)| (n.clone(), t.as_str())));
+        for (file, text) in &all {
+            let parsed = PolicySet::from_str(text).map_err(|e| PolicyError::Parse {
+                file: file.clone(),
+                message: format!("{e:?}")
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            })?;
+            for (index, policy) in parsed.policies().enumerate() {
+                let id = policy
+                    .annotation("id")
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("{file}#{index}"));
+                let policy = policy.new_id(PolicyId::new(&id));
+                set.add(policy).map_err(|_| PolicyError::Duplicate {
+                    file: file.clone(),
+                    id: id.clone(),
+                })?;
+            }
+        }
+        let result = Validator::new(schema.clone()).validate(&set, ValidationMode::Strict);
+        if !result.validation_passed() {
+            let errors: Vec<String> = result
+                .validation_errors()
+                .map(|e| format!("{}: {e}", e.policy_id()))
+                .collect();
+            return Err(PolicyError::Invalid(errors.join("; ")));
+        }
+        Ok(Self {
+            set,
+            schema,
+            default_only: sources.is_empty(),
+            files: sources.iter().map(|(n, _)| n.clone()).collect(),
+        })
+    }
+
+    /// Default policies plus every `*.cedar` file in `dir` (sorted by name).
+    pub fn from_dir(dir: &Path) -> Result<Self, PolicyError> {
+        let mut sources = vec![];
+        let entries = std::fs::read_dir(dir).map_err(|source| PolicyError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
+        let mut paths: Vec<_> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "cedar") && p.is_file())
+            .collect();
+        paths.sort();
+        for path in paths {
+            let text = std::fs::read_to_string(&path).map_err(|source| PolicyError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            sources.push((name, text));
+        }
+        Self::from_sources(&sources)
+    }
+
+    pub fn is_default_only(&self) -> bool {
+        self.default_only
+    }
+
+    pub fn policy_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.set.policies().map(|p| p.id().to_string()).collect();
+        ids.sort();
+        ids
+    }
+
+    fn service_entity(&self, e: &ServiceEntry) -> Result<Entity, PolicyError> {
+        let attrs = HashMap::from([
+            (
+                "owner".to_string(),
+                RestrictedExpression::new_string(e.key.cluster.clone()),
+            ),
+            (
+                "namespace".to_string(),
+                RestrictedExpression::new_string(e.key.namespace.clone()),
+            ),
+            (
+                "name".to_string(),
+                RestrictedExpression::new_string(e.key.name.clone()),
+            ),
+            (
+                "fqdn".to_string(),
+                RestrictedExpression::new_string(e.fqdn.clone()),
+            ),
+            ("zones".to_string(), str_set(zones_of(&e.fqdn))),
+            (
+                "labels".to_string(),
+                str_set(e.labels.iter().map(|(k, v)| format!("{k}={v}"))),
+            ),
+            (
+                "allowedRequesters".to_string(),
+                str_set(e.allowed_requesters.iter().cloned()),
+            ),
+        ]);
+        Entity::new(
+            uid("Xcc::Service", &e.key.to_string())?,
+            attrs,
+            HashSet::new(),
+        )
+        .map_err(|err| PolicyError::Internal(err.to_string()))
+    }
+
+    fn principal(
+        &self,
+        cluster: &str,
+        service: &str,
+    ) -> Result<(EntityUid, Vec<Entity>), PolicyError> {
+        let cluster_uid = uid("Xcc::Cluster", cluster)?;
+        let cluster_entity = Entity::new(
+            cluster_uid.clone(),
+            HashMap::from([(
+                "name".to_string(),
+                RestrictedExpression::new_string(cluster.to_string()),
+            )]),
+            HashSet::new(),
+        )
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        if service.is_empty() {
+            return Ok((cluster_uid, vec![cluster_entity]));
+        }
+        let workload_uid = uid("Xcc::Workload", &format!("{cluster}/{service}"))?;
+        let workload = Entity::new(
+            workload_uid.clone(),
+            HashMap::from([
+                (
+                    "cluster".to_string(),
+                    RestrictedExpression::new_string(cluster.to_string()),
+                ),
+                (
+                    "name".to_string(),
+                    RestrictedExpression::new_string(service.to_string()),
+                ),
+            ]),
+            HashSet::from([cluster_uid]),
+        )
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        Ok((workload_uid, vec![cluster_entity, workload]))
+    }
+
+    fn evaluate(
+        &self,
+        principal: EntityUid,
+        mut entities: Vec<Entity>,
+        action: &str,
+        resource: &ServiceEntry,
+        context: Context,
+    ) -> Verdict {
+        let run = || -> Result<Verdict, PolicyError> {
+            let service = self.service_entity(resource)?;
+            let resource_uid = service.uid();
+            entities.push(service);
+            let entities = Entities::from_entities(entities, Some(&self.schema))
+                .map_err(|e| PolicyError::Internal(e.to_string()))?;
+            let request = Request::new(
+                principal,
+                uid("Xcc::Action", action)?,
+                resource_uid,
+                context,
+                Some(&self.schema),
+            )
+            .map_err(|e| PolicyError::Internal(e.to_string()))?;
+            let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+            let mut policies: Vec<String> = response
+                .diagnostics()
+                .reason()
+                .map(|p| p.to_string())
+                .collect();
+            policies.sort();
+            Ok(Verdict {
+                allowed: response.decision() == CedarDecision::Allow,
+                policies,
+                errors: response
+                    .diagnostics()
+                    .errors()
+                    .map(|e| e.to_string())
+                    .collect(),
+            })
+        };
+        // Fail closed: an evaluation error is a denial that says why.
+        run().unwrap_or_else(|e| Verdict {
+            allowed: false,
+            policies: vec![],
+            errors: vec![e.to_string()],
+        })
+    }
+
+    /// May `cluster` announce `entry`?
+    pub fn announce(&self, cluster: &str, entry: &ServiceEntry) -> Verdict {
+        match self.principal(cluster, "") {
+            Ok((p, entities)) => self.evaluate(p, entities, "announce", entry, Context::empty()),
+            Err(e) => Verdict {
+                allowed: false,
+                policies: vec![],
+                errors: vec![e.to_string()],
+            },
+        }
+    }
+
+    /// The bilateral decision for `requester_cluster` (and optional `requester_service`) asking
+    /// for `entry`. `requested` is condition (b).
+    pub fn discover(
+        &self,
+        entry: &ServiceEntry,
+        requester_cluster: &str,
+        requester_service: &str,
+        requested: bool,
+    ) -> Decision {
+        let requester = if requester_service.is_empty() {
+            requester_cluster.to_string()
+        } else {
+            format!("{requester_cluster}/{requester_service}")
+        };
+        let callee_admits = admits(entry, requester_cluster, requester_service);
+        let verdict = if self.default_only {
+            // The default set permits exactly when (a) and (b) hold.
+            Verdict {
+                allowed: callee_admits && requested,
+                policies: if callee_admits && requested {
+                    vec!["bilateral".to_string()]
+                } else {
+                    vec![]
+                },
+                errors: vec![],
+            }
+        } else {
+            let context = Context::from_pairs([
+                (
+                    "calleeAdmits".to_string(),
+                    RestrictedExpression::new_bool(callee_admits),
+                ),
+                (
+                    "callerRequested".to_string(),
+                    RestrictedExpression::new_bool(requested),
+                ),
+            ]);
+            match (
+                context,
+                self.principal(requester_cluster, requester_service),
+            ) {
+                (Ok(ctx), Ok((p, entities))) => self.evaluate(p, entities, "discover", entry, ctx),
+                (Err(e), _) => Verdict {
+                    allowed: false,
+                    policies: vec![],
+                    errors: vec![e.to_string()],
+                },
+                (_, Err(e)) => Verdict {
+                    allowed: false,
+                    policies: vec![],
+                    errors: vec![e.to_string()],
+                },
+            }
+        };
+        let (condition, reason) = if !callee_admits {
+            (
+                Condition::NotAllowedByCallee,
+                format!(
+                    "{} allows [{}]; {requester} is not among them",
+                    entry.key,
+                    entry.allowed_requesters.join(", ")
+                ),
+            )
+        } else if !requested {
+            (
+                Condition::NotRequested,
+                format!("{requester} did not ask for {}", entry.fqdn),
+            )
+        } else if !verdict.allowed {
+            let why = if !verdict.errors.is_empty() {
+                format!("evaluation error: {}", verdict.errors.join("; "))
+            } else if verdict.policies.is_empty() {
+                "no policy permits it".to_string()
+            } else {
+                format!("forbidden by {}", verdict.policies.join(", "))
+            };
+            (Condition::PolicyDenied, why)
+        } else {
+            (
+                Condition::Granted,
+                format!("granted by {}", verdict.policies.join(", ")),
+            )
+        };
+        Decision {
+            allowed: condition == Condition::Granted,
+            condition,
+            callee_admits,
+            caller_requested: requested,
+            policy_permits: verdict.allowed,
+            policies: verdict.policies,
+            reason,
+        }
+    }
+}
+
+/// Condition (a): `allowed_requesters` empty, or naming the cluster, or `cluster/service`.
+pub fn admits(entry: &ServiceEntry, cluster: &str, service: &str) -> bool {
+    if service.is_empty() {
+        entry.admits(cluster)
+    } else {
+        entry.admits(&format!("{cluster}/{service}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{Endpoint, ServiceKey, Source};
+    use std::collections::BTreeMap;
+
+    fn api(allowed: &[&str]) -> ServiceEntry {
+        ServiceEntry {
+            key: ServiceKey::new("b2", "shop", "api"),
+            source: Source::Local,
+            fqdn: "api.shop.svc.clusterset.local".into(),
+            endpoints: vec![Endpoint {
+                address: "10.2.0.1".into(),
+                port: 443,
+            }],
+            ports: vec![],
+            labels: BTreeMap::from([("tier".to_string(), "restricted".to_string())]),
+            allowed_requesters: allowed.iter().map(|s| s.to_string()).collect(),
+            origin: None,
+            revision: 1,
+        }
+    }
+
+    #[test]
+    fn zones_are_label_wise_suffixes() {
+        assert_eq!(zones_of("A.b.C."), vec!["a.b.c", "b.c", "c"]);
+        assert_eq!(zones_of("x"), vec!["x"]);
+    }
+
+    /// Table: (allowed requesters, requester, service, requested) → condition.
+    #[test]
+    fn bilateral_table_with_default_policies() {
+        let p = Policies::default_set();
+        let cases: &[(&[&str], &str, &str, bool, Condition)] = &[
+            (&[], "b1", "web", true, Condition::Granted),
+            (&["b1/web"], "b1", "web", true, Condition::Granted),
+            (&["b1"], "b1", "web", true, Condition::Granted),
+            (
+                &["b1/web"],
+                "b1",
+                "batch",
+                true,
+                Condition::NotAllowedByCallee,
+            ),
+            (&["c1"], "b1", "web", true, Condition::NotAllowedByCallee),
+            (&["b1/web"], "b1", "web", false, Condition::NotRequested),
+            (&["c1"], "b1", "web", false, Condition::NotAllowedByCallee),
+        ];
+        for (allowed, cluster, service, requested, want) in cases {
+            let d = p.discover(&api(allowed), cluster, service, *requested);
+            assert_eq!(
+                d.condition, *want,
+                "{allowed:?} {cluster}/{service} {requested}"
+            );
+            assert_eq!(d.allowed, *want == Condition::Granted);
+        }
+        let d = p.discover(&api(&["c1"]), "b1", "web", true);
+        assert_eq!(
+            d.reason,
+            "b2/shop/api allows [c1]; b1/web is not among them"
+        );
+    }
+
+    /// The same table through real Cedar evaluation (a non-default set), plus a forbid.
+    #[test]
+    fn cedar_evaluation_matches_and_forbid_wins() {
+        let extra = r#"
+@id("no-restricted-for-c")
+forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", resource)
+when { resource.labels.contains("tier=restricted") };
+"#;
+        let p = Policies::from_sources(&[("extra.cedar".into(), extra.into())]).expect("valid");
+        assert!(!p.is_default_only());
+        let d = p.discover(&api(&[]), "b1", "web", true);
+        assert_eq!(
+            (d.condition, d.policies.clone()),
+            (Condition::Granted, vec!["bilateral".to_string()])
+        );
+        let d = p.discover(&api(&[]), "c1", "web", true);
+        assert_eq!(d.condition, Condition::PolicyDenied);
+        assert_eq!(d.policies, vec!["no-restricted-for-c"]);
+        assert_eq!(d.reason, "forbidden by no-restricted-for-c");
+        assert!(d.callee_admits && d.caller_requested && !d.policy_permits);
+        let d = p.discover(&api(&["b1/web"]), "b1", "web", false);
+        assert_eq!(d.condition, Condition::NotRequested);
+    }
+
+    #[test]
+    fn announce_limits_zones() {
+        let grant = r#"
+@id("b2-zone")
+permit (principal == Xcc::Cluster::"b2", action == Xcc::Action::"announce", resource)
+when { resource.zones.contains("b2.example.org") };
+"#;
+        let p = Policies::from_sources(&[("zones.cedar".into(), grant.into())]).expect("valid");
+        let mut e = api(&[]);
+        assert!(p.announce("b2", &e).allowed, "clusterset names are open");
+        e.fqdn = "api.b2.example.org".into();
+        assert_eq!(p.announce("b2", &e).policies, vec!["b2-zone"]);
+        assert!(p.announce("b2", &e).allowed);
+        assert!(
+            !p.announce("c1", &e).allowed,
+            "another cluster cannot claim b2's zone"
+        );
+        e.fqdn = "login.bank.example".into();
+        let v = p.announce("b2", &e);
+        assert!(!v.allowed && v.policies.is_empty());
+        // Default set: only clusterset names.
+        assert!(!Policies::default_set().announce("b2", &e).allowed);
+    }
+
+    #[test]
+    fn bad_policies_are_rejected_with_the_file_named() {
+        let err = Policies::from_sources(&[("bad.cedar".into(), "permit(principal".into())])
+            .err()
+            .expect("syntax error");
+        assert!(err.to_string().starts_with("bad.cedar: "), "{err}");
+        let err = Policies::from_sources(&[(
+            "typo.cedar".into(),
+            r#"permit(principal, action == Xcc::Action::"discover", resource) when { resource.nosuch == "x" };"#.into(),
+        )])
+        .err()
+        .expect("schema error");
+        assert!(matches!(err, PolicyError::Invalid(_)), "{err}");
+        let err = Policies::from_sources(&[(
+            "dup.cedar".into(),
+            "@id(\"bilateral\") permit(principal, action, resource);".into(),
+        )])
+        .err()
+        .expect("duplicate");
+        assert!(matches!(err, PolicyError::Duplicate { .. }), "{err}");
+    }
+}

@@ -1,0 +1,227 @@
+//! Catalog entries ⇄ federation messages. Pure.
+
+use xcc_proto::xcc::federation::v1 as fed;
+
+use super::level::Target;
+use crate::authz::{Condition, Decision};
+use crate::catalog::{Endpoint, NamedPort, ServiceEntry, ServiceKey, Source};
+
+/// `ip:port`, with brackets for IPv6 (the seed's endpoint string form).
+pub fn endpoint_string(e: &Endpoint) -> String {
+    if e.address.contains(':') {
+        format!("[{}]:{}", e.address, e.port)
+    } else {
+        format!("{}:{}", e.address, e.port)
+    }
+}
+
+pub fn parse_endpoint(s: &str) -> Result<Endpoint, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("endpoint {s:?} is not host:port"))?;
+    let port: u32 = port
+        .parse()
+        .ok()
+        .filter(|p| (1..=65535).contains(p))
+        .ok_or_else(|| format!("endpoint {s:?}: port must be 1-65535"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.parse::<std::net::IpAddr>().is_err() && xcc_proto::names::canonical_fqdn(host).is_err()
+    {
+        return Err(format!(
+            "endpoint {s:?}: host is neither an IP address nor a DNS name"
+        ));
+    }
+    Ok(Endpoint {
+        address: host.to_string(),
+        port,
+    })
+}
+
+pub fn announcement(e: &ServiceEntry, deleted: bool) -> fed::ServiceAnnouncement {
+    fed::ServiceAnnouncement {
+        cluster: e.key.cluster.clone(),
+        namespace: e.key.namespace.clone(),
+        name: e.key.name.clone(),
+        endpoints: e.endpoints.iter().map(endpoint_string).collect(),
+        allowed_requesters: e.allowed_requesters.clone(),
+        deleted,
+        fqdn: e.fqdn.clone(),
+        ports: e
+            .ports
+            .iter()
+            .map(|p| fed::Port {
+                name: p.name.clone(),
+                port: p.port,
+                protocol: p.protocol.clone(),
+            })
+            .collect(),
+        revision: e.revision,
+        labels: e.labels.clone(),
+    }
+}
+
+pub fn entry_from_announcement(
+    a: &fed::ServiceAnnouncement,
+    source: Source,
+) -> Result<ServiceEntry, String> {
+    if a.cluster.is_empty() || a.name.is_empty() {
+        return Err("announcement without cluster or name".into());
+    }
+    let fqdn = if a.fqdn.is_empty() {
+        xcc_proto::names::clusterset_fqdn(&a.name, &a.namespace)
+    } else {
+        xcc_proto::names::canonical_fqdn(&a.fqdn).map_err(|e| e.to_string())?
+    };
+    let endpoints = a
+        .endpoints
+        .iter()
+        .map(|s| parse_endpoint(s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ports = Vec::new();
+    for p in &a.ports {
+        if !(1..=65535).contains(&p.port) {
+            return Err(format!("port {} out of range 1-65535", p.port));
+        }
+        ports.push(NamedPort {
+            name: p.name.clone(),
+            port: p.port,
+            protocol: if p.protocol.is_empty() {
+                "TCP".into()
+            } else {
+                p.protocol.clone()
+            },
+        });
+    }
+    let mut allowed = a.allowed_requesters.clone();
+    allowed.sort();
+    allowed.dedup();
+    Ok(ServiceEntry {
+        key: ServiceKey::new(&a.cluster, &a.namespace, &a.name),
+        source,
+        fqdn,
+        endpoints,
+        ports,
+        labels: a.labels.clone(),
+        allowed_requesters: allowed,
+        origin: None,
+        revision: 0,
+    })
+}
+
+pub fn target_matches(target: &Target, e: &ServiceEntry) -> bool {
+    match target {
+        Target::Fqdn(f) => e.fqdn == *f,
+        Target::Name { namespace, name } => e.key.namespace == *namespace && e.key.name == *name,
+    }
+}
+
+fn deny_reason(c: Condition) -> i32 {
+    (match c {
+        Condition::Granted => fed::DenyReason::Unspecified,
+        Condition::NotAllowedByCallee => fed::DenyReason::NotAllowedByCallee,
+        Condition::NotRequested => fed::DenyReason::NotRequested,
+        Condition::PolicyDenied => fed::DenyReason::PolicyDenied,
+    }) as i32
+}
+
+/// The answer to `q` about `e` under decision `d`. Endpoints are only disclosed when granted.
+pub fn response_for(
+    q: &fed::ServiceQuery,
+    e: &ServiceEntry,
+    d: &Decision,
+    resolver: &str,
+) -> fed::ServiceQueryResponse {
+    fed::ServiceQueryResponse {
+        found: true,
+        access_allowed: d.allowed,
+        owner_cluster: e.key.cluster.clone(),
+        endpoints: if d.allowed {
+            e.endpoints.iter().map(endpoint_string).collect()
+        } else {
+            vec![]
+        },
+        error: if d.allowed {
+            String::new()
+        } else {
+            d.reason.clone()
+        },
+        correlation_id: q.correlation_id,
+        namespace: e.key.namespace.clone(),
+        name: e.key.name.clone(),
+        fqdn: e.fqdn.clone(),
+        ports: if d.allowed {
+            e.ports
+                .iter()
+                .map(|p| fed::Port {
+                    name: p.name.clone(),
+                    port: p.port,
+                    protocol: p.protocol.clone(),
+                })
+                .collect()
+        } else {
+            vec![]
+        },
+        revision: e.revision,
+        deny_reason: deny_reason(d.condition),
+        policies: d.policies.clone(),
+        revoked: false,
+        unavailable: false,
+        requester_cluster: q.requester_cluster.clone(),
+        requester_service: q.requester_service.clone(),
+        resolver_cluster: resolver.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_round_trip_v4_v6_and_reject_garbage() {
+        for (addr, s) in [("10.0.0.1", "10.0.0.1:443"), ("fd00::1", "[fd00::1]:443")] {
+            let e = Endpoint {
+                address: addr.into(),
+                port: 443,
+            };
+            assert_eq!(endpoint_string(&e), s);
+            assert_eq!(parse_endpoint(s).expect("valid"), e);
+        }
+        assert!(parse_endpoint("10.0.0.1").is_err());
+        assert!(parse_endpoint("10.0.0.1:0").is_err());
+        assert!(parse_endpoint("10.0.0.1:70000").is_err());
+        assert!(parse_endpoint("not valid:80").is_err());
+    }
+
+    #[test]
+    fn announcement_round_trip() {
+        let e = ServiceEntry {
+            key: ServiceKey::new("b2", "shop", "api"),
+            source: Source::Local,
+            fqdn: "api.shop.svc.clusterset.local".into(),
+            endpoints: vec![Endpoint {
+                address: "10.2.0.1".into(),
+                port: 8443,
+            }],
+            ports: vec![NamedPort {
+                name: "https".into(),
+                port: 8443,
+                protocol: "TCP".into(),
+            }],
+            labels: Default::default(),
+            allowed_requesters: vec!["b1/web".into()],
+            origin: None,
+            revision: 7,
+        };
+        let a = announcement(&e, false);
+        assert_eq!(a.endpoints, vec!["10.2.0.1:8443"]);
+        let back = entry_from_announcement(&a, Source::Child("b".into())).expect("valid");
+        assert_eq!(back.key, e.key);
+        assert_eq!(back.fqdn, e.fqdn);
+        assert_eq!(back.endpoints, e.endpoints);
+        assert_eq!(back.ports, e.ports);
+        assert_eq!(back.allowed_requesters, e.allowed_requesters);
+        let mut bad = a.clone();
+        bad.fqdn = "Bad..Name".into();
+        assert!(entry_from_announcement(&bad, Source::Child("b".into())).is_err());
+    }
+}

@@ -1,0 +1,1089 @@
+//! One level of the hierarchy: what a registry does with announcements, queries, answers and
+//! route notifications, whoever sent them. The I/O around it (child sessions, the parent link)
+//! hands messages in and takes messages out; the state lives behind one short-held mutex and no
+//! lock is held across an await.
+//!
+//! * Announcements from a child are checked (the child may only speak for its subtree; Cedar
+//!   `announce` limits zones) and stored as `Source::Child` entries, which the parent link
+//!   announces further up and the Hamlet server serves.
+//! * A query is resolved by the first level whose subtree holds the service, else forwarded up;
+//!   the root answers "not found in hierarchy". Answers travel down to the requester's cluster.
+//! * The resolving level records each grant, routes a `RouteNotification` to the owner
+//!   (queued per child, acknowledged hop by hop) and pushes fresh answers or revocations to
+//!   requesters whenever the service changes or the grant stops holding.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info, warn};
+use xcc_proto::xcc::federation::v1 as fed;
+
+use super::convert::{announcement, entry_from_announcement, response_for, target_matches};
+use super::tree::{Direction, Tree};
+use crate::authz::Policies;
+use crate::catalog::{Catalog, CatalogEvent, ServiceEntry, ServiceKey, Source};
+
+/// What a requester asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Target {
+    Name { namespace: String, name: String },
+    Fqdn(String),
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Name { namespace, name } => write!(f, "{namespace}/{name}"),
+            Target::Fqdn(fqdn) => f.write_str(fqdn),
+        }
+    }
+}
+
+impl Target {
+    pub fn from_query(q: &fed::ServiceQuery) -> Self {
+        if q.fqdn.is_empty() {
+            Target::Name {
+                namespace: q.namespace.clone(),
+                name: q.name.clone(),
+            }
+        } else {
+            Target::Fqdn(q.fqdn.trim_end_matches('.').to_ascii_lowercase())
+        }
+    }
+}
+
+/// Shared handle on the loaded policy set (swapped on reload).
+pub type PolicyHandle = Arc<RwLock<Arc<Policies>>>;
+
+/// What flows down a child's stream: messages, or the status that closes it.
+pub type Down = Result<fed::ParentMessage, tonic::Status>;
+
+struct Session {
+    id: u64,
+    tx: mpsc::Sender<Down>,
+    since: SystemTime,
+    address: String,
+}
+
+#[derive(Default)]
+struct RouteQueue {
+    next_id: u64,
+    pending: BTreeMap<u64, fed::RouteNotification>,
+}
+
+#[derive(Clone, Debug)]
+struct Grant {
+    correlation_id: u64,
+    since: SystemTime,
+}
+
+/// A route this registry holds as the owner of the target service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerRoute {
+    pub target_namespace: String,
+    pub target_service: String,
+    pub caller_cluster: String,
+    pub caller_service: String,
+    pub resolver_cluster: String,
+    pub since: SystemTime,
+}
+
+struct Subscription {
+    target: Target,
+    requester_service: String,
+    answer: Option<fed::ServiceQueryResponse>,
+    waiters: Vec<oneshot::Sender<fed::ServiceQueryResponse>>,
+    /// Kept and re-issued after reconnects (imports); one-off admin queries are not.
+    persistent: bool,
+}
+
+#[derive(Default)]
+struct State {
+    tree: Tree,
+    sessions: BTreeMap<String, Session>,
+    route_queues: BTreeMap<String, RouteQueue>,
+    grants: BTreeMap<ServiceKey, BTreeMap<(String, String), Grant>>,
+    owner_routes: BTreeMap<(String, String, String, String), OwnerRoute>,
+    parent_tx: Option<mpsc::Sender<fed::ChildMessage>>,
+    subs: HashMap<u64, Subscription>,
+    sub_index: HashMap<(Target, String), u64>,
+    next_id: u64,
+}
+
+/// A level of the hierarchy; clones share it.
+#[derive(Clone)]
+pub struct Level {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cluster: String,
+    parent: RwLock<Option<String>>,
+    catalog: Catalog,
+    policies: PolicyHandle,
+    state: Mutex<State>,
+    /// Bumped on every change an observer may wait for (tree, routes, answers).
+    changes: watch::Sender<u64>,
+}
+
+/// Outbound-channel capacity per child session. A child that falls this far behind is cut and
+/// resynchronises on reconnect.
+const SESSION_QUEUE: usize = 8192;
+
+/// Why a child's stream is being closed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ChildError {
+    #[error("{0}")]
+    Tree(#[from] super::tree::TreeError),
+    #[error("the first message must be the child's subtree membership")]
+    NoMembership,
+    #[error("a session for {0} is already open")]
+    Duplicate(String),
+}
+
+impl Level {
+    pub fn new(
+        cluster: impl Into<String>,
+        parent: Option<String>,
+        catalog: Catalog,
+        policies: PolicyHandle,
+    ) -> Self {
+        let cluster = cluster.into();
+        Self {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    tree: Tree::new(cluster.clone()),
+                    next_id: 1,
+                    ..Default::default()
+                }),
+                cluster,
+                parent: RwLock::new(parent),
+                catalog,
+                policies,
+                changes: watch::Sender::new(0),
+            }),
+        }
+    }
+
+    pub fn cluster(&self) -> &str {
+        &self.inner.cluster
+    }
+
+    /// Name of the configured parent link (a RemoteRegistry with role Parent), if any.
+    pub fn parent(&self) -> Option<String> {
+        self.inner
+            .parent
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_parent(&self, parent: Option<String>) {
+        *self.inner.parent.write().unwrap_or_else(|p| p.into_inner()) = parent;
+        self.bump();
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.inner.catalog
+    }
+
+    pub fn policies(&self) -> Arc<Policies> {
+        self.inner
+            .policies
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.inner.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// A receiver that changes whenever the tree, routes or answers change.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.inner.changes.subscribe()
+    }
+
+    // ---------------------------------------------------------------- children
+
+    /// A child opened a session and declared its subtree.
+    pub fn attach_child(
+        &self,
+        child: &str,
+        address: String,
+        membership: &fed::SubtreeMembership,
+        tx: mpsc::Sender<Down>,
+    ) -> Result<u64, ChildError> {
+        let clusters = membership.clusters.iter().cloned().collect();
+        let mut st = self.lock();
+        if st.sessions.contains_key(child) {
+            return Err(ChildError::Duplicate(child.to_string()));
+        }
+        st.tree.set_child_subtree(child, clusters)?;
+        let id = st.next_id;
+        st.next_id += 1;
+        let mut path = st.tree.ancestors().to_vec();
+        path.push(self.inner.cluster.clone());
+        let _ = tx.try_send(msg_down(fed::parent_message::Payload::Ancestry(
+            fed::Ancestry { path },
+        )));
+        // Deliver what was queued for this child while it was away.
+        if let Some(q) = st.route_queues.get(child) {
+            for n in q.pending.values() {
+                let _ = tx.try_send(msg_down(fed::parent_message::Payload::RouteNotification(
+                    n.clone(),
+                )));
+            }
+        }
+        st.sessions.insert(
+            child.to_string(),
+            Session {
+                id,
+                tx,
+                since: SystemTime::now(),
+                address,
+            },
+        );
+        let membership = self.membership_locked(&st);
+        let parent_tx = st.parent_tx.clone();
+        drop(st);
+        info!(child, "child attached");
+        send_up(parent_tx, membership);
+        self.bump();
+        Ok(id)
+    }
+
+    /// A child's session ended: its subtree is dropped until it comes back.
+    pub fn detach_child(&self, child: &str, session: u64) {
+        let mut st = self.lock();
+        if st.sessions.get(child).is_none_or(|s| s.id != session) {
+            return;
+        }
+        st.sessions.remove(child);
+        st.tree.remove_child(child);
+        let membership = self.membership_locked(&st);
+        let parent_tx = st.parent_tx.clone();
+        drop(st);
+        let (_, removed) = self
+            .inner
+            .catalog
+            .replace_source(&Source::Child(child.to_string()), vec![]);
+        info!(child, removed, "child detached; its subtree was dropped");
+        send_up(parent_tx, membership);
+        self.bump();
+    }
+
+    /// The child changed its subtree (one of its own children came or went).
+    pub fn update_child_subtree(
+        &self,
+        child: &str,
+        membership: &fed::SubtreeMembership,
+    ) -> Result<(), ChildError> {
+        let mut st = self.lock();
+        st.tree
+            .set_child_subtree(child, membership.clusters.iter().cloned().collect())?;
+        let membership = self.membership_locked(&st);
+        let parent_tx = st.parent_tx.clone();
+        drop(st);
+        // Drop announcements of clusters that left the child's subtree.
+        let keep: Vec<ServiceEntry> = self
+            .inner
+            .catalog
+            .list(&crate::catalog::ListFilter {
+                source: Some(Source::Child(child.to_string())),
+                ..Default::default()
+            })
+            .into_iter()
+            .filter(|e| self.lock().tree.check_claim(child, &e.key.cluster).is_ok())
+            .map(|e| (*e).clone())
+            .collect();
+        self.inner
+            .catalog
+            .replace_source(&Source::Child(child.to_string()), keep);
+        send_up(parent_tx, membership);
+        self.bump();
+        Ok(())
+    }
+
+    /// An announcement from `child`. Errors close the child's stream (spoofing).
+    pub fn child_announcement(
+        &self,
+        child: &str,
+        ann: &fed::ServiceAnnouncement,
+    ) -> Result<(), super::tree::TreeError> {
+        self.lock().tree.check_claim(child, &ann.cluster)?;
+        let source = Source::Child(child.to_string());
+        if ann.deleted {
+            let key = ServiceKey::new(&ann.cluster, &ann.namespace, &ann.name);
+            if self
+                .inner
+                .catalog
+                .get(&key)
+                .is_some_and(|e| e.source == source)
+            {
+                self.inner.catalog.remove(&key);
+            }
+            return Ok(());
+        }
+        let entry = match entry_from_announcement(ann, source.clone()) {
+            Ok(e) => e,
+            Err(e) => {
+                warn!(child, cluster = %ann.cluster, error = %e, "ignoring an invalid announcement");
+                return Ok(());
+            }
+        };
+        let verdict = self.policies().announce(&ann.cluster, &entry);
+        if !verdict.allowed {
+            warn!(child, cluster = %ann.cluster, fqdn = %entry.fqdn, "announcement refused by policy: no permit for this zone");
+            if self
+                .inner
+                .catalog
+                .get(&entry.key)
+                .is_some_and(|e| e.source == source)
+            {
+                self.inner.catalog.remove(&entry.key);
+            }
+            return Ok(());
+        }
+        if let Some(existing) = self.inner.catalog.get(&entry.key)
+            && existing.source != source
+        {
+            warn!(child, key = %entry.key, existing = %existing.source, "announcement collides with an entry from elsewhere; keeping the existing one");
+            return Ok(());
+        }
+        self.inner.catalog.upsert(entry);
+        Ok(())
+    }
+
+    /// The child finished its snapshot: drop whatever of its subtree it did not announce.
+    pub fn child_snapshot_complete(&self, child: &str, announced: &[ServiceKey]) {
+        let source = Source::Child(child.to_string());
+        let keep: Vec<ServiceEntry> = self
+            .inner
+            .catalog
+            .list(&crate::catalog::ListFilter {
+                source: Some(source.clone()),
+                ..Default::default()
+            })
+            .into_iter()
+            .filter(|e| announced.contains(&e.key))
+            .map(|e| (*e).clone())
+            .collect();
+        let (_, removed) = self.inner.catalog.replace_source(&source, keep);
+        if removed > 0 {
+            info!(
+                child,
+                removed, "removed stale announcements after the child's snapshot"
+            );
+        }
+        self.bump();
+    }
+
+    /// May `child` speak for `cluster` (announce it, or ask on its behalf)?
+    pub fn check_claim(&self, child: &str, cluster: &str) -> Result<(), super::tree::TreeError> {
+        self.lock().tree.check_claim(child, cluster)
+    }
+
+    /// A hop-by-hop acknowledgement from `child`.
+    pub fn child_route_ack(&self, child: &str, ack: &fed::RouteAck) {
+        let mut st = self.lock();
+        if let Some(q) = st.route_queues.get_mut(child) {
+            q.pending.remove(&ack.route_id);
+        }
+        drop(st);
+        if !ack.error.is_empty() {
+            warn!(child, route = ack.route_id, error = %ack.error, "child could not apply a route");
+        }
+        self.bump();
+    }
+
+    // ---------------------------------------------------------------- parent link
+
+    /// A parent session begins: atomically enqueue the upward snapshot on `tx` and make `tx`
+    /// the way up, so no membership change or announcement can slip between the two.
+    /// Returns false if the snapshot does not fit the queue.
+    pub fn begin_upward(&self, tx: mpsc::Sender<fed::ChildMessage>) -> bool {
+        let mut st = self.lock();
+        for m in self.upward_snapshot_locked(&st) {
+            if tx.try_send(m).is_err() {
+                return false;
+            }
+        }
+        st.parent_tx = Some(tx);
+        drop(st);
+        self.bump();
+        true
+    }
+
+    pub fn parent_disconnected(&self) {
+        self.lock().parent_tx = None;
+        self.bump();
+    }
+
+    pub fn parent_is_connected(&self) -> bool {
+        self.lock().parent_tx.is_some()
+    }
+
+    /// What a fresh parent session must receive first: membership, every subtree entry, the
+    /// end-of-snapshot marker, then the queries to re-issue.
+    pub fn upward_snapshot(&self) -> Vec<fed::ChildMessage> {
+        let st = self.lock();
+        self.upward_snapshot_locked(&st)
+    }
+
+    fn upward_snapshot_locked(&self, st: &State) -> Vec<fed::ChildMessage> {
+        let mut out = vec![self.membership_locked(st)];
+        let queries: Vec<fed::ServiceQuery> = st
+            .subs
+            .iter()
+            .filter(|(_, s)| s.persistent)
+            .map(|(id, s)| self.query_msg(*id, &s.target, &s.requester_service))
+            .collect();
+        for e in self.inner.catalog.list(&Default::default()) {
+            if e.source.in_subtree() {
+                out.push(msg_up(fed::child_message::Payload::ServiceAnnouncement(
+                    announcement(&e, false),
+                )));
+            }
+        }
+        out.push(msg_up(fed::child_message::Payload::SnapshotComplete(
+            fed::SnapshotComplete {
+                generation: self.inner.catalog.revision(),
+            },
+        )));
+        out.extend(
+            queries
+                .into_iter()
+                .map(|q| msg_up(fed::child_message::Payload::ServiceQuery(q))),
+        );
+        out
+    }
+
+    /// The upward message for a catalog change, if it concerns our subtree.
+    pub fn upward_event(&self, ev: &CatalogEvent) -> Option<fed::ChildMessage> {
+        match ev {
+            CatalogEvent::Upsert(e) if e.source.in_subtree() => Some(msg_up(
+                fed::child_message::Payload::ServiceAnnouncement(announcement(e, false)),
+            )),
+            CatalogEvent::Delete(e) if e.source.in_subtree() => Some(msg_up(
+                fed::child_message::Payload::ServiceAnnouncement(announcement(e, true)),
+            )),
+            _ => None,
+        }
+    }
+
+    fn membership_locked(&self, st: &State) -> fed::ChildMessage {
+        msg_up(fed::child_message::Payload::Subtree(
+            fed::SubtreeMembership {
+                clusters: st.tree.subtree().into_iter().collect(),
+            },
+        ))
+    }
+
+    /// A message from the parent.
+    pub fn on_parent_message(&self, msg: fed::ParentMessage) -> Result<(), super::tree::TreeError> {
+        use fed::parent_message::Payload;
+        match msg.payload {
+            Some(Payload::Ancestry(a)) => {
+                let mut st = self.lock();
+                st.tree.set_ancestors(a.path)?;
+                // Our children's ancestry changed too.
+                let mut path = st.tree.ancestors().to_vec();
+                path.push(self.inner.cluster.clone());
+                for session in st.sessions.values() {
+                    let _ = session
+                        .tx
+                        .try_send(msg_down(fed::parent_message::Payload::Ancestry(
+                            fed::Ancestry { path: path.clone() },
+                        )));
+                }
+                drop(st);
+                self.bump();
+            }
+            Some(Payload::ServiceQueryResponse(r)) => self.route_answer(r),
+            Some(Payload::RouteNotification(n)) => {
+                let applied = self.route_notification(n.clone());
+                let tx = self.lock().parent_tx.clone();
+                send_up(
+                    tx,
+                    msg_up(fed::child_message::Payload::RouteAck(fed::RouteAck {
+                        route_id: n.route_id,
+                        applied,
+                        error: String::new(),
+                    })),
+                );
+            }
+            Some(Payload::SnapshotComplete(_)) | Some(Payload::ServiceAnnouncement(_)) | None => {}
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- queries
+
+    fn lookup(&self, target: &Target) -> Option<Arc<ServiceEntry>> {
+        let candidates = match target {
+            Target::Fqdn(f) => self.inner.catalog.by_fqdn(f),
+            Target::Name { namespace, .. } => {
+                self.inner.catalog.list(&crate::catalog::ListFilter {
+                    namespace: Some(namespace.clone()),
+                    ..Default::default()
+                })
+            }
+        };
+        candidates
+            .into_iter()
+            .filter(|e| e.source.in_subtree() && target_matches(target, e))
+            .min_by(|a, b| a.key.cmp(&b.key))
+    }
+
+    /// A query from a child (or ourselves): resolve here, or forward up.
+    pub fn handle_query(&self, q: fed::ServiceQuery) {
+        let target = Target::from_query(&q);
+        if let Some(entry) = self.lookup(&target) {
+            let decision =
+                self.policies()
+                    .discover(&entry, &q.requester_cluster, &q.requester_service, true);
+            let resp = response_for(&q, &entry, &decision, &self.inner.cluster);
+            if decision.allowed {
+                self.grant(&entry, &q);
+            }
+            debug!(requester = %q.requester_cluster, %target, allowed = decision.allowed, "resolved");
+            self.route_answer(resp);
+            return;
+        }
+        let parent_tx = self.lock().parent_tx.clone();
+        match (parent_tx, self.parent()) {
+            (Some(tx), _) => send_up(
+                Some(tx),
+                msg_up(fed::child_message::Payload::ServiceQuery(q)),
+            ),
+            (None, Some(parent)) => self.route_answer(fed::ServiceQueryResponse {
+                correlation_id: q.correlation_id,
+                requester_cluster: q.requester_cluster.clone(),
+                requester_service: q.requester_service.clone(),
+                resolver_cluster: self.inner.cluster.clone(),
+                unavailable: true,
+                error: format!("parent {parent} is unavailable; try again later"),
+                ..Default::default()
+            }),
+            (None, None) => self.route_answer(fed::ServiceQueryResponse {
+                correlation_id: q.correlation_id,
+                requester_cluster: q.requester_cluster.clone(),
+                requester_service: q.requester_service.clone(),
+                resolver_cluster: self.inner.cluster.clone(),
+                error: "service not found in hierarchy".into(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn grant(&self, entry: &ServiceEntry, q: &fed::ServiceQuery) {
+        let key = (q.requester_cluster.clone(), q.requester_service.clone());
+        let new = {
+            let mut st = self.lock();
+            let grants = st.grants.entry(entry.key.clone()).or_default();
+            let new = !grants.contains_key(&key);
+            grants.insert(
+                key,
+                Grant {
+                    correlation_id: q.correlation_id,
+                    since: SystemTime::now(),
+                },
+            );
+            new
+        };
+        // Re-sent on every granted query: delivery is idempotent at the owner, and a re-issued
+        // query after a restart is how a lost grant is rebuilt.
+        let _ = new;
+        self.route_notification(fed::RouteNotification {
+            target_namespace: entry.key.namespace.clone(),
+            target_service: entry.key.name.clone(),
+            caller_cluster: q.requester_cluster.clone(),
+            caller_service: q.requester_service.clone(),
+            revoked: false,
+            route_id: 0,
+            target_cluster: entry.key.cluster.clone(),
+            resolver_cluster: self.inner.cluster.clone(),
+        });
+    }
+
+    /// Deliver a route notification toward its target cluster. Returns true when applied here.
+    fn route_notification(&self, n: fed::RouteNotification) -> bool {
+        let mut st = self.lock();
+        match st.tree.direction(&n.target_cluster) {
+            Direction::Local => {
+                let key = (
+                    n.target_namespace.clone(),
+                    n.target_service.clone(),
+                    n.caller_cluster.clone(),
+                    n.caller_service.clone(),
+                );
+                let changed = if n.revoked {
+                    st.owner_routes.remove(&key).is_some()
+                } else if let std::collections::btree_map::Entry::Vacant(slot) =
+                    st.owner_routes.entry(key)
+                {
+                    slot.insert(OwnerRoute {
+                        target_namespace: n.target_namespace.clone(),
+                        target_service: n.target_service.clone(),
+                        caller_cluster: n.caller_cluster.clone(),
+                        caller_service: n.caller_service.clone(),
+                        resolver_cluster: n.resolver_cluster.clone(),
+                        since: SystemTime::now(),
+                    });
+                    true
+                } else {
+                    false
+                };
+                drop(st);
+                if changed {
+                    info!(service = %format!("{}/{}", n.target_namespace, n.target_service), caller = %format!("{}/{}", n.caller_cluster, n.caller_service), revoked = n.revoked, "route grant recorded");
+                    self.bump();
+                }
+                true
+            }
+            Direction::Child(child) => {
+                let q = st.route_queues.entry(child.clone()).or_default();
+                q.next_id += 1;
+                let mut n = n;
+                n.route_id = q.next_id;
+                q.pending.insert(n.route_id, n.clone());
+                let tx = st.sessions.get(&child).map(|s| s.tx.clone());
+                drop(st);
+                if let Some(tx) = tx {
+                    let _ =
+                        tx.try_send(msg_down(fed::parent_message::Payload::RouteNotification(n)));
+                }
+                self.bump();
+                false
+            }
+            Direction::Up => {
+                warn!(target = %n.target_cluster, "route notification for a cluster outside this subtree dropped");
+                false
+            }
+        }
+    }
+
+    /// Send an answer (or push) toward its requester.
+    fn route_answer(&self, resp: fed::ServiceQueryResponse) {
+        let st = self.lock();
+        match st.tree.direction(&resp.requester_cluster) {
+            Direction::Local => {
+                drop(st);
+                self.deliver_local(resp);
+            }
+            Direction::Child(child) => {
+                let tx = st.sessions.get(&child).map(|s| s.tx.clone());
+                drop(st);
+                if let Some(tx) = tx
+                    && tx
+                        .try_send(msg_down(
+                            fed::parent_message::Payload::ServiceQueryResponse(resp),
+                        ))
+                        .is_err()
+                {
+                    warn!(
+                        child,
+                        "child session is not keeping up; answer dropped (it re-queries on reconnect)"
+                    );
+                }
+            }
+            Direction::Up => {
+                debug!(requester = %resp.requester_cluster, "answer for a requester outside this subtree dropped");
+            }
+        }
+    }
+
+    fn deliver_local(&self, resp: fed::ServiceQueryResponse) {
+        let mut st = self.lock();
+        let Some(sub) = st.subs.get_mut(&resp.correlation_id) else {
+            return;
+        };
+        for w in sub.waiters.drain(..) {
+            let _ = w.send(resp.clone());
+        }
+        // Not-found and unavailable answers are never cached as final.
+        let keep = resp.found && !resp.revoked;
+        let persistent = sub.persistent;
+        if keep || persistent {
+            sub.answer = Some(resp);
+        } else {
+            let key = (sub.target.clone(), sub.requester_service.clone());
+            st.subs.remove(&resp.correlation_id);
+            st.sub_index.remove(&key);
+        }
+        drop(st);
+        self.bump();
+    }
+
+    fn query_msg(&self, id: u64, target: &Target, requester_service: &str) -> fed::ServiceQuery {
+        let (namespace, name, fqdn) = match target {
+            Target::Name { namespace, name } => (namespace.clone(), name.clone(), String::new()),
+            Target::Fqdn(f) => (String::new(), String::new(), f.clone()),
+        };
+        fed::ServiceQuery {
+            namespace,
+            name,
+            requester_cluster: self.inner.cluster.clone(),
+            requester_service: requester_service.to_string(),
+            correlation_id: id,
+            fqdn,
+        }
+    }
+
+    /// The cached answer for (`target`, `requester_service`), if one is held.
+    pub fn cached(
+        &self,
+        target: &Target,
+        requester_service: &str,
+    ) -> Option<fed::ServiceQueryResponse> {
+        let st = self.lock();
+        let id = st
+            .sub_index
+            .get(&(target.clone(), requester_service.to_string()))?;
+        st.subs
+            .get(id)
+            .and_then(|s| s.answer.clone())
+            .filter(|a| a.found && !a.revoked)
+    }
+
+    /// Ask as this cluster: the cache if it holds an answer, else through the hierarchy.
+    /// `persistent` keeps the question registered (re-issued after reconnects, updated by pushes).
+    pub async fn query(
+        &self,
+        target: Target,
+        requester_service: &str,
+        persistent: bool,
+        timeout: Duration,
+    ) -> fed::ServiceQueryResponse {
+        if let Some(hit) = self.cached(&target, requester_service) {
+            return hit;
+        }
+        let (tx, rx) = oneshot::channel();
+        let q = {
+            let mut st = self.lock();
+            let key = (target.clone(), requester_service.to_string());
+            let id = match st.sub_index.get(&key) {
+                Some(id) => *id,
+                None => {
+                    let id = st.next_id;
+                    st.next_id += 1;
+                    st.sub_index.insert(key, id);
+                    st.subs.insert(
+                        id,
+                        Subscription {
+                            target: target.clone(),
+                            requester_service: requester_service.to_string(),
+                            answer: None,
+                            waiters: vec![],
+                            persistent,
+                        },
+                    );
+                    id
+                }
+            };
+            if let Some(s) = st.subs.get_mut(&id) {
+                s.persistent |= persistent;
+                s.waiters.push(tx);
+            }
+            self.query_msg(id, &target, requester_service)
+        };
+        let id = q.correlation_id;
+        self.handle_query(q);
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(answer)) => answer,
+            _ => {
+                let mut st = self.lock();
+                if let Some(s) = st.subs.get(&id)
+                    && !s.persistent
+                {
+                    st.subs.remove(&id);
+                    st.sub_index
+                        .remove(&(target.clone(), requester_service.to_string()));
+                }
+                fed::ServiceQueryResponse {
+                    correlation_id: id,
+                    requester_cluster: self.inner.cluster.clone(),
+                    requester_service: requester_service.to_string(),
+                    unavailable: true,
+                    error: format!("no answer within {timeout:?}"),
+                    ..Default::default()
+                }
+            }
+        }
+    }
+
+    /// Make exactly `imports` (target, requester service) the persistent questions: new ones
+    /// are asked now, dropped ones are forgotten.
+    pub fn set_imports(&self, imports: &[(Target, String)]) {
+        let mut ask = vec![];
+        {
+            let mut st = self.lock();
+            let wanted: std::collections::HashSet<(Target, String)> =
+                imports.iter().cloned().collect();
+            let dropped: Vec<u64> = st
+                .subs
+                .iter()
+                .filter(|(_, s)| {
+                    s.persistent
+                        && !wanted.contains(&(s.target.clone(), s.requester_service.clone()))
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            for id in dropped {
+                if let Some(s) = st.subs.remove(&id) {
+                    st.sub_index.remove(&(s.target, s.requester_service));
+                }
+            }
+            for (target, service) in imports {
+                let key = (target.clone(), service.clone());
+                if let Some(id) = st.sub_index.get(&key).copied() {
+                    if let Some(s) = st.subs.get_mut(&id) {
+                        s.persistent = true;
+                    }
+                    continue;
+                }
+                let id = st.next_id;
+                st.next_id += 1;
+                st.sub_index.insert(key, id);
+                st.subs.insert(
+                    id,
+                    Subscription {
+                        target: target.clone(),
+                        requester_service: service.clone(),
+                        answer: None,
+                        waiters: vec![],
+                        persistent: true,
+                    },
+                );
+                ask.push(self.query_msg(id, target, service));
+            }
+        }
+        for q in ask {
+            self.handle_query(q);
+        }
+        self.bump();
+    }
+
+    /// Ask again every persistent question without a granted answer (not-found and unavailable
+    /// answers are never final; a denial may change with policies).
+    pub fn retry_unanswered(&self) {
+        let ask: Vec<fed::ServiceQuery> = {
+            let st = self.lock();
+            st.subs
+                .iter()
+                .filter(|(_, s)| {
+                    s.persistent
+                        && s.answer
+                            .as_ref()
+                            .is_none_or(|a| !(a.found && a.access_allowed) || a.revoked)
+                })
+                .map(|(id, s)| self.query_msg(*id, &s.target, &s.requester_service))
+                .collect()
+        };
+        for q in ask {
+            self.handle_query(q);
+        }
+    }
+
+    /// Every persistent question and its latest answer.
+    pub fn subscriptions(&self) -> Vec<(Target, String, Option<fed::ServiceQueryResponse>)> {
+        let st = self.lock();
+        let mut out: Vec<_> = st
+            .subs
+            .values()
+            .filter(|s| s.persistent)
+            .map(|s| {
+                (
+                    s.target.clone(),
+                    s.requester_service.clone(),
+                    s.answer.clone(),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        out
+    }
+
+    /// Evaluate locally (no forwarding, no grant).
+    pub fn explain(
+        &self,
+        target: &Target,
+        requester_cluster: &str,
+        requester_service: &str,
+        requested: bool,
+    ) -> Option<(Arc<ServiceEntry>, crate::authz::Decision)> {
+        let entry = self.lookup(target)?;
+        let d = self
+            .policies()
+            .discover(&entry, requester_cluster, requester_service, requested);
+        Some((entry, d))
+    }
+
+    // ---------------------------------------------------------------- resolver pushes
+
+    /// Re-evaluate the grants on a changed service and push fresh answers or revocations.
+    pub fn on_catalog_event(&self, ev: &CatalogEvent) {
+        if !ev.entry().source.in_subtree() {
+            return;
+        }
+        let key = ev.entry().key.clone();
+        let grants: Vec<((String, String), Grant)> = {
+            let st = self.lock();
+            match st.grants.get(&key) {
+                Some(g) => g.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                None => return,
+            }
+        };
+        let current = match ev {
+            CatalogEvent::Upsert(e) if e.source.in_subtree() => Some(e.clone()),
+            _ => None,
+        };
+        for ((cluster, service), grant) in grants {
+            let q = fed::ServiceQuery {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                requester_cluster: cluster.clone(),
+                requester_service: service.clone(),
+                correlation_id: grant.correlation_id,
+                fqdn: String::new(),
+            };
+            let (resp, still, gone) = match &current {
+                Some(e) => {
+                    let d = self.policies().discover(e, &cluster, &service, true);
+                    let mut r = response_for(&q, e, &d, &self.inner.cluster);
+                    r.revoked = !d.allowed;
+                    (r, d.allowed, false)
+                }
+                None => (
+                    fed::ServiceQueryResponse {
+                        found: false,
+                        revoked: true,
+                        owner_cluster: key.cluster.clone(),
+                        namespace: key.namespace.clone(),
+                        name: key.name.clone(),
+                        fqdn: ev.entry().fqdn.clone(),
+                        correlation_id: grant.correlation_id,
+                        requester_cluster: cluster.clone(),
+                        requester_service: service.clone(),
+                        resolver_cluster: self.inner.cluster.clone(),
+                        error: "service deleted".into(),
+                        ..Default::default()
+                    },
+                    false,
+                    true,
+                ),
+            };
+            if still {
+                // (Re-)granted: make sure the owner has the route (idempotent there).
+                self.route_notification(fed::RouteNotification {
+                    target_namespace: key.namespace.clone(),
+                    target_service: key.name.clone(),
+                    caller_cluster: cluster.clone(),
+                    caller_service: service.clone(),
+                    revoked: false,
+                    route_id: 0,
+                    target_cluster: key.cluster.clone(),
+                    resolver_cluster: self.inner.cluster.clone(),
+                });
+            } else {
+                if !gone {
+                    // Denied now: the grant is over. A service that merely went away keeps its
+                    // grants dormant, so its return restores the answer at once.
+                    let mut st = self.lock();
+                    if let Some(g) = st.grants.get_mut(&key) {
+                        g.remove(&(cluster.clone(), service.clone()));
+                        if g.is_empty() {
+                            st.grants.remove(&key);
+                        }
+                    }
+                }
+                info!(service = %key, requester = %format!("{cluster}/{service}"), gone, "grant revoked");
+                self.route_notification(fed::RouteNotification {
+                    target_namespace: key.namespace.clone(),
+                    target_service: key.name.clone(),
+                    caller_cluster: cluster.clone(),
+                    caller_service: service.clone(),
+                    revoked: true,
+                    route_id: 0,
+                    target_cluster: key.cluster.clone(),
+                    resolver_cluster: self.inner.cluster.clone(),
+                });
+            }
+            self.route_answer(resp);
+        }
+    }
+
+    // ---------------------------------------------------------------- views
+
+    pub fn owner_routes(&self) -> Vec<OwnerRoute> {
+        self.lock().owner_routes.values().cloned().collect()
+    }
+
+    /// Grants recorded here as the resolver: (service, requester cluster, requester service, since).
+    pub fn resolver_grants(&self) -> Vec<(ServiceKey, String, String, SystemTime)> {
+        let st = self.lock();
+        st.grants
+            .iter()
+            .flat_map(|(k, g)| {
+                g.iter()
+                    .map(move |((c, s), grant)| (k.clone(), c.clone(), s.clone(), grant.since))
+            })
+            .collect()
+    }
+
+    /// (child, subtree, address, connected since, queued routes).
+    pub fn children(&self) -> Vec<(String, Vec<String>, String, SystemTime, usize)> {
+        let st = self.lock();
+        st.sessions
+            .iter()
+            .map(|(c, s)| {
+                (
+                    c.clone(),
+                    st.tree
+                        .children()
+                        .get(c)
+                        .map(|set| set.iter().cloned().collect())
+                        .unwrap_or_default(),
+                    s.address.clone(),
+                    s.since,
+                    st.route_queues.get(c).map_or(0, |q| q.pending.len()),
+                )
+            })
+            .collect()
+    }
+
+    pub fn subtree(&self) -> Vec<String> {
+        self.lock().tree.subtree().into_iter().collect()
+    }
+
+    pub fn ancestors(&self) -> Vec<String> {
+        self.lock().tree.ancestors().to_vec()
+    }
+}
+
+fn msg_up(p: fed::child_message::Payload) -> fed::ChildMessage {
+    fed::ChildMessage { payload: Some(p) }
+}
+
+fn msg_down(p: fed::parent_message::Payload) -> Down {
+    Ok(fed::ParentMessage { payload: Some(p) })
+}
+
+fn send_up(tx: Option<mpsc::Sender<fed::ChildMessage>>, msg: fed::ChildMessage) {
+    if let Some(tx) = tx
+        && tx.try_send(msg).is_err()
+    {
+        warn!("parent link is not keeping up; it will resynchronise on reconnect");
+    }
+}
+
+pub(crate) fn session_channel() -> (mpsc::Sender<Down>, mpsc::Receiver<Down>) {
+    mpsc::channel(SESSION_QUEUE)
+}

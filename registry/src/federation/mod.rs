@@ -1,0 +1,11 @@
+//! Hierarchical federation (seed 000): announcements up, queries up, answers and route
+//! notifications down, over `xcc.federation.v1.Federation/Connect` streams dialled by children.
+
+pub mod convert;
+pub mod imports;
+pub mod level;
+pub mod link;
+pub mod session;
+pub mod tree;
+
+pub use level::{Level, Target};
