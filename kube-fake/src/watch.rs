@@ -1,0 +1,214 @@
+//! WATCH streams: one task per watch request reads the store's event history from the requested
+//! resourceVersion, filters it by resource, namespace and selectors (an object moving out of a
+//! selector is DELETED for that watcher, moving in is ADDED), and writes newline-delimited JSON
+//! events to the response body. It wakes when the store's resourceVersion changes, sends
+//! BOOKMARKs on an interval or on demand when the client allowed them, ends with an ERROR 410
+//! Gone (reason Expired) when its position falls out of the retained history, and stops at
+//! `timeoutSeconds`, client disconnect, or server shutdown.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::Shared;
+use crate::resources::Resource;
+use crate::selector::{FieldSelector, LabelSelector};
+use crate::status::ApiError;
+use crate::store::{Event, EventType, present};
+
+/// Where a watch starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// Synthetic ADDED events for the current state, then changes (resourceVersion unset or "0").
+    Current,
+    /// Changes after this resourceVersion.
+    After(u64),
+}
+
+/// A parsed watch request.
+pub(crate) struct WatchSpec {
+    pub res: Arc<Resource>,
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    pub start: Start,
+    pub bookmarks: bool,
+    /// `sendInitialEvents=true`: mark the end of the initial state with a bookmark.
+    pub initial_events_end: bool,
+    pub timeout: Duration,
+}
+
+impl WatchSpec {
+    fn matches(&self, obj: &Value) -> bool {
+        self.labels.matches(obj) && self.fields.matches(obj)
+    }
+
+    /// The event this watcher sees for a stored change, if any.
+    fn filter(&self, ev: &Event) -> Option<(&'static str, Value)> {
+        if ev.group != self.res.spec.group || ev.plural != self.res.spec.plural {
+            return None;
+        }
+        if self
+            .namespace
+            .as_ref()
+            .is_some_and(|ns| *ns != ev.namespace)
+        {
+            return None;
+        }
+        let now = self.matches(&ev.object);
+        let before = ev.prev.as_ref().is_some_and(|p| self.matches(p));
+        match ev.ty {
+            EventType::Added => now.then(|| ("ADDED", present(&ev.object, &self.res))),
+            EventType::Deleted => now.then(|| ("DELETED", present(&ev.object, &self.res))),
+            EventType::Modified => match (now, before) {
+                (true, true) => Some(("MODIFIED", present(&ev.object, &self.res))),
+                (true, false) => Some(("ADDED", present(&ev.object, &self.res))),
+                (false, true) => {
+                    // Leaving the selector: the previous state, at this event's version.
+                    let mut prev = present(ev.prev.as_deref().unwrap_or(&ev.object), &self.res);
+                    prev["metadata"]["resourceVersion"] = ev.rv.to_string().into();
+                    Some(("DELETED", prev))
+                }
+                (false, false) => None,
+            },
+        }
+    }
+
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+        let mut meta = json!({"resourceVersion": rv.to_string()});
+        if initial_end {
+            meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        line(
+            "BOOKMARK",
+            json!({"kind": self.res.spec.kind, "apiVersion": self.res.api_version(), "metadata": meta}),
+        )
+    }
+}
+
+fn line(ty: &str, object: Value) -> Bytes {
+    let mut s = json!({"type": ty, "object": object}).to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// Validates the start position and returns the streaming response body.
+pub(crate) fn start(shared: Arc<Shared>, spec: WatchSpec) -> Result<Body, ApiError> {
+    let (pos, initial) = {
+        let store = shared.lock();
+        let current = store.resource_version();
+        match spec.start {
+            Start::After(rv) if rv > current => {
+                return Err(ApiError::too_large_resource_version(rv, current));
+            }
+            Start::After(rv) => (rv, Vec::new()),
+            Start::Current => {
+                let objs: Vec<Value> = store
+                    .list(&spec.res, spec.namespace.as_deref())
+                    .filter(|(_, o)| spec.matches(o))
+                    .map(|(_, o)| present(o, &spec.res))
+                    .collect();
+                (current, objs)
+            }
+        }
+    };
+    // Subscribe before answering, so nothing signalled after the response starts is missed.
+    let wake = Wake {
+        changes: shared.changes.subscribe(),
+        bookmarks: shared.bookmarks.subscribe(),
+    };
+    // Small buffer: a slow reader blocks its own task, and falls behind the history if it lags.
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(run(shared, spec, tx, pos, initial, wake));
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    Ok(Body::from_stream(stream))
+}
+
+/// The receivers a watch task wakes on.
+struct Wake {
+    changes: tokio::sync::watch::Receiver<u64>,
+    bookmarks: tokio::sync::watch::Receiver<u64>,
+}
+
+async fn run(
+    shared: Arc<Shared>,
+    spec: WatchSpec,
+    tx: mpsc::Sender<Bytes>,
+    mut pos: u64,
+    initial: Vec<Value>,
+    wake: Wake,
+) {
+    let Wake {
+        mut changes,
+        bookmarks: mut bookmark_requests,
+    } = wake;
+    for obj in initial {
+        if tx.send(line("ADDED", obj)).await.is_err() {
+            return;
+        }
+    }
+    if spec.initial_events_end && tx.send(spec.bookmark(pos, true)).await.is_err() {
+        return;
+    }
+    let deadline = tokio::time::sleep(spec.timeout);
+    tokio::pin!(deadline);
+    let interval = shared.bookmark_interval;
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    let cancel = shared.shutdown.clone();
+    loop {
+        changes.borrow_and_update();
+        let drained = {
+            let store = shared.lock();
+            store
+                .events_since(pos)
+                .map(|evs| (evs, store.resource_version()))
+        };
+        match drained {
+            Err(expired) => {
+                let status = ApiError::gone(format!(
+                    "too old resource version: {} ({})",
+                    expired.requested, expired.oldest
+                ));
+                let _ = tx.send(line("ERROR", status.to_status())).await;
+                return;
+            }
+            Ok((events, now)) => {
+                for ev in &events {
+                    if let Some((ty, obj)) = spec.filter(ev)
+                        && tx.send(line(ty, obj)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                pos = now;
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => return,
+            _ = &mut deadline => return,
+            _ = tx.closed() => return,
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = tick.tick(), if spec.bookmarks => {
+                if tx.send(spec.bookmark(pos, false)).await.is_err() {
+                    return;
+                }
+            }
+            requested = bookmark_requests.changed(), if spec.bookmarks => {
+                if requested.is_err() || tx.send(spec.bookmark(pos, false)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
