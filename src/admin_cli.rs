@@ -57,6 +57,57 @@ pub enum AdminCommand {
         #[arg(long)]
         snapshot: bool,
     },
+    /// Ask for a service through the hierarchy, as this cluster (or evaluate as another).
+    Resolve(ResolveArgs),
+    /// Evaluate the bilateral decision here, without asking the parent or recording a grant.
+    Explain(ResolveArgs),
+    /// Evaluate one Cedar request (announce or discover) against the loaded policies.
+    ExplainPolicy {
+        #[arg(long)]
+        action: String,
+        #[arg(long)]
+        cluster: String,
+        #[arg(long, default_value = "")]
+        service: String,
+        #[arg(long, default_value = "")]
+        fqdn: String,
+        #[arg(long, default_value = "")]
+        namespace: String,
+        #[arg(long, default_value = "")]
+        name: String,
+    },
+    /// Route grants held here (as owner) or recorded here (as resolver).
+    Routes,
+    /// This registry's place in the hierarchy: parent, children, subtree, imports.
+    Tree,
+}
+
+#[derive(Args, Debug)]
+pub struct ResolveArgs {
+    /// FQDN of the service (or give --namespace and --name).
+    pub fqdn: Option<String>,
+    #[arg(long)]
+    pub namespace: Option<String>,
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Requester cluster (default: the registry's own).
+    #[arg(long)]
+    pub requester_cluster: Option<String>,
+    /// Requester workload.
+    #[arg(long)]
+    pub requester_service: Option<String>,
+}
+
+impl ResolveArgs {
+    fn request(self) -> api::ResolveRequest {
+        api::ResolveRequest {
+            fqdn: self.fqdn.unwrap_or_default(),
+            namespace: self.namespace.unwrap_or_default(),
+            name: self.name.unwrap_or_default(),
+            requester_cluster: self.requester_cluster.unwrap_or_default(),
+            requester_service: self.requester_service.unwrap_or_default(),
+        }
+    }
 }
 
 pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
@@ -108,6 +159,47 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 .await?
                 .into_inner();
             print_peers(&resp.peers, args.output);
+        }
+        AdminCommand::Resolve(r) => {
+            let d = client.resolve(r.request()).await?.into_inner();
+            print_decision(&d, args.output);
+        }
+        AdminCommand::Explain(r) => {
+            let d = client.explain(r.request()).await?.into_inner();
+            print_decision(&d, args.output);
+        }
+        AdminCommand::ExplainPolicy {
+            action,
+            cluster,
+            service,
+            fqdn,
+            namespace,
+            name,
+        } => {
+            let d = client
+                .explain_policy(api::ExplainPolicyRequest {
+                    action,
+                    principal_cluster: cluster,
+                    principal_service: service,
+                    fqdn,
+                    namespace,
+                    name,
+                })
+                .await?
+                .into_inner();
+            print_decision(&d, args.output);
+        }
+        AdminCommand::Routes => {
+            let routes = client
+                .list_routes(api::ListRoutesRequest {})
+                .await?
+                .into_inner()
+                .routes;
+            print_routes(&routes, args.output);
+        }
+        AdminCommand::Tree => {
+            let tree = client.get_tree(api::GetTreeRequest {}).await?.into_inner();
+            print_tree(&tree, args.output);
         }
         AdminCommand::Watch { snapshot } => {
             let mut stream = client
@@ -309,6 +401,159 @@ pub fn print_peers(peers: &[api::Peer], output: Output) {
                     &rows
                 )
             );
+        }
+    }
+}
+
+pub fn condition_name(c: i32) -> String {
+    api::Condition::try_from(c)
+        .map(|c| c.as_str_name().to_string())
+        .unwrap_or_else(|_| c.to_string())
+}
+
+pub fn decision_json(d: &api::Decision) -> Value {
+    json!({
+        "found": d.found,
+        "allowed": d.allowed,
+        "condition": condition_name(d.condition),
+        "reason": d.reason,
+        "policies": d.policies,
+        "ownerCluster": d.owner_cluster,
+        "resolverCluster": d.resolver_cluster,
+        "calleeAdmits": d.callee_admits,
+        "callerRequested": d.caller_requested,
+        "policyPermits": d.policy_permits,
+        "service": d.service.as_ref().map(service_json),
+    })
+}
+
+pub fn print_decision(d: &api::Decision, output: Output) {
+    match output {
+        Output::Json => println!("{:#}", decision_json(d)),
+        Output::Table => {
+            let rows = vec![
+                vec![
+                    "decision".to_string(),
+                    if d.allowed {
+                        "ALLOW".into()
+                    } else {
+                        "DENY".into()
+                    },
+                ],
+                vec!["condition".into(), condition_name(d.condition)],
+                vec!["reason".into(), d.reason.clone()],
+                vec!["policies".into(), d.policies.join(", ")],
+                vec!["owner".into(), d.owner_cluster.clone()],
+                vec!["decided by".into(), d.resolver_cluster.clone()],
+                vec![
+                    "endpoints".into(),
+                    d.service.as_ref().map(endpoints).unwrap_or_default(),
+                ],
+            ];
+            print!("{}", table(&["FIELD", "VALUE"], &rows));
+        }
+    }
+}
+
+pub fn print_routes(routes: &[api::Route], output: Output) {
+    match output {
+        Output::Json => {
+            let v: Vec<Value> = routes
+                .iter()
+                .map(|r| {
+                    json!({"target": format!("{}/{}", r.target_namespace, r.target_service),
+                       "caller": format!("{}/{}", r.caller_cluster, r.caller_service),
+                       "resolver": r.resolver_cluster, "role": r.role,
+                       "since": r.since.map(|t| t.seconds), "applied": r.applied_objects})
+                })
+                .collect();
+            println!("{:#}", Value::Array(v));
+        }
+        Output::Table => {
+            let rows: Vec<Vec<String>> = routes
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.role.clone(),
+                        format!("{}/{}", r.target_namespace, r.target_service),
+                        format!("{}/{}", r.caller_cluster, r.caller_service),
+                        r.resolver_cluster.clone(),
+                        r.applied_objects.join(","),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(&["ROLE", "SERVICE", "CALLER", "RESOLVER", "APPLIED"], &rows)
+            );
+        }
+    }
+}
+
+pub fn print_tree(t: &api::Tree, output: Output) {
+    match output {
+        Output::Json => println!(
+            "{:#}",
+            json!({
+                "cluster": t.cluster, "parent": t.parent, "parentState": t.parent_state,
+                "subtree": t.subtree,
+                "children": t.children.iter().map(|c| json!({"cluster": c.cluster, "subtree": c.subtree,
+                    "address": c.address, "announcedServices": c.announced_services,
+                    "queuedRoutes": c.queued_routes})).collect::<Vec<_>>(),
+                "imports": t.imports.iter().map(|i| json!({"target": i.target,
+                    "requesterService": i.requester_service, "state": i.state, "reason": i.reason,
+                    "ownerCluster": i.owner_cluster})).collect::<Vec<_>>(),
+            })
+        ),
+        Output::Table => {
+            println!(
+                "cluster {}  parent {}{}  subtree [{}]",
+                t.cluster,
+                if t.parent.is_empty() { "-" } else { &t.parent },
+                if t.parent_state.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", t.parent_state)
+                },
+                t.subtree.join(", ")
+            );
+            if !t.children.is_empty() {
+                let rows: Vec<Vec<String>> = t
+                    .children
+                    .iter()
+                    .map(|c| {
+                        vec![
+                            c.cluster.clone(),
+                            c.subtree.join(","),
+                            c.announced_services.to_string(),
+                            c.queued_routes.to_string(),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    table(&["CHILD", "SUBTREE", "SERVICES", "QUEUED ROUTES"], &rows)
+                );
+            }
+            if !t.imports.is_empty() {
+                let rows: Vec<Vec<String>> = t
+                    .imports
+                    .iter()
+                    .map(|i| {
+                        vec![
+                            i.target.clone(),
+                            i.requester_service.clone(),
+                            i.state.clone(),
+                            i.owner_cluster.clone(),
+                            i.reason.clone(),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    table(&["IMPORT", "AS", "STATE", "OWNER", "REASON"], &rows)
+                );
+            }
         }
     }
 }

@@ -32,5 +32,37 @@ fn demo_prints_imports_and_withheld_services_and_exits_zero() {
     );
     assert_eq!(section("== not given to west"), ["payments.xcc.test"]);
     assert!(stdout.contains("allowed requesters are [north]; west is not one of them"));
-    assert!(stdout.contains("demo complete: 2 of 3 services imported"));
+    // The hierarchy part: every announcement reached the root; web is granted by b; batch in
+    // c1 is refused with the callee's reason; the owner b2 holds the route.
+    assert_eq!(
+        section("== the root's catalog"),
+        [
+            "web.shop.svc.clusterset.local",
+            "api.shop.svc.clusterset.local",
+            "db.data.svc.clusterset.local"
+        ]
+    );
+    let field = |title: &str, name: &str| -> String {
+        stdout
+            .split("\n\n")
+            .find(|block| block.starts_with(title))
+            .and_then(|b| b.lines().find(|l| l.starts_with(name)))
+            .map(|l| l[name.len()..].trim().to_string())
+            .unwrap_or_else(|| panic!("no {name} in {title}"))
+    };
+    assert_eq!(field("== b1 resolves", "decision"), "ALLOW");
+    assert_eq!(field("== b1 resolves", "decided by"), "b");
+    assert_eq!(field("== b1 resolves", "endpoints"), "10.2.0.10:443");
+    assert_eq!(field("== c1 resolves", "decision"), "DENY");
+    assert_eq!(
+        field("== c1 resolves", "condition"),
+        "NOT_ALLOWED_BY_CALLEE"
+    );
+    assert_eq!(
+        field("== c1 resolves", "reason"),
+        "b2/shop/api allows [b1/web]; c1/batch is not among them"
+    );
+    assert_eq!(section("== b2's route grants"), ["owner"]);
+    assert!(stdout.contains("owner  shop/api  b1/web  b"));
+    assert!(stdout.contains("demo complete:"));
 }

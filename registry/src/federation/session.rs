@@ -138,7 +138,11 @@ impl fed::federation_server::Federation for FederationService {
                 }
             };
             if let Err(status) = end {
-                warn!(%child, code = ?status.code(), message = status.message(), "closing child session");
+                if cancel.is_cancelled() {
+                    info!(%child, "closing child session: shutting down");
+                } else {
+                    warn!(%child, code = ?status.code(), message = status.message(), "closing child session");
+                }
                 let _ = tx.send(Err(status)).await;
             }
             // On our own shutdown the child's services still exist: keep them (and every grant
