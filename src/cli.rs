@@ -91,6 +91,8 @@ pub enum Command {
     Admin(crate::admin_cli::AdminArgs),
     /// Run a two-registry federation on loopback and print what it did.
     Demo,
+    /// Measure a registry under load (snapshot time, update fan-out, memory).
+    Bench(crate::bench::BenchArgs),
 }
 
 pub async fn dispatch(command: Command) -> anyhow::Result<()> {
@@ -100,5 +102,6 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Crds(args) => crate::crds_cli::run(args),
         Command::Admin(args) => crate::admin_cli::run(args).await,
         Command::Demo => crate::demo::run().await,
+        Command::Bench(args) => crate::bench::run(args).await,
     }
 }

@@ -1,6 +1,7 @@
 //! `xcc`: one binary for every role. Thin wiring only; the work happens in the crates.
 
 mod admin_cli;
+mod bench;
 mod certs_cli;
 mod cli;
 mod crds_cli;
