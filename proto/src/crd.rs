@@ -179,12 +179,22 @@ pub struct ServicePort {
     /// Transport protocol, `TCP` when unset. (`kubectl explain` shows [`Protocol`]'s text.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
+    /// Port on the endpoints that serves this port, when it differs from `port` (e.g. the
+    /// node port of a NodePort Service). Unset: `port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub target_port: Option<i32>,
 }
 
 impl ServicePort {
     /// The protocol, `TCP` when unset.
     pub fn protocol(&self) -> Protocol {
         self.protocol.unwrap_or_default()
+    }
+
+    /// The port on the endpoints: `targetPort`, else `port`.
+    pub fn target_port(&self) -> i32 {
+        self.target_port.unwrap_or(self.port)
     }
 }
 
@@ -523,6 +533,7 @@ impl From<&ServiceRecordSpec> for resources::ServiceRecordSpec {
             ports: ports.as_ref().map(|ports| {
                 ports
                     .iter()
+                    // `targetPort` has no place in the file shape yet and is dropped.
                     .map(|p| resources::ServicePort {
                         name: p.name.clone(),
                         port: port_to(p.port),
@@ -582,6 +593,7 @@ impl TryFrom<&resources::ServiceRecordSpec> for ServiceRecordSpec {
                             name: p.name.clone(),
                             port: port_from(|| format!("spec.ports[{i}].port"), p.port)?,
                             protocol,
+                            target_port: None,
                         })
                     })
                     .collect::<Result<_, ConversionError>>()?,

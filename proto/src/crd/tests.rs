@@ -309,6 +309,7 @@ fn full_spec() -> ServiceRecordSpec {
             name: Some("https".into()),
             port: 443,
             protocol: Some(Protocol::Udp),
+            target_port: None,
         }]),
         origin: Some(Origin {
             cluster: Some("west".into()),

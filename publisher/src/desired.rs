@@ -1,0 +1,497 @@
+//! The exported ServiceRecord a source object should have — pure: object, nodes and the
+//! ingress Service in; the desired record (or why there is none) out. No I/O.
+//!
+//! Two sources (reference §3.2, with defects P1–P7 of §6.5 fixed):
+//! - **HTTPProxy** labelled `connectivity.tanzu.vmware.com/export` with a virtualhost: record
+//!   named after the canonical FQDN, endpoints = the ingress Service's LoadBalancer addresses when
+//!   it has any, else the InternalIPs of the nodes the ingress DaemonSet can run on, all on the
+//!   configured ingress port (443 by default); sorted, so equal inputs give equal records.
+//! - **Service** labelled for export: FQDN from `connectivity.tanzu.vmware.com/fqdn`, default
+//!   `<name>.<clusterset namespace>.svc.clusterset.local`; endpoints by Service type;
+//!   `connectivity.tanzu.vmware.com/clusters` becomes the allowed requesters; origin recorded.
+//!
+//! Records carry the export label, the publisher's managed-by label and a controller owner
+//! reference to their source; [`is_owned_by`] and [`stale_records`] use exactly those, so the
+//! controller never deletes or rewrites a record it does not own.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use xcc_proto::crd::{
+    Endpoint, MANAGED_BY_LABEL, Origin, PUBLISHER_MANAGER, Protocol, ServicePort, ServiceRecord,
+    ServiceRecordSpec,
+};
+use xcc_proto::names::{
+    self, CLUSTERS_ANNOTATION, EXPORT_LABEL, FQDN_ANNOTATION, LABEL_PREFIX, NODE_ROLE_MASTER_LABEL,
+    SERVICE_PORT_ANNOTATION,
+};
+
+use crate::httpproxy::HTTPProxy;
+
+/// Port the ingress (Contour's Envoy) serves exported proxies on, as XCC v1 assumed.
+pub const DEFAULT_INGRESS_PORT: i32 = 443;
+
+/// Node role labels marking control-plane nodes, where the ingress DaemonSet does not run.
+pub const CONTROL_PLANE_LABELS: [&str; 2] = [
+    "node-role.kubernetes.io/control-plane",
+    NODE_ROLE_MASTER_LABEL,
+];
+
+/// Taint keys every DaemonSet pod tolerates (the DaemonSet controller adds these tolerations),
+/// so a node carrying only these still runs the ingress. XCC v1's list plus `pid-pressure`.
+pub const TOLERATED_TAINTS: [&str; 7] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/disk-pressure",
+    "node.kubernetes.io/memory-pressure",
+    "node.kubernetes.io/pid-pressure",
+    "node.kubernetes.io/unschedulable",
+    "node.kubernetes.io/network-unavailable",
+];
+
+/// Publisher settings that shape records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Port the ingress serves exported HTTPProxies on (XCC v1: 443).
+    pub ingress_port: i32,
+    /// This cluster's name, recorded as `spec.origin.cluster`.
+    pub cluster: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ingress_port: DEFAULT_INGRESS_PORT,
+            cluster: None,
+        }
+    }
+}
+
+/// Why a source object has no exported record. For every reason the controller removes the
+/// records the object owns (a proxy that lost its label or virtualhost is no longer exported).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Skip {
+    /// The export label is absent.
+    NotExported,
+    /// An HTTPProxy without `spec.virtualhost` (an included, non-root proxy) (P1).
+    NoVirtualHost,
+    /// The FQDN is not a DNS name; the message says why.
+    InvalidFqdn(String),
+    /// A Service without a cluster IP (`clusterIP: None`) has no single address to export.
+    Headless,
+    /// An ExternalName Service points elsewhere already.
+    ExternalName,
+    /// A Service without ports.
+    NoPorts,
+    /// The object has no name, namespace or uid (never the case for objects read from the API
+    /// server).
+    IncompleteMetadata,
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skip::NotExported => write!(f, "not labelled {EXPORT_LABEL}"),
+            Skip::NoVirtualHost => write!(f, "HTTPProxy has no spec.virtualhost"),
+            Skip::InvalidFqdn(why) => write!(f, "{why}"),
+            Skip::Headless => write!(f, "headless Service (clusterIP: None) cannot be exported"),
+            Skip::ExternalName => write!(f, "ExternalName Service cannot be exported"),
+            Skip::NoPorts => write!(f, "Service has no ports"),
+            Skip::IncompleteMetadata => write!(f, "object has no name, namespace or uid"),
+        }
+    }
+}
+
+/// What a source object should publish.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Desired {
+    /// This record, created or updated in the source's namespace.
+    Publish(Box<ServiceRecord>),
+    /// Nothing; records the source owns are removed.
+    Skip(Skip),
+}
+
+impl Desired {
+    /// The record, if one is desired.
+    pub fn record(&self) -> Option<&ServiceRecord> {
+        match self {
+            Desired::Publish(record) => Some(record),
+            Desired::Skip(_) => None,
+        }
+    }
+}
+
+fn has_label(meta: &ObjectMeta, key: &str) -> bool {
+    meta.labels.as_ref().is_some_and(|l| l.contains_key(key))
+}
+
+fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+/// Whether `node` reports condition `Ready=True` (a missing condition is not ready).
+pub fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conds| {
+            conds
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+/// Whether the ingress DaemonSet runs on `node`: ready, not a control-plane node, and no taint
+/// with effect `NoSchedule` or `NoExecute` except the ones DaemonSets tolerate
+/// ([`TOLERATED_TAINTS`]). `PreferNoSchedule` taints do not keep DaemonSet pods away.
+pub fn node_runs_ingress(node: &Node) -> bool {
+    if !node_is_ready(node) {
+        return false;
+    }
+    if CONTROL_PLANE_LABELS
+        .iter()
+        .any(|label| has_label(&node.metadata, label))
+    {
+        return false;
+    }
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref());
+    !taints.is_some_and(|taints| {
+        taints.iter().any(|t| {
+            matches!(t.effect.as_str(), "NoSchedule" | "NoExecute")
+                && !TOLERATED_TAINTS.contains(&t.key.as_str())
+        })
+    })
+}
+
+/// The node's `InternalIP` addresses that parse as IPs (one per family on dual-stack nodes),
+/// in the order the node lists them, without duplicates.
+pub fn node_internal_ips(node: &Node) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP" && a.address.parse::<IpAddr>().is_ok())
+        .filter(|a| seen.insert(a.address.clone()))
+        .map(|a| a.address.clone())
+        .collect()
+}
+
+/// Sort by (address, port) and drop duplicates (P4: equal inputs give byte-equal records).
+fn normalise(mut endpoints: Vec<Endpoint>) -> Vec<Endpoint> {
+    endpoints.sort();
+    endpoints.dedup();
+    endpoints
+}
+
+/// Addresses of `status.loadBalancer.ingress` (IP, else hostname).
+fn load_balancer_addresses(service: &Service) -> Vec<String> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.clone().or_else(|| i.hostname.clone()))
+        .filter(|a| !a.is_empty())
+        .collect()
+}
+
+/// Endpoints of the ingress: the ingress Service's LoadBalancer addresses when it has any,
+/// else the InternalIPs of every node that runs the ingress; all on `port`; sorted.
+pub fn ingress_endpoints(ingress: Option<&Service>, nodes: &[Node], port: i32) -> Vec<Endpoint> {
+    let lb = ingress.map(load_balancer_addresses).unwrap_or_default();
+    let addresses = if lb.is_empty() {
+        nodes
+            .iter()
+            .filter(|n| node_runs_ingress(n))
+            .flat_map(node_internal_ips)
+            .collect()
+    } else {
+        lb
+    };
+    normalise(
+        addresses
+            .into_iter()
+            .map(|address| Endpoint { address, port })
+            .collect(),
+    )
+}
+
+/// Annotations passed through from the source: keys under `connectivity.tanzu.vmware.com/`
+/// (with the slash — S7), except the ones the publisher consumes itself.
+fn passed_annotations(meta: &ObjectMeta) -> BTreeMap<String, String> {
+    let prefix = format!("{LABEL_PREFIX}/");
+    meta.annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .filter(|(k, _)| k.as_str() != FQDN_ANNOTATION && k.as_str() != CLUSTERS_ANNOTATION)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The owner reference a record carries to its source (controller, so the API server's GC
+/// removes the record with its source and kube-runtime maps record events to the source).
+fn owner_reference<K: Resource<DynamicType = ()>>(obj: &K) -> Option<OwnerReference> {
+    let meta = obj.meta();
+    Some(OwnerReference {
+        api_version: K::api_version(&()).into_owned(),
+        kind: K::kind(&()).into_owned(),
+        name: meta.name.clone()?,
+        uid: meta.uid.clone()?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    })
+}
+
+fn record(
+    name: String,
+    namespace: String,
+    owner: OwnerReference,
+    annotations: BTreeMap<String, String>,
+    spec: ServiceRecordSpec,
+) -> Desired {
+    let labels = BTreeMap::from([
+        (EXPORT_LABEL.to_string(), String::new()),
+        (MANAGED_BY_LABEL.to_string(), PUBLISHER_MANAGER.to_string()),
+    ]);
+    Desired::Publish(Box::new(ServiceRecord {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace),
+            labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec,
+        status: None,
+    }))
+}
+
+/// The exported record of an HTTPProxy (reference §3.2 with P1–P7 fixed).
+///
+/// `ingress` is the ingress (Envoy) Service, when configured; `nodes` are all nodes.
+pub fn from_httpproxy(
+    proxy: &HTTPProxy,
+    ingress: Option<&Service>,
+    nodes: &[Node],
+    config: &Config,
+) -> Desired {
+    // P1: the label first, then the virtualhost; neither dereference can fail.
+    if !has_label(&proxy.metadata, EXPORT_LABEL) {
+        return Desired::Skip(Skip::NotExported);
+    }
+    let Some(vhost) = proxy.spec.virtualhost.as_ref() else {
+        return Desired::Skip(Skip::NoVirtualHost);
+    };
+    let fqdn = match names::canonical_fqdn(&vhost.fqdn) {
+        Ok(fqdn) => fqdn,
+        Err(e) => return Desired::Skip(Skip::InvalidFqdn(e.to_string())),
+    };
+    let (Some(name), Some(namespace), Some(owner)) = (
+        proxy.metadata.name.clone(),
+        proxy.metadata.namespace.clone(),
+        owner_reference(proxy),
+    ) else {
+        return Desired::Skip(Skip::IncompleteMetadata);
+    };
+    let mut annotations = passed_annotations(&proxy.metadata);
+    annotations.insert(
+        SERVICE_PORT_ANNOTATION.to_string(),
+        config.ingress_port.to_string(),
+    );
+    let spec = ServiceRecordSpec {
+        fqdn: fqdn.clone(),
+        endpoints: ingress_endpoints(ingress, nodes, config.ingress_port),
+        allowed_requesters: None,
+        ports: None,
+        origin: Some(Origin {
+            cluster: config.cluster.clone(),
+            namespace: namespace.clone(),
+            name,
+            kind: Some(HTTPProxy::kind(&()).into_owned()),
+        }),
+    };
+    record(fqdn, namespace, owner, annotations, spec)
+}
+
+/// `a, b` → `["a", "b"]`: split on commas, trim, drop empty entries, sort, dedupe. An
+/// annotation that lists nobody yields an empty list (nobody may import).
+pub fn parse_clusters(value: &str) -> Vec<String> {
+    let set: BTreeSet<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect();
+    set.into_iter().collect()
+}
+
+/// The exported record of a Service labelled for export.
+///
+/// `clusterset_namespace` is the namespace the Service's namespace maps to (seed 003; the
+/// Service's own namespace when unmapped): it names the default FQDN and the origin. `nodes`
+/// are all nodes (used for NodePort Services).
+///
+/// Endpoints by type: `LoadBalancer` — each ingress address on each service port (none until
+/// the load balancer is provisioned); `NodePort` — each ready node's InternalIPs on each node
+/// port (`spec.ports[].targetPort` then names the node port); `ClusterIP` — the cluster IPs on
+/// each port, for flat networks.
+pub fn from_service(
+    service: &Service,
+    clusterset_namespace: &str,
+    nodes: &[Node],
+    config: &Config,
+) -> Desired {
+    if !has_label(&service.metadata, EXPORT_LABEL) {
+        return Desired::Skip(Skip::NotExported);
+    }
+    let (Some(name), Some(namespace), Some(owner)) = (
+        service.metadata.name.clone(),
+        service.metadata.namespace.clone(),
+        owner_reference(service),
+    ) else {
+        return Desired::Skip(Skip::IncompleteMetadata);
+    };
+    let Some(svc_spec) = service.spec.as_ref() else {
+        return Desired::Skip(Skip::NoPorts);
+    };
+    let type_ = svc_spec.type_.as_deref().unwrap_or("ClusterIP");
+    if type_ == "ExternalName" {
+        return Desired::Skip(Skip::ExternalName);
+    }
+    let raw_fqdn = annotation(&service.metadata, FQDN_ANNOTATION)
+        .map(str::to_string)
+        .unwrap_or_else(|| names::clusterset_fqdn(&name, clusterset_namespace));
+    let fqdn = match names::canonical_fqdn(&raw_fqdn) {
+        Ok(fqdn) => fqdn,
+        Err(e) => return Desired::Skip(Skip::InvalidFqdn(e.to_string())),
+    };
+    let svc_ports = svc_spec.ports.as_deref().unwrap_or_default();
+    if svc_ports.is_empty() {
+        return Desired::Skip(Skip::NoPorts);
+    }
+    let node_port = type_ == "NodePort";
+    let mut ports = Vec::new();
+    for p in svc_ports {
+        let protocol = p
+            .protocol
+            .as_deref()
+            .map_or(Some(Protocol::Tcp), Protocol::parse)
+            .unwrap_or_default();
+        ports.push(ServicePort {
+            name: p.name.clone().filter(|n| !n.is_empty()),
+            port: p.port,
+            protocol: Some(protocol),
+            // A NodePort port without an allocated node port yet has no endpoint port.
+            target_port: if node_port {
+                Some(p.node_port.unwrap_or(0))
+            } else {
+                None
+            },
+        });
+    }
+    ports.retain(|p| p.target_port != Some(0));
+    let addresses: Vec<String> = match type_ {
+        "LoadBalancer" => load_balancer_addresses(service),
+        "NodePort" => nodes
+            .iter()
+            .filter(|n| node_is_ready(n))
+            .flat_map(node_internal_ips)
+            .collect(),
+        _ => {
+            let ips: Vec<String> = match &svc_spec.cluster_ips {
+                Some(ips) if !ips.is_empty() => ips.clone(),
+                _ => svc_spec.cluster_ip.clone().into_iter().collect(),
+            };
+            if ips.iter().any(|ip| ip == "None") {
+                return Desired::Skip(Skip::Headless);
+            }
+            ips
+        }
+    };
+    let endpoints = normalise(
+        addresses
+            .iter()
+            .flat_map(|address| {
+                ports.iter().map(|p| Endpoint {
+                    address: address.clone(),
+                    port: p.target_port(),
+                })
+            })
+            .collect(),
+    );
+    let mut annotations = passed_annotations(&service.metadata);
+    // Hamlet peers know one port only: the first one.
+    if let Some(first) = ports.first() {
+        annotations.insert(SERVICE_PORT_ANNOTATION.to_string(), first.port.to_string());
+    }
+    let spec = ServiceRecordSpec {
+        fqdn: fqdn.clone(),
+        endpoints,
+        allowed_requesters: annotation(&service.metadata, CLUSTERS_ANNOTATION).map(parse_clusters),
+        ports: Some(ports),
+        origin: Some(Origin {
+            cluster: config.cluster.clone(),
+            namespace: clusterset_namespace.to_string(),
+            name,
+            kind: Some(Service::kind(&()).into_owned()),
+        }),
+    };
+    record(fqdn, namespace, owner, annotations, spec)
+}
+
+/// Whether the publisher may rewrite or delete `record` on behalf of the source object with
+/// uid `owner_uid`: the record has the export label, the publisher's managed-by label and an
+/// owner reference with that uid. Anything else was made by someone else and is left alone (P6).
+pub fn is_owned_by(record: &ServiceRecord, owner_uid: &str) -> bool {
+    let meta = &record.metadata;
+    has_label(meta, EXPORT_LABEL)
+        && meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY_LABEL))
+            .is_some_and(|v| v == PUBLISHER_MANAGER)
+        && meta
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|o| o.uid == owner_uid)
+}
+
+/// The records among `records` that the source with uid `owner_uid` owns but should no longer
+/// have: all of them when `keep` is `None` (the source is not exported), else all but the one
+/// named `keep` (the FQDN changed). Sorted by name.
+pub fn stale_records<'a>(
+    owner_uid: &str,
+    keep: Option<&str>,
+    records: impl IntoIterator<Item = &'a ServiceRecord>,
+) -> Vec<&'a ServiceRecord> {
+    let mut stale: Vec<&ServiceRecord> = records
+        .into_iter()
+        .filter(|r| is_owned_by(r, owner_uid))
+        .filter(|r| keep.is_none() || r.metadata.name.as_deref() != keep)
+        .collect();
+    stale.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    stale
+}
+
+/// Whether an existing record named like the desired one may be replaced: it does not exist,
+/// or the source owns it. A record of the same name owned by something else is a conflict the
+/// controller reports instead of overwriting.
+pub fn may_write(existing: Option<&ServiceRecord>, owner_uid: &str) -> bool {
+    existing.is_none_or(|r| is_owned_by(r, owner_uid))
+}
+
+#[cfg(test)]
+mod tests;
