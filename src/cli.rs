@@ -32,7 +32,9 @@ pub fn init_logging(args: &LogArgs) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal; pipes and pod logs get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if args.log_json {
         builder.json().init();
     } else {

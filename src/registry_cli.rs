@@ -61,6 +61,11 @@ pub struct RegistryArgs {
     /// Directory of extra Cedar policies (`*.cedar`), watched; the default policies always apply.
     #[arg(long, env = "XCC_POLICY_DIR")]
     pub policy_dir: Option<PathBuf>,
+    /// What this registry applies when a caller is granted one of its services: none, istio
+    /// (AuthorizationPolicy), gateway (HTTPRoute) or cilium (CiliumNetworkPolicy). File store:
+    /// written to <state-dir>/grants/.
+    #[arg(long, env = "XCC_GRANT_MODE", default_value = "none")]
+    pub grant_mode: xcc_registry::federation::grants::GrantMode,
     /// How long a hierarchy query waits for its answer (seconds).
     #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5)]
     pub query_timeout_seconds: u64,
@@ -112,6 +117,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         federation: xcc_registry::run::FederationConfig {
             policy_dir: args.policy_dir,
             query_timeout: Duration::from_secs(args.query_timeout_seconds.max(1)),
+            grant_mode: args.grant_mode,
             ..Default::default()
         },
     };

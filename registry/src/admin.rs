@@ -420,7 +420,7 @@ impl api::admin_server::Admin for AdminService {
                 resolver_cluster: r.resolver_cluster,
                 since: timestamp(Some(r.since)),
                 role: "owner".into(),
-                applied_objects: vec![],
+                applied_objects: r.applied,
             })
             .collect();
         routes.extend(self.level.resolver_grants().into_iter().map(

@@ -52,6 +52,8 @@ pub struct FederationConfig {
     pub query_timeout: Duration,
     /// How often unanswered, denied or not-found imports are asked again.
     pub import_retry: Duration,
+    /// What the owner of a service applies when a caller is granted.
+    pub grant_mode: crate::federation::grants::GrantMode,
 }
 
 impl Default for FederationConfig {
@@ -62,6 +64,7 @@ impl Default for FederationConfig {
             policy_dir: None,
             query_timeout: Duration::from_secs(5),
             import_retry: Duration::from_secs(30),
+            grant_mode: Default::default(),
         }
     }
 }
@@ -332,6 +335,14 @@ impl Registry {
             });
         }
         let level = Level::new(cluster.clone(), None, catalog.clone(), policy_handle);
+        if let StoreConfig::File { state_dir, .. } = &config.store
+            && config.federation.grant_mode != crate::federation::grants::GrantMode::None
+        {
+            level.set_grant_sink(Arc::new(
+                crate::federation::grants::FileGrants::new(state_dir, config.federation.grant_mode)
+                    .with_context(|| format!("preparing {}/grants", state_dir.display()))?,
+            ));
+        }
         {
             // The resolver: re-evaluate grants whenever a service changes.
             let (lvl, c) = (level.clone(), cancel.clone());

@@ -88,6 +88,8 @@ pub struct OwnerRoute {
     pub caller_service: String,
     pub resolver_cluster: String,
     pub since: SystemTime,
+    /// Objects applied for the grant (per `--grant-mode`), as `Kind/namespace/name`.
+    pub applied: Vec<String>,
 }
 
 struct Subscription {
@@ -126,6 +128,8 @@ struct Inner {
     state: Mutex<State>,
     /// Bumped on every change an observer may wait for (tree, routes, answers).
     changes: watch::Sender<u64>,
+    /// Applies the owner's side of a grant.
+    grant_sink: RwLock<Arc<dyn super::grants::GrantSink>>,
 }
 
 /// Outbound-channel capacity per child session. A child that falls this far behind is cut and
@@ -163,8 +167,26 @@ impl Level {
                 catalog,
                 policies,
                 changes: watch::Sender::new(0),
+                grant_sink: RwLock::new(Arc::new(super::grants::NoGrants)),
             }),
         }
+    }
+
+    /// Set what applies grants at this registry as an owner.
+    pub fn set_grant_sink(&self, sink: Arc<dyn super::grants::GrantSink>) {
+        *self
+            .inner
+            .grant_sink
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = sink;
+    }
+
+    fn grant_sink(&self) -> Arc<dyn super::grants::GrantSink> {
+        self.inner
+            .grant_sink
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn cluster(&self) -> &str {
@@ -624,25 +646,43 @@ impl Level {
                     n.caller_cluster.clone(),
                     n.caller_service.clone(),
                 );
+                let route = OwnerRoute {
+                    target_namespace: n.target_namespace.clone(),
+                    target_service: n.target_service.clone(),
+                    caller_cluster: n.caller_cluster.clone(),
+                    caller_service: n.caller_service.clone(),
+                    resolver_cluster: n.resolver_cluster.clone(),
+                    since: SystemTime::now(),
+                    applied: vec![],
+                };
                 let changed = if n.revoked {
                     st.owner_routes.remove(&key).is_some()
                 } else if let std::collections::btree_map::Entry::Vacant(slot) =
-                    st.owner_routes.entry(key)
+                    st.owner_routes.entry(key.clone())
                 {
-                    slot.insert(OwnerRoute {
-                        target_namespace: n.target_namespace.clone(),
-                        target_service: n.target_service.clone(),
-                        caller_cluster: n.caller_cluster.clone(),
-                        caller_service: n.caller_service.clone(),
-                        resolver_cluster: n.resolver_cluster.clone(),
-                        since: SystemTime::now(),
-                    });
+                    slot.insert(route.clone());
                     true
                 } else {
                     false
                 };
                 drop(st);
                 if changed {
+                    // Apply outside the lock: the sink may do I/O.
+                    let sink = self.grant_sink();
+                    if n.revoked {
+                        if let Err(e) = sink.remove(&route) {
+                            warn!(error = %e, "cannot remove the objects of a revoked grant");
+                        }
+                    } else {
+                        match sink.apply(&route) {
+                            Ok(applied) => {
+                                if let Some(r) = self.lock().owner_routes.get_mut(&key) {
+                                    r.applied = applied;
+                                }
+                            }
+                            Err(e) => warn!(error = %e, "cannot apply the objects of a grant"),
+                        }
+                    }
                     info!(service = %format!("{}/{}", n.target_namespace, n.target_service), caller = %format!("{}/{}", n.caller_cluster, n.caller_service), revoked = n.revoked, "route grant recorded");
                     self.bump();
                 }

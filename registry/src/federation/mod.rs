@@ -2,6 +2,7 @@
 //! notifications down, over `xcc.federation.v1.Federation/Connect` streams dialled by children.
 
 pub mod convert;
+pub mod grants;
 pub mod imports;
 pub mod level;
 pub mod link;
