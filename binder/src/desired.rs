@@ -1,0 +1,560 @@
+//! What the binder should write for imported ServiceRecords — pure: records in, desired
+//! Kubernetes objects out. No I/O.
+//!
+//! Imported records (label `connectivity.tanzu.vmware.com/imported`) are grouped per namespace
+//! and canonical FQDN ([`group_imported`]); each group becomes ([`materialize`], reference §3.5
+//! with B1–B5 of §6.6 fixed):
+//! - a selector-less ClusterIP **Service** named [`names::service_name`] with the FQDN
+//!   annotation (and the origin annotations the DNS server reads), owned by every record of the
+//!   group (owner references sorted by UID), plus the VIP to put in its load-balancer status;
+//! - **EndpointSlices**, one per address family and port set, labelled
+//!   `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by: xcc-binder`;
+//! - legacy **Endpoints**, one subset per port set, with no subsets when nothing is left
+//!   (valid, unlike XCC v1's empty subset), labelled so the mirroring controller skips it.
+//!
+//! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. When
+//! the records of a group disagree on ports, the record with the lowest UID wins, the others'
+//! endpoints are left out and the outcome carries a [`Conflict`] (B3: deterministic, reported).
+//! Only fields the binder owns are set, so server-side apply compares exactly those (B1).
+//!
+//! [`cilium`] computes the `CiliumGlobalService` materialisation (seed 004).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::{
+    EndpointAddress, EndpointPort as LegacyPort, EndpointSubset, Endpoints, Service,
+    ServicePort as KubeServicePort, ServiceSpec,
+};
+use k8s_openapi::api::discovery::v1::{
+    Endpoint as SliceEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use xcc_proto::crd::{
+    BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
+    MANAGED_BY_LABEL, Protocol, ServiceRecord,
+};
+use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
+use xcc_proto::names::{
+    self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
+};
+
+pub mod cilium;
+
+/// Label on legacy Endpoints telling the EndpointSlice mirroring controller not to mirror
+/// them: the binder writes its own EndpointSlices.
+pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
+
+/// One group of imported records: the namespace they live in and their canonical FQDN.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupKey {
+    /// Namespace of the records (and of the objects made for them).
+    pub namespace: String,
+    /// Canonical FQDN (lowercase, no trailing dot).
+    pub fqdn: String,
+}
+
+/// A port of the materialised Service.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Port {
+    /// Port name; empty for the single unnamed port.
+    pub name: String,
+    /// Port clients connect to on the Service.
+    pub port: i32,
+    /// Transport protocol.
+    pub protocol: Protocol,
+    /// Port on the endpoints that serves it; `None`: each endpoint's own port (the single-port
+    /// case of XCC v1, where the Service port comes from the `service-port` annotation).
+    pub target: Option<i32>,
+}
+
+/// Why a record's ports cannot be worked out.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// The `service-port` annotation is not a port number.
+    #[error("annotation {SERVICE_PORT_ANNOTATION} is {0:?}, not a port number in 1-65535")]
+    BadAnnotation(String),
+    /// No `spec.ports`, no annotation and no endpoints to take a port from.
+    #[error(
+        "no port: spec.ports, the {SERVICE_PORT_ANNOTATION} annotation and the endpoints are all empty"
+    )]
+    NoPort,
+}
+
+fn annotation<'a>(record: &'a ServiceRecord, key: &str) -> Option<&'a str> {
+    record
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+fn valid_port(p: i32) -> bool {
+    (1..=65535).contains(&p)
+}
+
+/// The Service ports a record asks for: `spec.ports` when set; else one unnamed TCP port from
+/// the `service-port` annotation, served on each endpoint's own port; else the endpoints'
+/// distinct ports (named `port-<n>` when there are several).
+pub fn resolved_ports(record: &ServiceRecord) -> Result<Vec<Port>, PortError> {
+    if let Some(ports) = record.spec.ports.as_ref().filter(|p| !p.is_empty()) {
+        let mut out: Vec<Port> = ports
+            .iter()
+            .filter(|p| valid_port(p.port) && valid_port(p.target_port()))
+            .map(|p| Port {
+                name: p.name.clone().unwrap_or_default(),
+                port: p.port,
+                protocol: p.protocol(),
+                target: Some(p.target_port()),
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        if !out.is_empty() {
+            return Ok(out);
+        }
+    }
+    if let Some(value) = annotation(record, SERVICE_PORT_ANNOTATION) {
+        return match value.trim().parse::<i32>() {
+            Ok(port) if valid_port(port) => Ok(vec![Port {
+                name: String::new(),
+                port,
+                protocol: Protocol::Tcp,
+                target: None,
+            }]),
+            _ => Err(PortError::BadAnnotation(value.to_string())),
+        };
+    }
+    let distinct: BTreeSet<i32> = record
+        .spec
+        .endpoints
+        .iter()
+        .map(|e| e.port)
+        .filter(|p| valid_port(*p))
+        .collect();
+    match distinct.len() {
+        0 => Err(PortError::NoPort),
+        1 => Ok(distinct
+            .into_iter()
+            .map(|port| Port {
+                name: String::new(),
+                port,
+                protocol: Protocol::Tcp,
+                target: Some(port),
+            })
+            .collect()),
+        _ => Ok(distinct
+            .into_iter()
+            .map(|port| Port {
+                name: format!("port-{port}"),
+                port,
+                protocol: Protocol::Tcp,
+                target: Some(port),
+            })
+            .collect()),
+    }
+}
+
+/// The imported records among `records`, grouped per namespace and canonical FQDN (C7: `Foo.X.`
+/// and `foo.x` share a group). Exported records and records whose FQDN is not a DNS name are
+/// left out. Within a group, records are sorted by UID.
+pub fn group_imported<'a>(
+    records: impl IntoIterator<Item = &'a ServiceRecord>,
+) -> BTreeMap<GroupKey, Vec<&'a ServiceRecord>> {
+    let mut groups: BTreeMap<GroupKey, Vec<&ServiceRecord>> = BTreeMap::new();
+    for record in records {
+        let imported = record
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(IMPORTED_LABEL));
+        let (true, Some(namespace), Ok(fqdn)) = (
+            imported,
+            record.metadata.namespace.clone(),
+            names::canonical_fqdn(&record.spec.fqdn),
+        ) else {
+            continue;
+        };
+        groups
+            .entry(GroupKey { namespace, fqdn })
+            .or_default()
+            .push(record);
+    }
+    for group in groups.values_mut() {
+        group.sort_by(|a, b| {
+            uid(a)
+                .cmp(uid(b))
+                .then(a.metadata.name.cmp(&b.metadata.name))
+        });
+    }
+    groups
+}
+
+fn uid(record: &ServiceRecord) -> &str {
+    record.metadata.uid.as_deref().unwrap_or("")
+}
+
+fn name(record: &ServiceRecord) -> &str {
+    record.metadata.name.as_deref().unwrap_or("")
+}
+
+/// Sources of one FQDN disagree on ports; the lowest-UID source won.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    /// Name of the record whose ports were used.
+    pub winner: String,
+    /// Records left out, with why, sorted by UID.
+    pub losers: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for Conflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ports of {} used; left out:", self.winner)?;
+        for (name, why) in &self.losers {
+            write!(f, " {name} ({why});")?;
+        }
+        Ok(())
+    }
+}
+
+/// An address that could not be materialised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    /// Record it came from.
+    pub record: String,
+    /// The endpoint, `address:port`.
+    pub endpoint: String,
+    /// Why.
+    pub reason: &'static str,
+}
+
+/// Everything the binder writes for one group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Materialized {
+    /// The selector-less ClusterIP Service (spec only; no status).
+    pub service: Service,
+    /// IP to publish in `status.loadBalancer.ingress` (the VIP annotation), if any.
+    pub vip: Option<String>,
+    /// EndpointSlices, one per address family and port set, sorted by name.
+    pub slices: Vec<EndpointSlice>,
+    /// Legacy Endpoints of the same name as the Service.
+    pub endpoints: Endpoints,
+    /// Sources left out because their ports disagree with the winner's.
+    pub conflict: Option<Conflict>,
+    /// Endpoints that could not be materialised (not an IP, or no port serves them).
+    pub dropped: Vec<Dropped>,
+}
+
+/// Why a group has nothing to materialise.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Skip {
+    /// The group is empty.
+    #[error("no imported records")]
+    Empty,
+    /// No record of the group has usable ports; one message per record.
+    #[error("no record has usable ports: {}", .0.join("; "))]
+    NoPorts(Vec<String>),
+}
+
+/// Owner reference from a binder object to an imported record (no controller flag: a group
+/// has several owners, and the API server's GC removes the objects with the last one).
+pub fn owner_reference(record: &ServiceRecord) -> OwnerReference {
+    OwnerReference {
+        api_version: ServiceRecord::api_version(&()).into_owned(),
+        kind: ServiceRecord::kind(&()).into_owned(),
+        name: name(record).to_string(),
+        uid: uid(record).to_string(),
+        controller: None,
+        block_owner_deletion: None,
+    }
+}
+
+fn port_key(ports: &[Port]) -> Vec<(String, i32, Protocol)> {
+    let mut key: Vec<_> = ports
+        .iter()
+        .map(|p| (p.name.clone(), p.port, p.protocol))
+        .collect();
+    key.sort();
+    key
+}
+
+/// One served port on the endpoint side: (name, protocol, endpoint port).
+type PortEntry = (String, Protocol, i32);
+/// A port set on the endpoint side, sorted.
+type PortSet = Vec<PortEntry>;
+
+fn port_set_id(set: &PortSet) -> String {
+    set.iter()
+        .map(|(name, protocol, port)| format!("{name}/{}/{port}", protocol.as_str()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn non_empty(name: &str) -> Option<String> {
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// The objects for one group (records sorted by UID, as [`group_imported`] returns them).
+pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materialized, Skip> {
+    if sources.is_empty() {
+        return Err(Skip::Empty);
+    }
+    let mut sources: Vec<&ServiceRecord> = sources.to_vec();
+    sources.sort_by(|a, b| uid(a).cmp(uid(b)).then(name(a).cmp(name(b))));
+    let resolved: Vec<(&ServiceRecord, Result<Vec<Port>, PortError>)> =
+        sources.iter().map(|r| (*r, resolved_ports(r))).collect();
+    let Some((winner, ports)) = resolved
+        .iter()
+        .find_map(|(r, p)| p.as_ref().ok().map(|p| (*r, p.clone())))
+    else {
+        return Err(Skip::NoPorts(
+            resolved
+                .iter()
+                .filter_map(|(r, p)| p.as_ref().err().map(|e| format!("{}: {e}", name(r))))
+                .collect(),
+        ));
+    };
+    let winner_key = port_key(&ports);
+    let mut losers = Vec::new();
+    let mut contributing = Vec::new();
+    for (record, result) in &resolved {
+        match result {
+            Ok(p) if port_key(p) == winner_key => contributing.push((*record, p.clone())),
+            Ok(p) => losers.push((
+                name(record).to_string(),
+                format!(
+                    "ports {} differ",
+                    p.iter()
+                        .map(|p| format!("{}/{}", p.port, p.protocol.as_str()))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            )),
+            Err(e) => losers.push((name(record).to_string(), e.to_string())),
+        }
+    }
+    let conflict = (!losers.is_empty()).then(|| Conflict {
+        winner: name(winner).to_string(),
+        losers,
+    });
+
+    // address → port sets it serves; grouped per (family, port set).
+    let mut dropped = Vec::new();
+    // address → (is IPv6, the (name, protocol, endpoint port) entries it serves).
+    let mut served: BTreeMap<String, (bool, BTreeSet<PortEntry>)> = BTreeMap::new();
+    for (record, ports) in &contributing {
+        for endpoint in &record.spec.endpoints {
+            let shown = format!("{}:{}", endpoint.address, endpoint.port);
+            let Ok(ip) = endpoint.address.parse::<IpAddr>() else {
+                dropped.push(Dropped {
+                    record: name(record).to_string(),
+                    endpoint: shown,
+                    reason: "address is not an IP",
+                });
+                continue;
+            };
+            let matching: Vec<(String, Protocol, i32)> = ports
+                .iter()
+                .filter(|p| p.target.is_none_or(|t| t == endpoint.port))
+                .map(|p| (p.name.clone(), p.protocol, endpoint.port))
+                .collect();
+            if matching.is_empty() {
+                dropped.push(Dropped {
+                    record: name(record).to_string(),
+                    endpoint: shown,
+                    reason: "no port of the service is served on this endpoint port",
+                });
+                continue;
+            }
+            // Canonical text form (e.g. IPv6 compressed), so duplicates merge.
+            let entry = served
+                .entry(ip.to_string())
+                .or_insert_with(|| (ip.is_ipv6(), BTreeSet::new()));
+            entry.1.extend(matching);
+        }
+    }
+    // (family is IPv6, port set) → addresses, sorted.
+    let mut groups: BTreeMap<(bool, PortSet), Vec<String>> = BTreeMap::new();
+    for (address, (v6, set)) in served {
+        groups
+            .entry((v6, set.into_iter().collect()))
+            .or_default()
+            .push(address);
+    }
+
+    let service_name = names::service_name(&key.fqdn);
+    let mut owners: Vec<OwnerReference> = sources.iter().map(|r| owner_reference(r)).collect();
+    owners.sort_by(|a, b| a.uid.cmp(&b.uid));
+    let managed = (MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string());
+    let meta = |name: String, labels: BTreeMap<String, String>| ObjectMeta {
+        name: Some(name),
+        namespace: Some(key.namespace.clone()),
+        labels: Some(labels),
+        owner_references: Some(owners.clone()),
+        ..ObjectMeta::default()
+    };
+
+    let mut annotations = BTreeMap::from([(FQDN_ANNOTATION.to_string(), key.fqdn.clone())]);
+    if let Some(origin) = &winner.spec.origin {
+        annotations.insert(
+            ORIGIN_NAMESPACE_ANNOTATION.to_string(),
+            origin.namespace.clone(),
+        );
+        annotations.insert(ORIGIN_NAME_ANNOTATION.to_string(), origin.name.clone());
+    }
+    let service = Service {
+        metadata: ObjectMeta {
+            annotations: Some(annotations),
+            ..meta(service_name.clone(), BTreeMap::from([managed.clone()]))
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|p| KubeServicePort {
+                        name: non_empty(&p.name),
+                        port: p.port,
+                        protocol: Some(p.protocol.as_str().into()),
+                        ..KubeServicePort::default()
+                    })
+                    .collect(),
+            ),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    };
+    let vip = annotation(winner, VIP_ANNOTATION)
+        .and_then(|v| v.trim().parse::<IpAddr>().ok())
+        .map(|ip| ip.to_string());
+
+    let slices = groups
+        .iter()
+        .map(|((v6, set), addresses)| {
+            let family = if *v6 { "IPv6" } else { "IPv4" };
+            let slice_name = format!(
+                "{service_name}-{}-{}",
+                family.to_ascii_lowercase(),
+                names::hash8(&port_set_id(set))
+            );
+            let labels = BTreeMap::from([
+                (
+                    ENDPOINTSLICE_SERVICE_NAME_LABEL.to_string(),
+                    service_name.clone(),
+                ),
+                (
+                    ENDPOINTSLICE_MANAGED_BY_LABEL.to_string(),
+                    BINDER_MANAGER.to_string(),
+                ),
+                managed.clone(),
+            ]);
+            EndpointSlice {
+                metadata: meta(slice_name, labels),
+                address_type: family.into(),
+                endpoints: addresses
+                    .iter()
+                    .map(|a| SliceEndpoint {
+                        addresses: vec![a.clone()],
+                        conditions: Some(EndpointConditions {
+                            ready: Some(true),
+                            ..EndpointConditions::default()
+                        }),
+                        ..SliceEndpoint::default()
+                    })
+                    .collect(),
+                ports: Some(
+                    set.iter()
+                        .map(|(name, protocol, port)| EndpointPort {
+                            name: non_empty(name),
+                            port: Some(*port),
+                            protocol: Some(protocol.as_str().into()),
+                            ..EndpointPort::default()
+                        })
+                        .collect(),
+                ),
+            }
+        })
+        .collect::<Vec<_>>();
+
+    // Legacy Endpoints: one subset per port set, both families together.
+    let mut subsets: BTreeMap<&PortSet, Vec<String>> = BTreeMap::new();
+    for ((_, set), addresses) in &groups {
+        subsets
+            .entry(set)
+            .or_default()
+            .extend(addresses.iter().cloned());
+    }
+    let subsets: Vec<EndpointSubset> = subsets
+        .into_iter()
+        .map(|(set, mut addresses)| {
+            addresses.sort();
+            EndpointSubset {
+                addresses: Some(
+                    addresses
+                        .into_iter()
+                        .map(|ip| EndpointAddress {
+                            ip,
+                            ..EndpointAddress::default()
+                        })
+                        .collect(),
+                ),
+                ports: Some(
+                    set.iter()
+                        .map(|(name, protocol, port)| LegacyPort {
+                            name: non_empty(name),
+                            port: *port,
+                            protocol: Some(protocol.as_str().into()),
+                            ..LegacyPort::default()
+                        })
+                        .collect(),
+                ),
+                ..EndpointSubset::default()
+            }
+        })
+        .collect();
+    let endpoints = Endpoints {
+        metadata: meta(
+            service_name.clone(),
+            BTreeMap::from([managed, (SKIP_MIRROR_LABEL.to_string(), "true".to_string())]),
+        ),
+        subsets: (!subsets.is_empty()).then_some(subsets),
+    };
+
+    Ok(Materialized {
+        service,
+        vip,
+        slices,
+        endpoints,
+        conflict,
+        dropped,
+    })
+}
+
+/// Names of the binder's EndpointSlices for `service_name` among `existing` that are not in
+/// `desired` — to delete. Slices another controller manages are never listed.
+pub fn stale_slices<'a>(
+    service_name: &str,
+    desired: &[EndpointSlice],
+    existing: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> Vec<String> {
+    let keep: BTreeSet<Option<&String>> =
+        desired.iter().map(|s| s.metadata.name.as_ref()).collect();
+    let mut stale: Vec<String> = existing
+        .into_iter()
+        .filter(|s| {
+            let labels = s.metadata.labels.as_ref();
+            let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+            label(ENDPOINTSLICE_MANAGED_BY_LABEL) == Some(BINDER_MANAGER)
+                && label(ENDPOINTSLICE_SERVICE_NAME_LABEL) == Some(service_name)
+                && !keep.contains(&s.metadata.name.as_ref())
+        })
+        .filter_map(|s| s.metadata.name.clone())
+        .collect();
+    stale.sort();
+    stale
+}
+
+#[cfg(test)]
+mod tests;

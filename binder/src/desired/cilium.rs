@@ -1,0 +1,203 @@
+//! `CiliumGlobalService` materialisation (seed 004): an imported service appears as a Cilium
+//! global Service with the **origin's name and namespace** — Cilium's cluster mesh pairs global
+//! services by name and namespace and load-balances to the remote cluster's endpoints — with no
+//! selector and no local endpoints (`service.cilium.io/shared: "false"`).
+//!
+//! Pure: imported records in, desired Service / Namespace and orphan decisions out. The Service
+//! has no owner reference: its lifetime follows seed 004's orphan rule ([`orphan_decision`]),
+//! tracked by the managed label and the source-cluster annotation.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Namespace, Service, ServicePort as KubeServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use xcc_proto::crd::{
+    BINDER_MANAGER, CILIUM_GLOBAL_ANNOTATION, CILIUM_SHARED_ANNOTATION, MANAGED_BY_LABEL,
+    SOURCE_CLUSTER_ANNOTATION, ServiceRecord,
+};
+use xcc_proto::names::{FQDN_ANNOTATION, REMOTE_REGISTRY_LABEL};
+
+use super::{Port, PortError, non_empty, resolved_ports, uid};
+
+/// The origin object a group of imported records stands for.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OriginKey {
+    /// Namespace of the origin (its clusterset namespace): the Service's namespace here.
+    pub namespace: String,
+    /// Name of the origin: the Service's name here.
+    pub name: String,
+}
+
+/// Why no Cilium global Service can be made for a group.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CiliumSkip {
+    /// The group is empty.
+    #[error("no imported records")]
+    Empty,
+    /// No record has usable ports.
+    #[error("no record has usable ports: {0}")]
+    NoPorts(PortError),
+}
+
+/// Imported records grouped by their origin (namespace, name); records without an origin
+/// cannot be materialised this way and are returned apart, sorted by name.
+pub fn group_by_origin<'a>(
+    records: impl IntoIterator<Item = &'a ServiceRecord>,
+) -> (
+    BTreeMap<OriginKey, Vec<&'a ServiceRecord>>,
+    Vec<&'a ServiceRecord>,
+) {
+    let mut groups: BTreeMap<OriginKey, Vec<&ServiceRecord>> = BTreeMap::new();
+    let mut without = Vec::new();
+    for record in records {
+        match &record.spec.origin {
+            Some(origin) => groups
+                .entry(OriginKey {
+                    namespace: origin.namespace.clone(),
+                    name: origin.name.clone(),
+                })
+                .or_default()
+                .push(record),
+            None => without.push(record),
+        }
+    }
+    for group in groups.values_mut() {
+        group.sort_by(|a, b| uid(a).cmp(uid(b)));
+    }
+    without.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    (groups, without)
+}
+
+/// The cluster a record comes from: `spec.origin.cluster`, else its remote registry.
+fn source_cluster(record: &ServiceRecord) -> Option<String> {
+    record
+        .spec
+        .origin
+        .as_ref()
+        .and_then(|o| o.cluster.clone())
+        .or_else(|| {
+            record
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(REMOTE_REGISTRY_LABEL))
+                .cloned()
+        })
+}
+
+/// The global Service for one origin: name and namespace of the origin, annotations
+/// `service.cilium.io/global: "true"`, `service.cilium.io/shared: "false"`, the source
+/// cluster(s) (sorted, comma-separated) and the FQDN; ports from the lowest-UID record with
+/// usable ports; no selector; the managed label.
+pub fn global_service(key: &OriginKey, records: &[&ServiceRecord]) -> Result<Service, CiliumSkip> {
+    let mut records = records.to_vec();
+    records.sort_by(|a, b| uid(a).cmp(uid(b)));
+    let Some(first) = records.first() else {
+        return Err(CiliumSkip::Empty);
+    };
+    let ports: Vec<Port> = match records.iter().find_map(|r| resolved_ports(r).ok()) {
+        Some(ports) => ports,
+        None => {
+            return Err(CiliumSkip::NoPorts(
+                resolved_ports(first).err().unwrap_or(PortError::NoPort),
+            ));
+        }
+    };
+    let clusters: BTreeSet<String> = records.iter().filter_map(|r| source_cluster(r)).collect();
+    let mut annotations = BTreeMap::from([
+        (CILIUM_GLOBAL_ANNOTATION.to_string(), "true".to_string()),
+        (CILIUM_SHARED_ANNOTATION.to_string(), "false".to_string()),
+        (
+            FQDN_ANNOTATION.to_string(),
+            xcc_proto::names::canonical_fqdn(&first.spec.fqdn)
+                .unwrap_or_else(|_| first.spec.fqdn.clone()),
+        ),
+    ]);
+    if !clusters.is_empty() {
+        annotations.insert(
+            SOURCE_CLUSTER_ANNOTATION.to_string(),
+            clusters.into_iter().collect::<Vec<_>>().join(","),
+        );
+    }
+    Ok(Service {
+        metadata: ObjectMeta {
+            name: Some(key.name.clone()),
+            namespace: Some(key.namespace.clone()),
+            labels: Some(managed_labels()),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            ports: Some(
+                ports
+                    .iter()
+                    .map(|p| KubeServicePort {
+                        name: non_empty(&p.name),
+                        port: p.port,
+                        protocol: Some(p.protocol.as_str().into()),
+                        ..KubeServicePort::default()
+                    })
+                    .collect(),
+            ),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
+}
+
+fn managed_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string())])
+}
+
+/// Whether `labels` carry the binder's managed label.
+pub fn is_managed(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == BINDER_MANAGER)
+}
+
+/// The Namespace to create when the origin's namespace does not exist here, labelled as
+/// managed (it is never deleted by the binder, as in seed 004).
+pub fn namespace(name: &str) -> Namespace {
+    Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(managed_labels()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    }
+}
+
+/// Whether the binder may write the global Service over `existing`: nothing is there, or the
+/// binder made it. A Service of the same name the binder did not make is left alone (seed 004:
+/// "if svc exists → do nothing").
+pub fn may_write(existing: Option<&Service>) -> bool {
+    existing.is_none_or(|s| is_managed(&s.metadata))
+}
+
+/// What to do with a managed global Service during the orphan check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OrphanDecision {
+    /// Leave it.
+    Keep,
+    /// Delete it.
+    Delete,
+}
+
+/// Seed 004's orphan rule for a Service: only managed Services are considered; one whose
+/// source still exists is kept; one whose source is gone is deleted unless it has local
+/// endpoints (someone started serving it in this cluster).
+pub fn orphan_decision(
+    service: &Service,
+    source_present: bool,
+    local_endpoints: usize,
+) -> OrphanDecision {
+    if !is_managed(&service.metadata) || source_present || local_endpoints > 0 {
+        OrphanDecision::Keep
+    } else {
+        OrphanDecision::Delete
+    }
+}

@@ -1,0 +1,743 @@
+//! Reference §5.7 (SB-01..SB-08) as pure tables, the fixes B1–B5 of §6.6, NEW-07, and the
+//! Cilium global service rules of seed 004.
+
+use serde_json::{Value, json};
+use xcc_proto::crd::{Endpoint, Origin, ServicePort as RecordPort, ServiceRecord};
+
+use super::cilium::{self, OriginKey, OrphanDecision};
+use super::*;
+
+const NS: &str = "cross-cluster-connectivity";
+
+fn record(
+    name: &str,
+    uid: &str,
+    fqdn: &str,
+    annotations: Value,
+    endpoints: &[(&str, i32)],
+) -> ServiceRecord {
+    let mut sr: ServiceRecord = serde_json::from_value(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+        "kind": "ServiceRecord",
+        "metadata": {"name": name, "namespace": NS, "uid": uid,
+                     "labels": {IMPORTED_LABEL: "", "connectivity.tanzu.vmware.com/remote-registry": "rr"},
+                     "annotations": annotations},
+        "spec": {"fqdn": fqdn, "endpoints": []},
+    }))
+    .unwrap();
+    sr.spec.endpoints = endpoints
+        .iter()
+        .map(|(a, p)| Endpoint {
+            address: (*a).into(),
+            port: *p,
+        })
+        .collect();
+    sr
+}
+
+fn port_443() -> Value {
+    json!({SERVICE_PORT_ANNOTATION: "443"})
+}
+
+fn only_group(records: &[ServiceRecord]) -> (GroupKey, Materialized) {
+    let groups = group_imported(records);
+    assert_eq!(groups.len(), 1, "{:?}", groups.keys().collect::<Vec<_>>());
+    let (key, sources) = groups.into_iter().next().unwrap();
+    let m = materialize(&key, &sources).unwrap();
+    (key, m)
+}
+
+fn group_for(records: &[ServiceRecord], fqdn: &str) -> Materialized {
+    let groups = group_imported(records);
+    let key = GroupKey {
+        namespace: NS.into(),
+        fqdn: fqdn.into(),
+    };
+    materialize(&key, &groups[&key]).unwrap()
+}
+
+fn owners(meta: &ObjectMeta) -> Vec<(String, String)> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .map(|o| (o.name.clone(), o.uid.clone()))
+        .collect()
+}
+
+fn addresses(endpoints: &Endpoints) -> Vec<Vec<String>> {
+    endpoints
+        .subsets
+        .iter()
+        .flatten()
+        .map(|s| s.addresses.iter().flatten().map(|a| a.ip.clone()).collect())
+        .collect()
+}
+
+fn subset_ports(endpoints: &Endpoints) -> Vec<Vec<i32>> {
+    endpoints
+        .subsets
+        .iter()
+        .flatten()
+        .map(|s| s.ports.iter().flatten().map(|p| p.port).collect())
+        .collect()
+}
+
+fn service_ports(service: &Service) -> Vec<(Option<String>, i32, Option<String>)> {
+    service
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| (p.name.clone(), p.port, p.protocol.clone()))
+        .collect()
+}
+
+#[test]
+fn sb_01_one_record() {
+    let (_, m) = only_group(&[record(
+        "test.some.domain-abcd1234",
+        "1",
+        "test.some.domain",
+        port_443(),
+        &[("10.0.0.1", 443), ("10.0.0.2", 443)],
+    )]);
+    let service = serde_json::to_value(&m.service).unwrap();
+    assert_eq!(
+        service,
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": "test-some-domain-cc9e50dd",
+                "namespace": NS,
+                "labels": {"app.kubernetes.io/managed-by": "xcc-binder"},
+                "annotations": {FQDN_ANNOTATION: "test.some.domain"},
+                "ownerReferences": [{
+                    "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+                    "kind": "ServiceRecord",
+                    "name": "test.some.domain-abcd1234",
+                    "uid": "1",
+                }],
+            },
+            // B1: no selector, no targetPort, no clusterIP: only fields the binder owns.
+            "spec": {"type": "ClusterIP", "ports": [{"port": 443, "protocol": "TCP"}]},
+        })
+    );
+    assert_eq!(m.vip, None);
+    assert_eq!(
+        m.endpoints.metadata.name.as_deref(),
+        Some("test-some-domain-cc9e50dd")
+    );
+    assert_eq!(
+        owners(&m.endpoints.metadata),
+        [("test.some.domain-abcd1234".into(), "1".into())]
+    );
+    assert_eq!(addresses(&m.endpoints), [["10.0.0.1", "10.0.0.2"]]);
+    assert_eq!(subset_ports(&m.endpoints), [[443]]);
+    assert_eq!(
+        m.endpoints.metadata.labels.as_ref().unwrap()[SKIP_MIRROR_LABEL],
+        "true"
+    );
+    assert_eq!(m.conflict, None);
+    assert_eq!(m.dropped, []);
+
+    let slice = serde_json::to_value(&m.slices).unwrap();
+    let name = format!(
+        "test-some-domain-cc9e50dd-ipv4-{}",
+        names::hash8("/TCP/443")
+    );
+    assert_eq!(
+        slice,
+        json!([{
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "labels": {
+                    "kubernetes.io/service-name": "test-some-domain-cc9e50dd",
+                    "endpointslice.kubernetes.io/managed-by": "xcc-binder",
+                    "app.kubernetes.io/managed-by": "xcc-binder",
+                },
+                "ownerReferences": [{
+                    "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+                    "kind": "ServiceRecord",
+                    "name": "test.some.domain-abcd1234",
+                    "uid": "1",
+                }],
+            },
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": true}},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": true}},
+            ],
+            "ports": [{"port": 443, "protocol": "TCP"}],
+        }])
+    );
+}
+
+#[test]
+fn sb_02_and_03_vip_and_service_port() {
+    let (_, m) = only_group(&[record(
+        "test.some.domain-abcd1234",
+        "1",
+        "test.some.domain",
+        json!({SERVICE_PORT_ANNOTATION: "443", VIP_ANNOTATION: "1.2.3.4"}),
+        &[("10.0.0.1", 443)],
+    )]);
+    assert_eq!(m.vip.as_deref(), Some("1.2.3.4"));
+
+    let (_, m) = only_group(&[record(
+        "test.some.domain-abcd1234",
+        "1",
+        "test.some.domain",
+        json!({SERVICE_PORT_ANNOTATION: "8080", VIP_ANNOTATION: "1.2.3.4"}),
+        &[("10.0.0.1", 443), ("10.0.0.2", 443)],
+    )]);
+    assert_eq!(
+        service_ports(&m.service),
+        [(None, 8080, Some("TCP".into()))]
+    );
+    assert_eq!(m.vip.as_deref(), Some("1.2.3.4"));
+    assert_eq!(subset_ports(&m.endpoints), [[443]]);
+    assert_eq!(m.slices[0].ports.as_ref().unwrap()[0].port, Some(443));
+}
+
+fn sb_04_records() -> Vec<ServiceRecord> {
+    vec![
+        record(
+            "test.some.domain-bcde2345",
+            "2",
+            "test.some.domain",
+            port_443(),
+            &[("10.0.0.4", 443), ("10.0.0.3", 443)],
+        ),
+        record(
+            "test.some.domain-abcd1234",
+            "1",
+            "test.some.domain",
+            port_443(),
+            &[("10.0.0.2", 443), ("10.0.0.1", 443)],
+        ),
+    ]
+}
+
+#[test]
+fn sb_04_records_of_one_fqdn_merge() {
+    let (_, m) = only_group(&sb_04_records());
+    let expected_owners = vec![
+        ("test.some.domain-abcd1234".to_string(), "1".to_string()),
+        ("test.some.domain-bcde2345".to_string(), "2".to_string()),
+    ];
+    assert_eq!(owners(&m.service.metadata), expected_owners);
+    assert_eq!(owners(&m.endpoints.metadata), expected_owners);
+    assert_eq!(
+        addresses(&m.endpoints),
+        [["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]]
+    );
+}
+
+#[test]
+fn sb_05_and_06_other_fqdns_and_exported_records_stay_out() {
+    let mut records = sb_04_records();
+    records.push(record(
+        "foobar.some.domain-bcde2345",
+        "3",
+        "foobar.some.domain",
+        port_443(),
+        &[("10.0.0.5", 443), ("10.0.0.6", 443)],
+    ));
+    let m = group_for(&records, "test.some.domain");
+    let (_, alone) = only_group(&sb_04_records());
+    assert_eq!(m, alone);
+
+    // SB-06: an exported record with the same FQDN is neither owner nor source.
+    let mut exported = record(
+        "test.some.domain.shared-services-cls-3",
+        "3",
+        "test.some.domain",
+        port_443(),
+        &[("10.0.0.5", 443), ("10.0.0.6", 443)],
+    );
+    exported.metadata.labels = Some(BTreeMap::from([(
+        names::EXPORT_LABEL.into(),
+        String::new(),
+    )]));
+    let records = vec![
+        record(
+            "a",
+            "1",
+            "test.some.domain",
+            port_443(),
+            &[("10.0.0.1", 443), ("10.0.0.3", 443)],
+        ),
+        record(
+            "b",
+            "2",
+            "test.some.domain",
+            port_443(),
+            &[("10.0.0.2", 443), ("10.0.0.4", 443)],
+        ),
+        exported,
+    ];
+    let (_, m) = only_group(&records);
+    assert_eq!(
+        owners(&m.service.metadata),
+        [("a".into(), "1".into()), ("b".into(), "2".into())]
+    );
+    assert_eq!(
+        addresses(&m.endpoints),
+        [["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]]
+    );
+}
+
+#[test]
+fn sb_07_long_fqdn() {
+    let fqdn = format!("{}.some.domain", "a".repeat(62));
+    let (_, m) = only_group(&[record(
+        "long",
+        "1",
+        &fqdn,
+        json!({SERVICE_PORT_ANNOTATION: "443", VIP_ANNOTATION: "1.2.3.4"}),
+        &[("10.0.0.1", 443), ("10.0.0.3", 443)],
+    )]);
+    let name = format!("{}-c2657973", "a".repeat(54));
+    assert_eq!(m.service.metadata.name.as_deref(), Some(name.as_str()));
+    assert_eq!(m.endpoints.metadata.name.as_deref(), Some(name.as_str()));
+    assert_eq!(
+        m.service.metadata.annotations.as_ref().unwrap()[FQDN_ANNOTATION],
+        fqdn
+    );
+    assert!(
+        m.slices[0]
+            .metadata
+            .name
+            .as_ref()
+            .unwrap()
+            .starts_with(&name)
+    );
+}
+
+#[test]
+fn sb_08_a_deleted_source_leaves_the_rest() {
+    let mut records = sb_04_records();
+    records.retain(|r| r.metadata.uid.as_deref() != Some("1"));
+    let (_, m) = only_group(&records);
+    assert_eq!(
+        owners(&m.service.metadata),
+        [("test.some.domain-bcde2345".into(), "2".into())]
+    );
+    assert_eq!(service_ports(&m.service), [(None, 443, Some("TCP".into()))]);
+    assert_eq!(addresses(&m.endpoints), [["10.0.0.3", "10.0.0.4"]]);
+    // The last one gone: nothing to materialise (the API server's GC removes the objects).
+    assert!(group_imported(&[]).is_empty());
+    assert_eq!(
+        materialize(
+            &GroupKey {
+                namespace: NS.into(),
+                fqdn: "x.y".into()
+            },
+            &[]
+        ),
+        Err(Skip::Empty)
+    );
+}
+
+#[test]
+fn b2_zero_endpoints_and_several_ports_give_valid_objects() {
+    let (_, m) = only_group(&[record("r", "1", "test.some.domain", port_443(), &[])]);
+    assert_eq!(m.endpoints.subsets, None);
+    assert_eq!(m.slices, []);
+    assert_eq!(service_ports(&m.service), [(None, 443, Some("TCP".into()))]);
+
+    // Endpoints on different ports, no annotation: one named Service port each, and a
+    // subset (and slice) per port set instead of one subset with several unnamed ports.
+    let (_, m) = only_group(&[record(
+        "r",
+        "1",
+        "test.some.domain",
+        json!({}),
+        &[("10.0.0.1", 443), ("10.0.0.2", 8443), ("10.0.0.3", 443)],
+    )]);
+    assert_eq!(
+        service_ports(&m.service),
+        [
+            (Some("port-443".into()), 443, Some("TCP".into())),
+            (Some("port-8443".into()), 8443, Some("TCP".into()))
+        ]
+    );
+    assert_eq!(
+        addresses(&m.endpoints),
+        [vec!["10.0.0.1", "10.0.0.3"], vec!["10.0.0.2"]]
+    );
+    assert_eq!(subset_ports(&m.endpoints), [[443], [8443]]);
+    assert_eq!(m.slices.len(), 2);
+
+    // With the annotation, endpoints on different ports all serve the one Service port.
+    let (_, m) = only_group(&[record(
+        "r",
+        "1",
+        "test.some.domain",
+        port_443(),
+        &[("10.0.0.1", 443), ("10.0.0.2", 8443)],
+    )]);
+    assert_eq!(service_ports(&m.service), [(None, 443, Some("TCP".into()))]);
+    assert_eq!(
+        addresses(&m.endpoints),
+        [vec!["10.0.0.1"], vec!["10.0.0.2"]]
+    );
+    assert_eq!(subset_ports(&m.endpoints), [[443], [8443]]);
+}
+
+#[test]
+fn named_ports_with_node_port_targets_and_address_families() {
+    let mut sr = record(
+        "mysql",
+        "1",
+        "mysql.db.svc.clusterset.local",
+        json!({}),
+        &[
+            ("10.0.0.1", 30306),
+            ("10.0.0.1", 30362),
+            ("fd00::1", 30306),
+            ("10.0.0.2", 30306),
+            ("10.0.0.9", 1),
+            ("node.example", 30306),
+        ],
+    );
+    sr.spec.ports = Some(vec![
+        RecordPort {
+            name: Some("mysql".into()),
+            port: 3306,
+            protocol: None,
+            target_port: Some(30306),
+        },
+        RecordPort {
+            name: Some("admin".into()),
+            port: 33062,
+            protocol: None,
+            target_port: Some(30362),
+        },
+    ]);
+    sr.spec.origin = Some(Origin {
+        cluster: Some("west".into()),
+        namespace: "db".into(),
+        name: "mysql".into(),
+        kind: None,
+    });
+    let (_, m) = only_group(&[sr]);
+    assert_eq!(
+        service_ports(&m.service),
+        [
+            (Some("admin".into()), 33062, Some("TCP".into())),
+            (Some("mysql".into()), 3306, Some("TCP".into()))
+        ]
+    );
+    let annotations = m.service.metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations[ORIGIN_NAMESPACE_ANNOTATION], "db");
+    assert_eq!(annotations[ORIGIN_NAME_ANNOTATION], "mysql");
+    // 10.0.0.1 serves both ports, 10.0.0.2 and fd00::1 only mysql.
+    type SliceSummary = (String, Vec<String>, Vec<(Option<String>, Option<i32>)>);
+    let mut got: Vec<SliceSummary> = m
+        .slices
+        .iter()
+        .map(|s| {
+            (
+                s.address_type.clone(),
+                s.endpoints.iter().map(|e| e.addresses[0].clone()).collect(),
+                s.ports
+                    .iter()
+                    .flatten()
+                    .map(|p| (p.name.clone(), p.port))
+                    .collect(),
+            )
+        })
+        .collect();
+    let both = vec![
+        (Some("admin".into()), Some(30362)),
+        (Some("mysql".into()), Some(30306)),
+    ];
+    let mysql = vec![(Some("mysql".into()), Some(30306))];
+    let mut expected: Vec<SliceSummary> = vec![
+        ("IPv4".to_string(), vec!["10.0.0.1".to_string()], both),
+        (
+            "IPv4".to_string(),
+            vec!["10.0.0.2".to_string()],
+            mysql.clone(),
+        ),
+        ("IPv6".to_string(), vec!["fd00::1".to_string()], mysql),
+    ];
+    expected.sort_by_key(|a| (a.0.clone(), a.2.clone()));
+    got.sort_by_key(|a| (a.0.clone(), a.2.clone()));
+    assert_eq!(got, expected);
+    assert_eq!(
+        addresses(&m.endpoints),
+        [vec!["10.0.0.1"], vec!["10.0.0.2", "fd00::1"]]
+    );
+    let reasons: Vec<(&str, &str)> = m
+        .dropped
+        .iter()
+        .map(|d| (d.endpoint.as_str(), d.reason))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            (
+                "10.0.0.9:1",
+                "no port of the service is served on this endpoint port"
+            ),
+            ("node.example:30306", "address is not an IP"),
+        ]
+    );
+}
+
+#[test]
+fn b3_disagreeing_ports_lowest_uid_wins_and_the_conflict_is_reported() {
+    let records = vec![
+        record(
+            "b",
+            "uid-b",
+            "test.some.domain",
+            json!({SERVICE_PORT_ANNOTATION: "8443", VIP_ANNOTATION: "5.6.7.8"}),
+            &[("10.0.0.2", 8443)],
+        ),
+        record(
+            "a",
+            "uid-a",
+            "test.some.domain",
+            json!({SERVICE_PORT_ANNOTATION: "443", VIP_ANNOTATION: "1.2.3.4"}),
+            &[("10.0.0.1", 443)],
+        ),
+        record(
+            "c",
+            "uid-c",
+            "test.some.domain",
+            json!({SERVICE_PORT_ANNOTATION: "oops"}),
+            &[("10.0.0.3", 443)],
+        ),
+    ];
+    let (_, m) = only_group(&records);
+    assert_eq!(service_ports(&m.service), [(None, 443, Some("TCP".into()))]);
+    assert_eq!(m.vip.as_deref(), Some("1.2.3.4"));
+    assert_eq!(addresses(&m.endpoints), [["10.0.0.1"]]);
+    let conflict = m.conflict.unwrap();
+    assert_eq!(conflict.winner, "a");
+    assert_eq!(
+        conflict
+            .losers
+            .iter()
+            .map(|l| l.0.as_str())
+            .collect::<Vec<_>>(),
+        ["b", "c"]
+    );
+    assert!(
+        conflict.to_string().contains("b (ports 8443/TCP differ)"),
+        "{conflict}"
+    );
+    // Owners are every record of the FQDN, so the objects live while any of them does.
+    assert_eq!(owners(&m.service.metadata).len(), 3);
+    // Input order does not matter.
+    let mut reversed = records.clone();
+    reversed.reverse();
+    assert_eq!(only_group(&reversed).1.service, m.service);
+
+    // No record with usable ports: nothing, with the reasons.
+    let bad = [record(
+        "c",
+        "1",
+        "x.y",
+        json!({SERVICE_PORT_ANNOTATION: "0"}),
+        &[],
+    )];
+    let groups = group_imported(&bad);
+    let (key, sources) = groups.iter().next().unwrap();
+    assert!(matches!(materialize(key, sources), Err(Skip::NoPorts(r)) if r[0].contains("\"0\"")));
+}
+
+#[test]
+fn new_07_and_b4_fqdn_case_and_trailing_dot_share_one_service() {
+    let records = [
+        record(
+            "foo.xcc.test-1",
+            "1",
+            "Foo.XCC.test",
+            port_443(),
+            &[("10.0.0.1", 443)],
+        ),
+        record(
+            "foo.xcc.test-2",
+            "2",
+            "foo.xcc.test.",
+            port_443(),
+            &[("10.0.0.2", 443)],
+        ),
+    ];
+    let (key, m) = only_group(&records);
+    assert_eq!(key.fqdn, "foo.xcc.test");
+    assert_eq!(
+        m.service.metadata.name.as_deref(),
+        Some(names::service_name("foo.xcc.test").as_str())
+    );
+    assert_eq!(
+        m.service.metadata.annotations.as_ref().unwrap()[FQDN_ANNOTATION],
+        "foo.xcc.test"
+    );
+    assert_eq!(addresses(&m.endpoints), [["10.0.0.1", "10.0.0.2"]]);
+    // An FQDN that is no DNS name is not materialised at all.
+    assert!(group_imported(&[record("bad", "3", "not a name", port_443(), &[])]).is_empty());
+}
+
+#[test]
+fn ipv6_addresses_are_canonical_and_duplicates_merge() {
+    let (_, m) = only_group(&[
+        record(
+            "a",
+            "1",
+            "t.x",
+            port_443(),
+            &[("fd00:0:0::1", 443), ("10.0.0.1", 443)],
+        ),
+        record(
+            "b",
+            "2",
+            "t.x",
+            port_443(),
+            &[("fd00::1", 443), ("10.0.0.1", 443)],
+        ),
+    ]);
+    assert_eq!(addresses(&m.endpoints), [["10.0.0.1", "fd00::1"]]);
+    assert_eq!(
+        m.slices
+            .iter()
+            .map(|s| s.address_type.as_str())
+            .collect::<Vec<_>>(),
+        ["IPv4", "IPv6"]
+    );
+}
+
+#[test]
+fn stale_slices_are_only_the_binders_own() {
+    let (_, m) = only_group(&[record("a", "1", "t.x", port_443(), &[("10.0.0.1", 443)])]);
+    let service = m.service.metadata.name.clone().unwrap();
+    let mut old = m.slices[0].clone();
+    old.metadata.name = Some(format!("{service}-ipv4-00000000"));
+    let mut foreign = old.clone();
+    foreign.metadata.name = Some("someone-elses".into());
+    foreign.metadata.labels.as_mut().unwrap().insert(
+        ENDPOINTSLICE_MANAGED_BY_LABEL.into(),
+        "endpointslice-controller.k8s.io".into(),
+    );
+    let existing = [m.slices[0].clone(), old.clone(), foreign];
+    assert_eq!(
+        stale_slices(&service, &m.slices, &existing),
+        [old.metadata.name.unwrap()]
+    );
+    assert_eq!(
+        stale_slices(&service, &m.slices, &m.slices),
+        Vec::<String>::new()
+    );
+}
+
+fn cilium_record(name: &str, uid: &str, cluster: Option<&str>) -> ServiceRecord {
+    let mut sr = record(
+        name,
+        uid,
+        "mysql-svc.my-namespace.svc.clusterset.local",
+        json!({}),
+        &[("10.0.0.1", 3306)],
+    );
+    sr.spec.ports = Some(vec![RecordPort {
+        name: Some("mysql".into()),
+        port: 3306,
+        protocol: None,
+        target_port: None,
+    }]);
+    sr.spec.origin = Some(Origin {
+        cluster: cluster.map(str::to_string),
+        namespace: "my-namespace".into(),
+        name: "mysql-svc".into(),
+        kind: Some("Service".into()),
+    });
+    sr
+}
+
+#[test]
+fn cilium_global_service_copies_name_namespace_and_ports() {
+    let records = [
+        cilium_record("r2", "2", Some("wc-beta-px")),
+        cilium_record("r1", "1", None),
+    ];
+    let (groups, without) = cilium::group_by_origin(&records);
+    assert!(without.is_empty());
+    let key = OriginKey {
+        namespace: "my-namespace".into(),
+        name: "mysql-svc".into(),
+    };
+    let service = cilium::global_service(&key, &groups[&key]).unwrap();
+    assert_eq!(
+        serde_json::to_value(&service).unwrap(),
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {
+                "name": "mysql-svc",
+                "namespace": "my-namespace",
+                "labels": {"app.kubernetes.io/managed-by": "xcc-binder"},
+                "annotations": {
+                    "service.cilium.io/global": "true",
+                    "service.cilium.io/shared": "false",
+                    // r1 has no origin cluster: its remote registry names the source.
+                    "connectivity.tanzu.vmware.com/source-cluster": "rr,wc-beta-px",
+                    FQDN_ANNOTATION: "mysql-svc.my-namespace.svc.clusterset.local",
+                },
+            },
+            "spec": {"type": "ClusterIP", "ports": [{"name": "mysql", "port": 3306, "protocol": "TCP"}]},
+        })
+    );
+    let mut no_origin = cilium_record("r3", "3", None);
+    no_origin.spec.origin = None;
+    let both = [records[0].clone(), no_origin];
+    let (groups, without) = cilium::group_by_origin(&both);
+    assert_eq!(groups.len(), 1);
+    assert_eq!(without.len(), 1);
+    assert_eq!(
+        cilium::global_service(&key, &[]),
+        Err(cilium::CiliumSkip::Empty)
+    );
+}
+
+#[test]
+fn cilium_namespace_ownership_and_orphans() {
+    let ns = cilium::namespace("my-namespace");
+    assert!(cilium::is_managed(&ns.metadata));
+    let key = OriginKey {
+        namespace: "my-namespace".into(),
+        name: "mysql-svc".into(),
+    };
+    let managed = cilium::global_service(&key, &[&cilium_record("r", "1", Some("a"))]).unwrap();
+    let mut local = managed.clone();
+    local.metadata.labels = None;
+    assert!(cilium::may_write(None));
+    assert!(cilium::may_write(Some(&managed)));
+    assert!(
+        !cilium::may_write(Some(&local)),
+        "a Service the binder did not make is left alone"
+    );
+
+    let table = [
+        (&managed, true, 0, OrphanDecision::Keep),
+        (&managed, false, 0, OrphanDecision::Delete),
+        (&managed, false, 2, OrphanDecision::Keep),
+        (&local, false, 0, OrphanDecision::Keep),
+    ];
+    for (service, present, local_endpoints, expected) in table {
+        assert_eq!(
+            cilium::orphan_decision(service, present, local_endpoints),
+            expected,
+            "present={present} local={local_endpoints} managed={}",
+            cilium::is_managed(&service.metadata)
+        );
+    }
+}
