@@ -4,3 +4,4 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod desired;
+pub mod dns;

@@ -1,0 +1,428 @@
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use hickory_proto::rr::RData;
+use xcc_proto::mapping::{
+    NAMESPACE_ANNOTATION, ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION,
+};
+use xcc_proto::names::FQDN_ANNOTATION;
+
+use super::*;
+use crate::dns::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
+
+const POD_FOO: &str = "192.168.1.10";
+const POD_BAZ: &str = "192.168.1.20";
+const NOT_A_POD: &str = "192.168.9.9";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn n(s: &str) -> Name {
+    Name::from_ascii(s).unwrap()
+}
+
+fn fqdn_svc(name: &str, fqdn: &str, ips: &[&str]) -> ServiceInfo {
+    ServiceInfo {
+        key: ServiceKey::new("ns", name),
+        annotations: BTreeMap::from([(FQDN_ANNOTATION.to_string(), fqdn.to_string())]),
+        cluster_ips: ips.iter().map(|s| ip(s)).collect(),
+        ports: Vec::new(),
+    }
+}
+
+fn mcs_svc(origin_ns: &str, origin: &str, ips: &[&str]) -> ServiceInfo {
+    ServiceInfo {
+        key: ServiceKey::new("xcc", format!("{origin}-{origin_ns}")),
+        annotations: BTreeMap::from([
+            (
+                ORIGIN_NAMESPACE_ANNOTATION.to_string(),
+                origin_ns.to_string(),
+            ),
+            (ORIGIN_NAME_ANNOTATION.to_string(), origin.to_string()),
+        ]),
+        cluster_ips: ips.iter().map(|s| ip(s)).collect(),
+        ports: vec![NamedPort {
+            name: Some("http".into()),
+            port: 8080,
+            protocol: PortProtocol::Tcp,
+        }],
+    }
+}
+
+/// Zones `some.domain`, `xcc.test`, `clusterset.local`; the reference's two cache entries, a
+/// dual-stack and a v6-only name, `web` exported in clusterset namespaces `bar` and `baz`; pods
+/// in `foo` (annotated `bar`, seed 003) and `baz` (unannotated).
+fn snapshot() -> Snapshot {
+    let apexes: Vec<String> = ["some.domain", "xcc.test", "clusterset.local"]
+        .map(String::from)
+        .to_vec();
+    let services = [
+        fqdn_svc("s1", "some-service.some.domain", &["1.2.3.4"]),
+        fqdn_svc("s2", "another-service.some.domain", &["2.3.4.5"]),
+        fqdn_svc("s3", "dual.xcc.test", &["10.0.0.1", "fd00::1"]),
+        fqdn_svc("s4", "six.xcc.test", &["fd00::6"]),
+        mcs_svc("bar", "web", &["10.1.0.1"]),
+        mcs_svc("baz", "web", &["10.2.0.1"]),
+    ];
+    let mut pods = PodIndex::new();
+    pods.apply("foo", "client", &[ip(POD_FOO)]);
+    pods.apply("baz", "client", &[ip(POD_BAZ)]);
+    let mut mapping = NamespaceMapping::new();
+    let annotated = BTreeMap::from([(NAMESPACE_ANNOTATION.to_string(), "bar".to_string())]);
+    mapping.apply("foo", &annotated).unwrap();
+    mapping.apply("baz", &BTreeMap::new()).unwrap();
+    Snapshot {
+        zones: Arc::new(ZoneSet::build(&apexes, &services, None, 42)),
+        pods: Arc::new(pods),
+        mapping: Arc::new(mapping),
+        ready: true,
+    }
+}
+
+fn settings() -> Settings {
+    Settings::default()
+}
+
+fn transparent() -> Settings {
+    Settings {
+        transparent: true,
+        ..Settings::default()
+    }
+}
+
+fn ask_from(snap: &Snapshot, name: &str, qtype: RecordType, from: &str, s: &Settings) -> Answer {
+    answer(snap, &n(name), qtype, DNSClass::IN, ip(from), s)
+}
+
+fn response(a: Answer) -> Response {
+    match a {
+        Answer::Response(r) => r,
+        Answer::Forward => panic!("expected a response, got Forward"),
+    }
+}
+
+fn ask(snap: &Snapshot, name: &str, qtype: RecordType) -> Response {
+    response(ask_from(snap, name, qtype, NOT_A_POD, &settings()))
+}
+
+/// `owner TTL TYPE rdata` of each record.
+fn lines(records: &[Record]) -> Vec<String> {
+    records
+        .iter()
+        .map(|r| {
+            assert_eq!(r.dns_class, DNSClass::IN);
+            format!("{} {} {} {}", r.name, r.ttl, r.record_type(), r.data)
+        })
+        .collect()
+}
+
+fn soa_line(apex: &str, ttl: u32) -> String {
+    format!("{apex} {ttl} SOA ns.dns.{apex} hostmaster.{apex} 42 7200 1800 86400 {ttl}")
+}
+
+#[test]
+fn dns_01_and_02_a_records_with_the_configured_ttl() {
+    let snap = snapshot();
+    for (name, addr) in [
+        ("some-service.some.domain.", "1.2.3.4"),
+        ("another-service.some.domain.", "2.3.4.5"),
+    ] {
+        let r = ask(&snap, name, RecordType::A);
+        assert_eq!(r.rcode, ResponseCode::NoError);
+        assert!(r.authoritative);
+        // The reference's TTL was 30; ours is the configured one (default 5).
+        assert_eq!(lines(&r.answers), vec![format!("{name} 5 A {addr}")]);
+        assert!(r.authorities.is_empty());
+    }
+    let r = response(ask_from(
+        &snap,
+        "some-service.some.domain.",
+        RecordType::A,
+        NOT_A_POD,
+        &Settings {
+            ttl: 30,
+            ..Settings::default()
+        },
+    ));
+    assert_eq!(
+        lines(&r.answers),
+        vec!["some-service.some.domain. 30 A 1.2.3.4"]
+    );
+}
+
+#[test]
+fn dns_03_mixed_case_is_found_and_echoed_as_asked() {
+    let snap = snapshot();
+    let r = ask(&snap, "ANOTHER-SERVICE.some.domain.", RecordType::A);
+    assert_eq!(
+        lines(&r.answers),
+        vec!["ANOTHER-SERVICE.some.domain. 5 A 2.3.4.5"]
+    );
+    let r = ask(&snap, "DuAl.XCC.Test.", RecordType::AAAA);
+    assert_eq!(lines(&r.answers), vec!["DuAl.XCC.Test. 5 AAAA fd00::1"]);
+}
+
+#[test]
+fn dns_04_missing_name_is_nxdomain_with_the_soa() {
+    let r = ask(&snapshot(), "not-exists.some.domain.", RecordType::A);
+    assert_eq!(r.rcode, ResponseCode::NXDomain);
+    assert!(r.authoritative);
+    assert!(r.answers.is_empty());
+    assert_eq!(lines(&r.authorities), vec![soa_line("some.domain.", 5)]);
+}
+
+#[test]
+fn dns_05_new_08_aaaa_on_an_ipv4_only_name_is_nodata() {
+    // Reference D3: it answered NXDOMAIN; NODATA is NOERROR, no answers, SOA in authority.
+    let r = ask(&snapshot(), "some-service.some.domain.", RecordType::AAAA);
+    assert_eq!(r.rcode, ResponseCode::NoError);
+    assert!(r.authoritative);
+    assert!(r.answers.is_empty());
+    assert_eq!(lines(&r.authorities), vec![soa_line("some.domain.", 5)]);
+}
+
+#[test]
+fn dual_stack_and_v6_only_names() {
+    let snap = snapshot();
+    let r = ask(&snap, "dual.xcc.test.", RecordType::A);
+    assert_eq!(lines(&r.answers), vec!["dual.xcc.test. 5 A 10.0.0.1"]);
+    let r = ask(&snap, "six.xcc.test.", RecordType::AAAA);
+    assert_eq!(lines(&r.answers), vec!["six.xcc.test. 5 AAAA fd00::6"]);
+    let r = ask(&snap, "six.xcc.test.", RecordType::A);
+    assert_eq!((r.rcode, r.answers.len()), (ResponseCode::NoError, 0));
+    assert_eq!(lines(&r.authorities), vec![soa_line("xcc.test.", 5)]);
+}
+
+#[test]
+fn other_types_on_existing_names_are_nodata() {
+    let snap = snapshot();
+    for qtype in [
+        RecordType::TXT,
+        RecordType::MX,
+        RecordType::CNAME,
+        RecordType::SRV,
+    ] {
+        let r = ask(&snap, "some-service.some.domain.", qtype);
+        assert_eq!(r.rcode, ResponseCode::NoError, "{qtype}");
+        assert!(r.answers.is_empty(), "{qtype}");
+        assert_eq!(r.authorities.len(), 1, "{qtype}");
+    }
+    // SOA below the apex: NODATA too (the reference returned the apex SOA for any name).
+    let r = ask(&snap, "some-service.some.domain.", RecordType::SOA);
+    assert!(r.answers.is_empty());
+    assert_eq!(lines(&r.authorities), vec![soa_line("some.domain.", 5)]);
+    // An empty non-terminal exists: NODATA, not NXDOMAIN (RFC 8020).
+    let r = ask(&snap, "svc.clusterset.local.", RecordType::A);
+    assert_eq!((r.rcode, r.answers.len()), (ResponseCode::NoError, 0));
+}
+
+#[test]
+fn soa_and_ns_at_the_apex() {
+    let snap = snapshot();
+    let r = ask(&snap, "Some.Domain.", RecordType::SOA);
+    assert_eq!(
+        lines(&r.answers),
+        vec!["Some.Domain. 5 SOA ns.dns.some.domain. hostmaster.some.domain. 42 7200 1800 86400 5"]
+    );
+    let r = ask(&snap, "some.domain.", RecordType::NS);
+    assert_eq!(
+        lines(&r.answers),
+        vec!["some.domain. 5 NS ns.dns.some.domain."]
+    );
+    let r = ask(&snap, "some.domain.", RecordType::A);
+    assert_eq!(
+        (r.rcode, r.answers.len(), r.authorities.len()),
+        (ResponseCode::NoError, 0, 1)
+    );
+    let r = ask(&snap, "some.domain.", RecordType::ANY);
+    assert_eq!(r.answers.len(), 2);
+    let r = ask(&snap, "dual.xcc.test.", RecordType::ANY);
+    assert_eq!(
+        lines(&r.answers),
+        vec![
+            "dual.xcc.test. 5 A 10.0.0.1",
+            "dual.xcc.test. 5 AAAA fd00::1"
+        ]
+    );
+}
+
+#[test]
+fn srv_for_named_ports_with_target_addresses() {
+    let snap = snapshot();
+    let r = ask(
+        &snap,
+        "_HTTP._tcp.web.bar.svc.clusterset.local.",
+        RecordType::SRV,
+    );
+    assert_eq!(
+        lines(&r.answers),
+        vec![
+            "_HTTP._tcp.web.bar.svc.clusterset.local. 5 SRV 0 100 8080 web.bar.svc.clusterset.local."
+        ]
+    );
+    assert_eq!(
+        lines(&r.additionals),
+        vec!["web.bar.svc.clusterset.local. 5 A 10.1.0.1"]
+    );
+    let r = ask(
+        &snap,
+        "_http._udp.web.bar.svc.clusterset.local.",
+        RecordType::SRV,
+    );
+    assert_eq!(r.rcode, ResponseCode::NXDomain);
+    let r = ask(&snap, "_tcp.web.bar.svc.clusterset.local.", RecordType::SRV);
+    assert_eq!((r.rcode, r.answers.len()), (ResponseCode::NoError, 0));
+}
+
+#[test]
+fn outside_the_zones_and_other_classes_are_refused() {
+    let snap = snapshot();
+    for name in ["example.com.", "domain.", "web.", "."] {
+        let r = ask(&snap, name, RecordType::A);
+        assert_eq!(r.rcode, ResponseCode::Refused, "{name}");
+        assert!(!r.authoritative && r.answers.is_empty() && r.authorities.is_empty());
+    }
+    let chaos = answer(
+        &snap,
+        &n("version.bind."),
+        RecordType::TXT,
+        DNSClass::CH,
+        ip(NOT_A_POD),
+        &settings(),
+    );
+    assert_eq!(response(chaos).rcode, ResponseCode::Refused);
+    let any_class = answer(
+        &snap,
+        &n("dual.xcc.test."),
+        RecordType::A,
+        DNSClass::ANY,
+        ip(NOT_A_POD),
+        &settings(),
+    );
+    assert_eq!(response(any_class).answers.len(), 1);
+}
+
+#[test]
+fn not_ready_is_servfail_for_everything() {
+    let snap = Snapshot {
+        ready: false,
+        ..snapshot()
+    };
+    for (name, s) in [
+        ("some-service.some.domain.", settings()),
+        ("example.com.", transparent()),
+    ] {
+        let r = response(ask_from(&snap, name, RecordType::A, POD_FOO, &s));
+        assert_eq!(r.rcode, ResponseCode::ServFail, "{name}");
+        assert!(r.answers.is_empty() && !r.authoritative);
+    }
+}
+
+/// The A answer's address for `name` asked from `from`, or the rcode / "forward".
+fn resolve(snap: &Snapshot, name: &str, from: &str, s: &Settings) -> String {
+    match ask_from(snap, name, RecordType::A, from, s) {
+        Answer::Forward => "forward".into(),
+        Answer::Response(r) => match r.answers.as_slice() {
+            [] => format!("{:?}", r.rcode),
+            [rec] => {
+                assert_eq!(rec.name.to_string(), name, "owner echoes the question");
+                match &rec.data {
+                    RData::A(a) => a.to_string(),
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            more => panic!("several answers {more:?}"),
+        },
+    }
+}
+
+#[test]
+fn seed_003_resolution_table() {
+    let snap = snapshot();
+    let t = transparent();
+    // (asked from, name, expected): `foo` is mapped to clusterset namespace `bar`, `baz` is not.
+    let table = [
+        (POD_FOO, "web.", "10.1.0.1"),
+        (POD_FOO, "web.foo.", "10.1.0.1"),
+        (POD_FOO, "web.foo.svc.clusterset.local.", "10.1.0.1"),
+        (POD_FOO, "web.bar.svc.clusterset.local.", "10.1.0.1"),
+        (POD_FOO, "web.baz.", "10.2.0.1"),
+        (POD_FOO, "WEB.Foo.", "10.1.0.1"),
+        (POD_BAZ, "web.", "10.2.0.1"),
+        (POD_BAZ, "web.baz.", "10.2.0.1"),
+        (POD_BAZ, "web.baz.svc.clusterset.local.", "10.2.0.1"),
+        // A pod in `baz` naming local namespace `foo` means what `foo` is mapped to.
+        (POD_BAZ, "web.foo.", "10.1.0.1"),
+        // Clusterset namespace `foo` does not exist; only pods in `foo` are redirected.
+        (POD_BAZ, "web.foo.svc.clusterset.local.", "NXDomain"),
+        (POD_BAZ, "web.bar.svc.clusterset.local.", "10.1.0.1"),
+        // Unknown source: no namespace to be relative to.
+        (NOT_A_POD, "web.", "forward"),
+        (NOT_A_POD, "web.bar.", "10.1.0.1"),
+        // Names we do not hold go upstream unchanged.
+        (POD_FOO, "missing.", "forward"),
+        (POD_FOO, "example.com.", "forward"),
+        (POD_FOO, "a.b.example.com.", "forward"),
+        // In our zones we stay authoritative.
+        (POD_FOO, "missing.foo.svc.clusterset.local.", "NXDomain"),
+        (POD_FOO, "missing.xcc.test.", "NXDomain"),
+    ];
+    for (from, name, expected) in table {
+        assert_eq!(
+            resolve(&snap, name, from, &t),
+            expected,
+            "{name} from {from}"
+        );
+    }
+}
+
+#[test]
+fn without_transparent_mode_short_names_are_refused_but_mapping_applies() {
+    let snap = snapshot();
+    let s = settings();
+    assert_eq!(resolve(&snap, "web.", POD_FOO, &s), "Refused");
+    assert_eq!(resolve(&snap, "web.foo.", POD_FOO, &s), "Refused");
+    assert_eq!(
+        resolve(&snap, "web.foo.svc.clusterset.local.", POD_FOO, &s),
+        "10.1.0.1"
+    );
+}
+
+#[test]
+fn transparent_answers_srv_and_nodata_without_soa() {
+    let snap = snapshot();
+    let r = response(ask_from(
+        &snap,
+        "_http._tcp.web.",
+        RecordType::SRV,
+        POD_FOO,
+        &transparent(),
+    ));
+    assert_eq!(
+        lines(&r.answers),
+        vec!["_http._tcp.web. 5 SRV 0 100 8080 web.bar.svc.clusterset.local."]
+    );
+    assert_eq!(
+        lines(&r.additionals),
+        vec!["web.bar.svc.clusterset.local. 5 A 10.1.0.1"]
+    );
+    let r = response(ask_from(
+        &snap,
+        "web.",
+        RecordType::AAAA,
+        POD_FOO,
+        &transparent(),
+    ));
+    assert_eq!((r.rcode, r.authoritative), (ResponseCode::NoError, true));
+    assert!(r.answers.is_empty() && r.authorities.is_empty());
+    // A name we do not hold under an SRV prefix is forwarded like any other.
+    let a = ask_from(
+        &snap,
+        "_x._tcp.web.",
+        RecordType::SRV,
+        POD_FOO,
+        &transparent(),
+    );
+    assert_eq!(a, Answer::Forward);
+}

@@ -1,0 +1,279 @@
+//! The reference's DNS cache cases (DC-*) and controller cases (SD-*), adapted: the cache is
+//! now an index of Services whose names are derived on publish, so "lookup by FQDN" is a zone
+//! lookup and "lookup by key" is the Service's ownership of that name.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use xcc_proto::mapping::NAMESPACE_ANNOTATION;
+use xcc_proto::names::FQDN_ANNOTATION;
+
+use super::*;
+use crate::dns::zone::fqdn_name;
+
+fn svc(name: &str, fqdn: Option<&str>, ip: &str) -> ServiceInfo {
+    ServiceInfo {
+        key: ServiceKey::new("ns", name),
+        annotations: fqdn
+            .map(|f| BTreeMap::from([(FQDN_ANNOTATION.to_string(), f.to_string())]))
+            .unwrap_or_default(),
+        cluster_ips: vec![ip.parse().unwrap()],
+        ports: Vec::new(),
+    }
+}
+
+fn key(name: &str) -> ServiceKey {
+    ServiceKey::new("ns", name)
+}
+
+/// Address served at `name` and the Service owning it, in the last published snapshot.
+fn lookup(index: &DnsIndex, name: &str) -> Option<(String, ServiceKey)> {
+    let snap = index.snapshot();
+    let n = fqdn_name(name).unwrap();
+    let zone = snap.zones.find_zone(&n)?;
+    let node = zone.node(&n)?;
+    let owner = zone.owner(&n)?.clone();
+    Some((node.v4.first()?.to_string(), owner))
+}
+
+fn index() -> DnsIndex {
+    let mut i = DnsIndex::new(vec!["b.c".into(), "c.d".into()], [FeedSource::Services]);
+    i.reset_services([]);
+    i.publish(100);
+    i
+}
+
+#[test]
+fn dc_01_apply_then_lookup_by_name_and_key() {
+    let mut i = index();
+    assert_eq!(lookup(&i, "a.b.c"), None);
+    assert!(i.service(&key("12345-abc")).is_none());
+    i.apply_service(svc("12345-abc", Some("a.b.c"), "1.2.3.4"));
+    i.publish(101);
+    assert_eq!(
+        lookup(&i, "a.b.c"),
+        Some(("1.2.3.4".into(), key("12345-abc")))
+    );
+    assert_eq!(
+        i.service(&key("12345-abc")).unwrap().cluster_ips[0].to_string(),
+        "1.2.3.4"
+    );
+}
+
+#[test]
+fn dc_02_same_name_from_another_service_goes_to_the_lowest_key() {
+    // The reference: last writer wins. Here the lowest namespace/name owns the name whatever
+    // the order, and the other Service is reported as a conflict.
+    let mut i = index();
+    i.apply_service(svc("12345-abc-old", Some("a.b.c"), "1.2.3.4"));
+    i.apply_service(svc("12345-abc", Some("a.b.c"), "4.5.6.7"));
+    i.publish(101);
+    assert_eq!(
+        lookup(&i, "a.b.c"),
+        Some(("4.5.6.7".into(), key("12345-abc")))
+    );
+    let snap = i.snapshot();
+    assert_eq!(snap.zones.conflicts().len(), 1);
+    assert_eq!(snap.zones.conflicts()[0].losers, vec![key("12345-abc-old")]);
+}
+
+#[test]
+fn dc_03_a_service_moving_to_another_name_leaves_the_old_one() {
+    let mut i = index();
+    i.apply_service(svc("12345-abc", Some("a.b.c"), "1.2.3.4"));
+    i.publish(101);
+    i.apply_service(svc("12345-abc", Some("b.c.d"), "4.5.6.7"));
+    i.publish(102);
+    assert_eq!(lookup(&i, "a.b.c"), None);
+    assert_eq!(
+        lookup(&i, "b.c.d"),
+        Some(("4.5.6.7".into(), key("12345-abc")))
+    );
+}
+
+#[test]
+fn dc_03_quirk_fixed_moving_away_does_not_delete_another_owners_name() {
+    // Reference quirk: a Service leaving a name deleted it even if another Service held it.
+    let mut i = index();
+    i.apply_service(svc("a", Some("a.b.c"), "1.1.1.1"));
+    i.apply_service(svc("b", Some("a.b.c"), "2.2.2.2"));
+    i.apply_service(svc("b", Some("b.c.d"), "2.2.2.2"));
+    i.publish(101);
+    assert_eq!(lookup(&i, "a.b.c"), Some(("1.1.1.1".into(), key("a"))));
+}
+
+#[test]
+fn dc_04_removing_the_annotation_removes_the_name() {
+    let mut i = index();
+    i.apply_service(svc("12345-abc-old", Some("a.b.c"), "1.2.3.4"));
+    i.publish(101);
+    i.apply_service(svc("12345-abc-old", None, "1.2.3.4"));
+    i.publish(102);
+    assert_eq!(lookup(&i, "a.b.c"), None);
+    assert_eq!(i.snapshot().zones.record_names(), 0);
+}
+
+#[test]
+fn dc_05_and_07_deleting_what_is_absent_is_fine_and_publishes_nothing() {
+    let mut i = index();
+    let rx = i.subscribe();
+    i.delete_service(&key("12345-abc-foo"));
+    let report = i.publish(101);
+    assert!(!report.published);
+    assert!(!rx.has_changed().unwrap());
+}
+
+#[test]
+fn dc_06_delete_by_key() {
+    let mut i = index();
+    i.apply_service(svc("12345-abc-old", Some("a.b.c"), "1.2.3.4"));
+    i.publish(101);
+    i.delete_service(&key("12345-abc-old"));
+    i.publish(102);
+    assert_eq!(lookup(&i, "a.b.c"), None);
+    assert!(i.service(&key("12345-abc-old")).is_none());
+}
+
+#[test]
+fn dc_08_ready_only_after_every_required_source_listed() {
+    let mut i = DnsIndex::new(
+        vec!["b.c".into()],
+        [
+            FeedSource::Services,
+            FeedSource::Pods,
+            FeedSource::Namespaces,
+        ],
+    );
+    assert!(!i.is_ready());
+    assert!(!i.snapshot().ready);
+    // Individual events before the first listing do not make it ready.
+    i.apply_service(svc("x", Some("x.b.c"), "1.1.1.1"));
+    i.publish(1);
+    assert!(!i.snapshot().ready);
+    i.reset_services([svc("x", Some("x.b.c"), "1.1.1.1")]);
+    i.reset_pods([]);
+    assert!(!i.publish(2).ready);
+    i.reset_namespaces([]);
+    let report = i.publish(3);
+    assert!(report.ready && report.published);
+    assert!(i.snapshot().ready);
+}
+
+#[test]
+fn sd_01_to_03_through_the_shared_feed() {
+    let mut idx = DnsIndex::new(vec!["some.domain".into()], [FeedSource::Services]);
+    idx.reset_services([]);
+    let feed = DnsFeed::new(idx);
+    let mut rx = feed.subscribe();
+    let a_of = |rx: &mut watch::Receiver<Arc<Snapshot>>, name: &str| {
+        let snap = rx.borrow_and_update().clone();
+        let n = fqdn_name(name).unwrap();
+        snap.zones
+            .find_zone(&n)
+            .and_then(|z| z.node(&n))
+            .and_then(|node| node.v4.first().map(ToString::to_string))
+    };
+    // SD-01: an annotated Service appears.
+    feed.apply_service(svc(
+        "some-service",
+        Some("some-service.some.domain"),
+        "1.2.3.4",
+    ));
+    assert!(rx.has_changed().unwrap());
+    assert_eq!(
+        a_of(&mut rx, "some-service.some.domain").as_deref(),
+        Some("1.2.3.4")
+    );
+    // SD-02: the annotation changes.
+    feed.apply_service(svc(
+        "some-service",
+        Some("some-edited-service.some.domain"),
+        "1.2.3.4",
+    ));
+    assert_eq!(
+        a_of(&mut rx, "some-edited-service.some.domain").as_deref(),
+        Some("1.2.3.4")
+    );
+    assert_eq!(a_of(&mut rx, "some-service.some.domain"), None);
+    // SD-03: the Service is deleted.
+    feed.delete_service(&key("some-service"));
+    assert_eq!(a_of(&mut rx, "some-edited-service.some.domain"), None);
+    assert_eq!(feed.snapshot().zones.record_names(), 0);
+}
+
+#[test]
+fn pods_and_namespaces_do_not_rebuild_zones_or_touch_the_serial() {
+    let mut i = DnsIndex::new(
+        vec!["b.c".into()],
+        [
+            FeedSource::Services,
+            FeedSource::Pods,
+            FeedSource::Namespaces,
+        ],
+    );
+    i.reset_services([svc("a", Some("a.b.c"), "1.1.1.1")]);
+    i.reset_pods([(
+        "foo".into(),
+        "p".into(),
+        vec!["10.0.0.1".parse::<IpAddr>().unwrap()],
+    )]);
+    i.reset_namespaces([]);
+    i.publish(100);
+    let before = i.snapshot();
+    i.apply_pod("foo", "q", &["10.0.0.2".parse().unwrap()]);
+    let annotated = BTreeMap::from([(NAMESPACE_ANNOTATION.to_string(), "bar".to_string())]);
+    i.apply_namespace("foo", &annotated).unwrap();
+    let report = i.publish(200);
+    assert!(report.published && !report.zones_rebuilt);
+    let after = i.snapshot();
+    assert!(Arc::ptr_eq(&before.zones, &after.zones));
+    assert_eq!(
+        after.pods.namespace_of("10.0.0.2".parse().unwrap()),
+        Some("foo")
+    );
+    assert_eq!(after.mapping.clusterset_namespace("foo"), "bar");
+    i.delete_pod("foo", "q");
+    i.delete_namespace("foo");
+    i.publish(300);
+    assert_eq!(
+        i.snapshot().pods.namespace_of("10.0.0.2".parse().unwrap()),
+        None
+    );
+    assert_eq!(i.snapshot().mapping.clusterset_namespace("foo"), "foo");
+}
+
+#[test]
+fn invalid_mapping_annotations_are_returned() {
+    let mut i = DnsIndex::new(vec!["b.c".into()], [FeedSource::Namespaces]);
+    let bad = BTreeMap::from([(NAMESPACE_ANNOTATION.to_string(), "Not Valid".to_string())]);
+    let errors = i.reset_namespaces([("foo".to_string(), bad.clone())]);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].0, "foo");
+    assert!(i.apply_namespace("foo", &bad).is_err());
+    let feed = DnsFeed::new(i);
+    assert!(feed.apply_namespace("foo", &bad).is_err());
+    assert!(feed.apply_namespace("foo", &BTreeMap::new()).is_ok());
+}
+
+#[test]
+fn static_records_and_services_share_the_zones() {
+    let mut i = DnsIndex::new(
+        vec!["b.c".into()],
+        [FeedSource::Static, FeedSource::Services],
+    );
+    let mut stat = svc("s.b.c", Some("s.b.c"), "9.9.9.9");
+    stat.key = ServiceKey::new("", "s.b.c");
+    i.set_static(vec![stat]);
+    i.reset_services([
+        svc("k", Some("k.b.c"), "8.8.8.8"),
+        svc("s", Some("s.b.c"), "7.7.7.7"),
+    ]);
+    i.publish(1);
+    assert!(i.snapshot().ready);
+    // Static keys have an empty namespace, so they win conflicts: the operator's file rules.
+    assert_eq!(
+        lookup(&i, "s.b.c"),
+        Some(("9.9.9.9".into(), ServiceKey::new("", "s.b.c")))
+    );
+    assert_eq!(lookup(&i, "k.b.c").unwrap().0, "8.8.8.8");
+}
