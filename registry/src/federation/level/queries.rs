@@ -1,0 +1,441 @@
+//! Queries: resolving here or forwarding up, routing answers and route notifications down,
+//! and the requester side (cached answers, persistent questions for imports).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::oneshot;
+use tracing::{debug, info, warn};
+use xcc_proto::xcc::federation::v1 as fed;
+
+use super::super::convert::{response_for, target_matches};
+use super::super::tree::Direction;
+use super::{Grant, Level, OwnerRoute, Subscription, Target, msg_down, msg_up, send_up};
+use crate::catalog::ServiceEntry;
+
+impl Level {
+    // ---------------------------------------------------------------- queries
+
+    pub(super) fn lookup(&self, target: &Target) -> Option<Arc<ServiceEntry>> {
+        let candidates = match target {
+            Target::Fqdn(f) => self.inner.catalog.by_fqdn(f),
+            Target::Name { namespace, .. } => {
+                self.inner.catalog.list(&crate::catalog::ListFilter {
+                    namespace: Some(namespace.clone()),
+                    ..Default::default()
+                })
+            }
+        };
+        candidates
+            .into_iter()
+            .filter(|e| e.source.in_subtree() && target_matches(target, e))
+            .min_by(|a, b| a.key.cmp(&b.key))
+    }
+
+    /// A query from a child (or ourselves): resolve here, or forward up.
+    pub fn handle_query(&self, q: fed::ServiceQuery) {
+        let target = Target::from_query(&q);
+        if let Some(entry) = self.lookup(&target) {
+            let decision =
+                self.policies()
+                    .discover(&entry, &q.requester_cluster, &q.requester_service, true);
+            let resp = response_for(&q, &entry, &decision, &self.inner.cluster);
+            if decision.allowed {
+                self.grant(&entry, &q);
+            }
+            debug!(requester = %q.requester_cluster, %target, allowed = decision.allowed, "resolved");
+            self.route_answer(resp);
+            return;
+        }
+        let parent_tx = self.lock().parent_tx.clone();
+        match (parent_tx, self.parent()) {
+            (Some(tx), _) => send_up(
+                Some(tx),
+                msg_up(fed::child_message::Payload::ServiceQuery(q)),
+            ),
+            (None, Some(parent)) => self.route_answer(fed::ServiceQueryResponse {
+                correlation_id: q.correlation_id,
+                requester_cluster: q.requester_cluster.clone(),
+                requester_service: q.requester_service.clone(),
+                resolver_cluster: self.inner.cluster.clone(),
+                unavailable: true,
+                error: format!("parent {parent} is unavailable; try again later"),
+                ..Default::default()
+            }),
+            (None, None) => self.route_answer(fed::ServiceQueryResponse {
+                correlation_id: q.correlation_id,
+                requester_cluster: q.requester_cluster.clone(),
+                requester_service: q.requester_service.clone(),
+                resolver_cluster: self.inner.cluster.clone(),
+                error: "service not found in hierarchy".into(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    pub(super) fn grant(&self, entry: &ServiceEntry, q: &fed::ServiceQuery) {
+        let key = (q.requester_cluster.clone(), q.requester_service.clone());
+        let new = {
+            let mut st = self.lock();
+            let grants = st.grants.entry(entry.key.clone()).or_default();
+            let new = !grants.contains_key(&key);
+            grants.insert(
+                key,
+                Grant {
+                    correlation_id: q.correlation_id,
+                    since: SystemTime::now(),
+                },
+            );
+            new
+        };
+        // Re-sent on every granted query: delivery is idempotent at the owner, and a re-issued
+        // query after a restart is how a lost grant is rebuilt.
+        let _ = new;
+        self.route_notification(fed::RouteNotification {
+            target_namespace: entry.key.namespace.clone(),
+            target_service: entry.key.name.clone(),
+            caller_cluster: q.requester_cluster.clone(),
+            caller_service: q.requester_service.clone(),
+            revoked: false,
+            route_id: 0,
+            target_cluster: entry.key.cluster.clone(),
+            resolver_cluster: self.inner.cluster.clone(),
+        });
+    }
+
+    /// Deliver a route notification toward its target cluster. Returns true when applied here.
+    pub(super) fn route_notification(&self, n: fed::RouteNotification) -> bool {
+        let mut st = self.lock();
+        match st.tree.direction(&n.target_cluster) {
+            Direction::Local => {
+                let key = (
+                    n.target_namespace.clone(),
+                    n.target_service.clone(),
+                    n.caller_cluster.clone(),
+                    n.caller_service.clone(),
+                );
+                let route = OwnerRoute {
+                    target_namespace: n.target_namespace.clone(),
+                    target_service: n.target_service.clone(),
+                    caller_cluster: n.caller_cluster.clone(),
+                    caller_service: n.caller_service.clone(),
+                    resolver_cluster: n.resolver_cluster.clone(),
+                    since: SystemTime::now(),
+                    applied: vec![],
+                };
+                let changed = if n.revoked {
+                    st.owner_routes.remove(&key).is_some()
+                } else if let std::collections::btree_map::Entry::Vacant(slot) =
+                    st.owner_routes.entry(key.clone())
+                {
+                    slot.insert(route.clone());
+                    true
+                } else {
+                    false
+                };
+                drop(st);
+                if changed {
+                    // Apply outside the lock: the sink may do I/O.
+                    let sink = self.grant_sink();
+                    if n.revoked {
+                        if let Err(e) = sink.remove(&route) {
+                            warn!(error = %e, "cannot remove the objects of a revoked grant");
+                        }
+                    } else {
+                        match sink.apply(&route) {
+                            Ok(applied) => {
+                                if let Some(r) = self.lock().owner_routes.get_mut(&key) {
+                                    r.applied = applied;
+                                }
+                            }
+                            Err(e) => warn!(error = %e, "cannot apply the objects of a grant"),
+                        }
+                    }
+                    info!(service = %format!("{}/{}", n.target_namespace, n.target_service), caller = %format!("{}/{}", n.caller_cluster, n.caller_service), revoked = n.revoked, "route grant recorded");
+                    self.bump();
+                }
+                true
+            }
+            Direction::Child(child) => {
+                let q = st.route_queues.entry(child.clone()).or_default();
+                q.next_id += 1;
+                let mut n = n;
+                n.route_id = q.next_id;
+                q.pending.insert(n.route_id, n.clone());
+                let tx = st.sessions.get(&child).map(|s| s.tx.clone());
+                drop(st);
+                if let Some(tx) = tx {
+                    let _ =
+                        tx.try_send(msg_down(fed::parent_message::Payload::RouteNotification(n)));
+                }
+                self.bump();
+                false
+            }
+            Direction::Up => {
+                warn!(target = %n.target_cluster, "route notification for a cluster outside this subtree dropped");
+                false
+            }
+        }
+    }
+
+    /// Send an answer (or push) toward its requester.
+    pub(super) fn route_answer(&self, resp: fed::ServiceQueryResponse) {
+        let st = self.lock();
+        match st.tree.direction(&resp.requester_cluster) {
+            Direction::Local => {
+                drop(st);
+                self.deliver_local(resp);
+            }
+            Direction::Child(child) => {
+                let tx = st.sessions.get(&child).map(|s| s.tx.clone());
+                drop(st);
+                if let Some(tx) = tx
+                    && tx
+                        .try_send(msg_down(
+                            fed::parent_message::Payload::ServiceQueryResponse(resp),
+                        ))
+                        .is_err()
+                {
+                    warn!(
+                        child,
+                        "child session is not keeping up; answer dropped (it re-queries on reconnect)"
+                    );
+                }
+            }
+            Direction::Up => {
+                debug!(requester = %resp.requester_cluster, "answer for a requester outside this subtree dropped");
+            }
+        }
+    }
+
+    pub(super) fn deliver_local(&self, resp: fed::ServiceQueryResponse) {
+        let mut st = self.lock();
+        let Some(sub) = st.subs.get_mut(&resp.correlation_id) else {
+            return;
+        };
+        for w in sub.waiters.drain(..) {
+            let _ = w.send(resp.clone());
+        }
+        // Not-found and unavailable answers are never cached as final.
+        let keep = resp.found && !resp.revoked;
+        let persistent = sub.persistent;
+        if keep || persistent {
+            sub.answer = Some(resp);
+        } else {
+            let key = (sub.target.clone(), sub.requester_service.clone());
+            st.subs.remove(&resp.correlation_id);
+            st.sub_index.remove(&key);
+        }
+        drop(st);
+        self.bump();
+    }
+
+    pub(super) fn query_msg(
+        &self,
+        id: u64,
+        target: &Target,
+        requester_service: &str,
+    ) -> fed::ServiceQuery {
+        let (namespace, name, fqdn) = match target {
+            Target::Name { namespace, name } => (namespace.clone(), name.clone(), String::new()),
+            Target::Fqdn(f) => (String::new(), String::new(), f.clone()),
+        };
+        fed::ServiceQuery {
+            namespace,
+            name,
+            requester_cluster: self.inner.cluster.clone(),
+            requester_service: requester_service.to_string(),
+            correlation_id: id,
+            fqdn,
+        }
+    }
+
+    /// The cached answer for (`target`, `requester_service`), if one is held.
+    pub fn cached(
+        &self,
+        target: &Target,
+        requester_service: &str,
+    ) -> Option<fed::ServiceQueryResponse> {
+        let st = self.lock();
+        let id = st
+            .sub_index
+            .get(&(target.clone(), requester_service.to_string()))?;
+        st.subs
+            .get(id)
+            .and_then(|s| s.answer.clone())
+            .filter(|a| a.found && !a.revoked)
+    }
+
+    /// Ask as this cluster: the cache if it holds an answer, else through the hierarchy.
+    /// `persistent` keeps the question registered (re-issued after reconnects, updated by pushes).
+    pub async fn query(
+        &self,
+        target: Target,
+        requester_service: &str,
+        persistent: bool,
+        timeout: Duration,
+    ) -> fed::ServiceQueryResponse {
+        if let Some(hit) = self.cached(&target, requester_service) {
+            return hit;
+        }
+        let (tx, rx) = oneshot::channel();
+        let q = {
+            let mut st = self.lock();
+            let key = (target.clone(), requester_service.to_string());
+            let id = match st.sub_index.get(&key) {
+                Some(id) => *id,
+                None => {
+                    let id = st.next_id;
+                    st.next_id += 1;
+                    st.sub_index.insert(key, id);
+                    st.subs.insert(
+                        id,
+                        Subscription {
+                            target: target.clone(),
+                            requester_service: requester_service.to_string(),
+                            answer: None,
+                            waiters: vec![],
+                            persistent,
+                        },
+                    );
+                    id
+                }
+            };
+            if let Some(s) = st.subs.get_mut(&id) {
+                s.persistent |= persistent;
+                s.waiters.push(tx);
+            }
+            self.query_msg(id, &target, requester_service)
+        };
+        let id = q.correlation_id;
+        self.handle_query(q);
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(answer)) => answer,
+            _ => {
+                let mut st = self.lock();
+                if let Some(s) = st.subs.get(&id)
+                    && !s.persistent
+                {
+                    st.subs.remove(&id);
+                    st.sub_index
+                        .remove(&(target.clone(), requester_service.to_string()));
+                }
+                fed::ServiceQueryResponse {
+                    correlation_id: id,
+                    requester_cluster: self.inner.cluster.clone(),
+                    requester_service: requester_service.to_string(),
+                    unavailable: true,
+                    error: format!("no answer within {timeout:?}"),
+                    ..Default::default()
+                }
+            }
+        }
+    }
+
+    /// Make exactly `imports` (target, requester service) the persistent questions: new ones
+    /// are asked now, dropped ones are forgotten.
+    pub fn set_imports(&self, imports: &[(Target, String)]) {
+        let mut ask = vec![];
+        {
+            let mut st = self.lock();
+            let wanted: std::collections::HashSet<(Target, String)> =
+                imports.iter().cloned().collect();
+            let dropped: Vec<u64> = st
+                .subs
+                .iter()
+                .filter(|(_, s)| {
+                    s.persistent
+                        && !wanted.contains(&(s.target.clone(), s.requester_service.clone()))
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            for id in dropped {
+                if let Some(s) = st.subs.remove(&id) {
+                    st.sub_index.remove(&(s.target, s.requester_service));
+                }
+            }
+            for (target, service) in imports {
+                let key = (target.clone(), service.clone());
+                if let Some(id) = st.sub_index.get(&key).copied() {
+                    if let Some(s) = st.subs.get_mut(&id) {
+                        s.persistent = true;
+                    }
+                    continue;
+                }
+                let id = st.next_id;
+                st.next_id += 1;
+                st.sub_index.insert(key, id);
+                st.subs.insert(
+                    id,
+                    Subscription {
+                        target: target.clone(),
+                        requester_service: service.clone(),
+                        answer: None,
+                        waiters: vec![],
+                        persistent: true,
+                    },
+                );
+                ask.push(self.query_msg(id, target, service));
+            }
+        }
+        for q in ask {
+            self.handle_query(q);
+        }
+        self.bump();
+    }
+
+    /// Ask again every persistent question without a granted answer (not-found and unavailable
+    /// answers are never final; a denial may change with policies).
+    pub fn retry_unanswered(&self) {
+        let ask: Vec<fed::ServiceQuery> = {
+            let st = self.lock();
+            st.subs
+                .iter()
+                .filter(|(_, s)| {
+                    s.persistent
+                        && s.answer
+                            .as_ref()
+                            .is_none_or(|a| !(a.found && a.access_allowed) || a.revoked)
+                })
+                .map(|(id, s)| self.query_msg(*id, &s.target, &s.requester_service))
+                .collect()
+        };
+        for q in ask {
+            self.handle_query(q);
+        }
+    }
+
+    /// Every persistent question and its latest answer.
+    pub fn subscriptions(&self) -> Vec<(Target, String, Option<fed::ServiceQueryResponse>)> {
+        let st = self.lock();
+        let mut out: Vec<_> = st
+            .subs
+            .values()
+            .filter(|s| s.persistent)
+            .map(|s| {
+                (
+                    s.target.clone(),
+                    s.requester_service.clone(),
+                    s.answer.clone(),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        out
+    }
+
+    /// Evaluate locally (no forwarding, no grant).
+    pub fn explain(
+        &self,
+        target: &Target,
+        requester_cluster: &str,
+        requester_service: &str,
+        requested: bool,
+    ) -> Option<(Arc<ServiceEntry>, crate::authz::Decision)> {
+        let entry = self.lookup(target)?;
+        let d = self
+            .policies()
+            .discover(&entry, requester_cluster, requester_service, requested);
+        Some((entry, d))
+    }
+}

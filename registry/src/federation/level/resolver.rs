@@ -1,0 +1,105 @@
+//! The resolver's pushes: when a granted service changes, re-evaluate every grant on it and
+//! push fresh answers, revocations and route notifications.
+
+use tracing::info;
+use xcc_proto::xcc::federation::v1 as fed;
+
+use super::super::convert::response_for;
+use super::{Grant, Level};
+use crate::catalog::CatalogEvent;
+
+impl Level {
+    // ---------------------------------------------------------------- resolver pushes
+
+    /// Re-evaluate the grants on a changed service and push fresh answers or revocations.
+    pub fn on_catalog_event(&self, ev: &CatalogEvent) {
+        if !ev.entry().source.in_subtree() {
+            return;
+        }
+        let key = ev.entry().key.clone();
+        let grants: Vec<((String, String), Grant)> = {
+            let st = self.lock();
+            match st.grants.get(&key) {
+                Some(g) => g.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                None => return,
+            }
+        };
+        let current = match ev {
+            CatalogEvent::Upsert(e) if e.source.in_subtree() => Some(e.clone()),
+            _ => None,
+        };
+        for ((cluster, service), grant) in grants {
+            let q = fed::ServiceQuery {
+                namespace: key.namespace.clone(),
+                name: key.name.clone(),
+                requester_cluster: cluster.clone(),
+                requester_service: service.clone(),
+                correlation_id: grant.correlation_id,
+                fqdn: String::new(),
+            };
+            let (resp, still, gone) = match &current {
+                Some(e) => {
+                    let d = self.policies().discover(e, &cluster, &service, true);
+                    let mut r = response_for(&q, e, &d, &self.inner.cluster);
+                    r.revoked = !d.allowed;
+                    (r, d.allowed, false)
+                }
+                None => (
+                    fed::ServiceQueryResponse {
+                        found: false,
+                        revoked: true,
+                        owner_cluster: key.cluster.clone(),
+                        namespace: key.namespace.clone(),
+                        name: key.name.clone(),
+                        fqdn: ev.entry().fqdn.clone(),
+                        correlation_id: grant.correlation_id,
+                        requester_cluster: cluster.clone(),
+                        requester_service: service.clone(),
+                        resolver_cluster: self.inner.cluster.clone(),
+                        error: "service deleted".into(),
+                        ..Default::default()
+                    },
+                    false,
+                    true,
+                ),
+            };
+            if still {
+                // (Re-)granted: make sure the owner has the route (idempotent there).
+                self.route_notification(fed::RouteNotification {
+                    target_namespace: key.namespace.clone(),
+                    target_service: key.name.clone(),
+                    caller_cluster: cluster.clone(),
+                    caller_service: service.clone(),
+                    revoked: false,
+                    route_id: 0,
+                    target_cluster: key.cluster.clone(),
+                    resolver_cluster: self.inner.cluster.clone(),
+                });
+            } else {
+                if !gone {
+                    // Denied now: the grant is over. A service that merely went away keeps its
+                    // grants dormant, so its return restores the answer at once.
+                    let mut st = self.lock();
+                    if let Some(g) = st.grants.get_mut(&key) {
+                        g.remove(&(cluster.clone(), service.clone()));
+                        if g.is_empty() {
+                            st.grants.remove(&key);
+                        }
+                    }
+                }
+                info!(service = %key, requester = %format!("{cluster}/{service}"), gone, "grant revoked");
+                self.route_notification(fed::RouteNotification {
+                    target_namespace: key.namespace.clone(),
+                    target_service: key.name.clone(),
+                    caller_cluster: cluster.clone(),
+                    caller_service: service.clone(),
+                    revoked: true,
+                    route_id: 0,
+                    target_cluster: key.cluster.clone(),
+                    resolver_cluster: self.inner.cluster.clone(),
+                });
+            }
+            self.route_answer(resp);
+        }
+    }
+}
