@@ -2,12 +2,16 @@
 //!
 //! Data flows one way: a feed (Kubernetes watches, a static records file, a test) applies
 //! Services, pods and namespaces to the [`index::DnsIndex`], which publishes immutable
-//! [`answer::Snapshot`]s on a `watch`; the pure [`answer::answer`] function answers each
-//! question from the current snapshot. [`zone`] is the record model built from Services;
-//! [`pods`] maps source addresses to pod namespaces for transparent resolution and namespace
-//! mapping.
+//! [`answer::Snapshot`]s on a `watch`; the [`server`] decodes each query ([`wire`]), asks the
+//! pure [`answer::answer`] function, and sends the response or relays the query upstream.
+//! [`zone`] is the record model built from Services; [`pods`] maps source addresses to pod
+//! namespaces for transparent resolution and namespace mapping.
 
 pub mod answer;
 pub mod index;
+pub mod metrics;
 pub mod pods;
+pub mod server;
+pub mod static_records;
+pub mod wire;
 pub mod zone;

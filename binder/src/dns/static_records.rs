@@ -1,0 +1,202 @@
+//! Static records: a YAML (or JSON) file listing names to serve without Kubernetes — for
+//! operators running `xcc dns` outside a cluster, and for benchmarks.
+//!
+//! ```yaml
+//! - fqdn: web.xcc.test
+//!   addresses: [10.0.0.1, "fd00::1"]
+//!   ports: [{name: http, port: 80, protocol: TCP}]
+//! ```
+//!
+//! Each entry becomes a [`ServiceInfo`] keyed `""/<fqdn>`; the empty namespace sorts first, so
+//! a static name wins a conflict with a Service.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+use xcc_proto::names::{FQDN_ANNOTATION, FqdnError, canonical_fqdn};
+
+use super::zone::{NamedPort, ServiceInfo, ServiceKey};
+
+/// One entry of the file.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticRecord {
+    /// The name to serve.
+    pub fqdn: String,
+    /// Its addresses (A and AAAA).
+    pub addresses: Vec<IpAddr>,
+    /// Its ports; named ones get SRV records.
+    #[serde(default)]
+    pub ports: Vec<NamedPort>,
+}
+
+/// Why a static records file was refused. Every variant names the file.
+#[derive(Debug, Error)]
+pub enum StaticRecordsError {
+    /// The file could not be read.
+    #[error("cannot read static records {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not a list of records.
+    #[error("invalid static records {path}: {source}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause, with its location.
+        source: serde_yaml::Error,
+    },
+    /// An entry's name is not a DNS name.
+    #[error("invalid static records {path}: entry {index}: {source}")]
+    Fqdn {
+        /// The file.
+        path: PathBuf,
+        /// Position of the entry (from 0).
+        index: usize,
+        /// The cause.
+        source: FqdnError,
+    },
+    /// An entry has no address.
+    #[error("invalid static records {path}: entry {index} ({fqdn}) has no addresses")]
+    NoAddresses {
+        /// The file.
+        path: PathBuf,
+        /// Position of the entry (from 0).
+        index: usize,
+        /// Its name.
+        fqdn: String,
+    },
+    /// Two entries name the same FQDN.
+    #[error("invalid static records {path}: entries {first} and {index} both name {fqdn}")]
+    Duplicate {
+        /// The file.
+        path: PathBuf,
+        /// The earlier entry.
+        first: usize,
+        /// The later entry.
+        index: usize,
+        /// The name (canonical).
+        fqdn: String,
+    },
+}
+
+/// Parse the text of a static records file (`path` is for messages).
+pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsError> {
+    let records: Vec<StaticRecord> =
+        serde_yaml::from_str(text).map_err(|source| StaticRecordsError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = Vec::with_capacity(records.len());
+    for (index, r) in records.into_iter().enumerate() {
+        let fqdn = canonical_fqdn(&r.fqdn).map_err(|source| StaticRecordsError::Fqdn {
+            path: path.to_path_buf(),
+            index,
+            source,
+        })?;
+        if r.addresses.is_empty() {
+            return Err(StaticRecordsError::NoAddresses {
+                path: path.to_path_buf(),
+                index,
+                fqdn,
+            });
+        }
+        if let Some(first) = seen.insert(fqdn.clone(), index) {
+            return Err(StaticRecordsError::Duplicate {
+                path: path.to_path_buf(),
+                first,
+                index,
+                fqdn,
+            });
+        }
+        out.push(ServiceInfo {
+            key: ServiceKey::new("", fqdn.clone()),
+            annotations: BTreeMap::from([(FQDN_ANNOTATION.to_string(), fqdn)]),
+            cluster_ips: r.addresses,
+            ports: r.ports,
+        });
+    }
+    Ok(out)
+}
+
+/// Read and parse a static records file.
+pub fn load(path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StaticRecordsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dns::zone::PortProtocol;
+
+    fn p() -> &'static Path {
+        Path::new("records.yaml")
+    }
+
+    #[test]
+    fn yaml_and_json_entries() {
+        let yaml = "- fqdn: Web.XCC.test.\n  addresses: [10.0.0.1, \"fd00::1\"]\n  ports:\n  - {name: http, port: 80}\n  - {port: 53, protocol: UDP}\n";
+        let out = parse(yaml, p()).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].key, ServiceKey::new("", "web.xcc.test"));
+        assert_eq!(out[0].annotations[FQDN_ANNOTATION], "web.xcc.test");
+        assert_eq!(out[0].cluster_ips.len(), 2);
+        assert_eq!(out[0].ports[0].protocol, PortProtocol::Tcp);
+        assert_eq!(out[0].ports[1].protocol, PortProtocol::Udp);
+        let json = r#"[{"fqdn": "a.xcc.test", "addresses": ["10.0.0.2"]}]"#;
+        assert_eq!(
+            parse(json, p()).unwrap()[0].cluster_ips[0].to_string(),
+            "10.0.0.2"
+        );
+        assert!(parse("[]", p()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_file_and_entry() {
+        let cases = [
+            (
+                "- fqdn: a.xcc.test\n  addresses: [not-an-ip]\n",
+                "invalid static records records.yaml: ",
+            ),
+            (
+                "- fqdn: a.xcc.test\n  addresses: [10.0.0.1]\n  ttl: 5\n",
+                "unknown field `ttl`",
+            ),
+            (
+                "- fqdn: a_b.xcc.test\n  addresses: [10.0.0.1]\n",
+                "entry 0: invalid FQDN \"a_b.xcc.test\"",
+            ),
+            (
+                "- fqdn: a.xcc.test\n  addresses: []\n",
+                "entry 0 (a.xcc.test) has no addresses",
+            ),
+            (
+                "- {fqdn: a.xcc.test, addresses: [10.0.0.1]}\n- {fqdn: A.xcc.test., addresses: [10.0.0.2]}\n",
+                "entries 0 and 1 both name a.xcc.test",
+            ),
+        ];
+        for (text, expected) in cases {
+            let err = parse(text, p()).unwrap_err().to_string();
+            assert!(
+                err.contains(expected),
+                "{err:?} should contain {expected:?}"
+            );
+        }
+        let err = load(Path::new("/nonexistent/records.yaml")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("cannot read static records /nonexistent/records.yaml")
+        );
+    }
+}
