@@ -65,6 +65,8 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// One registry, many Hamlet consumers: snapshot time, update fan-out latency, server RSS.
     Hamlet(HamletArgs),
+    /// A 3-level tree of registries: propagation, cold and cached lookups, routes, root memory.
+    Hierarchy(crate::bench_hierarchy::HierarchyArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
@@ -111,6 +113,7 @@ pub struct HamletArgs {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Hamlet(args) => hamlet(args).await,
+        BenchCommand::Hierarchy(args) => crate::bench_hierarchy::run(args).await,
     }
 }
 

@@ -2,6 +2,7 @@
 
 mod admin_cli;
 mod bench;
+mod bench_hierarchy;
 mod certs_cli;
 mod cli;
 mod crds_cli;
