@@ -226,6 +226,24 @@ fn patch_allocated_values(spec: &mut Map<String, Value>, ty: &str, old: &Value) 
             }
         }
     }
+    // Leaving an externally accessible type drops what only applies to it, if unchanged.
+    let mut drop_unchanged = |f: &str| {
+        if spec.get(f).is_some() && spec.get(f) == old.pointer(&format!("/spec/{f}")) {
+            spec.remove(f);
+        }
+    };
+    if needs_node_ports(old_ty) && !needs_node_ports(ty) {
+        drop_unchanged("externalTrafficPolicy");
+    }
+    if old_ty == "LoadBalancer" && ty != "LoadBalancer" {
+        for f in [
+            "allocateLoadBalancerNodePorts",
+            "healthCheckNodePort",
+            "loadBalancerClass",
+        ] {
+            drop_unchanged(f);
+        }
+    }
     if ty == "LoadBalancer"
         && old_ty == "LoadBalancer"
         && let Some(h) = old.pointer("/spec/healthCheckNodePort")
