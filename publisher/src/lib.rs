@@ -2,11 +2,12 @@
 //! Services labelled `connectivity.tanzu.vmware.com/export` — into exported ServiceRecords, which
 //! the registry serves to other clusters.
 //!
-//! [`desired`] is the pure part (object in, desired record out, no I/O); the controllers that
-//! watch the API server and apply its results build on it.
+//! [`desired`] is the pure part (object in, desired record out, no I/O); [`apply`] writes one
+//! source's result with server-side apply and removes what the source no longer owns.
 
 // Tests state their expectations with unwrap; the lint guards input handling in library code.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod apply;
 pub mod desired;
 pub mod httpproxy;

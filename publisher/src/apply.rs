@@ -1,0 +1,148 @@
+//! Writing one source's desired record to the API server: the I/O half of a publisher
+//! reconcile. Given what [`crate::desired`] computed for a source object, [`sync_source`]
+//! server-side-applies the record under the [`FIELD_MANAGER`] field manager — only when the
+//! fields the publisher owns differ, so an unchanged source costs no write — and deletes the
+//! records the source owns but should no longer have (label removed, FQDN changed). A record
+//! of the same name that the source does not own is reported, never touched.
+
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use xcc_proto::crd::{MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord};
+use xcc_proto::names::{EXPORT_LABEL, LABEL_PREFIX};
+
+use crate::desired::{Desired, Skip, may_write, stale_records};
+
+/// Field manager of every publisher write (server-side apply).
+pub const FIELD_MANAGER: &str = "xcc-publisher";
+
+/// A failed API call of a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The API server refused or could not be reached.
+    #[error("{action} ServiceRecord {namespace}/{name}: {source}")]
+    Kube {
+        /// What was attempted (`list`, `get`, `apply`, `delete`).
+        action: &'static str,
+        /// Namespace.
+        namespace: String,
+        /// Record name (empty for a list).
+        name: String,
+        /// The client's error.
+        source: kube::Error,
+    },
+}
+
+/// What a sync did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The desired record's name and whether it was written (`false`: already up to date).
+    pub published: Option<(String, bool)>,
+    /// Why nothing is published, when nothing is.
+    pub skipped: Option<Skip>,
+    /// A record of the desired name exists and belongs to someone else; left alone.
+    pub conflict: Option<String>,
+    /// Records the source owned and no longer should, deleted (sorted).
+    pub removed: Vec<String>,
+}
+
+/// Whether `current` already carries everything the publisher owns in `desired`: the spec,
+/// every desired label, exactly the desired `connectivity.tanzu.vmware.com/` annotations (user
+/// annotations under other prefixes are not ours), and the owner references.
+pub fn up_to_date(current: &ServiceRecord, desired: &ServiceRecord) -> bool {
+    let prefix = format!("{LABEL_PREFIX}/");
+    let ours = |r: &ServiceRecord| -> Vec<(String, String)> {
+        r.annotations()
+            .iter()
+            .filter(|(k, _)| k.starts_with(&prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let labels_present = desired
+        .labels()
+        .iter()
+        .all(|(k, v)| current.labels().get(k) == Some(v));
+    let owners_present = desired
+        .owner_references()
+        .iter()
+        .all(|o| current.owner_references().contains(o));
+    current.spec == desired.spec
+        && labels_present
+        && ours(current) == ours(desired)
+        && owners_present
+}
+
+fn kube_error(
+    action: &'static str,
+    namespace: &str,
+    name: &str,
+) -> impl FnOnce(kube::Error) -> SyncError {
+    let (namespace, name) = (namespace.to_string(), name.to_string());
+    move |source| SyncError::Kube {
+        action,
+        namespace,
+        name,
+        source,
+    }
+}
+
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Bring the records of the source with uid `owner_uid` in `namespace` to `desired`.
+/// Idempotent and level-triggered: call it on every change of the source, its nodes or its
+/// records. NotFound on delete counts as done (the garbage collector may have been first).
+pub async fn sync_source(
+    client: &Client,
+    namespace: &str,
+    owner_uid: &str,
+    desired: &Desired,
+) -> Result<Outcome, SyncError> {
+    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), namespace);
+    let mut outcome = Outcome {
+        published: None,
+        skipped: None,
+        conflict: None,
+        removed: Vec::new(),
+    };
+    let keep = match desired {
+        Desired::Skip(skip) => {
+            outcome.skipped = Some(skip.clone());
+            None
+        }
+        Desired::Publish(record) => {
+            let name = record.name_any();
+            let current = api
+                .get_opt(&name)
+                .await
+                .map_err(kube_error("get", namespace, &name))?;
+            if !may_write(current.as_ref(), owner_uid) {
+                outcome.conflict = Some(name.clone());
+            } else if current.as_ref().is_some_and(|c| up_to_date(c, record)) {
+                outcome.published = Some((name.clone(), false));
+            } else {
+                let params = PatchParams::apply(FIELD_MANAGER).force();
+                api.patch(&name, &params, &Patch::Apply(record.as_ref()))
+                    .await
+                    .map_err(kube_error("apply", namespace, &name))?;
+                outcome.published = Some((name.clone(), true));
+            }
+            Some(name)
+        }
+    };
+    let selector = format!("{EXPORT_LABEL},{MANAGED_BY_LABEL}={PUBLISHER_MANAGER}");
+    let records = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_error("list", namespace, ""))?;
+    for stale in stale_records(owner_uid, keep.as_deref(), records.items.iter()) {
+        let name = stale.name_any();
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(kube_error("delete", namespace, &name)(e)),
+        }
+        outcome.removed.push(name);
+    }
+    Ok(outcome)
+}

@@ -1,0 +1,208 @@
+//! `sync_source` against the in-process fake API server: PUB-01/PUB-07/PUB-08 end to end, no
+//! write when nothing changed, FQDN changes, and records the publisher does not own.
+
+#![allow(clippy::unwrap_used)]
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::json;
+use xcc_kube_fake::{FakeApiServer, Verb, crds};
+use xcc_proto::crd::ServiceRecord;
+use xcc_proto::names::EXPORT_LABEL;
+use xcc_publisher::apply::sync_source;
+use xcc_publisher::desired::{Config, Desired, Skip, from_httpproxy};
+use xcc_publisher::httpproxy::HTTPProxy;
+
+const NS: &str = "http-proxy-namespace";
+
+fn proxy(labelled: bool, fqdn: &str) -> HTTPProxy {
+    let labels = if labelled {
+        json!({EXPORT_LABEL: ""})
+    } else {
+        json!({})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "projectcontour.io/v1", "kind": "HTTPProxy",
+        "metadata": {"name": "test", "namespace": NS, "uid": "http-proxy-uid", "labels": labels},
+        "spec": {"virtualhost": {"fqdn": fqdn}},
+    }))
+    .unwrap()
+}
+
+fn node(ip: &str) -> Node {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("node-{ip}")},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                   "addresses": [{"type": "InternalIP", "address": ip}]},
+    }))
+    .unwrap()
+}
+
+async fn server() -> FakeApiServer {
+    FakeApiServer::builder()
+        .namespace(NS)
+        .resource(crds::service_records())
+        .start()
+        .await
+}
+
+/// Store the proxy in the fake (so the owner the garbage collector checks exists) and return
+/// the uid the server gave it.
+async fn stored_proxy(client: &kube::Client) -> String {
+    let api: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
+    let mut p = proxy(true, "test.some.domain");
+    p.metadata.uid = None;
+    api.create(&PostParams::default(), &p)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap()
+}
+
+fn desired(uid: &str, labelled: bool, fqdn: &str, ips: &[&str]) -> Desired {
+    let nodes: Vec<Node> = ips.iter().map(|ip| node(ip)).collect();
+    let mut p = proxy(labelled, fqdn);
+    p.metadata.uid = Some(uid.to_string());
+    from_httpproxy(&p, None, &nodes, &Config::default())
+}
+
+fn names(list: &kube::core::ObjectList<ServiceRecord>) -> Vec<String> {
+    list.items
+        .iter()
+        .map(|r| r.metadata.name.clone().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
+    let server = server().await;
+    let client = server.client();
+    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let uid = stored_proxy(&client).await;
+
+    // PUB-01
+    let outcome = sync_source(
+        &client,
+        NS,
+        &uid,
+        &desired(&uid, true, "test.some.domain", &["10.0.0.1"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.published, Some(("test.some.domain".into(), true)));
+    let sr = api.get("test.some.domain").await.unwrap();
+    assert_eq!(sr.spec.endpoints.len(), 1);
+    assert_eq!(sr.spec.endpoints[0].address, "10.0.0.1");
+    assert!(sr.metadata.labels.unwrap().contains_key(EXPORT_LABEL));
+
+    // Unchanged: no write at all.
+    server.reset_counters();
+    let outcome = sync_source(
+        &client,
+        NS,
+        &uid,
+        &desired(&uid, true, "test.some.domain", &["10.0.0.1"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.published, Some(("test.some.domain".into(), false)));
+    assert_eq!(server.requests().for_verb(Verb::Patch), 0);
+    assert_eq!(server.writes().total(), 0);
+
+    // A node joins: one apply.
+    sync_source(
+        &client,
+        NS,
+        &uid,
+        &desired(&uid, true, "test.some.domain", &["10.0.0.2", "10.0.0.1"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        api.get("test.some.domain")
+            .await
+            .unwrap()
+            .spec
+            .endpoints
+            .len(),
+        2
+    );
+
+    // FQDN changed: new record, old one removed.
+    let outcome = sync_source(
+        &client,
+        NS,
+        &uid,
+        &desired(&uid, true, "new.some.domain", &["10.0.0.1"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.removed, ["test.some.domain"]);
+    assert_eq!(
+        names(&api.list(&Default::default()).await.unwrap()),
+        ["new.some.domain"]
+    );
+
+    // PUB-07: label removed → the record goes.
+    let outcome = sync_source(
+        &client,
+        NS,
+        &uid,
+        &desired(&uid, false, "new.some.domain", &["10.0.0.1"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.skipped, Some(Skip::NotExported));
+    assert_eq!(outcome.removed, ["new.some.domain"]);
+    assert!(
+        api.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn records_the_publisher_does_not_own_are_left_alone() {
+    let server = server().await;
+    let client = server.client();
+    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let foreign: ServiceRecord = serde_json::from_value(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": "test.some.domain", "labels": {EXPORT_LABEL: ""}},
+        "spec": {"fqdn": "test.some.domain", "endpoints": [{"address": "192.0.2.1", "port": 443}]},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &foreign).await.unwrap();
+    let uid = stored_proxy(&client).await;
+
+    // P6: same name, someone else's: reported, not overwritten.
+    let outcome = sync_source(
+        &client,
+        NS,
+        &uid,
+        &desired(&uid, true, "test.some.domain", &["10.0.0.1"]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome.conflict.as_deref(), Some("test.some.domain"));
+    assert_eq!(
+        api.get("test.some.domain").await.unwrap().spec.endpoints[0].address,
+        "192.0.2.1"
+    );
+
+    // PUB-08 / XCC quirk fixed: an unlabelled proxy never deletes a record it does not own.
+    let outcome = sync_source(
+        &client,
+        NS,
+        &uid,
+        &desired(&uid, false, "test.some.domain", &[]),
+    )
+    .await
+    .unwrap();
+    assert!(outcome.removed.is_empty());
+    assert!(api.get_opt("test.some.domain").await.unwrap().is_some());
+}
