@@ -6,6 +6,7 @@
 //! and the FQDNs whose Hamlet view changed for Hamlet consumers.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
 use std::fmt;
 use std::sync::{Arc, RwLock};
 
@@ -197,19 +198,74 @@ pub fn fqdn_has_suffix(fqdn: &str, suffix: &str) -> bool {
         && fqdn.as_bytes()[fqdn.len() - suffix.len() - 1] == b'.'
 }
 
+/// A small sorted set of keys: almost always one element, so a Vec beats a BTreeSet node.
+type Keys = Vec<ServiceKey>;
+
+fn keys_insert(keys: &mut Keys, key: &ServiceKey) {
+    if let Err(at) = keys.binary_search(key) {
+        keys.insert(at, key.clone());
+    }
+}
+
+fn keys_remove(index: &mut HashMap<String, Keys>, bucket: &str, key: &ServiceKey) {
+    if let Some(keys) = index.get_mut(bucket) {
+        if let Ok(at) = keys.binary_search(key) {
+            keys.remove(at);
+        }
+        if keys.is_empty() {
+            index.remove(bucket);
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     entries: BTreeMap<ServiceKey, Arc<ServiceEntry>>,
     /// Subtree entries (local exports and children's announcements) by FQDN: the Hamlet view
     /// picks the lowest key of each set.
-    local_by_fqdn: HashMap<String, BTreeSet<ServiceKey>>,
+    local_by_fqdn: HashMap<String, Keys>,
+    /// Every entry by FQDN, and by `namespace/name`: lookups without scanning.
+    by_fqdn: HashMap<String, Keys>,
+    by_name: HashMap<String, Keys>,
     revision: u64,
+}
+
+fn name_bucket(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 impl State {
     fn hamlet_winner(&self, fqdn: &str) -> Option<Arc<ServiceEntry>> {
-        let key = self.local_by_fqdn.get(fqdn)?.iter().next()?;
+        let key = self.local_by_fqdn.get(fqdn)?.first()?;
         self.entries.get(key).cloned()
+    }
+
+    fn index(&mut self, e: &ServiceEntry) {
+        keys_insert(self.by_fqdn.entry(e.fqdn.clone()).or_default(), &e.key);
+        keys_insert(
+            self.by_name
+                .entry(name_bucket(&e.key.namespace, &e.key.name))
+                .or_default(),
+            &e.key,
+        );
+    }
+
+    fn unindex(&mut self, e: &ServiceEntry) {
+        keys_remove(&mut self.by_fqdn, &e.fqdn, &e.key);
+        keys_remove(
+            &mut self.by_name,
+            &name_bucket(&e.key.namespace, &e.key.name),
+            &e.key,
+        );
+    }
+
+    fn resolve(&self, keys: Option<&Keys>) -> Vec<Arc<ServiceEntry>> {
+        keys.map(|keys| {
+            keys.iter()
+                .filter_map(|k| self.entries.get(k).cloned())
+                .collect()
+        })
+        .unwrap_or_default()
     }
 }
 
@@ -268,17 +324,19 @@ impl Catalog {
         entry.revision = st.revision;
         let entry = Arc::new(entry);
         let mut changed_fqdns: Vec<String> = Vec::new();
-        if let Some(prev) = &previous
-            && prev.source.in_subtree()
-        {
-            remove_local_index(st, prev);
-            changed_fqdns.push(prev.fqdn.clone());
+        if let Some(prev) = &previous {
+            st.unindex(prev);
+            if prev.source.in_subtree() {
+                remove_local_index(st, prev);
+                changed_fqdns.push(prev.fqdn.clone());
+            }
         }
+        st.index(&entry);
         if entry.source.in_subtree() {
-            st.local_by_fqdn
-                .entry(entry.fqdn.clone())
-                .or_default()
-                .insert(entry.key.clone());
+            keys_insert(
+                st.local_by_fqdn.entry(entry.fqdn.clone()).or_default(),
+                &entry.key,
+            );
             if !changed_fqdns.contains(&entry.fqdn) {
                 changed_fqdns.push(entry.fqdn.clone());
             }
@@ -301,6 +359,7 @@ impl Catalog {
     fn remove_locked(&self, st: &mut State, key: &ServiceKey) -> Option<Arc<ServiceEntry>> {
         let removed = st.entries.remove(key)?;
         st.revision += 1;
+        st.unindex(&removed);
         if removed.source.in_subtree() {
             remove_local_index(st, &removed);
         }
@@ -340,15 +399,17 @@ impl Catalog {
         self.read().entries.get(key).cloned()
     }
 
-    /// Every entry with this canonical FQDN, in key order.
+    /// Every entry with this canonical FQDN, in key order (indexed, no scan).
     pub fn by_fqdn(&self, fqdn: &str) -> Vec<Arc<ServiceEntry>> {
         let fqdn = fqdn.trim_end_matches('.').to_ascii_lowercase();
-        self.read()
-            .entries
-            .values()
-            .filter(|e| e.fqdn == fqdn)
-            .cloned()
-            .collect()
+        let st = self.read();
+        st.resolve(st.by_fqdn.get(&fqdn))
+    }
+
+    /// Every entry named `namespace/name`, whichever cluster owns it, in key order (indexed).
+    pub fn by_name(&self, namespace: &str, name: &str) -> Vec<Arc<ServiceEntry>> {
+        let st = self.read();
+        st.resolve(st.by_name.get(&name_bucket(namespace, name)))
     }
 
     pub fn list(&self, filter: &ListFilter) -> Vec<Arc<ServiceEntry>> {
@@ -421,12 +482,7 @@ impl Catalog {
 }
 
 fn remove_local_index(st: &mut State, entry: &ServiceEntry) {
-    if let Some(keys) = st.local_by_fqdn.get_mut(&entry.fqdn) {
-        keys.remove(&entry.key);
-        if keys.is_empty() {
-            st.local_by_fqdn.remove(&entry.fqdn);
-        }
-    }
+    keys_remove(&mut st.local_by_fqdn, &entry.fqdn, &entry.key);
 }
 
 #[cfg(test)]
@@ -570,6 +626,31 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.list(&f).len(), 1);
+    }
+
+    #[test]
+    fn fqdn_and_name_indexes_follow_changes() {
+        let c = Catalog::new();
+        c.upsert(local("a", "web", "old.xcc.test", "10.0.0.1"));
+        let mut other = local("a", "web", "old.xcc.test", "10.0.0.2");
+        other.key.cluster = "west".into();
+        other.source = Source::Remote("west".into());
+        c.upsert(other);
+        let keys = |v: Vec<Arc<ServiceEntry>>| -> Vec<String> {
+            v.iter().map(|e| e.key.to_string()).collect()
+        };
+        assert_eq!(keys(c.by_fqdn("OLD.xcc.test.")), ["east/a/web", "west/a/web"]);
+        assert_eq!(keys(c.by_name("a", "web")), ["east/a/web", "west/a/web"]);
+        // FQDN change moves the entry between buckets.
+        c.upsert(local("a", "web", "new.xcc.test", "10.0.0.1"));
+        assert_eq!(keys(c.by_fqdn("old.xcc.test")), ["west/a/web"]);
+        assert_eq!(keys(c.by_fqdn("new.xcc.test")), ["east/a/web"]);
+        c.remove(&ServiceKey::new("west", "a", "web"));
+        assert!(c.by_fqdn("old.xcc.test").is_empty());
+        assert_eq!(keys(c.by_name("a", "web")), ["east/a/web"]);
+        assert!(c.by_name("b", "web").is_empty());
+        c.replace_source(&Source::Local, vec![]);
+        assert!(c.by_name("a", "web").is_empty() && c.by_fqdn("new.xcc.test").is_empty());
     }
 
     #[test]

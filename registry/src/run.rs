@@ -13,7 +13,7 @@ use anyhow::Context as _;
 use tokio::sync::{Mutex, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
 use xcc_proto::resources::{RemoteRegistry, ServiceRecord};
 
@@ -356,7 +356,12 @@ impl Registry {
                     match ev {
                         Ok(ev) => lvl.on_catalog_event(&ev),
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                            warn!(missed = n, "resolver fell behind the catalog; grants are re-checked on the next change or query");
+                            // Bulk loads can outrun the feed: re-check every grant instead.
+                            debug!(
+                                missed = n,
+                                "resolver fell behind the catalog; re-checking every grant"
+                            );
+                            lvl.recheck_grants();
                         }
                         Err(_) => break,
                     }

@@ -19,12 +19,7 @@ impl Level {
     pub(super) fn lookup(&self, target: &Target) -> Option<Arc<ServiceEntry>> {
         let candidates = match target {
             Target::Fqdn(f) => self.inner.catalog.by_fqdn(f),
-            Target::Name { namespace, .. } => {
-                self.inner.catalog.list(&crate::catalog::ListFilter {
-                    namespace: Some(namespace.clone()),
-                    ..Default::default()
-                })
-            }
+            Target::Name { namespace, name } => self.inner.catalog.by_name(namespace, name),
         };
         candidates
             .into_iter()

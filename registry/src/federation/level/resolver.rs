@@ -9,6 +9,28 @@ use super::{Grant, Level};
 use crate::catalog::CatalogEvent;
 
 impl Level {
+    /// The change feed was lost: re-evaluate every grant against the current catalog.
+    pub fn recheck_grants(&self) {
+        let keys: Vec<crate::catalog::ServiceKey> = self.lock().grants.keys().cloned().collect();
+        for key in keys {
+            let ev = match self.inner.catalog.get(&key) {
+                Some(e) if e.source.in_subtree() => CatalogEvent::Upsert(e),
+                _ => CatalogEvent::Delete(std::sync::Arc::new(crate::catalog::ServiceEntry {
+                    key: key.clone(),
+                    source: crate::catalog::Source::Local,
+                    fqdn: String::new(),
+                    endpoints: vec![],
+                    ports: vec![],
+                    labels: Default::default(),
+                    allowed_requesters: vec![],
+                    origin: None,
+                    revision: 0,
+                })),
+            };
+            self.on_catalog_event(&ev);
+        }
+    }
+
     // ---------------------------------------------------------------- resolver pushes
 
     /// Re-evaluate the grants on a changed service and push fresh answers or revocations.
