@@ -89,6 +89,8 @@ pub enum Command {
     Certs(crate::certs_cli::CertsCommand),
     /// Print the CustomResourceDefinitions (or write them with --dir).
     Crds(crate::crds_cli::CrdsArgs),
+    /// Serve DNS for imported services: FQDN zones and clusterset names (authoritative).
+    Dns(crate::dns_cli::DnsArgs),
     /// Inspect a registry through its admin API.
     Admin(crate::admin_cli::AdminArgs),
     /// Run a two-registry federation on loopback and print what it did.
@@ -103,6 +105,7 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Certs(cmd) => crate::certs_cli::run(cmd),
         Command::Crds(args) => crate::crds_cli::run(args),
         Command::Admin(args) => crate::admin_cli::run(args).await,
+        Command::Dns(args) => crate::dns_cli::run(args).await,
         Command::Demo => crate::demo::run().await,
         Command::Bench(args) => crate::bench::run(args).await,
     }

@@ -7,6 +7,7 @@ mod certs_cli;
 mod cli;
 mod crds_cli;
 mod demo;
+mod dns_cli;
 mod registry_cli;
 
 use clap::Parser;

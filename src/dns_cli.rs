@@ -1,0 +1,221 @@
+//! `xcc dns`: wiring only. Flags → a [`DnsIndex`] fed by Kubernetes watches and/or a static
+//! records file → the UDP/TCP server, the metrics endpoint and the snapshot observer, all under
+//! one cancellation token; if the server or a feed stops on its own, the process exits non-zero.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use tokio_util::sync::CancellationToken;
+use xcc_binder::dns::answer::{DEFAULT_TTL, Settings};
+use xcc_binder::dns::index::{DnsFeed, DnsIndex, FeedSource};
+use xcc_binder::dns::kube_feed::{self, KubeFeedConfig};
+use xcc_binder::dns::metrics::{self, DnsMetrics};
+use xcc_binder::dns::server::{DnsServer, ServerConfig};
+use xcc_binder::dns::static_records;
+
+/// Where names come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Feed {
+    /// Watch Services (and Pods and Namespaces when needed) in the cluster; a --static-records
+    /// file, if given, is served as well.
+    Kube,
+    /// Only the --static-records file (no cluster access).
+    Static,
+}
+
+#[derive(Args, Debug)]
+pub struct DnsArgs {
+    /// UDP and TCP listen address.
+    #[arg(long, env = "XCC_DNS_LISTEN", default_value = "0.0.0.0:53")]
+    pub listen: SocketAddr,
+    /// A zone to answer for authoritatively (repeat, or comma-separate in the variable).
+    #[arg(
+        long = "zone",
+        env = "XCC_DNS_ZONES",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub zones: Vec<String>,
+    /// TTL of every record, and the negative-caching TTL (seconds).
+    #[arg(long, env = "XCC_DNS_TTL", default_value_t = DEFAULT_TTL)]
+    pub ttl: u32,
+    /// Answer `<svc>` and `<svc>.<ns>` as clusterset names for the asking pod and relay every
+    /// other name to --upstream (seed 003). Needs --upstream.
+    #[arg(long, env = "XCC_DNS_TRANSPARENT")]
+    pub transparent: bool,
+    /// Resolver for the names we do not hold (transparent mode), e.g. kube-dns: 10.96.0.10:53.
+    #[arg(long, env = "XCC_DNS_UPSTREAM")]
+    pub upstream: Option<SocketAddr>,
+    /// Honour `multicluster.kubernetes.io/namespace` on Namespaces for pods asking full
+    /// clusterset names (watches Pods and Namespaces; implied by --transparent).
+    #[arg(long, env = "XCC_DNS_NAMESPACE_MAPPING")]
+    pub namespace_mapping: bool,
+    /// Where names come from.
+    #[arg(long, value_enum, env = "XCC_DNS_FEED", default_value = "kube")]
+    pub feed: Feed,
+    /// YAML or JSON list of `{fqdn, addresses, ports}` to serve.
+    #[arg(long, env = "XCC_DNS_STATIC_RECORDS")]
+    pub static_records: Option<PathBuf>,
+    /// Watch Services in this namespace only (default: all namespaces).
+    #[arg(long, env = "XCC_DNS_SERVICE_NAMESPACE")]
+    pub service_namespace: Option<String>,
+    /// Kubeconfig file (default: in-cluster configuration, then $KUBECONFIG / ~/.kube/config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Plain-HTTP /metrics, /healthz, /readyz; empty to disable.
+    #[arg(long, env = "XCC_METRICS_LISTEN", default_value = "0.0.0.0:9153")]
+    pub metrics_listen: String,
+    /// Tasks receiving UDP queries (default: one per CPU).
+    #[arg(long, env = "XCC_DNS_UDP_WORKERS")]
+    pub udp_workers: Option<usize>,
+    /// Close TCP connections idle this long (seconds).
+    #[arg(long, env = "XCC_DNS_TCP_IDLE_SECONDS", default_value_t = 10)]
+    pub tcp_idle_seconds: u64,
+    /// Open TCP connections at most.
+    #[arg(long, env = "XCC_DNS_MAX_TCP_CONNECTIONS", default_value_t = 1024)]
+    pub max_tcp_connections: usize,
+    /// Answer SERVFAIL when the upstream has not answered within this many milliseconds.
+    #[arg(long, env = "XCC_DNS_FORWARD_TIMEOUT_MS", default_value_t = 2000)]
+    pub forward_timeout_ms: u64,
+}
+
+pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
+    let zones = args
+        .zones
+        .iter()
+        .map(|z| xcc_proto::names::canonical_fqdn(z).with_context(|| format!("--zone {z:?}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.transparent && args.upstream.is_none() {
+        anyhow::bail!("--transparent needs --upstream (the resolver for every other name)");
+    }
+    if args.feed == Feed::Static && args.static_records.is_none() {
+        anyhow::bail!("--feed static needs --static-records FILE");
+    }
+    let kube_config = KubeFeedConfig {
+        service_namespace: args.service_namespace.clone(),
+        pods_and_namespaces: args.transparent || args.namespace_mapping,
+    };
+    let mut required = match args.feed {
+        Feed::Kube => kube_config.required_sources(),
+        Feed::Static => Vec::new(),
+    };
+    if args.static_records.is_some() {
+        required.push(FeedSource::Static);
+    }
+    let feed = DnsFeed::new(DnsIndex::new(zones.clone(), required));
+    if let Some(path) = &args.static_records {
+        let records = static_records::load(path)?;
+        tracing::info!(path = %path.display(), names = records.len(), "static records loaded");
+        feed.set_static(records);
+    }
+    let client = match args.feed {
+        Feed::Kube => Some(kube_feed::client(args.kubeconfig.as_deref()).await?),
+        Feed::Static => None,
+    };
+
+    let metrics = DnsMetrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let server = DnsServer::bind(args.listen).await?;
+    let cancel = CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    if !args.metrics_listen.is_empty() {
+        let addr: SocketAddr = args
+            .metrics_listen
+            .parse()
+            .with_context(|| format!("--metrics-listen {:?}", args.metrics_listen))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --metrics-listen {addr}"))?;
+        let (snapshots, c) = (feed.subscribe(), cancel.clone());
+        tasks.spawn(async move {
+            metrics::serve_http(listener, Arc::new(registry), snapshots, c)
+                .await
+                .context("metrics endpoint")
+        });
+    }
+    tasks.spawn(ok(metrics::observe_snapshots(
+        feed.subscribe(),
+        metrics.clone(),
+        cancel.clone(),
+    )));
+    if let Some(client) = client {
+        tasks.spawn(ok(kube_feed::run(
+            client,
+            feed.clone(),
+            kube_config,
+            cancel.clone(),
+        )));
+    }
+    let config = ServerConfig {
+        settings: Settings {
+            ttl: args.ttl,
+            transparent: args.transparent,
+        },
+        upstream: args.upstream,
+        udp_workers: args.udp_workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        }),
+        tcp_idle_timeout: Duration::from_secs(args.tcp_idle_seconds.max(1)),
+        max_tcp_connections: args.max_tcp_connections,
+        forward_timeout: Duration::from_millis(args.forward_timeout_ms.max(1)),
+        ..ServerConfig::default()
+    };
+    tracing::info!(
+        udp = %server.udp_addr()?,
+        tcp = %server.tcp_addr()?,
+        zones = ?zones,
+        feed = ?args.feed,
+        transparent = args.transparent,
+        "xcc dns serving"
+    );
+    let (snapshots, c) = (feed.subscribe(), cancel.clone());
+    tasks.spawn(async move {
+        server
+            .run(snapshots, config, metrics, c)
+            .await
+            .context("DNS server")
+    });
+    let signal = cancel.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown requested");
+        signal.cancel();
+    });
+    // Every task runs until cancellation; one ending earlier is a failure of the process.
+    let mut result = Ok(());
+    while let Some(joined) = tasks.join_next().await {
+        let outcome = joined.context("task panicked").and_then(|r| r);
+        if !cancel.is_cancelled() {
+            result = outcome.and(Err(anyhow::anyhow!("a component stopped unexpectedly")));
+            cancel.cancel();
+        } else if let Err(e) = outcome {
+            result = result.and(Err(e));
+        }
+    }
+    result
+}
+
+async fn ok(f: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    f.await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}

@@ -1,0 +1,160 @@
+//! `xcc dns` as an operator runs it: the real binary serving a static records file over UDP and
+//! TCP, exiting cleanly on SIGTERM, and refusing inconsistent flags with a clear message.
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RecordType};
+
+fn query(name: &str, qtype: RecordType) -> Vec<u8> {
+    let mut m = Message::new(7, MessageType::Query, OpCode::Query);
+    m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    m.to_vec().unwrap()
+}
+
+fn answers(reply: &[u8]) -> (ResponseCode, Vec<String>) {
+    let m = Message::from_vec(reply).unwrap();
+    let lines = m
+        .answers
+        .iter()
+        .map(|r| format!("{} {} {}", r.name, r.record_type(), r.data))
+        .collect();
+    (m.metadata.response_code, lines)
+}
+
+#[test]
+fn serves_a_static_records_file_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records.yaml");
+    std::fs::write(
+        &records,
+        "- fqdn: web.xcc.test\n  addresses: [10.0.0.1, \"fd00::1\"]\n  ports: [{name: http, port: 80}]\n",
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xcc"))
+        .args([
+            "dns",
+            "--listen",
+            "127.0.0.1:0",
+            "--zone",
+            "xcc.test",
+            "--feed",
+            "static",
+        ])
+        .arg("--static-records")
+        .arg(&records)
+        .args(["--metrics-listen", ""])
+        .env("XCC_LOG", "info")
+        .env_remove("XCC_LOG_JSON")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run xcc dns");
+    // The "serving" line is logged after both sockets are bound; it carries the port.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    let addr: SocketAddr = loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "xcc dns exited:\n{log}"
+        );
+        log.push_str(&line);
+        if line.contains("xcc dns serving") {
+            let udp = line
+                .split("udp=")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap();
+            break udp.parse().unwrap();
+        }
+    };
+
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    udp.send_to(&query("WEB.xcc.test.", RecordType::A), addr)
+        .unwrap();
+    let mut buf = [0u8; 1500];
+    let n = udp.recv(&mut buf).unwrap();
+    assert_eq!(
+        answers(&buf[..n]),
+        (
+            ResponseCode::NoError,
+            vec!["WEB.xcc.test. A 10.0.0.1".to_string()]
+        )
+    );
+
+    let mut tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let q = query("_http._tcp.web.xcc.test.", RecordType::SRV);
+    tcp.write_all(&(q.len() as u16).to_be_bytes()).unwrap();
+    tcp.write_all(&q).unwrap();
+    let mut len = [0u8; 2];
+    tcp.read_exact(&mut len).unwrap();
+    let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+    tcp.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        answers(&reply),
+        (
+            ResponseCode::NoError,
+            vec!["_http._tcp.web.xcc.test. SRV 0 100 80 web.xcc.test.".to_string()]
+        )
+    );
+    drop(tcp);
+
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = child.wait().unwrap();
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "exit {status:?}\n{log}{rest}");
+    assert!(rest.contains("shutdown requested"), "{rest}");
+}
+
+#[test]
+fn inconsistent_flags_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "- fqdn: a_b.xcc.test\n  addresses: [10.0.0.1]\n").unwrap();
+    let bad = bad.to_string_lossy().to_string();
+    let cases: [(&[&str], &str); 4] = [
+        (&["--transparent"], "--transparent needs --upstream"),
+        (
+            &["--feed", "static"],
+            "--feed static needs --static-records FILE",
+        ),
+        (
+            &["--feed", "static", "--static-records", &bad],
+            "entry 0: invalid FQDN \"a_b.xcc.test\"",
+        ),
+        (&["--zone=bad_zone.test"], "--zone \"bad_zone.test\""),
+    ];
+    for (extra, expected) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_xcc"))
+            .args([
+                "dns",
+                "--listen",
+                "127.0.0.1:0",
+                "--zone",
+                "xcc.test",
+                "--metrics-listen",
+                "",
+            ])
+            .args(extra)
+            .env("XCC_LOG", "warn")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{extra:?} should fail");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+    }
+}
