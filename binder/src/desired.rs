@@ -6,7 +6,8 @@
 //! with B1–B5 of §6.6 fixed):
 //! - a selector-less ClusterIP **Service** named [`names::service_name`] with the FQDN
 //!   annotation (and the origin annotations the DNS server reads), owned by every record of the
-//!   group (owner references sorted by UID), plus the VIP to put in its load-balancer status;
+//!   group (owner references sorted by UID); with a VIP it is a LoadBalancer of the inert class
+//!   [`VIP_LOAD_BALANCER_CLASS`] and the VIP goes into its load-balancer status;
 //! - **EndpointSlices**, one per address family and port set, labelled
 //!   `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by: xcc-binder`;
 //! - legacy **Endpoints**, one subset per port set, with no subsets when nothing is left
@@ -41,6 +42,13 @@ use xcc_proto::names::{
 };
 
 pub mod cilium;
+
+/// `spec.loadBalancerClass` of a Service that carries a VIP. The API server accepts
+/// `status.loadBalancer.ingress` only on LoadBalancer Services (XCC v1 wrote it on a ClusterIP
+/// Service, which current API servers reject); a class no load-balancer controller implements
+/// makes the Service a LoadBalancer that no cloud provider acts on, and node ports are not
+/// allocated for it.
+pub const VIP_LOAD_BALANCER_CLASS: &str = "connectivity.tanzu.vmware.com/vip";
 
 /// Label on legacy Endpoints telling the EndpointSlice mirroring controller not to mirror
 /// them: the binder writes its own EndpointSlices.
@@ -404,13 +412,25 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         );
         annotations.insert(ORIGIN_NAME_ANNOTATION.to_string(), origin.name.clone());
     }
+    let vip = annotation(winner, VIP_ANNOTATION)
+        .and_then(|v| v.trim().parse::<IpAddr>().ok())
+        .map(|ip| ip.to_string());
     let service = Service {
         metadata: ObjectMeta {
             annotations: Some(annotations),
             ..meta(service_name.clone(), BTreeMap::from([managed.clone()]))
         },
         spec: Some(ServiceSpec {
-            type_: Some("ClusterIP".into()),
+            type_: Some(
+                if vip.is_some() {
+                    "LoadBalancer"
+                } else {
+                    "ClusterIP"
+                }
+                .into(),
+            ),
+            load_balancer_class: vip.as_ref().map(|_| VIP_LOAD_BALANCER_CLASS.into()),
+            allocate_load_balancer_node_ports: vip.as_ref().map(|_| false),
             ports: Some(
                 ports
                     .iter()
@@ -426,9 +446,6 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         }),
         status: None,
     };
-    let vip = annotation(winner, VIP_ANNOTATION)
-        .and_then(|v| v.trim().parse::<IpAddr>().ok())
-        .map(|ip| ip.to_string());
 
     let slices = groups
         .iter()

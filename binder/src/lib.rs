@@ -3,5 +3,6 @@
 // Tests state their expectations with unwrap; the lint guards input handling in library code.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod apply;
 pub mod desired;
 pub mod dns;

@@ -203,6 +203,15 @@ fn sb_02_and_03_vip_and_service_port() {
     assert_eq!(m.vip.as_deref(), Some("1.2.3.4"));
     assert_eq!(subset_ports(&m.endpoints), [[443]]);
     assert_eq!(m.slices[0].ports.as_ref().unwrap()[0].port, Some(443));
+    // The API server accepts a load-balancer status only on LoadBalancer Services: with a VIP
+    // the Service is one, of a class no controller implements, without node ports.
+    let spec = m.service.spec.as_ref().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("LoadBalancer"));
+    assert_eq!(
+        spec.load_balancer_class.as_deref(),
+        Some(VIP_LOAD_BALANCER_CLASS)
+    );
+    assert_eq!(spec.allocate_load_balancer_node_ports, Some(false));
 }
 
 fn sb_04_records() -> Vec<ServiceRecord> {

@@ -1,0 +1,304 @@
+//! Writing one FQDN group's objects to the API server: the I/O half of a binder reconcile.
+//!
+//! [`sync_group`] server-side-applies the Service, its load-balancer status (the VIP), the
+//! EndpointSlices and the legacy Endpoints computed by [`crate::desired::materialize`] under
+//! the [`FIELD_MANAGER`] field manager, and deletes the binder's EndpointSlices the group no
+//! longer needs. Each object is first compared with what is stored on **the fields the binder
+//! owns only** — defaults a real API server adds (target ports, cluster IPs, protocols,
+//! session affinity, ...) are not ours and are ignored — so a reconcile of an unchanged group
+//! sends no write at all (reference §5.11 NEW-06; XCC v1's B1 rewrote both objects every 30 s).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Endpoints, Service, ServiceSpec};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use xcc_proto::crd::{
+    BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
+};
+
+use crate::desired::{Materialized, stale_slices};
+
+/// Field manager of every binder write (server-side apply).
+pub const FIELD_MANAGER: &str = "xcc-binder";
+
+/// A failed API call of a reconcile.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {kind} {namespace}/{name}: {source}")]
+pub struct SyncError {
+    /// What was attempted.
+    pub action: &'static str,
+    /// Kind of the object.
+    pub kind: &'static str,
+    /// Namespace.
+    pub namespace: String,
+    /// Object name.
+    pub name: String,
+    /// The client's error.
+    #[source]
+    pub source: kube::Error,
+}
+
+/// What a sync wrote.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Objects applied, as `Kind/name`, in write order.
+    pub applied: Vec<String>,
+    /// EndpointSlices deleted.
+    pub deleted: Vec<String>,
+}
+
+fn sorted_owners(meta: &ObjectMeta) -> Vec<(String, String, String, String)> {
+    let mut owners: Vec<_> = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .map(|o: &OwnerReference| {
+            (
+                o.uid.clone(),
+                o.api_version.clone(),
+                o.kind.clone(),
+                o.name.clone(),
+            )
+        })
+        .collect();
+    owners.sort();
+    owners
+}
+
+/// Desired labels and annotations present with the same values, and exactly the desired
+/// owners.
+fn meta_up_to_date(current: &ObjectMeta, desired: &ObjectMeta) -> bool {
+    let contains = |have: &Option<BTreeMap<String, String>>,
+                    want: &Option<BTreeMap<String, String>>| {
+        want.iter()
+            .flatten()
+            .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
+    };
+    contains(&current.labels, &desired.labels)
+        && contains(&current.annotations, &desired.annotations)
+        && sorted_owners(current) == sorted_owners(desired)
+}
+
+fn protocol(p: &Option<String>) -> &str {
+    p.as_deref().unwrap_or("TCP")
+}
+
+fn name(n: &Option<String>) -> &str {
+    n.as_deref().unwrap_or("")
+}
+
+fn type_of(spec: Option<&ServiceSpec>) -> &str {
+    spec.and_then(|s| s.type_.as_deref()).unwrap_or("ClusterIP")
+}
+
+/// Whether the stored Service matches the desired one on the binder's fields: metadata, type
+/// and load-balancer class, no selector, and each port's name, number and protocol.
+pub fn service_up_to_date(current: &Service, desired: &Service) -> bool {
+    let ports = |s: &Service| -> Vec<(String, i32, String)> {
+        s.spec
+            .iter()
+            .flat_map(|s| s.ports.iter().flatten())
+            .map(|p| {
+                (
+                    name(&p.name).to_string(),
+                    p.port,
+                    protocol(&p.protocol).to_string(),
+                )
+            })
+            .collect()
+    };
+    let spec = current.spec.as_ref();
+    meta_up_to_date(&current.metadata, &desired.metadata)
+        && type_of(spec) == type_of(desired.spec.as_ref())
+        && spec.and_then(|s| s.load_balancer_class.as_ref())
+            == desired
+                .spec
+                .as_ref()
+                .and_then(|s| s.load_balancer_class.as_ref())
+        && spec
+            .and_then(|s| s.selector.as_ref())
+            .is_none_or(|s| s.is_empty())
+        && ports(current) == ports(desired)
+}
+
+fn ingress_ips(service: &Service) -> Vec<String> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.clone())
+        .collect()
+}
+
+/// Whether the stored EndpointSlice matches the desired one on the binder's fields.
+pub fn slice_up_to_date(current: &EndpointSlice, desired: &EndpointSlice) -> bool {
+    let endpoints = |s: &EndpointSlice| -> Vec<(Vec<String>, bool)> {
+        s.endpoints
+            .iter()
+            .map(|e| {
+                let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
+                (e.addresses.clone(), ready)
+            })
+            .collect()
+    };
+    let ports = |s: &EndpointSlice| -> Vec<(String, Option<i32>, String)> {
+        s.ports
+            .iter()
+            .flatten()
+            .map(|p| {
+                (
+                    name(&p.name).to_string(),
+                    p.port,
+                    protocol(&p.protocol).to_string(),
+                )
+            })
+            .collect()
+    };
+    meta_up_to_date(&current.metadata, &desired.metadata)
+        && current.address_type == desired.address_type
+        && endpoints(current) == endpoints(desired)
+        && ports(current) == ports(desired)
+}
+
+/// Whether the stored Endpoints match the desired ones on the binder's fields.
+pub fn endpoints_up_to_date(current: &Endpoints, desired: &Endpoints) -> bool {
+    type Subset = (Vec<String>, Vec<(String, i32, String)>);
+    let subsets = |e: &Endpoints| -> Vec<Subset> {
+        e.subsets
+            .iter()
+            .flatten()
+            .map(|s| {
+                (
+                    s.addresses.iter().flatten().map(|a| a.ip.clone()).collect(),
+                    s.ports
+                        .iter()
+                        .flatten()
+                        .map(|p| {
+                            (
+                                name(&p.name).to_string(),
+                                p.port,
+                                protocol(&p.protocol).to_string(),
+                            )
+                        })
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    meta_up_to_date(&current.metadata, &desired.metadata) && subsets(current) == subsets(desired)
+}
+
+fn error<'a>(
+    action: &'static str,
+    kind: &'static str,
+    ns: &'a str,
+    name: &'a str,
+) -> impl FnOnce(kube::Error) -> SyncError + 'a {
+    move |source| SyncError {
+        action,
+        kind,
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        source,
+    }
+}
+
+/// Apply `m` in `namespace`, writing only what differs on the binder's fields, and delete the
+/// binder's EndpointSlices of this Service that `m` no longer has.
+pub async fn sync_group(
+    client: &Client,
+    namespace: &str,
+    m: &Materialized,
+) -> Result<Written, SyncError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut written = Written::default();
+    let service_name = m.service.name_any();
+
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let current = services.get_opt(&service_name).await.map_err(error(
+        "get",
+        "Service",
+        namespace,
+        &service_name,
+    ))?;
+    let current = match current {
+        Some(c) if service_up_to_date(&c, &m.service) => c,
+        _ => {
+            let stored = services
+                .patch(&service_name, &params, &Patch::Apply(&m.service))
+                .await
+                .map_err(error("apply", "Service", namespace, &service_name))?;
+            written.applied.push(format!("Service/{service_name}"));
+            stored
+        }
+    };
+    let want_ips: Vec<String> = m.vip.iter().cloned().collect();
+    if ingress_ips(&current) != want_ips {
+        let ingress: Vec<_> = want_ips.iter().map(|ip| json!({"ip": ip})).collect();
+        let status = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": service_name},
+            "status": {"loadBalancer": {"ingress": ingress}},
+        });
+        services
+            .patch_status(&service_name, &params, &Patch::Apply(&status))
+            .await
+            .map_err(error("apply status", "Service", namespace, &service_name))?;
+        written
+            .applied
+            .push(format!("Service/{service_name}/status"));
+    }
+
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let selector = format!(
+        "{ENDPOINTSLICE_SERVICE_NAME_LABEL}={service_name},{ENDPOINTSLICE_MANAGED_BY_LABEL}={BINDER_MANAGER}"
+    );
+    let existing = slices
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(error("list", "EndpointSlice", namespace, &service_name))?;
+    for slice in &m.slices {
+        let slice_name = slice.name_any();
+        let stored = existing.items.iter().find(|s| s.name_any() == slice_name);
+        if stored.is_some_and(|s| slice_up_to_date(s, slice)) {
+            continue;
+        }
+        slices
+            .patch(&slice_name, &params, &Patch::Apply(slice))
+            .await
+            .map_err(error("apply", "EndpointSlice", namespace, &slice_name))?;
+        written.applied.push(format!("EndpointSlice/{slice_name}"));
+    }
+    for stale in stale_slices(&service_name, &m.slices, existing.items.iter()) {
+        match slices.delete(&stale, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(error("delete", "EndpointSlice", namespace, &stale)(e)),
+        }
+        written.deleted.push(stale);
+    }
+
+    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), namespace);
+    let current = endpoints.get_opt(&service_name).await.map_err(error(
+        "get",
+        "Endpoints",
+        namespace,
+        &service_name,
+    ))?;
+    if !current.is_some_and(|c| endpoints_up_to_date(&c, &m.endpoints)) {
+        endpoints
+            .patch(&service_name, &params, &Patch::Apply(&m.endpoints))
+            .await
+            .map_err(error("apply", "Endpoints", namespace, &service_name))?;
+        written.applied.push(format!("Endpoints/{service_name}"));
+    }
+    Ok(written)
+}
