@@ -639,7 +639,10 @@ mod tests {
         let keys = |v: Vec<Arc<ServiceEntry>>| -> Vec<String> {
             v.iter().map(|e| e.key.to_string()).collect()
         };
-        assert_eq!(keys(c.by_fqdn("OLD.xcc.test.")), ["east/a/web", "west/a/web"]);
+        assert_eq!(
+            keys(c.by_fqdn("OLD.xcc.test.")),
+            ["east/a/web", "west/a/web"]
+        );
         assert_eq!(keys(c.by_name("a", "web")), ["east/a/web", "west/a/web"]);
         // FQDN change moves the entry between buckets.
         c.upsert(local("a", "web", "new.xcc.test", "10.0.0.1"));
