@@ -1,6 +1,11 @@
-//! Ready-made [`ResourceSpec`]s for the custom resources xcc reads and writes, with validators
-//! that enforce what their CRD schemas enforce on a real cluster (required fields, types, port
-//! ranges), using the apiserver's OpenAPI validation message style.
+//! The custom resources xcc reads and writes, ready to register.
+//!
+//! ServiceRecord and RemoteRegistry come from the checked-in CRDs in `deploy/crds` (generated
+//! from the Rust types in `xcc-proto` and drift-tested there), so the fake enforces exactly the
+//! schemas a real cluster enforces: pruning, defaults, required fields, patterns, bounds, enums,
+//! list types. Their one CEL rule is reimplemented by [`validate_remote_registry_imports`]. The
+//! third-party resources (Cilium, Istio, Gateway API, like Contour's HTTPProxy which is
+//! preloaded) are registered without a schema: any content is accepted and kept.
 
 use serde_json::Value;
 
@@ -9,35 +14,40 @@ use crate::resources::ResourceSpec;
 /// Group of the XCC resources.
 pub const XCC_GROUP: &str = "connectivity.tanzu.vmware.com";
 
-/// `connectivity.tanzu.vmware.com/v1alpha1` ServiceRecord (namespaced, `/status`), validated by
-/// [`validate_service_record`].
+/// The ServiceRecord CRD as deployed.
+pub const SERVICE_RECORDS_CRD: &str =
+    include_str!("../../deploy/crds/servicerecords.connectivity.tanzu.vmware.com.yaml");
+/// The RemoteRegistry CRD as deployed.
+pub const REMOTE_REGISTRIES_CRD: &str =
+    include_str!("../../deploy/crds/remoteregistries.connectivity.tanzu.vmware.com.yaml");
+
+/// The storage version of a checked-in CRD.
+///
+/// # Panics
+/// If the embedded YAML does not parse; a unit test guarantees it does.
+fn storage_version(yaml: &str, what: &str) -> ResourceSpec {
+    match ResourceSpec::from_crd_yaml(yaml) {
+        Ok(versions) => match versions.into_iter().next() {
+            Some(v) => v,
+            None => panic!("the checked-in {what} CRD serves no version"),
+        },
+        Err(e) => panic!("the checked-in {what} CRD does not parse: {e}"),
+    }
+}
+
+/// `connectivity.tanzu.vmware.com/v1alpha1` ServiceRecord with its deployed schema.
 pub fn service_records() -> ResourceSpec {
-    ResourceSpec::new(
-        XCC_GROUP,
-        "v1alpha1",
-        "ServiceRecord",
-        "servicerecords",
-        true,
-    )
-    .with_status_subresource()
-    .with_validator(validate_service_record)
+    storage_version(SERVICE_RECORDS_CRD, "ServiceRecord")
 }
 
-/// `connectivity.tanzu.vmware.com/v1alpha1` RemoteRegistry (namespaced, `/status`), validated by
-/// [`validate_remote_registry`].
+/// `connectivity.tanzu.vmware.com/v1alpha1` RemoteRegistry with its deployed schema and the
+/// `imports` CEL rule.
 pub fn remote_registries() -> ResourceSpec {
-    ResourceSpec::new(
-        XCC_GROUP,
-        "v1alpha1",
-        "RemoteRegistry",
-        "remoteregistries",
-        true,
-    )
-    .with_status_subresource()
-    .with_validator(validate_remote_registry)
+    storage_version(REMOTE_REGISTRIES_CRD, "RemoteRegistry")
+        .with_validator(validate_remote_registry_imports)
 }
 
-/// `cilium.io/v2` CiliumNetworkPolicy.
+/// `cilium.io/v2` CiliumNetworkPolicy (schemaless).
 pub fn cilium_network_policies() -> ResourceSpec {
     ResourceSpec::new(
         "cilium.io",
@@ -50,7 +60,7 @@ pub fn cilium_network_policies() -> ResourceSpec {
     .with_short_names(&["cnp", "ciliumnp"])
 }
 
-/// `security.istio.io/v1` AuthorizationPolicy.
+/// `security.istio.io/v1` AuthorizationPolicy (schemaless).
 pub fn istio_authorization_policies() -> ResourceSpec {
     ResourceSpec::new(
         "security.istio.io",
@@ -63,7 +73,7 @@ pub fn istio_authorization_policies() -> ResourceSpec {
     .with_short_names(&["ap"])
 }
 
-/// `gateway.networking.k8s.io/v1` HTTPRoute.
+/// `gateway.networking.k8s.io/v1` HTTPRoute (schemaless).
 pub fn gateway_http_routes() -> ResourceSpec {
     ResourceSpec::new(
         "gateway.networking.k8s.io",
@@ -86,158 +96,101 @@ pub fn all() -> Vec<ResourceSpec> {
     ]
 }
 
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
-/// Checks that `obj[field]` exists and has JSON type `want`, reporting like the apiserver.
-fn typed<'a>(
-    obj: &'a Value,
-    path: &str,
-    field: &str,
-    want: &str,
-    errs: &mut Vec<String>,
-) -> Option<&'a Value> {
-    let full = if path.is_empty() {
-        field.to_string()
-    } else {
-        format!("{path}.{field}")
-    };
-    match obj.get(field) {
-        None | Some(Value::Null) => {
-            errs.push(format!("{full}: Required value"));
-            None
-        }
-        Some(v) if type_name(v) == want || (want == "number" && v.is_number()) => Some(v),
-        Some(v) => {
-            let got = type_name(v);
-            errs.push(format!(
-                "{full}: Invalid value: \"{got}\": {full} in body must be of type {want}: \"{got}\""
-            ));
-            None
-        }
-    }
-}
-
-fn finish(errs: Vec<String>) -> Result<(), Vec<String>> {
+/// The RemoteRegistry CEL rule on `spec.imports[]`:
+/// `has(self.fqdn) ? !has(self.namespace) && !has(self.name) : has(self.namespace) && has(self.name)`.
+pub fn validate_remote_registry_imports(obj: &Value) -> Result<(), Vec<String>> {
+    let imports = obj
+        .pointer("/spec/imports")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let errs: Vec<String> = imports
+        .iter()
+        .enumerate()
+        .filter(|(_, imp)| {
+            let has = |k: &str| imp.get(k).is_some_and(|v| !v.is_null());
+            let ok = if has("fqdn") { !has("namespace") && !has("name") } else { has("namespace") && has("name") };
+            !ok
+        })
+        .map(|(i, _)| format!("spec.imports[{i}]: Invalid value: \"object\": give either fqdn, or namespace and name"))
+        .collect();
     if errs.is_empty() { Ok(()) } else { Err(errs) }
-}
-
-/// ServiceRecord schema: `spec.fqdn` string, `spec.endpoints[]` of `{address: string, port:
-/// integer 1-65535}`, all required (`endpoints` may be empty).
-pub fn validate_service_record(obj: &Value) -> Result<(), Vec<String>> {
-    let mut errs = Vec::new();
-    let Some(spec) = typed(obj, "", "spec", "object", &mut errs) else {
-        return finish(errs);
-    };
-    typed(spec, "spec", "fqdn", "string", &mut errs);
-    if let Some(eps) =
-        typed(spec, "spec", "endpoints", "array", &mut errs).and_then(Value::as_array)
-    {
-        for (i, ep) in eps.iter().enumerate() {
-            let path = format!("spec.endpoints[{i}]");
-            if !ep.is_object() {
-                errs.push(format!("{path}: Invalid value: \"{t}\": {path} in body must be of type object: \"{t}\"", t = type_name(ep)));
-                continue;
-            }
-            typed(ep, &path, "address", "string", &mut errs);
-            if let Some(port) =
-                typed(ep, &path, "port", "integer", &mut errs).and_then(Value::as_i64)
-            {
-                let field = format!("{path}.port");
-                if port < 1 {
-                    errs.push(format!("{field}: Invalid value: {port}: {field} in body should be greater than or equal to 1"));
-                } else if port > 65535 {
-                    errs.push(format!("{field}: Invalid value: {port}: {field} in body should be less than or equal to 65535"));
-                }
-            }
-        }
-    }
-    finish(errs)
-}
-
-/// RemoteRegistry schema: `spec.address` string, `spec.tlsConfig.{serverCA (base64), serverName}`
-/// strings, optional `spec.allowedDomains` list of strings.
-pub fn validate_remote_registry(obj: &Value) -> Result<(), Vec<String>> {
-    use base64::Engine as _;
-    let mut errs = Vec::new();
-    let Some(spec) = typed(obj, "", "spec", "object", &mut errs) else {
-        return finish(errs);
-    };
-    typed(spec, "spec", "address", "string", &mut errs);
-    if let Some(tls) = typed(spec, "spec", "tlsConfig", "object", &mut errs) {
-        if let Some(ca) =
-            typed(tls, "spec.tlsConfig", "serverCA", "string", &mut errs).and_then(Value::as_str)
-            && base64::engine::general_purpose::STANDARD
-                .decode(ca)
-                .is_err()
-        {
-            errs.push("spec.tlsConfig.serverCA: Invalid value: \"string\": spec.tlsConfig.serverCA in body must be of type byte: \"string\"".into());
-        }
-        typed(tls, "spec.tlsConfig", "serverName", "string", &mut errs);
-    }
-    if let Some(domains) = spec.get("allowedDomains").filter(|v| !v.is_null()) {
-        match domains.as_array() {
-            Some(list) => {
-                for (i, d) in list.iter().enumerate() {
-                    if !d.is_string() {
-                        let t = type_name(d);
-                        errs.push(format!(
-                            "spec.allowedDomains[{i}]: Invalid value: \"{t}\": spec.allowedDomains[{i}] in body must be of type string: \"{t}\""
-                        ));
-                    }
-                }
-            }
-            None => {
-                let t = type_name(domains);
-                errs.push(format!(
-                    "spec.allowedDomains: Invalid value: \"{t}\": spec.allowedDomains in body must be of type array: \"{t}\""
-                ));
-            }
-        }
-    }
-    finish(errs)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::ListKind;
+    use crate::schema::Schema;
     use serde_json::json;
 
     #[test]
-    fn service_record_schema() {
+    fn checked_in_crds_parse_with_schemas() {
+        for (spec, kind) in [
+            (service_records(), "ServiceRecord"),
+            (remote_registries(), "RemoteRegistry"),
+        ] {
+            assert_eq!(
+                (
+                    spec.group.as_str(),
+                    spec.version.as_str(),
+                    spec.kind.as_str()
+                ),
+                (XCC_GROUP, "v1alpha1", kind)
+            );
+            assert!(spec.namespaced && spec.status_subresource);
+            let schema = Schema::compile(spec.schema.as_deref().unwrap()).unwrap();
+            assert!(
+                schema
+                    .list_kinds()
+                    .iter()
+                    .any(|(p, k)| p == "status.conditions"
+                        && matches!(k, ListKind::Map { keys, .. } if keys[0].0 == "type"))
+            );
+        }
+    }
+
+    #[test]
+    fn service_record_schema_is_enforced() {
+        let schema = Schema::compile(service_records().schema.as_deref().unwrap()).unwrap();
+        let ok = json!({"spec": {"fqdn": "web.example.com", "endpoints": [{"address": "10.0.0.1", "port": 443}]}});
+        assert_eq!(schema.validate(&ok), vec![]);
+        let bad = json!({"spec": {"fqdn": "-bad", "endpoints": [{"address": "", "port": 70000}]}});
+        let mut msgs: Vec<String> = schema.validate(&bad).iter().map(|e| e.message()).collect();
+        msgs.sort();
+        assert_eq!(msgs.len(), 3, "{msgs:?}");
         assert_eq!(
-            validate_service_record(&json!({"spec": {"fqdn": "a.b", "endpoints": []}})),
-            Ok(())
+            msgs[0],
+            "spec.endpoints[0].address: Invalid value: \"\": spec.endpoints[0].address in body should be at least 1 chars long"
         );
         assert_eq!(
-            validate_service_record(&json!({"spec": {"endpoints": [{"address": "1.2.3.4", "port": 0}, {"port": "x"}]}})),
-            Err(vec![
-                "spec.fqdn: Required value".to_string(),
-                "spec.endpoints[0].port: Invalid value: 0: spec.endpoints[0].port in body should be greater than or equal to 1".to_string(),
-                "spec.endpoints[1].address: Required value".to_string(),
-                "spec.endpoints[1].port: Invalid value: \"string\": spec.endpoints[1].port in body must be of type integer: \"string\"".to_string(),
-            ])
+            msgs[1],
+            "spec.endpoints[0].port: Invalid value: 70000: spec.endpoints[0].port in body should be less than or equal to 65535"
         );
-        assert_eq!(
-            validate_service_record(&json!({})),
-            Err(vec!["spec: Required value".to_string()])
+        assert!(
+            msgs[2].starts_with(
+                "spec.fqdn: Invalid value: \"-bad\": spec.fqdn in body should match '^"
+            ),
+            "{}",
+            msgs[2]
         );
     }
 
     #[test]
-    fn remote_registry_schema() {
-        let ok = json!({"spec": {"address": "r:443", "tlsConfig": {"serverCA": "YQ==", "serverName": "r"}}});
-        assert_eq!(validate_remote_registry(&ok), Ok(()));
-        let bad = json!({"spec": {"tlsConfig": {"serverCA": "***"}, "allowedDomains": "x"}});
-        assert_eq!(validate_remote_registry(&bad).map_err(|e| e.len()), Err(4));
+    fn remote_registry_imports_rule() {
+        let imports = |v: Value| json!({"spec": {"imports": v}});
+        assert_eq!(
+            validate_remote_registry_imports(&imports(
+                json!([{"fqdn": "a.b"}, {"namespace": "n", "name": "x"}])
+            )),
+            Ok(())
+        );
+        assert_eq!(
+            validate_remote_registry_imports(&imports(json!([{"fqdn": "a.b", "name": "x"}, {"name": "x"}]))),
+            Err(vec![
+                "spec.imports[0]: Invalid value: \"object\": give either fqdn, or namespace and name".to_string(),
+                "spec.imports[1]: Invalid value: \"object\": give either fqdn, or namespace and name".to_string(),
+            ])
+        );
     }
 }

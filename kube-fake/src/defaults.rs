@@ -550,6 +550,12 @@ impl Allocator {
             ));
         }
         if needs_node_ports(&ty) {
+            // A LoadBalancer with allocateLoadBalancerNodePorts=false gets none it did not ask for.
+            let allocate = ty == "NodePort"
+                || spec
+                    .get("allocateLoadBalancerNodePorts")
+                    .and_then(Value::as_bool)
+                    != Some(false);
             let mut taken: HashSet<(i64, String)> = HashSet::new();
             if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
                 for (i, p) in ports.iter_mut().enumerate() {
@@ -585,6 +591,7 @@ impl Allocator {
                             }
                             taken.insert(key);
                         }
+                        None if !allocate => {}
                         None => match self.random_node_port(&proto, &taken) {
                             Some(np) => {
                                 taken.insert((np, proto));

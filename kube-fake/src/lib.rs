@@ -20,13 +20,15 @@
 //! * `metadata.generation` per resource strategy (custom resources, pods, EndpointSlices; not
 //!   Services or ConfigMaps); `/status` subresource isolation;
 //! * defaulting and validation of Services (ClusterIP and NodePort allocation), Endpoints,
-//!   EndpointSlices and more, metadata validation, pluggable validation for custom resources;
+//!   EndpointSlices and more, metadata validation; custom resources registered from their CRD
+//!   get structural-schema pruning, defaulting and validation, plus pluggable validators;
 //! * finalizers, garbage collection through ownerReferences (Background, Foreground, Orphan),
 //!   namespace termination; namespaces must exist.
 //!
 //! Known simplifications (none of them make the fake more permissive about input a real server
-//! rejects, except where noted): no authentication or authorization; no admission webhooks; no
-//! schema pruning or defaulting for custom resources (unknown fields are kept — more lenient);
+//! rejects, except where noted): no authentication or authorization; no admission webhooks; CEL
+//! rules of CRDs are not evaluated (reimplement them as validators), and resources registered
+//! without a schema keep unknown fields (more lenient);
 //! lists and continue tokens always read the latest state (no historical snapshots; an `Exact`
 //! list at an older version answers 410); `events.k8s.io` and core events are stored separately;
 //! graceful pod deletion is immediate (no kubelet); garbage collection runs synchronously after
@@ -47,6 +49,7 @@ mod meta;
 mod patch;
 mod resources;
 mod routes;
+mod schema;
 mod selector;
 mod status;
 mod store;
@@ -125,6 +128,7 @@ pub struct Builder {
     allow_special_endpoint_ips: bool,
     namespaces: Vec<String>,
     resources: Vec<ResourceSpec>,
+    crds: Vec<Value>,
 }
 
 impl Default for Builder {
@@ -135,6 +139,7 @@ impl Default for Builder {
             allow_special_endpoint_ips: false,
             namespaces: Vec::new(),
             resources: Vec::new(),
+            crds: Vec::new(),
         }
     }
 }
@@ -170,6 +175,12 @@ impl Builder {
         self
     }
 
+    /// Registers every served version of a CustomResourceDefinition at start.
+    pub fn crd(mut self, crd: Value) -> Self {
+        self.crds.push(crd);
+        self
+    }
+
     /// Starts the server.
     ///
     /// # Panics
@@ -184,6 +195,11 @@ impl Builder {
     /// Starts the server, reporting setup errors.
     pub async fn try_start(self) -> Result<FakeApiServer, StartError> {
         let mut registry = Registry::with_builtins();
+        for crd in &self.crds {
+            for spec in ResourceSpec::from_crd(crd)? {
+                registry.register(spec)?;
+            }
+        }
         for spec in self.resources {
             registry.register(spec)?;
         }
@@ -326,6 +342,16 @@ impl FakeApiServer {
     /// Registers (or re-registers) a custom resource; served immediately.
     pub fn register(&self, spec: ResourceSpec) -> Result<(), RegisterError> {
         self.shared.lock().registry.register(spec)
+    }
+
+    /// Registers every served version of a CustomResourceDefinition (storage version first).
+    pub fn register_crd(&self, crd: &Value) -> Result<(), RegisterError> {
+        let specs = ResourceSpec::from_crd(crd)?;
+        let mut s = self.shared.lock();
+        for spec in specs {
+            s.registry.register(spec)?;
+        }
+        Ok(())
     }
 
     /// Creates a namespace if it does not exist (as `kube-apiserver`, through validation).

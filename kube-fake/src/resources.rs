@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::schema::Schema;
 use crate::status::Subject;
 
 /// A validation function for a custom resource: receives the whole object after defaulting and
@@ -40,6 +41,9 @@ pub struct ResourceSpec {
     pub list_map_keys: Vec<ListMapKeys>,
     /// Short names advertised in discovery.
     pub short_names: Vec<String>,
+    /// The version's `openAPIV3Schema`: unknown fields are pruned, defaults applied, the object
+    /// validated, and `x-kubernetes-list-type` lists merged by server-side apply, as for a CRD.
+    pub schema: Option<Arc<Value>>,
 }
 
 /// `x-kubernetes-list-map-keys` for one list: `path` is dotted from the object root, with `[]`
@@ -94,6 +98,19 @@ impl ResourceSpec {
     pub fn api_version(&self) -> String {
         api_version(&self.group, &self.version)
     }
+
+    /// One spec per served version of a `CustomResourceDefinition` (apiextensions.k8s.io/v1, as
+    /// a JSON value), storage version first, each with its schema and status subresource.
+    pub fn from_crd(crd: &Value) -> Result<Vec<ResourceSpec>, RegisterError> {
+        crate::schema::specs_from_crd(crd).map_err(RegisterError::Invalid)
+    }
+
+    /// [`ResourceSpec::from_crd`] for CRD YAML (a single document).
+    pub fn from_crd_yaml(yaml: &str) -> Result<Vec<ResourceSpec>, RegisterError> {
+        let crd: Value = serde_yaml::from_str(yaml)
+            .map_err(|e| RegisterError::Invalid(format!("CRD YAML: {e}")))?;
+        Self::from_crd(&crd)
+    }
 }
 
 impl fmt::Debug for ResourceSpec {
@@ -108,6 +125,7 @@ impl fmt::Debug for ResourceSpec {
             .field("validator", &self.validator.as_ref().map(|_| "<fn>"))
             .field("list_map_keys", &self.list_map_keys)
             .field("short_names", &self.short_names)
+            .field("schema", &self.schema.as_ref().map(|_| "<openAPIV3Schema>"))
             .finish()
     }
 }
@@ -212,6 +230,7 @@ pub(crate) struct Resource {
     pub storage_version: String,
     pub lists: Vec<(String, ListKind)>,
     pub behavior: Behavior,
+    pub schema: Option<Arc<Schema>>,
 }
 
 impl Resource {
@@ -579,6 +598,7 @@ impl Registry {
                     builtin: d.b,
                     lists,
                     behavior,
+                    schema: None,
                 })
             })
             .collect();
@@ -625,7 +645,16 @@ impl Registry {
             }
             storage_version = existing.storage_version.clone();
         }
+        let schema = match &spec.schema {
+            Some(raw) => Some(Arc::new(
+                Schema::compile(raw).map_err(RegisterError::Invalid)?,
+            )),
+            None => None,
+        };
         let mut lists = metadata_lists();
+        if let Some(s) = &schema {
+            lists.extend(s.list_kinds());
+        }
         for k in &spec.list_map_keys {
             let keys: Vec<&str> = k.keys.iter().map(String::as_str).collect();
             lists.push((k.path.clone(), map_keys(&keys, None)));
@@ -636,6 +665,7 @@ impl Registry {
             storage_version,
             lists,
             behavior: custom_behavior(),
+            schema,
         });
         match self.resources.iter().position(|r| {
             r.spec.group == res.spec.group

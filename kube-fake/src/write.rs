@@ -234,6 +234,10 @@ impl Store {
         {
             m.remove("status");
         }
+        if let Some(schema) = &res.schema {
+            schema.prune(&mut obj);
+            schema.apply_defaults(&mut obj);
+        }
         defaults::apply(res, &mut obj, None)?;
         let errs = self.validate_all(res, &mut obj, None, Scope::Main);
         if !errs.is_empty() {
@@ -412,6 +416,10 @@ impl Store {
                     )],
                 ));
             }
+        }
+        if let Some(schema) = &res.schema {
+            schema.prune(&mut new);
+            schema.apply_defaults(&mut new);
         }
         defaults::apply(res, &mut new, Some(&old))?;
         let errs = self.validate_all(res, &mut new, Some(&old), req.scope);

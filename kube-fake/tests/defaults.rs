@@ -225,10 +225,21 @@ async fn explicit_headless_nodeport_and_load_balancer_services() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        lb.spec.unwrap().allocate_load_balancer_node_ports,
-        Some(true)
+    let spec = lb.spec.unwrap();
+    assert_eq!(spec.allocate_load_balancer_node_ports, Some(true));
+    assert!(spec.ports.unwrap()[0].node_port.is_some());
+    let no_ports = svc(
+        "lb-vip",
+        json!({"type": "LoadBalancer", "loadBalancerClass": "example.com/vip",
+               "allocateLoadBalancerNodePorts": false, "ports": [{"port": 443}]}),
     );
+    let vip = api.create(&pp, &no_ports).await.unwrap().spec.unwrap();
+    assert_eq!(
+        vip.ports.unwrap()[0].node_port,
+        None,
+        "allocateLoadBalancerNodePorts: false"
+    );
+    assert_eq!(vip.load_balancer_class.as_deref(), Some("example.com/vip"));
 }
 
 #[tokio::test]

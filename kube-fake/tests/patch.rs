@@ -374,9 +374,20 @@ async fn apply_to_status_subresource() {
         "status in a main-resource apply is ignored"
     );
 
+    // The deployed schema requires every condition field, as a real cluster would.
     let mut st = base.clone();
     st["status"] =
         json!({"observedGeneration": 1, "conditions": [{"type": "Valid", "status": "True"}]});
+    let refused = status(
+        api.patch_status("r", &PatchParams::apply("ctl"), &Patch::Apply(&st))
+            .await,
+    );
+    assert_eq!(
+        refused.message,
+        "RemoteRegistry.connectivity.tanzu.vmware.com \"r\" is invalid: [status.conditions[0].lastTransitionTime: Required value, status.conditions[0].message: Required value, status.conditions[0].reason: Required value]"
+    );
+    st["status"]["conditions"][0] = json!({"type": "Valid", "status": "True", "reason": "Accepted",
+        "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"});
     let written = api
         .patch_status("r", &PatchParams::apply("ctl"), &Patch::Apply(&st))
         .await

@@ -140,7 +140,8 @@ async fn generation_follows_each_resource_strategy() {
         .patch_status(
             "web",
             &pp,
-            &Patch::Merge(json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}})),
+            &Patch::Merge(json!({"status": {"conditions": [{"type": "Ready", "status": "True",
+                "reason": "Published", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
         )
         .await
         .unwrap();

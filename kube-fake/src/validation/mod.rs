@@ -258,6 +258,9 @@ pub(crate) fn validate(
         Some(Builtin::Event) if old.is_none() => validate_event(obj, &mut errs),
         _ => {}
     }
+    if let Some(schema) = &res.schema {
+        errs.extend(schema.validate(obj));
+    }
     if let Some(f) = &res.spec.validator
         && let Err(messages) = f(obj)
     {
