@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::PostParams;
@@ -205,4 +206,58 @@ async fn records_the_publisher_does_not_own_are_left_alone() {
     .unwrap();
     assert!(outcome.removed.is_empty());
     assert!(api.get_opt("test.some.domain").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn pub_09_deleting_the_proxy_removes_its_record() {
+    let server = server().await;
+    let client = server.client();
+    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let uid = stored_proxy(&client).await;
+    sync_source(
+        &client,
+        NS,
+        &uid,
+        &desired(&uid, true, "test.some.domain", &["10.0.0.1"]),
+    )
+    .await
+    .unwrap();
+    assert!(api.get_opt("test.some.domain").await.unwrap().is_some());
+
+    // The proxy goes; the garbage collector follows the controller owner reference. Watch from
+    // the record's current version, so the deletion cannot be missed.
+    let rv = api
+        .get("test.some.domain")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = api
+        .watch(
+            &kube::api::WatchParams::default().fields("metadata.name=test.some.domain"),
+            &rv,
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let proxies: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
+    proxies.delete("test", &Default::default()).await.unwrap();
+    let deleted = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(event) = events.next().await {
+            if matches!(event.unwrap(), kube::api::WatchEvent::Deleted(_)) {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    assert!(deleted, "record not garbage-collected");
+    assert!(api.get_opt("test.some.domain").await.unwrap().is_none());
+    // A late reconcile of the deleted proxy (P2) is not an error.
+    let outcome = sync_source(&client, NS, &uid, &Desired::Skip(Skip::NotExported))
+        .await
+        .unwrap();
+    assert!(outcome.removed.is_empty());
 }
