@@ -123,6 +123,8 @@ async fn go_reference_server_lock_step_and_quiet_period_sweep() {
         imported_fqdns(c, "go") == ["x.some.domain", "y.some.domain"]
     })
     .await;
+    // The second ACK may still be on the wire when the sweep completes.
+    server.wait_requests(3).await;
     let reqs = server.requests.lock().expect("lock").clone();
     assert_eq!(
         reqs.len(),

@@ -267,6 +267,32 @@ pub struct GoLikeServer {
     pub requests: std::sync::Arc<std::sync::Mutex<Vec<rd1::StreamRequest>>>,
     pub calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub fail_with: Option<tonic::Code>,
+    /// Number of requests recorded so far, observable without polling.
+    pub recorded: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl GoLikeServer {
+    fn record(
+        requests: &std::sync::Arc<std::sync::Mutex<Vec<rd1::StreamRequest>>>,
+        recorded: &tokio::sync::watch::Sender<usize>,
+        req: rd1::StreamRequest,
+    ) {
+        let n = {
+            let mut r = requests.lock().expect("lock");
+            r.push(req);
+            r.len()
+        };
+        recorded.send_replace(n);
+    }
+
+    /// Wait until at least `n` requests were recorded.
+    pub async fn wait_requests(&self, n: usize) {
+        let mut rx = self.recorded.subscribe();
+        tokio::time::timeout(WAIT, rx.wait_for(|c| *c >= n))
+            .await
+            .expect("requests in time")
+            .expect("server alive");
+    }
 }
 
 pub fn fs(fqdn: &str, ip: &str) -> FederatedService {
@@ -309,10 +335,11 @@ impl rd1::discovery_service_server::DiscoveryService for GoLikeServer {
             .message()
             .await?
             .ok_or_else(|| tonic::Status::cancelled("eof"))?;
-        self.requests.lock().expect("lock").push(first);
+        Self::record(&self.requests, &self.recorded, first);
         let snapshot = self.state.lock().expect("lock").clone();
         let (tx, rx) = mpsc::channel(1);
         let requests = self.requests.clone();
+        let recorded = self.recorded.clone();
         tokio::spawn(async move {
             for item in snapshot {
                 let resp = rd1::StreamResponse {
@@ -328,13 +355,13 @@ impl rd1::discovery_service_server::DiscoveryService for GoLikeServer {
                     return;
                 }
                 match inbound.message().await {
-                    Ok(Some(req)) => requests.lock().expect("lock").push(req),
+                    Ok(Some(req)) => Self::record(&requests, &recorded, req),
                     _ => return,
                 }
             }
             // Then idle, but keep reading so extra messages would be recorded.
             while let Ok(Some(req)) = inbound.message().await {
-                requests.lock().expect("lock").push(req);
+                Self::record(&requests, &recorded, req);
             }
         });
         Ok(tonic::Response::new(ReceiverStream::new(rx)))
