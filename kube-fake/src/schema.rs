@@ -178,6 +178,10 @@ impl Schema {
                 errs.push(FieldError::required(r, ""));
             }
         }
+        // Object keys iterate sorted or in insertion order depending on whether some crate in
+        // the build enables serde_json's `preserve_order`; sort by field so the message is the
+        // same in every build.
+        errs.sort_by(|a, b| a.field.cmp(&b.field));
         errs
     }
 
