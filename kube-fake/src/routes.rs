@@ -23,7 +23,7 @@ use crate::patch;
 use crate::resources::Resource;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::{ApiError, FieldError};
-use crate::store::{key, present};
+use crate::store::{key, present, view};
 use crate::watch::{self, Start, WatchSpec};
 use crate::write::{Mutation, WriteReq};
 
@@ -37,12 +37,43 @@ type Query = HashMap<String, String>;
 
 fn json_response(code: u16, body: &Value) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+    let ct = match body.get("kind").and_then(Value::as_str) {
+        Some("PartialObjectMetadata") => PARTIAL_MIME,
+        Some("PartialObjectMetadataList") => PARTIAL_LIST_MIME,
+        _ => "application/json",
+    };
+    (status, [(header::CONTENT_TYPE, ct)], body.to_string()).into_response()
+}
+
+const PARTIAL_MIME: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+const PARTIAL_LIST_MIME: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+
+/// Whether the client asked for metadata only (`as=PartialObjectMetadata[List]`).
+fn wants_partial(headers: &HeaderMap) -> bool {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    accept.split(',').next().is_some_and(|first| {
+        first.contains("as=PartialObjectMetadata") && first.contains("g=meta.k8s.io")
+    })
+}
+
+/// Turns an object response into metadata only, leaving Status bodies alone.
+fn partial_body(res: &Resource, body: Value) -> Value {
+    match body.get("kind").and_then(Value::as_str) {
+        Some(k) if k == res.spec.kind => view(&body, res, true),
+        Some(k) if k == format!("{}List", res.spec.kind) => {
+            let items: Vec<Value> = body
+                .get("items")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(|o| view(o, res, true)).collect())
+                .unwrap_or_default();
+            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                   "metadata": body.get("metadata").cloned().unwrap_or(Value::Null), "items": items})
+        }
+        _ => body,
+    }
 }
 
 fn error_response(e: &ApiError) -> Response {
@@ -289,16 +320,25 @@ async fn resource(
     }
     let ns = t.namespace.clone().unwrap_or_default();
     let name = t.name.clone().unwrap_or_default();
+    let partial = wants_partial(headers);
+    let respond = |code: u16, body: Value| -> Response {
+        let body = if partial {
+            partial_body(&t.res, body)
+        } else {
+            body
+        };
+        json_response(code, &body)
+    };
     match verb {
         Verb::Get => {
             let store = shared.lock();
             let obj = store
                 .get(&key(&t.res, &ns, &name))
                 .ok_or_else(|| ApiError::not_found(t.res.subject(&name)))?;
-            Ok(json_response(200, &present(obj, &t.res)))
+            Ok(respond(200, present(obj, &t.res)))
         }
-        Verb::List => list(shared, &t, query).map(|v| json_response(200, &v)),
-        Verb::Watch => watch_request(shared, &t, query),
+        Verb::List => list(shared, &t, query).map(|v| respond(200, v)),
+        Verb::Watch => watch_request(shared, &t, query, partial),
         Verb::DeleteCollection => {
             let opts = delete_opts(query, &read_body(body).await?)?;
             let (labels, fields) = selectors(&t.res, query)?;
@@ -326,10 +366,7 @@ async fn resource(
             let rv = store.resource_version();
             drop(store);
             shared.notify(rv);
-            Ok(json_response(
-                200,
-                &list_body(&t.res, rv, None, None, items),
-            ))
+            Ok(respond(200, list_body(&t.res, rv, None, None, items)))
         }
         _ => {
             let bytes = read_body(body).await?;
@@ -380,7 +417,7 @@ async fn resource(
             if outcome.changed {
                 shared.notify(rv);
             }
-            Ok(json_response(outcome.code, &outcome.body))
+            Ok(respond(outcome.code, outcome.body))
         }
     }
 }
@@ -631,7 +668,12 @@ fn list(shared: &Shared, t: &Target, query: &Query) -> Result<Value, ApiError> {
     Ok(list_body(&t.res, list_rv, cont, remaining, items))
 }
 
-fn watch_request(shared: &Arc<Shared>, t: &Target, query: &Query) -> Result<Response, ApiError> {
+fn watch_request(
+    shared: &Arc<Shared>,
+    t: &Target,
+    query: &Query,
+    partial: bool,
+) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(&t.res, query)?;
     let rv = query
         .get("resourceVersion")
@@ -688,6 +730,7 @@ fn watch_request(shared: &Arc<Shared>, t: &Target, query: &Query) -> Result<Resp
         start,
         bookmarks,
         initial_events_end: initial,
+        partial,
         timeout,
     };
     let body = watch::start(shared.clone(), spec)?;

@@ -82,6 +82,20 @@ pub(crate) fn present(obj: &Value, res: &Resource) -> Value {
     out
 }
 
+/// The object as served, or only its metadata as `meta.k8s.io/v1` PartialObjectMetadata when
+/// the client asked for that representation in `Accept`.
+pub(crate) fn view(obj: &Value, res: &Resource, partial: bool) -> Value {
+    if partial {
+        serde_json::json!({
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": obj.get("metadata").cloned().unwrap_or(Value::Null),
+        })
+    } else {
+        present(obj, res)
+    }
+}
+
 impl Store {
     pub fn new(registry: Registry, history_limit: usize, opts: Options) -> Self {
         Self {

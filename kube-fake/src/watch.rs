@@ -18,7 +18,7 @@ use crate::Shared;
 use crate::resources::Resource;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
-use crate::store::{Event, EventType, present};
+use crate::store::{Event, EventType, view};
 
 /// Where a watch starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +39,8 @@ pub(crate) struct WatchSpec {
     pub bookmarks: bool,
     /// `sendInitialEvents=true`: mark the end of the initial state with a bookmark.
     pub initial_events_end: bool,
+    /// Send only metadata (`Accept: ...;as=PartialObjectMetadata`).
+    pub partial: bool,
     pub timeout: Duration,
 }
 
@@ -62,14 +64,14 @@ impl WatchSpec {
         let now = self.matches(&ev.object);
         let before = ev.prev.as_ref().is_some_and(|p| self.matches(p));
         match ev.ty {
-            EventType::Added => now.then(|| ("ADDED", present(&ev.object, &self.res))),
-            EventType::Deleted => now.then(|| ("DELETED", present(&ev.object, &self.res))),
+            EventType::Added => now.then(|| ("ADDED", self.show(&ev.object))),
+            EventType::Deleted => now.then(|| ("DELETED", self.show(&ev.object))),
             EventType::Modified => match (now, before) {
-                (true, true) => Some(("MODIFIED", present(&ev.object, &self.res))),
-                (true, false) => Some(("ADDED", present(&ev.object, &self.res))),
+                (true, true) => Some(("MODIFIED", self.show(&ev.object))),
+                (true, false) => Some(("ADDED", self.show(&ev.object))),
                 (false, true) => {
                     // Leaving the selector: the previous state, at this event's version.
-                    let mut prev = present(ev.prev.as_deref().unwrap_or(&ev.object), &self.res);
+                    let mut prev = self.show(ev.prev.as_deref().unwrap_or(&ev.object));
                     prev["metadata"]["resourceVersion"] = ev.rv.to_string().into();
                     Some(("DELETED", prev))
                 }
@@ -78,14 +80,26 @@ impl WatchSpec {
         }
     }
 
+    fn show(&self, obj: &Value) -> Value {
+        view(obj, &self.res, self.partial)
+    }
+
     fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
         let mut meta = json!({"resourceVersion": rv.to_string()});
         if initial_end {
             meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
+        let (kind, api_version) = if self.partial {
+            (
+                "PartialObjectMetadata".to_string(),
+                "meta.k8s.io/v1".to_string(),
+            )
+        } else {
+            (self.res.spec.kind.clone(), self.res.api_version())
+        };
         line(
             "BOOKMARK",
-            json!({"kind": self.res.spec.kind, "apiVersion": self.res.api_version(), "metadata": meta}),
+            json!({"kind": kind, "apiVersion": api_version, "metadata": meta}),
         )
     }
 }
@@ -110,7 +124,7 @@ pub(crate) fn start(shared: Arc<Shared>, spec: WatchSpec) -> Result<Body, ApiErr
                 let objs: Vec<Value> = store
                     .list(&spec.res, spec.namespace.as_deref())
                     .filter(|(_, o)| spec.matches(o))
-                    .map(|(_, o)| present(o, &spec.res))
+                    .map(|(_, o)| spec.show(o))
                     .collect();
                 (current, objs)
             }

@@ -8,7 +8,7 @@ use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::{Discovery, Scope as DiscoveryScope};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use xcc_kube_fake::{FakeApiServer, Verb, crds};
 
@@ -547,4 +547,59 @@ async fn service_deletion_returns_the_object() {
     let gone = api.delete("web", &DeleteParams::default()).await.unwrap();
     assert_eq!(gone.left().map(|s| s.name_any()), Some("web".to_string()));
     assert_eq!(server.get("v1", "services", Some("default"), "web"), None);
+}
+
+#[tokio::test]
+async fn kube_runtime_event_recorder_creates_then_patches_a_series() {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let server = FakeApiServer::start().await;
+    let client = server.client();
+    let svcs: Api<Service> = Api::default_namespaced(client.clone());
+    let svc = svcs
+        .create(
+            &PostParams::default(),
+            &obj(json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}})),
+        )
+        .await
+        .unwrap();
+    let reporter = Reporter {
+        controller: "xcc-binder".into(),
+        instance: Some("binder-0".into()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Bound".into(),
+        note: Some("materialised".into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let reference = svc.object_ref(&());
+    recorder.publish(&ev, &reference).await.unwrap();
+    recorder.publish(&ev, &reference).await.unwrap();
+    let events: Vec<K8sEvent> = Api::<K8sEvent>::default_namespaced(client)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(events.len(), 1);
+    let e = &events[0];
+    assert_eq!(
+        (e.reason.as_deref(), e.reporting_controller.as_deref()),
+        (Some("Bound"), Some("xcc-binder"))
+    );
+    assert_eq!(e.series.as_ref().map(|s| s.count), Some(2));
+    assert_eq!(
+        e.regarding.as_ref().and_then(|r| r.name.as_deref()),
+        Some("web")
+    );
+    assert_eq!(
+        server.requests().get("events.events.k8s.io", Verb::Create),
+        1
+    );
+    assert_eq!(
+        server.requests().get("events.events.k8s.io", Verb::Patch),
+        1
+    );
 }

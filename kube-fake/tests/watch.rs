@@ -439,3 +439,52 @@ async fn streaming_lists_send_initial_events_and_an_end_bookmark() {
         "no list call in streaming mode"
     );
 }
+
+#[tokio::test]
+async fn metadata_only_requests_get_partial_object_metadata() {
+    let server = FakeApiServer::start().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(server.client());
+    let a = api
+        .create(
+            &PostParams::default(),
+            &obj(json!({"metadata": {"name": "a", "labels": {"k": "v"}}, "data": {"big": "x"}})),
+        )
+        .await
+        .unwrap();
+    let meta = api.get_metadata("a").await.unwrap();
+    let types = meta.types.clone().unwrap();
+    assert_eq!(
+        (types.kind.as_str(), types.api_version.as_str()),
+        ("PartialObjectMetadata", "meta.k8s.io/v1")
+    );
+    assert_eq!(meta.metadata, a.metadata);
+    let list = api.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(list.types.kind, "PartialObjectMetadataList");
+    assert_eq!(
+        list.items
+            .iter()
+            .map(|m| m.metadata.name.clone().unwrap())
+            .collect::<Vec<_>>(),
+        vec!["a"]
+    );
+
+    let metadata_api: Api<kube::core::PartialObjectMeta<ConfigMap>> =
+        Api::default_namespaced(server.client());
+    let mut events = watcher(metadata_api, watcher::Config::default()).boxed();
+    let mut next = async || within(events.next()).await.expect("watcher ended").unwrap();
+    assert!(matches!(next().await, watcher::Event::Init));
+    assert!(
+        matches!(next().await, watcher::Event::InitApply(m) if m.metadata.name.as_deref() == Some("a"))
+    );
+    assert!(matches!(next().await, watcher::Event::InitDone));
+    api.create(&PostParams::default(), &cm("b", json!({})))
+        .await
+        .unwrap();
+    match next().await {
+        watcher::Event::Apply(m) => {
+            assert_eq!(m.metadata.name.as_deref(), Some("b"));
+            assert_eq!(m.types.unwrap().kind, "PartialObjectMetadata");
+        }
+        other => panic!("{other:?}"),
+    }
+}
