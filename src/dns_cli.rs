@@ -165,6 +165,9 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         forward_timeout: Duration::from_millis(args.forward_timeout_ms.max(1)),
         ..ServerConfig::default()
     };
+    // Register the signal handlers before announcing readiness, so a SIGTERM that follows the
+    // "serving" line is always handled gracefully.
+    let stop = shutdown_signal()?;
     tracing::info!(
         udp = %server.udp_addr()?,
         tcp = %server.tcp_addr()?,
@@ -182,7 +185,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     });
     let signal = cancel.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        stop.await;
         tracing::info!("shutdown requested");
         signal.cancel();
     });
@@ -205,17 +208,23 @@ async fn ok(f: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        Ok(async move {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = term.recv() => {}
             }
-            return;
-        }
+        })
     }
-    let _ = tokio::signal::ctrl_c().await;
+    #[cfg(not(unix))]
+    {
+        Ok(async move {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+    }
 }

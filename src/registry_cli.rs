@@ -122,33 +122,34 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         },
     };
     let cancel = CancellationToken::new();
+    // Handlers first: a SIGTERM right after the "registry started" line must stop it gracefully.
+    let stop = shutdown_signal()?;
     let registry = Registry::start(config, cancel.clone()).await?;
     tokio::spawn(async move {
-        shutdown_signal().await;
+        stop.await;
         tracing::info!("shutdown requested");
         cancel.cancel();
     });
     registry.run().await
 }
 
-async fn shutdown_signal() {
+/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        Ok(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
             }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        Ok(async move {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
