@@ -407,7 +407,10 @@ pub fn spawn_dir_watcher(
     tokio::spawn(async move {
         let notify_tx = tx.clone();
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok() {
+            // Our own reads raise open/access events; reacting to them would re-read forever.
+            if let Ok(ev) = res
+                && !matches!(ev.kind, notify::EventKind::Access(_))
+            {
                 let _ = notify_tx.try_send(());
             }
         });
