@@ -301,7 +301,7 @@ mod tests {
         .unwrap();
         assert_eq!(err.code(), 409);
         assert_eq!(
-            err.message(),
+            err.message,
             "Apply failed with 1 conflict: conflict with \"one\" using v1: .data.a"
         );
         // Same value: shared ownership, no conflict.

@@ -68,7 +68,6 @@ use tokio_util::sync::CancellationToken;
 
 pub use counters::{Counts, Verb};
 pub use resources::{ListMapKeys, RegisterError, ResourceSpec, Validator};
-pub use status::ApiError;
 
 use crate::fields::Scope;
 use crate::resources::{Registry, split_api_version};

@@ -226,14 +226,6 @@ impl ApiError {
     pub fn code(&self) -> u16 {
         self.code
     }
-    /// `metav1.StatusReason`.
-    pub fn reason(&self) -> &str {
-        self.reason
-    }
-    /// Human-readable message.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
 
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
