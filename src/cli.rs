@@ -84,6 +84,10 @@ impl TlsArgs {
 pub enum Command {
     /// Run a registry: serve this cluster's exports over Hamlet, import from remote registries.
     Registry(crate::registry_cli::RegistryArgs),
+    /// Publish labelled HTTPProxies and Services as exported ServiceRecords.
+    Publisher(crate::publisher_cli::PublisherArgs),
+    /// Turn imported ServiceRecords into Services with EndpointSlices (or Cilium global Services).
+    Binder(crate::binder_cli::BinderArgs),
     /// Create a CA and issue registry and admin certificates.
     #[command(subcommand)]
     Certs(crate::certs_cli::CertsCommand),
@@ -102,6 +106,8 @@ pub enum Command {
 pub async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Registry(args) => crate::registry_cli::run(args).await,
+        Command::Publisher(args) => crate::publisher_cli::run(args).await,
+        Command::Binder(args) => crate::binder_cli::run(args).await,
         Command::Certs(cmd) => crate::certs_cli::run(cmd),
         Command::Crds(args) => crate::crds_cli::run(args),
         Command::Admin(args) => crate::admin_cli::run(args).await,

@@ -2,12 +2,14 @@
 
 mod admin_cli;
 mod bench;
+mod binder_cli;
 mod bench_hierarchy;
 mod certs_cli;
 mod cli;
 mod crds_cli;
 mod demo;
 mod dns_cli;
+mod publisher_cli;
 mod registry_cli;
 
 use clap::Parser;
