@@ -2,8 +2,8 @@
 
 mod admin_cli;
 mod bench;
-mod binder_cli;
 mod bench_hierarchy;
+mod binder_cli;
 mod certs_cli;
 mod cli;
 mod crds_cli;
