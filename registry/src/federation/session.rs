@@ -3,7 +3,6 @@
 //! subtree; every later message is checked against it, and a child that speaks for a cluster
 //! outside its subtree is cut off with `PermissionDenied`.
 
-use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -15,7 +14,6 @@ use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::level::{ChildError, Down, Level, session_channel};
-use crate::catalog::ServiceKey;
 
 /// How long a child may take to declare its subtree.
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -87,10 +85,11 @@ impl fed::federation_server::Federation for FederationService {
                 status_for(e)
             })?;
         info!(%child, addr = %peer.remote_addr, subtree = ?membership.clusters, "child connected");
+        // Before the first announcement is read: everything this session stores is newer.
+        let mut announced = self.level.track_announcements();
         let level = self.level.clone();
         let cancel = self.cancel.clone();
         tokio::spawn(async move {
-            let mut announced: BTreeSet<ServiceKey> = BTreeSet::new();
             let end: Result<(), Status> = loop {
                 let msg = tokio::select! {
                     _ = cancel.cancelled() => break Err(Status::unavailable("registry shutting down")),
@@ -114,16 +113,10 @@ impl fed::federation_server::Federation for FederationService {
                                 "spoofed announcement: {e}"
                             )));
                         }
-                        let key = ServiceKey::new(&a.cluster, &a.namespace, &a.name);
-                        if a.deleted {
-                            announced.remove(&key);
-                        } else {
-                            announced.insert(key);
-                        }
+                        announced.note(&level, &child, &a);
                     }
                     Some(Payload::SnapshotComplete(_)) => {
-                        let keys: Vec<ServiceKey> = announced.iter().cloned().collect();
-                        level.child_snapshot_complete(&child, &keys);
+                        level.child_snapshot_complete(&child, &announced);
                     }
                     Some(Payload::RouteAck(a)) => level.child_route_ack(&child, &a),
                     Some(Payload::ServiceQuery(q)) => {

@@ -12,7 +12,7 @@
 //!   (queued per child, acknowledged hop by hop) and pushes fresh answers or revocations to
 //!   requesters whenever the service changes or the grant stops holding.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
@@ -115,6 +115,39 @@ struct State {
     subs: HashMap<u64, Subscription>,
     sub_index: HashMap<(Target, String), u64>,
     next_id: u64,
+}
+
+/// What one session of a child announced, for the sweep at its end-of-snapshot marker, without
+/// a copy of every announced key: every entry the session stores gets a catalog revision above
+/// `since` (the catalog's revision when the session attached), so only the keys of entries that
+/// were already stored before the session and that it announced again are kept here (normally
+/// none: a child's entries are dropped when its previous session ends).
+#[derive(Debug)]
+pub struct SessionAnnouncements {
+    since: u64,
+    older: BTreeSet<ServiceKey>,
+}
+
+impl SessionAnnouncements {
+    /// Record `ann`, after [`Level::child_announcement`] accepted it from `child`.
+    pub fn note(&mut self, level: &Level, child: &str, ann: &fed::ServiceAnnouncement) {
+        let key = ServiceKey::new(&ann.cluster, &ann.namespace, &ann.name);
+        if ann.deleted {
+            self.older.remove(&key);
+            return;
+        }
+        if let Some(e) = level.inner.catalog.get(&key)
+            && e.revision <= self.since
+            && matches!(&e.source, Source::Child(c) if c == child)
+        {
+            self.older.insert(key);
+        }
+    }
+
+    /// Whether the session announced `e` (an entry of its child's source).
+    fn covers(&self, e: &ServiceEntry) -> bool {
+        e.revision > self.since || self.older.contains(&e.key)
+    }
 }
 
 /// A level of the hierarchy; clones share it.
@@ -386,8 +419,18 @@ impl Level {
         Ok(())
     }
 
-    /// The child finished its snapshot: drop whatever of its subtree it did not announce.
-    pub fn child_snapshot_complete(&self, child: &str, announced: &[ServiceKey]) {
+    /// A tracker for what one session of a child announces, started when the session attaches
+    /// (before its first announcement).
+    pub fn track_announcements(&self) -> SessionAnnouncements {
+        SessionAnnouncements {
+            since: self.inner.catalog.revision(),
+            older: BTreeSet::new(),
+        }
+    }
+
+    /// The child finished its snapshot: drop whatever of its subtree it did not announce in
+    /// this session.
+    pub fn child_snapshot_complete(&self, child: &str, announced: &SessionAnnouncements) {
         let source = Source::Child(child.to_string());
         let keep: Vec<ServiceEntry> = self
             .inner
@@ -397,7 +440,7 @@ impl Level {
                 ..Default::default()
             })
             .into_iter()
-            .filter(|e| announced.contains(&e.key))
+            .filter(|e| announced.covers(e))
             .map(|e| (*e).clone())
             .collect();
         let (_, removed) = self.inner.catalog.replace_source(&source, keep);

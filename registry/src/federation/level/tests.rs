@@ -131,3 +131,66 @@ fn the_owner_records_a_route_once_and_drops_it_on_revoke() {
         .expect("ok");
     assert!(b2.owner_routes().is_empty());
 }
+
+#[test]
+fn end_of_snapshot_keeps_exactly_what_the_session_announced() {
+    let b = level("b");
+    let ann = |name: &str, ep: &str| fed::ServiceAnnouncement {
+        name: name.into(),
+        endpoints: vec![ep.into()],
+        ..api_announcement()
+    };
+    let key = |name: &str| ServiceKey::new("b2", "shop", name);
+    // Entries of b2 left over from before this session (as if its last session's cleanup had
+    // not run): one it announces again unchanged, one it announces changed, one it forgets.
+    let (tx, _rx) = session_channel();
+    let first = b
+        .attach_child("b2", "127.0.0.1:1".into(), &membership(&["b2"]), tx)
+        .expect("attach");
+    for name in ["same", "changed", "forgotten", "deleted-again"] {
+        b.child_announcement("b2", &ann(name, "10.2.0.1:443"))
+            .expect("own subtree");
+    }
+    let mut leftovers = b.catalog().list(&Default::default());
+    b.detach_child("b2", first);
+    assert!(
+        b.catalog().is_empty(),
+        "detaching drops the child's entries"
+    );
+    for e in leftovers.drain(..) {
+        b.catalog().upsert((*e).clone());
+    }
+    assert_eq!(b.catalog().len(), 4);
+
+    let (tx, _rx) = session_channel();
+    b.attach_child("b2", "127.0.0.1:1".into(), &membership(&["b2"]), tx)
+        .expect("attach again");
+    let mut session = b.track_announcements();
+    let mut announce = |a: fed::ServiceAnnouncement| {
+        b.child_announcement("b2", &a).expect("own subtree");
+        session.note(&b, "b2", &a);
+    };
+    announce(ann("same", "10.2.0.1:443"));
+    announce(ann("changed", "10.2.0.9:443"));
+    announce(ann("new", "10.2.0.2:443"));
+    announce(ann("deleted-again", "10.2.0.1:443"));
+    announce(fed::ServiceAnnouncement {
+        deleted: true,
+        ..ann("deleted-again", "10.2.0.1:443")
+    });
+    b.child_snapshot_complete("b2", &session);
+
+    let mut names: Vec<String> = b
+        .catalog()
+        .list(&Default::default())
+        .iter()
+        .map(|e| e.key.name.clone())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["changed", "new", "same"]);
+    assert_eq!(
+        b.catalog().get(&key("changed")).expect("kept").endpoints[0].address,
+        "10.2.0.9"
+    );
+    assert!(b.catalog().get(&key("forgotten")).is_none());
+}
