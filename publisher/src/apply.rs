@@ -5,12 +5,12 @@
 //! records the source owns but should no longer have (label removed, FQDN changed). A record
 //! of the same name that the source does not own is reported, never touched.
 
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Client, ResourceExt};
 use xcc_proto::crd::{MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord};
 use xcc_proto::names::{EXPORT_LABEL, LABEL_PREFIX};
 
-use crate::desired::{Desired, Skip, may_write, stale_records};
+use crate::desired::{Desired, Skip, may_write, records_of_source, stale_records};
 
 /// Field manager of every publisher write (server-side apply).
 pub const FIELD_MANAGER: &str = "xcc-publisher";
@@ -89,6 +89,11 @@ fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// 409 on a delete with a uid precondition: the name now belongs to another object.
+fn precondition_failed(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
 /// Bring the records of the source with uid `owner_uid` in `namespace` to `desired`.
 /// Idempotent and level-triggered: call it on every change of the source, its nodes or its
 /// records. NotFound on delete counts as done (the garbage collector may have been first).
@@ -145,4 +150,57 @@ pub async fn sync_source(
         outcome.removed.push(name);
     }
     Ok(outcome)
+}
+
+/// Records removed for a source that is gone or no longer exported.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Removal {
+    /// Names of the records deleted (sorted).
+    pub removed: Vec<String>,
+    /// The uid the source had, from the removed records' owner reference (for the Event).
+    pub owner_uid: Option<String>,
+}
+
+/// Delete every record in `namespace` the publisher made for the source `api_version`/`kind`
+/// named `name`, whatever its uid: call it when that source is no longer in the set of
+/// exported objects (deleted, or its export label removed). Each delete carries the record's
+/// uid as a precondition, so a record re-created under the same name by someone else in the
+/// meantime is never removed; NotFound counts as done (the garbage collector was first).
+pub async fn remove_source_records(
+    client: &Client,
+    namespace: &str,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Removal, SyncError> {
+    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("{EXPORT_LABEL},{MANAGED_BY_LABEL}={PUBLISHER_MANAGER}");
+    let records = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_error("list", namespace, ""))?;
+    let mut removal = Removal::default();
+    for record in records_of_source(api_version, kind, name, records.items.iter()) {
+        let record_name = record.name_any();
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: record.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&record_name, &params).await {
+            Ok(_) => removal.removed.push(record_name),
+            Err(e) if not_found(&e) || precondition_failed(&e) => {}
+            Err(e) => return Err(kube_error("delete", namespace, &record_name)(e)),
+        }
+        if removal.owner_uid.is_none() {
+            removal.owner_uid = record
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map(|o| o.uid.clone());
+        }
+    }
+    Ok(removal)
 }

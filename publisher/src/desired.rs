@@ -493,5 +493,44 @@ pub fn may_write(existing: Option<&ServiceRecord>, owner_uid: &str) -> bool {
     existing.is_none_or(|r| is_owned_by(r, owner_uid))
 }
 
+/// The controller owner reference of a record the publisher manages (export and managed-by
+/// labels present), or `None` for anything else. Identifies the source a record event concerns.
+pub fn publisher_owner(record: &ServiceRecord) -> Option<&OwnerReference> {
+    let meta = &record.metadata;
+    let managed = has_label(meta, EXPORT_LABEL)
+        && meta
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY_LABEL))
+            .is_some_and(|v| v == PUBLISHER_MANAGER);
+    if !managed {
+        return None;
+    }
+    meta.owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+}
+
+/// The records among `records` that the publisher made for the source `api_version`/`kind`
+/// named `name` (in the records' namespace), whatever that source's uid was: what remains to
+/// remove once the source is gone or no longer exported. Sorted by name.
+pub fn records_of_source<'a>(
+    api_version: &str,
+    kind: &str,
+    name: &str,
+    records: impl IntoIterator<Item = &'a ServiceRecord>,
+) -> Vec<&'a ServiceRecord> {
+    let mut found: Vec<&ServiceRecord> = records
+        .into_iter()
+        .filter(|r| {
+            publisher_owner(r)
+                .is_some_and(|o| o.api_version == api_version && o.kind == kind && o.name == name)
+        })
+        .collect();
+    found.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    found
+}
+
 #[cfg(test)]
 mod tests;

@@ -9,5 +9,6 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod apply;
+pub mod controller;
 pub mod desired;
 pub mod httpproxy;

@@ -390,6 +390,44 @@ fn pub_07_and_09_ownership_decides_what_is_removed() {
     );
 }
 
+#[test]
+fn records_of_a_gone_source_are_found_by_owner_kind_and_name() {
+    let owned = published(from_httpproxy(
+        &exported_proxy(),
+        None,
+        &[],
+        &Config::default(),
+    ));
+    assert_eq!(
+        publisher_owner(&owned).map(|o| o.name.as_str()),
+        Some("test")
+    );
+    // Any uid: a source deleted and re-created unlabelled still loses the old records.
+    let mut older = owned.clone();
+    older.metadata.name = Some("old.some.domain".into());
+    older.metadata.owner_references.as_mut().unwrap()[0].uid = "older-uid".into();
+    assert_eq!(
+        records_of_source(
+            "projectcontour.io/v1",
+            "HTTPProxy",
+            "test",
+            [&owned, &older]
+        ),
+        vec![&older, &owned]
+    );
+    // Another source's name or kind, or a record without the publisher's labels: not ours.
+    assert!(records_of_source("projectcontour.io/v1", "HTTPProxy", "other", [&owned]).is_empty());
+    assert!(records_of_source("v1", "Service", "test", [&owned]).is_empty());
+    let mut foreign = owned.clone();
+    foreign.metadata.labels = Some(BTreeMap::from([(EXPORT_LABEL.into(), String::new())]));
+    assert_eq!(publisher_owner(&foreign), None);
+    assert!(records_of_source("projectcontour.io/v1", "HTTPProxy", "test", [&foreign]).is_empty());
+    // A plain (non-controller) owner reference is not the publisher's link.
+    let mut plain = owned.clone();
+    plain.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+    assert_eq!(publisher_owner(&plain), None);
+}
+
 fn service(name: &str, labels: Value, annotations: Value, spec: Value, status: Value) -> Service {
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "db", "uid": "svc-uid",

@@ -1,0 +1,1053 @@
+//! The running publisher: watches, a work queue of source objects, reconciles, Events,
+//! metrics and readiness.
+//!
+//! Watches (kube-runtime watchers feeding reflector stores, all namespaces):
+//! - exported HTTPProxies and exported Services (label selector on the export label). A source
+//!   that loses its label leaves the watched set like a deleted one, and both mean the same
+//!   thing: its records go;
+//! - every Node (node readiness, roles, taints and addresses feed the endpoints, §6.5 P3);
+//! - the ingress (Envoy) Service, by name;
+//! - the ServiceRecords the publisher manages (managed-by label): a change or deletion of one
+//!   re-reconciles its owner, which repairs drift.
+//!
+//! A work queue holds source keys (kind, namespace, name): each key is reconciled by at most one
+//! worker at a time, a key added while it is being reconciled runs again afterwards, and a
+//! failed reconcile is retried with per-key exponential backoff. Reconciles are level-triggered:
+//! they read the current stores and bring the source's records to what [`crate::desired`] says,
+//! with [`crate::apply`] writing only what differs. Nothing is written at steady state.
+//!
+//! Clusters without Contour are normal: when the HTTPProxy API is not served, Services are
+//! still exported, and the API is looked up again every [`Settings::discovery_retry`].
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use kube::api::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use xcc_controller::probes::Health;
+use xcc_proto::crd::{MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord};
+use xcc_proto::names::EXPORT_LABEL;
+
+use crate::apply::{self, FIELD_MANAGER, Outcome, SyncError};
+use crate::desired::{self, Config, Desired, Skip};
+use crate::httpproxy::HTTPProxy;
+
+/// Name of the leader-election Lease and the Events' reporting controller.
+pub const LEASE_NAME: &str = "xcc-publisher";
+
+/// Where Contour's Envoy Service lives by default.
+pub const DEFAULT_INGRESS_SERVICE: &str = "projectcontour/envoy";
+
+/// Controller settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// What shapes records (ingress port, cluster name).
+    pub config: Config,
+    /// Namespace and name of the ingress (Envoy) Service.
+    pub ingress_service: (String, String),
+    /// How often the HTTPProxy API is looked up again while it is not served.
+    pub discovery_retry: Duration,
+    /// Sources reconciled at the same time.
+    pub workers: usize,
+    /// First retry delay of a failed reconcile; doubles per failure up to `max_backoff`.
+    pub min_backoff: Duration,
+    /// Longest retry delay.
+    pub max_backoff: Duration,
+    /// Reporting instance of Events (the pod name).
+    pub instance: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            config: Config::default(),
+            ingress_service: ("projectcontour".into(), "envoy".into()),
+            discovery_retry: Duration::from_secs(30),
+            workers: 4,
+            min_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(300),
+            instance: None,
+        }
+    }
+}
+
+/// `namespace/name` → (namespace, name); both parts must be non-empty.
+pub fn parse_namespaced_name(value: &str) -> Result<(String, String), String> {
+    match value.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_string(), name.to_string()))
+        }
+        _ => Err(format!("{value:?} is not namespace/name")),
+    }
+}
+
+/// The kind of a source object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SourceKind {
+    /// `projectcontour.io/v1` HTTPProxy.
+    HTTPProxy,
+    /// `v1` Service.
+    Service,
+}
+
+impl SourceKind {
+    /// `apiVersion` of the kind.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            SourceKind::HTTPProxy => "projectcontour.io/v1",
+            SourceKind::Service => "v1",
+        }
+    }
+    /// `kind`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            SourceKind::HTTPProxy => "HTTPProxy",
+            SourceKind::Service => "Service",
+        }
+    }
+    fn from_owner(api_version: &str, kind: &str) -> Option<Self> {
+        [SourceKind::HTTPProxy, SourceKind::Service]
+            .into_iter()
+            .find(|k| k.api_version() == api_version && k.kind() == kind)
+    }
+}
+
+/// A source object, the unit of work.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceKey {
+    /// Its kind.
+    pub kind: SourceKind,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl SourceKey {
+    fn of<K: Resource>(kind: SourceKind, obj: &K) -> Option<Self> {
+        Some(SourceKey {
+            kind,
+            namespace: obj.meta().namespace.clone()?,
+            name: obj.meta().name.clone()?,
+        })
+    }
+
+    /// The source a record the publisher manages belongs to.
+    fn owning(record: &ServiceRecord) -> Option<Self> {
+        let owner = desired::publisher_owner(record)?;
+        Some(SourceKey {
+            kind: SourceKind::from_owner(&owner.api_version, &owner.kind)?,
+            namespace: record.metadata.namespace.clone()?,
+            name: owner.name.clone(),
+        })
+    }
+}
+
+impl std::fmt::Display for SourceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind.kind(), self.namespace, self.name)
+    }
+}
+
+/// Prometheus metrics of the publisher.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    /// Reconciles by result (`ok`, `error`).
+    pub reconciles: Family<Vec<(String, String)>, Counter>,
+    /// Failed reconciles.
+    pub reconcile_errors: Counter,
+    /// API writes that changed something, by kind and verb.
+    pub writes: Family<Vec<(String, String)>, Counter>,
+    /// ServiceRecords the publisher currently manages.
+    pub managed: Gauge,
+    /// Keys waiting in the work queue.
+    pub queue_depth: Gauge,
+}
+
+impl Metrics {
+    /// Register under the `xcc_publisher` prefix.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("xcc_publisher");
+        r.register(
+            "reconciles",
+            "Reconciles of source objects, by result",
+            self.reconciles.clone(),
+        );
+        r.register(
+            "reconcile_errors",
+            "Reconciles that failed (retried with backoff)",
+            self.reconcile_errors.clone(),
+        );
+        r.register(
+            "object_writes",
+            "API writes that changed an object, by kind and verb",
+            self.writes.clone(),
+        );
+        r.register(
+            "managed_objects",
+            "ServiceRecords managed by the publisher",
+            self.managed.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "Source objects waiting to be reconciled",
+            self.queue_depth.clone(),
+        );
+    }
+
+    fn reconciled(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reconciles
+            .get_or_create(&vec![("result".into(), result.into())])
+            .inc();
+        if !ok {
+            self.reconcile_errors.inc();
+        }
+    }
+
+    fn wrote(&self, kind: &str, verb: &str, n: usize) {
+        if n > 0 {
+            self.writes
+                .get_or_create(&vec![
+                    ("kind".into(), kind.into()),
+                    ("verb".into(), verb.into()),
+                ])
+                .inc_by(n as u64);
+        }
+    }
+}
+
+/// Keys to reconcile: each at most once in the queue and at most once in flight.
+#[derive(Default)]
+struct Queue {
+    state: Mutex<QueueState>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct QueueState {
+    pending: VecDeque<SourceKey>,
+    queued: HashSet<SourceKey>,
+    active: HashSet<SourceKey>,
+    again: HashSet<SourceKey>,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn add(&self, key: SourceKey) {
+        let mut s = self.lock();
+        if s.active.contains(&key) {
+            s.again.insert(key);
+        } else if s.queued.insert(key.clone()) {
+            s.pending.push_back(key);
+            drop(s);
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn add_all(&self, keys: impl IntoIterator<Item = SourceKey>) {
+        for key in keys {
+            self.add(key);
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    /// The next key, marked in flight; `None` once `cancel` fires.
+    async fn next(&self, cancel: &CancellationToken) -> Option<SourceKey> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if let Some(key) = s.pending.pop_front() {
+                    s.queued.remove(&key);
+                    s.active.insert(key.clone());
+                    return Some(key);
+                }
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = cancel.cancelled() => return None,
+            }
+        }
+    }
+
+    /// `key` is no longer in flight; run it again if it was added meanwhile.
+    fn done(&self, key: &SourceKey) {
+        let again = {
+            let mut s = self.lock();
+            s.active.remove(key);
+            s.again.remove(key)
+        };
+        if again {
+            self.add(key.clone());
+        }
+    }
+}
+
+/// Whether the HTTPProxy API is served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ProxyApi {
+    /// Not known yet.
+    Unknown,
+    /// Not served (no Contour); looked up again periodically.
+    Absent,
+    /// Served and the proxy store has been listed.
+    Synced,
+}
+
+/// What the last reconcile of a source reported through a Warning Event, so a lasting
+/// condition is reported once, not on every reconcile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Reported {
+    Skipped(String),
+    Conflict(String),
+}
+
+struct Shared {
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    recorder: Recorder,
+    queue: Queue,
+    proxies: Store<HTTPProxy>,
+    services: Store<Service>,
+    ingress: Store<Service>,
+    nodes: Store<Node>,
+    records: Store<ServiceRecord>,
+    proxy_api: tokio::sync::watch::Sender<ProxyApi>,
+    failures: Mutex<HashMap<SourceKey, u32>>,
+    reported: Mutex<HashMap<SourceKey, Reported>>,
+    /// Keys of the first full sync not reconciled yet; `None` once ready.
+    initial: Mutex<Option<HashSet<SourceKey>>>,
+    health: Health,
+    reconciles: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    fn proxy_keys(&self) -> Vec<SourceKey> {
+        self.proxies
+            .state()
+            .iter()
+            .filter_map(|p| SourceKey::of(SourceKind::HTTPProxy, p.as_ref()))
+            .collect()
+    }
+
+    fn service_keys(&self, only_node_port: bool) -> Vec<SourceKey> {
+        self.services
+            .state()
+            .iter()
+            .filter(|s| {
+                !only_node_port
+                    || s.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("NodePort")
+            })
+            .filter_map(|s| SourceKey::of(SourceKind::Service, s.as_ref()))
+            .collect()
+    }
+
+    fn owner_keys(&self, kind: Option<SourceKind>) -> Vec<SourceKey> {
+        self.records
+            .state()
+            .iter()
+            .filter_map(|r| SourceKey::owning(r))
+            .filter(|k| kind.is_none_or(|kind| k.kind == kind))
+            .collect()
+    }
+
+    fn ingress_service(&self) -> Option<Arc<Service>> {
+        let (ns, name) = &self.settings.ingress_service;
+        self.ingress.get(&ObjectRef::new(name).within(ns))
+    }
+
+    fn nodes(&self) -> Vec<Node> {
+        let mut nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
+        nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        nodes
+    }
+
+    async fn event(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let ev = KubeEvent {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Publish".into(),
+            secondary: None,
+        };
+        match self.recorder.publish(&ev, reference).await {
+            Ok(()) => self.metrics.wrote("Event", "publish", 1),
+            Err(e) => warn!(error = %e, reason, object = ?reference.name, "could not record Event"),
+        }
+    }
+
+    /// Report a lasting Warning condition once per change of condition.
+    fn newly_reported(&self, key: &SourceKey, now: Option<Reported>) -> bool {
+        let mut reported = lock(&self.reported);
+        match now {
+            None => {
+                reported.remove(key);
+                false
+            }
+            Some(now) => reported.insert(key.clone(), now.clone()).as_ref() != Some(&now),
+        }
+    }
+}
+
+fn reference(key: &SourceKey, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(key.kind.api_version().into()),
+        kind: Some(key.kind.kind().into()),
+        namespace: Some(key.namespace.clone()),
+        name: Some(key.name.clone()),
+        uid,
+        ..ObjectReference::default()
+    }
+}
+
+/// Reconcile one source: publish what it should publish, remove what it no longer should.
+async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
+    let nodes = shared.nodes();
+    let present = match key.kind {
+        SourceKind::HTTPProxy => {
+            if *shared.proxy_api.borrow() != ProxyApi::Synced {
+                // No HTTPProxy API (yet): nothing can be known about proxies; touch nothing.
+                return Ok(());
+            }
+            let proxy = shared
+                .proxies
+                .get(&ObjectRef::new(&key.name).within(&key.namespace));
+            proxy.and_then(|p| {
+                let uid = p.metadata.uid.clone()?;
+                let ingress = shared.ingress_service();
+                Some((
+                    uid,
+                    desired::from_httpproxy(
+                        &p,
+                        ingress.as_deref(),
+                        &nodes,
+                        &shared.settings.config,
+                    ),
+                ))
+            })
+        }
+        SourceKind::Service => {
+            let service = shared
+                .services
+                .get(&ObjectRef::new(&key.name).within(&key.namespace));
+            service.and_then(|s| {
+                let uid = s.metadata.uid.clone()?;
+                // The clusterset namespace is the Service's own (no namespace mapping here).
+                Some((
+                    uid,
+                    desired::from_service(&s, &key.namespace, &nodes, &shared.settings.config),
+                ))
+            })
+        }
+    };
+    let Some((uid, desired)) = present else {
+        // Deleted, or no longer labelled for export: its records go.
+        let removal = apply::remove_source_records(
+            &shared.client,
+            &key.namespace,
+            key.kind.api_version(),
+            key.kind.kind(),
+            &key.name,
+        )
+        .await?;
+        shared.newly_reported(key, None);
+        if !removal.removed.is_empty() {
+            shared
+                .metrics
+                .wrote("ServiceRecord", "delete", removal.removed.len());
+            info!(source = %key, records = ?removal.removed, "removed ServiceRecords of a source no longer exported");
+            shared
+                .event(
+                    &reference(key, removal.owner_uid),
+                    EventType::Normal,
+                    "Removed",
+                    format!(
+                        "no longer exported; removed ServiceRecord {}",
+                        removal.removed.join(", ")
+                    ),
+                )
+                .await;
+        }
+        return Ok(());
+    };
+    let outcome = apply::sync_source(&shared.client, &key.namespace, &uid, &desired).await?;
+    report(shared, key, &uid, &desired, &outcome).await;
+    Ok(())
+}
+
+async fn report(shared: &Shared, key: &SourceKey, uid: &str, desired: &Desired, outcome: &Outcome) {
+    let reference = reference(key, Some(uid.to_string()));
+    if let Some((name, true)) = &outcome.published {
+        shared.metrics.wrote("ServiceRecord", "apply", 1);
+        let endpoints = desired.record().map_or(0, |r| r.spec.endpoints.len());
+        info!(source = %key, record = %name, endpoints, "published ServiceRecord");
+        shared
+            .event(
+                &reference,
+                EventType::Normal,
+                "Published",
+                format!("ServiceRecord {name} published with {endpoints} endpoint(s)"),
+            )
+            .await;
+    }
+    if !outcome.removed.is_empty() {
+        shared
+            .metrics
+            .wrote("ServiceRecord", "delete", outcome.removed.len());
+        info!(source = %key, records = ?outcome.removed, "removed stale ServiceRecords");
+        shared
+            .event(
+                &reference,
+                EventType::Normal,
+                "Removed",
+                format!("removed ServiceRecord {}", outcome.removed.join(", ")),
+            )
+            .await;
+    }
+    let condition = match (&outcome.skipped, &outcome.conflict) {
+        (_, Some(name)) => Some(Reported::Conflict(name.clone())),
+        (Some(Skip::NotExported), None) | (None, None) => None,
+        (Some(skip), None) => Some(Reported::Skipped(skip.to_string())),
+    };
+    if shared.newly_reported(key, condition.clone()) {
+        match condition {
+            Some(Reported::Conflict(name)) => {
+                warn!(source = %key, record = %name, "a ServiceRecord of that name belongs to someone else");
+                shared
+                    .event(
+                        &reference,
+                        EventType::Warning,
+                        "Conflict",
+                        format!(
+                            "ServiceRecord {name} exists and is not managed by {FIELD_MANAGER} for this object; left unchanged"
+                        ),
+                    )
+                    .await;
+            }
+            Some(Reported::Skipped(why)) => {
+                info!(source = %key, reason = %why, "not published");
+                shared
+                    .event(&reference, EventType::Warning, "Skipped", why)
+                    .await;
+            }
+            None => {}
+        }
+    }
+}
+
+fn backoff(settings: &Settings, failures: u32) -> Duration {
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
+    settings
+        .min_backoff
+        .saturating_mul(factor)
+        .min(settings.max_backoff)
+}
+
+async fn worker(shared: Arc<Shared>, cancel: CancellationToken) {
+    while let Some(key) = shared.queue.next(&cancel).await {
+        shared.metrics.queue_depth.set(shared.queue.len() as i64);
+        let result = reconcile(&shared, &key).await;
+        shared.reconciles.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.reconciled(result.is_ok());
+        match result {
+            Ok(()) => {
+                lock(&shared.failures).remove(&key);
+            }
+            Err(e) => {
+                let n = {
+                    let mut failures = lock(&shared.failures);
+                    let n = failures.entry(key.clone()).or_default();
+                    *n = n.saturating_add(1);
+                    *n
+                };
+                let delay = backoff(&shared.settings, n);
+                warn!(source = %key, error = %e, retry_in = ?delay, "reconcile failed");
+                let (s, k, c) = (shared.clone(), key.clone(), cancel.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => s.queue.add(k),
+                        _ = c.cancelled() => {}
+                    }
+                });
+            }
+        }
+        shared.queue.done(&key);
+        shared.metrics.managed.set(shared.records.len() as i64);
+        let ready_now = {
+            let mut initial = lock(&shared.initial);
+            match initial.as_mut() {
+                Some(set) => {
+                    set.remove(&key);
+                    if set.is_empty() {
+                        *initial = None;
+                        true
+                    } else {
+                        false
+                    }
+                }
+                None => false,
+            }
+        };
+        if ready_now {
+            info!("first sync complete; ready");
+            shared.health.set_ready(true);
+        }
+    }
+}
+
+/// Drive one watcher into its store, calling `on_event` after each event is applied.
+async fn drive<K, F>(
+    api: Api<K>,
+    config: watcher::Config,
+    mut writer: reflector::store::Writer<K>,
+    what: &'static str,
+    cancel: CancellationToken,
+    mut on_event: F,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    F: FnMut(&Event<K>),
+{
+    let stream = watcher::watcher(api, config).default_backoff();
+    tokio::pin!(stream);
+    loop {
+        let next = tokio::select! {
+            next = stream.next() => next,
+            _ = cancel.cancelled() => return,
+        };
+        match next {
+            Some(Ok(event)) => {
+                writer.apply_watcher_event(&event);
+                on_event(&event);
+            }
+            Some(Err(e)) => warn!(watch = what, error = %e, "watch failed; retrying"),
+            None => return,
+        }
+    }
+}
+
+/// For a source watch: on a relist, also reconcile the keys that were there before (a deletion
+/// during a watch gap shows up only as absence) and the owners of existing records.
+fn source_events<K>(shared: Arc<Shared>, kind: SourceKind, store: Store<K>) -> impl FnMut(&Event<K>)
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut before: Vec<SourceKey> = Vec::new();
+    move |event| match event {
+        Event::Apply(obj) | Event::Delete(obj) => {
+            if let Some(key) = SourceKey::of(kind, obj) {
+                shared.queue.add(key);
+            }
+        }
+        Event::Init => {
+            before = store
+                .state()
+                .iter()
+                .filter_map(|o| SourceKey::of(kind, o.as_ref()))
+                .collect();
+        }
+        Event::InitApply(_) => {}
+        Event::InitDone => {
+            let now = store
+                .state()
+                .iter()
+                .filter_map(|o| SourceKey::of(kind, o.as_ref()))
+                .collect::<Vec<_>>();
+            shared.queue.add_all(std::mem::take(&mut before));
+            shared.queue.add_all(now);
+            shared.queue.add_all(shared.owner_keys(Some(kind)));
+        }
+    }
+}
+
+/// What of the nodes feeds records: per node, readiness, whether it runs the ingress, and its
+/// InternalIPs. Node heartbeats change none of it.
+fn node_fingerprint(nodes: &[Node]) -> BTreeMap<String, (bool, bool, Vec<String>)> {
+    nodes
+        .iter()
+        .map(|n| {
+            (
+                n.name_any(),
+                (
+                    desired::node_is_ready(n),
+                    desired::node_runs_ingress(n),
+                    desired::node_internal_ips(n),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Whether `projectcontour.io/v1` serves `httpproxies`.
+async fn proxy_api_served(client: &Client) -> Result<bool, kube::Error> {
+    match client
+        .list_api_group_resources(HTTPProxy::api_version(&()).as_ref())
+        .await
+    {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "httpproxies")),
+        Err(e) if is_not_found(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Look for the HTTPProxy API until it is served, then watch proxies.
+async fn watch_proxies(
+    shared: Arc<Shared>,
+    writer: reflector::store::Writer<HTTPProxy>,
+    cancel: CancellationToken,
+) {
+    let mut logged_absent = false;
+    loop {
+        match proxy_api_served(&shared.client).await {
+            Ok(true) => break,
+            Ok(false) => {
+                if !logged_absent {
+                    info!(
+                        retry = ?shared.settings.discovery_retry,
+                        "HTTPProxy API (projectcontour.io/v1) not served; exporting Services only until it is"
+                    );
+                    logged_absent = true;
+                }
+                shared.proxy_api.send_replace(ProxyApi::Absent);
+            }
+            Err(e) => warn!(error = %e, "looking up the HTTPProxy API failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(shared.settings.discovery_retry) => {}
+            _ = cancel.cancelled() => return,
+        }
+    }
+    if logged_absent {
+        info!("HTTPProxy API now served; watching HTTPProxies");
+    }
+    let api: Api<HTTPProxy> = Api::all(shared.client.clone());
+    let config = watcher::Config::default().labels(EXPORT_LABEL);
+    let mut on_source = source_events(
+        shared.clone(),
+        SourceKind::HTTPProxy,
+        shared.proxies.clone(),
+    );
+    let s = shared.clone();
+    drive(api, config, writer, "httpproxies", cancel, move |event| {
+        if matches!(event, Event::InitDone) {
+            s.proxy_api.send_replace(ProxyApi::Synced);
+        }
+        on_source(event);
+    })
+    .await;
+}
+
+/// Run the publisher until `cancel` fires. `health` turns ready after the first full sync.
+pub async fn run(
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    health: Health,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    if settings.workers == 0 {
+        anyhow::bail!("the publisher needs at least one worker");
+    }
+    let (proxies, proxy_writer) = reflector::store::<HTTPProxy>();
+    let (services, service_writer) = reflector::store::<Service>();
+    let (ingress, ingress_writer) = reflector::store::<Service>();
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let (records, record_writer) = reflector::store::<ServiceRecord>();
+    let reporter = Reporter {
+        controller: LEASE_NAME.into(),
+        instance: settings.instance.clone(),
+    };
+    let shared = Arc::new(Shared {
+        recorder: Recorder::new(client.clone(), reporter),
+        client: client.clone(),
+        metrics,
+        queue: Queue::default(),
+        proxies,
+        services: services.clone(),
+        ingress: ingress.clone(),
+        nodes: nodes.clone(),
+        records: records.clone(),
+        proxy_api: tokio::sync::watch::Sender::new(ProxyApi::Unknown),
+        failures: Mutex::default(),
+        reported: Mutex::default(),
+        initial: Mutex::new(Some(HashSet::new())),
+        health: health.clone(),
+        reconciles: AtomicU64::new(0),
+        settings,
+    });
+    health.set_ready(false);
+    let mut tasks = tokio::task::JoinSet::new();
+
+    // Exported Services.
+    {
+        let api: Api<Service> = Api::all(client.clone());
+        let config = watcher::Config::default().labels(EXPORT_LABEL);
+        let on = source_events(shared.clone(), SourceKind::Service, services.clone());
+        tasks.spawn(drive(
+            api,
+            config,
+            service_writer,
+            "services",
+            cancel.clone(),
+            on,
+        ));
+    }
+    // HTTPProxies, once their API is served.
+    tasks.spawn(watch_proxies(shared.clone(), proxy_writer, cancel.clone()));
+    // Nodes: fan out to proxies and NodePort Services when what feeds records changes.
+    {
+        let api: Api<Node> = Api::all(client.clone());
+        let s = shared.clone();
+        let mut last = None;
+        tasks.spawn(drive(
+            api,
+            watcher::Config::default(),
+            node_writer,
+            "nodes",
+            cancel.clone(),
+            move |event| {
+                if matches!(event, Event::Init | Event::InitApply(_)) {
+                    return;
+                }
+                let now = node_fingerprint(&s.nodes());
+                if last.as_ref() != Some(&now) {
+                    debug!(nodes = now.len(), "node inputs changed");
+                    last = Some(now);
+                    s.queue.add_all(s.proxy_keys());
+                    s.queue.add_all(s.service_keys(true));
+                }
+            },
+        ));
+    }
+    // The ingress Service: its LoadBalancer addresses become every proxy's endpoints.
+    {
+        let (ns, name) = shared.settings.ingress_service.clone();
+        let api: Api<Service> = Api::namespaced(client.clone(), &ns);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let s = shared.clone();
+        let mut last = None;
+        tasks.spawn(drive(
+            api,
+            config,
+            ingress_writer,
+            "ingress service",
+            cancel.clone(),
+            move |event| {
+                if matches!(event, Event::Init | Event::InitApply(_)) {
+                    return;
+                }
+                let svc = s.ingress_service();
+                let now = desired::ingress_endpoints(svc.as_deref(), &[], 0);
+                if last.as_ref() != Some(&now) {
+                    last = Some(now);
+                    s.queue.add_all(s.proxy_keys());
+                }
+            },
+        ));
+    }
+    // The publisher's own records: drift repair and removal follow their owner.
+    {
+        let api: Api<ServiceRecord> = Api::all(client.clone());
+        let config =
+            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={PUBLISHER_MANAGER}"));
+        let s = shared.clone();
+        let store = records.clone();
+        let mut before: Vec<SourceKey> = Vec::new();
+        tasks.spawn(drive(
+            api,
+            config,
+            record_writer,
+            "servicerecords",
+            cancel.clone(),
+            move |event| match event {
+                Event::Apply(r) | Event::Delete(r) => {
+                    if let Some(key) = SourceKey::owning(r) {
+                        s.queue.add(key);
+                    }
+                }
+                Event::Init => {
+                    before = store
+                        .state()
+                        .iter()
+                        .filter_map(|r| SourceKey::owning(r))
+                        .collect();
+                }
+                Event::InitApply(_) => {}
+                Event::InitDone => {
+                    s.queue.add_all(std::mem::take(&mut before));
+                    s.queue.add_all(s.owner_keys(None));
+                }
+            },
+        ));
+    }
+
+    // First full sync: every store listed, the HTTPProxy API found or known absent.
+    let synced = async {
+        let mut proxy_api = shared.proxy_api.subscribe();
+        let stores = async {
+            services.wait_until_ready().await?;
+            ingress.wait_until_ready().await?;
+            nodes.wait_until_ready().await?;
+            records.wait_until_ready().await
+        };
+        let proxies = proxy_api.wait_for(|s| *s != ProxyApi::Unknown);
+        let (stores, proxies) = tokio::join!(stores, proxies);
+        stores.map_err(|e| anyhow::anyhow!("{e}"))?;
+        proxies.map_err(|e| anyhow::anyhow!("{e}"))?;
+        anyhow::Ok(())
+    };
+    let synced = tokio::select! {
+        r = synced => Some(r),
+        _ = cancel.cancelled() => None,
+    };
+    if let Some(result) = synced {
+        result?;
+        let mut keys: HashSet<SourceKey> = shared.service_keys(false).into_iter().collect();
+        if *shared.proxy_api.borrow() == ProxyApi::Synced {
+            keys.extend(shared.proxy_keys());
+        }
+        keys.extend(shared.owner_keys(Some(SourceKind::Service)));
+        if *shared.proxy_api.borrow() == ProxyApi::Synced {
+            keys.extend(shared.owner_keys(Some(SourceKind::HTTPProxy)));
+        }
+        info!(sources = keys.len(), "watches listed; reconciling");
+        if keys.is_empty() {
+            *lock(&shared.initial) = None;
+            info!("first sync complete; ready");
+            health.set_ready(true);
+        } else {
+            *lock(&shared.initial) = Some(keys.clone());
+            shared.queue.add_all(keys);
+        }
+        for _ in 0..shared.settings.workers {
+            tasks.spawn(worker(shared.clone(), cancel.clone()));
+        }
+    }
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(e) = joined {
+            cancel.cancel();
+            return Err(anyhow::Error::from(e).context("publisher task failed"));
+        }
+    }
+    health.set_ready(false);
+    info!(
+        reconciles = shared.reconciles.load(Ordering::Relaxed),
+        "publisher stopped"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaced_names_parse() {
+        assert_eq!(
+            parse_namespaced_name("projectcontour/envoy"),
+            Ok(("projectcontour".into(), "envoy".into()))
+        );
+        for bad in ["envoy", "/envoy", "projectcontour/", "a/b/c", ""] {
+            assert!(parse_namespaced_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let s = Settings::default();
+        assert_eq!(backoff(&s, 1), Duration::from_millis(100));
+        assert_eq!(backoff(&s, 2), Duration::from_millis(200));
+        assert_eq!(backoff(&s, 4), Duration::from_millis(800));
+        assert_eq!(backoff(&s, 40), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn records_map_to_their_source() {
+        let record: ServiceRecord = serde_json::from_value(serde_json::json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+            "metadata": {"name": "a.b", "namespace": "ns",
+                "labels": {EXPORT_LABEL: "", MANAGED_BY_LABEL: PUBLISHER_MANAGER},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web",
+                                     "uid": "u", "controller": true}]},
+            "spec": {"fqdn": "a.b", "endpoints": []},
+        }))
+        .unwrap();
+        assert_eq!(
+            SourceKey::owning(&record),
+            Some(SourceKey {
+                kind: SourceKind::Service,
+                namespace: "ns".into(),
+                name: "web".into()
+            })
+        );
+    }
+
+    #[tokio::test]
+    async fn queue_runs_a_key_once_at_a_time_and_again_when_re_added() {
+        let q = Queue::default();
+        let cancel = CancellationToken::new();
+        let k = SourceKey {
+            kind: SourceKind::Service,
+            namespace: "ns".into(),
+            name: "a".into(),
+        };
+        q.add(k.clone());
+        q.add(k.clone());
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.next(&cancel).await, Some(k.clone()));
+        // Added while in flight: held back until done.
+        q.add(k.clone());
+        assert_eq!(q.len(), 0);
+        q.done(&k);
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.next(&cancel).await, Some(k.clone()));
+        q.done(&k);
+        cancel.cancel();
+        assert_eq!(q.next(&cancel).await, None);
+    }
+}
