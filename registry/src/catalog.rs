@@ -218,6 +218,230 @@ fn keys_remove(index: &mut HashMap<String, Keys>, bucket: &str, key: &ServiceKey
     }
 }
 
+/// Entries per chunk of a [`HamletView`] before it is split in two.
+const VIEW_CHUNK_MAX: usize = 128;
+
+type ViewChunk = Vec<(Arc<str>, Arc<ServiceEntry>)>;
+
+/// One (FQDN, entry) of a [`HamletView`].
+pub type ViewItem<'a> = (&'a Arc<str>, &'a Arc<ServiceEntry>);
+
+/// An immutable version of the Hamlet view (FQDN → served entry, sorted by FQDN) that many
+/// readers can hold at once. A clone is two reference counts. The catalog changes its own copy
+/// in place when nobody else holds it; otherwise a change copies only the chunk it touches (at
+/// most [`VIEW_CHUNK_MAX`] entries) and the chunk list, so versions held by Hamlet consumers
+/// share everything else. The FQDN keys are interned: every holder shares one `Arc<str>`.
+#[derive(Clone, Default)]
+pub struct HamletView {
+    chunks: Arc<Vec<Arc<ViewChunk>>>,
+    len: usize,
+}
+
+impl fmt::Debug for HamletView {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map()
+            .entries(self.iter().map(|(k, e)| (k, e.revision)))
+            .finish()
+    }
+}
+
+/// Position in a [`HamletView`] (chunk, offset); only meaningful for the version it came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ViewPos {
+    chunk: usize,
+    offset: usize,
+}
+
+impl HamletView {
+    /// A view of `entries` keyed by their FQDN (later duplicates win). For tests and tools; the
+    /// catalog maintains its own.
+    pub fn from_entries(entries: impl IntoIterator<Item = Arc<ServiceEntry>>) -> Self {
+        let mut v = Self::default();
+        for e in entries {
+            let fqdn = e.fqdn.clone();
+            v.set(&fqdn, Some(e));
+        }
+        v
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether two handles are the same version (cheap; false does not imply different content).
+    pub fn same_version(&self, other: &HamletView) -> bool {
+        Arc::ptr_eq(&self.chunks, &other.chunks)
+    }
+
+    /// Index of the chunk that holds, or would hold, `fqdn`.
+    fn chunk_for(&self, fqdn: &str) -> usize {
+        // The last chunk whose first key is <= fqdn (0 when fqdn sorts before everything).
+        self.chunks
+            .partition_point(|c| c.first().is_some_and(|(k, _)| &**k <= fqdn))
+            .saturating_sub(1)
+    }
+
+    fn find(&self, fqdn: &str) -> Option<&(Arc<str>, Arc<ServiceEntry>)> {
+        let chunk = self.chunks.get(self.chunk_for(fqdn))?;
+        let at = chunk.binary_search_by(|(k, _)| (**k).cmp(fqdn)).ok()?;
+        chunk.get(at)
+    }
+
+    pub fn get(&self, fqdn: &str) -> Option<&Arc<ServiceEntry>> {
+        self.find(fqdn).map(|(_, e)| e)
+    }
+
+    /// The interned key for `fqdn`, if served.
+    pub fn key(&self, fqdn: &str) -> Option<&Arc<str>> {
+        self.find(fqdn).map(|(k, _)| k)
+    }
+
+    /// Every (FQDN, entry), sorted by FQDN.
+    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Arc<ServiceEntry>)> {
+        self.chunks
+            .iter()
+            .flat_map(|c| c.iter().map(|(k, e)| (k, e)))
+    }
+
+    /// The FQDNs, sorted (shared `Arc`s, no copies of the strings).
+    pub fn fqdns(&self) -> Vec<Arc<str>> {
+        self.iter().map(|(k, _)| k.clone()).collect()
+    }
+
+    /// The item at `pos` and the position after it; None at the end.
+    pub fn at(&self, pos: ViewPos) -> Option<(ViewItem<'_>, ViewPos)> {
+        let mut pos = pos;
+        loop {
+            let chunk = self.chunks.get(pos.chunk)?;
+            if let Some((k, e)) = chunk.get(pos.offset) {
+                let next = ViewPos {
+                    chunk: pos.chunk,
+                    offset: pos.offset + 1,
+                };
+                return Some(((k, e), next));
+            }
+            pos = ViewPos {
+                chunk: pos.chunk + 1,
+                offset: 0,
+            };
+        }
+    }
+
+    /// Set (Some) or remove (None) the entry served for `fqdn`; copy-on-write.
+    fn set(&mut self, fqdn: &str, entry: Option<Arc<ServiceEntry>>) {
+        let idx = self.chunk_for(fqdn);
+        let found = self
+            .chunks
+            .get(idx)
+            .map(|c| c.binary_search_by(|(k, _)| (**k).cmp(fqdn)));
+        match (found, entry) {
+            (Some(Ok(at)), Some(e)) => {
+                let chunks = Arc::make_mut(&mut self.chunks);
+                let chunk = Arc::make_mut(&mut chunks[idx]);
+                chunk[at].1 = e;
+            }
+            (Some(Ok(at)), None) => {
+                let chunks = Arc::make_mut(&mut self.chunks);
+                let chunk = Arc::make_mut(&mut chunks[idx]);
+                chunk.remove(at);
+                if chunk.is_empty() {
+                    chunks.remove(idx);
+                }
+                self.len -= 1;
+            }
+            (Some(Err(at)), Some(e)) => {
+                let chunks = Arc::make_mut(&mut self.chunks);
+                let chunk = Arc::make_mut(&mut chunks[idx]);
+                chunk.insert(at, (Arc::from(fqdn), e));
+                if chunk.len() > VIEW_CHUNK_MAX {
+                    let tail = chunk.split_off(chunk.len() / 2);
+                    chunks.insert(idx + 1, Arc::new(tail));
+                }
+                self.len += 1;
+            }
+            (None, Some(e)) => {
+                Arc::make_mut(&mut self.chunks).push(Arc::new(vec![(Arc::from(fqdn), e)]));
+                self.len += 1;
+            }
+            (Some(Err(_)) | None, None) => {}
+        }
+    }
+
+    /// Calls `f(fqdn, in_self, in_other)` for every FQDN whose entry differs between the two
+    /// versions (by identity: entries are immutable and shared between versions). Chunks shared
+    /// by both versions are skipped without looking inside, so the cost is about the number of
+    /// chunks plus the size of the changed ones.
+    pub fn diff(
+        &self,
+        other: &HamletView,
+        mut f: impl FnMut(&Arc<str>, Option<&Arc<ServiceEntry>>, Option<&Arc<ServiceEntry>>),
+    ) {
+        if self.same_version(other) {
+            return;
+        }
+        let (a, b) = (&self.chunks, &other.chunks);
+        let (mut ia, mut ib) = (ViewPos::default(), ViewPos::default());
+        loop {
+            // Skip a chunk both versions share, when both cursors stand at its start.
+            if ia.offset == 0
+                && ib.offset == 0
+                && let (Some(ca), Some(cb)) = (a.get(ia.chunk), b.get(ib.chunk))
+                && Arc::ptr_eq(ca, cb)
+            {
+                ia.chunk += 1;
+                ib.chunk += 1;
+                continue;
+            }
+            match (self.at(ia), other.at(ib)) {
+                (None, None) => return,
+                (Some(((ka, ea), na)), None) => {
+                    f(ka, Some(ea), None);
+                    ia = na;
+                }
+                (None, Some(((kb, eb), nb))) => {
+                    f(kb, None, Some(eb));
+                    ib = nb;
+                }
+                (Some(((ka, ea), na)), Some(((kb, eb), nb))) => match ka.cmp(kb) {
+                    std::cmp::Ordering::Less => {
+                        f(ka, Some(ea), None);
+                        ia = na;
+                    }
+                    std::cmp::Ordering::Greater => {
+                        f(kb, None, Some(eb));
+                        ib = nb;
+                    }
+                    std::cmp::Ordering::Equal => {
+                        if !Arc::ptr_eq(ea, eb) {
+                            f(ka, Some(ea), Some(eb));
+                        }
+                        ia = na;
+                        ib = nb;
+                    }
+                },
+            }
+            // Normalise positions at a chunk end to the next chunk's start, so shared chunks
+            // are recognised.
+            if a.get(ia.chunk).is_some_and(|c| ia.offset >= c.len()) {
+                ia = ViewPos {
+                    chunk: ia.chunk + 1,
+                    offset: 0,
+                };
+            }
+            if b.get(ib.chunk).is_some_and(|c| ib.offset >= c.len()) {
+                ib = ViewPos {
+                    chunk: ib.chunk + 1,
+                    offset: 0,
+                };
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct State {
     entries: BTreeMap<ServiceKey, Arc<ServiceEntry>>,
@@ -227,6 +451,8 @@ struct State {
     /// Every entry by FQDN, and by `namespace/name`: lookups without scanning.
     by_fqdn: HashMap<String, Keys>,
     by_name: HashMap<String, Keys>,
+    /// What Hamlet consumers are served: the winner of each `local_by_fqdn` set.
+    hamlet_view: HamletView,
     revision: u64,
 }
 
@@ -238,6 +464,29 @@ impl State {
     fn hamlet_winner(&self, fqdn: &str) -> Option<Arc<ServiceEntry>> {
         let key = self.local_by_fqdn.get(fqdn)?.first()?;
         self.entries.get(key).cloned()
+    }
+
+    /// Bring the Hamlet view of `fqdn` up to date; returns its interned key when the served
+    /// entry changed (the FQDN to announce to Hamlet consumers).
+    fn refresh_view(&mut self, fqdn: &str) -> Option<Arc<str>> {
+        let winner = self.hamlet_winner(fqdn);
+        let current = self.hamlet_view.get(fqdn);
+        let same = match (&winner, current) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        if same {
+            return None;
+        }
+        let interned = self.hamlet_view.key(fqdn).cloned();
+        let present = winner.is_some();
+        self.hamlet_view.set(fqdn, winner);
+        if present {
+            self.hamlet_view.key(fqdn).cloned()
+        } else {
+            interned
+        }
     }
 
     fn index(&mut self, e: &ServiceEntry) {
@@ -345,7 +594,9 @@ impl Catalog {
         let rev = st.revision;
         let _ = self.events.send(CatalogEvent::Upsert(entry));
         for fqdn in changed_fqdns {
-            let _ = self.hamlet.send(Arc::from(fqdn));
+            if let Some(key) = st.refresh_view(&fqdn) {
+                let _ = self.hamlet.send(key);
+            }
         }
         Some(rev)
     }
@@ -364,8 +615,10 @@ impl Catalog {
             remove_local_index(st, &removed);
         }
         let _ = self.events.send(CatalogEvent::Delete(removed.clone()));
-        if removed.source.in_subtree() {
-            let _ = self.hamlet.send(Arc::from(removed.fqdn.as_str()));
+        if removed.source.in_subtree()
+            && let Some(key) = st.refresh_view(&removed.fqdn)
+        {
+            let _ = self.hamlet.send(key);
         }
         Some(removed)
     }
@@ -393,6 +646,35 @@ impl Catalog {
             self.remove_locked(&mut st, key);
         }
         (upserted, stale.len())
+    }
+
+    /// Applies a partial change to the entries of `source` under one lock: upserts `upserts`
+    /// (their source is set to `source`) and removes `removals` that belong to `source` (keys of
+    /// other sources are left alone). For stores that know which of their entries changed, so a
+    /// change costs its own size rather than the size of the whole source. Returns (upserted,
+    /// removed) counts.
+    pub fn update_source(
+        &self,
+        source: &Source,
+        upserts: Vec<ServiceEntry>,
+        removals: &[ServiceKey],
+    ) -> (usize, usize) {
+        let mut st = self.write();
+        let mut upserted = 0;
+        for mut entry in upserts {
+            entry.source = source.clone();
+            if self.upsert_locked(&mut st, entry).is_some() {
+                upserted += 1;
+            }
+        }
+        let mut removed = 0;
+        for key in removals {
+            if st.entries.get(key).is_some_and(|e| e.source == *source) {
+                self.remove_locked(&mut st, key);
+                removed += 1;
+            }
+        }
+        (upserted, removed)
     }
 
     pub fn get(&self, key: &ServiceKey) -> Option<Arc<ServiceEntry>> {
@@ -446,15 +728,14 @@ impl Catalog {
 
     /// The FQDNs currently served over Hamlet (this registry's subtree), sorted.
     pub fn hamlet_fqdns(&self) -> Vec<Arc<str>> {
-        let st = self.read();
-        let mut v: Vec<Arc<str>> = st
-            .local_by_fqdn
-            .iter()
-            .filter(|(_, keys)| !keys.is_empty())
-            .map(|(f, _)| Arc::from(f.as_str()))
-            .collect();
-        v.sort();
-        v
+        self.read().hamlet_view.fqdns()
+    }
+
+    /// The current version of the Hamlet view: what [`Catalog::hamlet_get`] answers for every
+    /// served FQDN, as one immutable, cheaply shared value. Subscribe with
+    /// [`Catalog::subscribe_hamlet`] first so no later change is missed.
+    pub fn hamlet_view(&self) -> HamletView {
+        self.read().hamlet_view.clone()
     }
 
     /// The record served over Hamlet for `fqdn`: the subtree entry with the lowest key when
@@ -669,5 +950,105 @@ mod tests {
         assert!(e.admits("north"));
         assert!(!e.admits("south"));
         assert!(!e.admits("wes"));
+    }
+    #[test]
+    fn hamlet_view_versions_share_chunks_and_diff_exactly() {
+        let c = Catalog::new();
+        for i in 0..1000 {
+            c.upsert(local(
+                "a",
+                &format!("s{i:04}"),
+                &format!("s{i:04}.xcc.test"),
+                "10.0.0.1",
+            ));
+        }
+        let v1 = c.hamlet_view();
+        assert_eq!(v1.len(), 1000);
+        assert_eq!(v1.fqdns(), c.hamlet_fqdns());
+        let sorted: Vec<&str> = v1.iter().map(|(k, _)| &**k).collect();
+        let mut expect = sorted.clone();
+        expect.sort();
+        assert_eq!(sorted, expect);
+        // One change, one removal, one addition: the old version is untouched.
+        c.upsert(local("a", "s0500", "s0500.xcc.test", "10.0.0.2"));
+        c.remove(&ServiceKey::new("east", "a", "s0007"));
+        c.upsert(local("b", "new", "s0999a.xcc.test", "10.0.0.3"));
+        let v2 = c.hamlet_view();
+        assert_eq!(v1.len(), 1000);
+        assert_eq!(
+            v1.get("s0500.xcc.test").expect("old").endpoints[0].address,
+            "10.0.0.1"
+        );
+        assert!(v1.get("s0007.xcc.test").is_some());
+        assert_eq!(v2.len(), 1000);
+        assert_eq!(
+            v2.get("s0500.xcc.test").expect("new").endpoints[0].address,
+            "10.0.0.2"
+        );
+        let mut seen = Vec::new();
+        v1.diff(&v2, |k, a, b| {
+            seen.push((k.to_string(), a.is_some(), b.is_some()))
+        });
+        assert_eq!(
+            seen,
+            vec![
+                ("s0007.xcc.test".to_string(), true, false),
+                ("s0500.xcc.test".to_string(), true, true),
+                ("s0999a.xcc.test".to_string(), false, true),
+            ]
+        );
+        // Unchanged chunks are shared between the versions, not copied.
+        let shared = v1
+            .chunks
+            .iter()
+            .filter(|a| v2.chunks.iter().any(|b| Arc::ptr_eq(a, b)))
+            .count();
+        assert!(
+            shared + 3 >= v1.chunks.len(),
+            "{shared} of {}",
+            v1.chunks.len()
+        );
+        let mut none = 0;
+        v2.diff(&c.hamlet_view(), |_, _, _| none += 1);
+        assert_eq!(none, 0);
+        // Keys are interned: the view's key is the one announced to Hamlet consumers.
+        let mut rx = c.subscribe_hamlet();
+        c.upsert(local("a", "s0001", "s0001.xcc.test", "10.0.0.9"));
+        let announced = rx.try_recv().expect("announced");
+        assert!(Arc::ptr_eq(
+            &announced,
+            c.hamlet_view().key("s0001.xcc.test").expect("key")
+        ));
+    }
+
+    #[test]
+    fn update_source_applies_only_its_own_keys() {
+        let c = Catalog::new();
+        c.upsert(local("a", "web", "web.xcc.test", "10.0.0.1"));
+        c.upsert(local("a", "db", "db.xcc.test", "10.0.0.1"));
+        let mut remote = local("a", "api", "api.xcc.test", "10.1.0.1");
+        remote.key.cluster = "west".into();
+        remote.source = Source::Remote("west".into());
+        c.upsert(remote);
+        let (up, rm) = c.update_source(
+            &Source::Local,
+            vec![
+                local("a", "web", "web.xcc.test", "10.0.0.2"),
+                local("a", "db", "db.xcc.test", "10.0.0.1"),
+            ],
+            &[
+                ServiceKey::new("west", "a", "api"),
+                ServiceKey::new("east", "a", "gone"),
+            ],
+        );
+        assert_eq!((up, rm), (1, 0));
+        assert!(c.get(&ServiceKey::new("west", "a", "api")).is_some());
+        let (up, rm) = c.update_source(
+            &Source::Local,
+            vec![],
+            &[ServiceKey::new("east", "a", "db")],
+        );
+        assert_eq!((up, rm), (0, 1));
+        assert_eq!(c.hamlet_fqdns(), vec![Arc::<str>::from("web.xcc.test")]);
     }
 }

@@ -6,12 +6,18 @@
 //! one queue slot per service and always receives the *current* state, never a backlog. A bounded
 //! window of unacknowledged responses gives pipelining to fast consumers while a consumer that
 //! never ACKs stalls only itself.
+//!
+//! Memory: what a consumer holds is not copied per consumer. It is a shared [`HamletView`]
+//! version (the *base*, shared with the catalog and every other consumer on that version) plus a
+//! small map of the FQDNs where the consumer differs from it. The snapshot walks the base in
+//! FQDN order with a cursor instead of queueing every FQDN. When the differences grow, the
+//! consumer moves its base to the catalog's current version ([`ConsumerState::rebase`]).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::catalog::ServiceEntry;
+use crate::catalog::{HamletView, ServiceEntry, ViewPos};
 
 /// Operation of one response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,12 +36,6 @@ pub struct Outgoing {
     pub op: Op,
     /// The full object (for DELETE: the last object the consumer was sent).
     pub entry: Option<Arc<ServiceEntry>>,
-}
-
-#[derive(Clone, Debug)]
-enum Work {
-    Key(Arc<str>),
-    Marker,
 }
 
 #[derive(Debug)]
@@ -64,79 +64,217 @@ pub enum Reply {
 const NACK_RETRY_MIN: Duration = Duration::from_secs(1);
 /// Retry delay cap after repeated NACKs.
 const NACK_RETRY_MAX: Duration = Duration::from_secs(60);
+/// Differences from the base that trigger a rebase (at least; more for large views).
+const REBASE_MIN: usize = 64;
+/// Buffers larger than this are released once empty (the snapshot and change bursts leave
+/// large capacities behind that an idle consumer must not keep).
+const KEEP_CAPACITY: usize = 32;
+
+/// Progress of the initial snapshot through the base view.
+struct Snapshot {
+    /// Next item of the base to consider.
+    pos: ViewPos,
+    /// Last FQDN handed out; everything up to it is covered.
+    last: Option<Arc<str>>,
+    /// Send the end-of-snapshot marker once the base is exhausted.
+    marker: bool,
+}
 
 pub struct ConsumerState {
     window: usize,
-    queue: VecDeque<Work>,
+    /// Certificate identity of the consumer (None: sees everything). Decides which base
+    /// entries it holds; the `lookup` passed to [`ConsumerState::next`] must apply the same rule.
+    requester: Option<String>,
+    /// Shared version of the view; the consumer holds its visible entries, except where
+    /// `differs` says otherwise (and, during the snapshot, only up to the cursor).
+    base: HamletView,
+    /// FQDN → what the consumer holds where that is not the base's (visible) entry.
+    differs: HashMap<Arc<str>, Option<Arc<ServiceEntry>>>,
+    held: usize,
+    /// `differs` must reach this size before the next rebase.
+    rebase_floor: usize,
+    snapshot: Option<Snapshot>,
+    queue: VecDeque<Arc<str>>,
     queued: HashSet<Arc<str>>,
     forced: HashSet<Arc<str>>,
-    sent: HashMap<Arc<str>, Arc<ServiceEntry>>,
     inflight: VecDeque<Inflight>,
     next_nonce: u64,
     retries: BTreeMap<(Instant, u64), Arc<str>>,
     nack_streak: HashMap<Arc<str>, u32>,
-    /// Work items of the initial snapshot still queued (they are at the queue's front).
-    snapshot_left: usize,
+}
+
+fn same(a: Option<&Arc<ServiceEntry>>, b: Option<&Arc<ServiceEntry>>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
 }
 
 impl ConsumerState {
-    /// `window`: responses that may await an ACK at once (at least 1).
+    /// `window`: responses that may await an ACK at once (at least 1). The consumer sees every
+    /// entry.
     pub fn new(window: usize) -> Self {
         Self {
             window: window.max(1),
+            requester: None,
+            base: HamletView::default(),
+            differs: HashMap::new(),
+            held: 0,
+            rebase_floor: 0,
+            snapshot: None,
             queue: VecDeque::new(),
             queued: HashSet::new(),
             forced: HashSet::new(),
-            sent: HashMap::new(),
             inflight: VecDeque::new(),
             next_nonce: 1,
             retries: BTreeMap::new(),
             nack_streak: HashMap::new(),
-            snapshot_left: 0,
         }
     }
 
-    /// Queue the initial snapshot (`fqdns` as served at subscription time), optionally followed
+    /// A consumer that sees only the entries whose allowed requesters admit `requester`.
+    pub fn for_requester(window: usize, requester: impl Into<String>) -> Self {
+        Self {
+            requester: Some(requester.into()),
+            ..Self::new(window)
+        }
+    }
+
+    fn visible<'a>(&self, e: Option<&'a Arc<ServiceEntry>>) -> Option<&'a Arc<ServiceEntry>> {
+        match &self.requester {
+            Some(r) => e.filter(|e| e.admits(r)),
+            None => e,
+        }
+    }
+
+    fn covered(&self, fqdn: &str) -> bool {
+        match &self.snapshot {
+            None => true,
+            Some(s) => s.last.as_deref().is_some_and(|last| fqdn <= last),
+        }
+    }
+
+    /// The base's entry for `fqdn` as this consumer holds it (nothing past the snapshot cursor).
+    fn base_held(&self, fqdn: &str) -> Option<&Arc<ServiceEntry>> {
+        if self.covered(fqdn) {
+            self.visible(self.base.get(fqdn))
+        } else {
+            None
+        }
+    }
+
+    /// What the consumer is believed to hold for `fqdn`.
+    fn holds(&self, fqdn: &str) -> Option<Arc<ServiceEntry>> {
+        match self.differs.get(fqdn) {
+            Some(v) => v.clone(),
+            None => self.base_held(fqdn).cloned(),
+        }
+    }
+
+    fn set_holds(&mut self, fqdn: &Arc<str>, value: Option<Arc<ServiceEntry>>) {
+        let before = self.holds(fqdn).is_some();
+        match (before, value.is_some()) {
+            (false, true) => self.held += 1,
+            (true, false) => self.held -= 1,
+            _ => {}
+        }
+        if same(value.as_ref(), self.base_held(fqdn)) {
+            self.differs.remove(fqdn);
+        } else {
+            self.differs.insert(fqdn.clone(), value);
+        }
+    }
+
+    /// Queue the initial snapshot: every FQDN of `view` (the catalog's view at subscription
+    /// time), in FQDN order, each sent with its state when its turn comes; optionally followed
     /// by the end-of-snapshot marker.
-    pub fn start_snapshot(&mut self, fqdns: Vec<Arc<str>>, marker: bool) {
-        for fqdn in fqdns {
-            self.mark_dirty(fqdn);
+    pub fn start_snapshot(&mut self, view: HamletView, marker: bool) {
+        self.base = view;
+        self.differs.clear();
+        self.held = 0;
+        self.snapshot = Some(Snapshot {
+            pos: ViewPos::default(),
+            last: None,
+            marker,
+        });
+        if self.base.is_empty() && !marker {
+            self.snapshot = None;
         }
-        if marker {
-            self.queue.push_back(Work::Marker);
-        }
-        self.snapshot_left = self.queue.len();
     }
 
     /// The served record for `fqdn` may have changed.
     pub fn mark_dirty(&mut self, fqdn: Arc<str>) {
         if self.queued.insert(fqdn.clone()) {
-            self.queue.push_back(Work::Key(fqdn));
+            self.queue.push_back(fqdn);
         }
     }
 
-    /// The change feed was lost (lagged): re-check everything served now and everything the
-    /// consumer holds.
-    pub fn mark_all_dirty(&mut self, current: Vec<Arc<str>>) {
-        let held: Vec<Arc<str>> = self.sent.keys().cloned().collect();
-        for fqdn in current.into_iter().chain(held) {
-            self.mark_dirty(fqdn);
+    /// The change feed was lost (lagged): re-check every FQDN where `current` (the catalog's
+    /// view now) may differ from what the consumer holds.
+    pub fn mark_all_dirty(&mut self, current: &HamletView) {
+        let mut keys: Vec<Arc<str>> = Vec::new();
+        self.base.diff(current, |k, _, _| keys.push(k.clone()));
+        keys.extend(self.differs.keys().cloned());
+        for k in keys {
+            self.mark_dirty(k);
         }
+    }
+
+    /// Whether enough differences from the base have accumulated to move to a newer base.
+    pub fn wants_rebase(&self) -> bool {
+        self.snapshot.is_none()
+            && self.differs.len() >= REBASE_MIN.max(self.base.len() / 64).max(self.rebase_floor)
+    }
+
+    /// Move the base to `current` (the catalog's view now), keeping what the consumer holds
+    /// unchanged: only FQDNs where it differs from `current` stay recorded. Queued work, the
+    /// window and retries are unaffected. Ignored during the snapshot (the cursor walks the old
+    /// base).
+    pub fn rebase(&mut self, current: HamletView) {
+        if self.snapshot.is_some() {
+            return;
+        }
+        let mut differs: HashMap<Arc<str>, Option<Arc<ServiceEntry>>> = HashMap::new();
+        self.base.diff(&current, |k, old, new| {
+            if self.differs.contains_key(k) {
+                return;
+            }
+            let held = self.visible(old);
+            if !same(held, self.visible(new)) {
+                differs.insert(k.clone(), held.cloned());
+            }
+        });
+        for (k, v) in self.differs.drain() {
+            let now_visible = match &self.requester {
+                Some(r) => current.get(&k).filter(|e| e.admits(r)),
+                None => current.get(&k),
+            };
+            if !same(v.as_ref(), now_visible) {
+                differs.insert(k, v);
+            }
+        }
+        differs.shrink_to_fit();
+        // Differences that survive a rebase (a consumer that is behind) must double before the
+        // next one, so a stalled consumer does not rebase on every change.
+        self.rebase_floor = differs.len() * 2;
+        self.differs = differs;
+        self.base = current;
     }
 
     /// Whether a response could be produced now (work queued and room in the window).
     pub fn can_send(&self) -> bool {
-        self.inflight.len() < self.window && !self.queue.is_empty()
+        self.inflight.len() < self.window && (self.snapshot.is_some() || !self.queue.is_empty())
     }
 
     /// True once every snapshot item has been handed out.
     pub fn snapshot_sent(&self) -> bool {
-        self.snapshot_left == 0
+        self.snapshot.is_none()
     }
 
     /// Number of FQDNs the consumer is believed to hold.
     pub fn held(&self) -> usize {
-        self.sent.len()
+        self.held
     }
 
     pub fn inflight(&self) -> usize {
@@ -153,33 +291,29 @@ impl ConsumerState {
         if self.inflight.len() >= self.window {
             return None;
         }
-        while let Some(work) = self.queue.pop_front() {
-            self.snapshot_left = self.snapshot_left.saturating_sub(1);
-            let fqdn = match work {
-                Work::Marker => {
-                    return Some(self.emit(now, Op::SnapshotComplete, None, None));
-                }
-                Work::Key(fqdn) => fqdn,
-            };
+        if let Some(out) = self.next_snapshot(now, &lookup) {
+            return Some(out);
+        }
+        while let Some(fqdn) = self.queue.pop_front() {
             self.queued.remove(&fqdn);
             let forced = self.forced.remove(&fqdn);
             let current = lookup(&fqdn);
-            let held = self.sent.get(&fqdn).cloned();
+            let held = self.holds(&fqdn);
             let out = match (current, held) {
                 (Some(cur), None) => {
-                    self.sent.insert(fqdn.clone(), cur.clone());
+                    self.set_holds(&fqdn, Some(cur.clone()));
                     Some(self.emit(now, Op::Create, Some(fqdn), Some(cur)))
                 }
                 (Some(cur), Some(prev)) => {
                     if forced || (!Arc::ptr_eq(&cur, &prev) && *cur != *prev) {
-                        self.sent.insert(fqdn.clone(), cur.clone());
+                        self.set_holds(&fqdn, Some(cur.clone()));
                         Some(self.emit(now, Op::Update, Some(fqdn), Some(cur)))
                     } else {
                         None
                     }
                 }
                 (None, Some(prev)) => {
-                    self.sent.remove(&fqdn);
+                    self.set_holds(&fqdn, None);
                     Some(self.emit(now, Op::Delete, Some(fqdn), Some(prev)))
                 }
                 (None, None) => None,
@@ -188,7 +322,52 @@ impl ConsumerState {
                 return out;
             }
         }
+        self.release_idle_buffers();
         None
+    }
+
+    /// The next snapshot response; None once the snapshot (and its marker) is done.
+    fn next_snapshot(
+        &mut self,
+        now: Instant,
+        lookup: &impl Fn(&str) -> Option<Arc<ServiceEntry>>,
+    ) -> Option<Outgoing> {
+        loop {
+            let snap = self.snapshot.as_mut()?;
+            let Some(((key, _), next)) = self.base.at(snap.pos) else {
+                let marker = snap.marker;
+                self.snapshot = None;
+                return marker.then(|| self.emit(now, Op::SnapshotComplete, None, None));
+            };
+            let fqdn = key.clone();
+            snap.pos = next;
+            snap.last = Some(fqdn.clone());
+            let current = lookup(&fqdn);
+            // Before this step the consumer held nothing for `fqdn` (it was past the cursor).
+            if current.is_some() {
+                self.held += 1;
+            }
+            if same(current.as_ref(), self.base_held(&fqdn)) {
+                self.differs.remove(&fqdn);
+            } else {
+                self.differs.insert(fqdn.clone(), current.clone());
+            }
+            if let Some(cur) = current {
+                return Some(self.emit(now, Op::Create, Some(fqdn), Some(cur)));
+            }
+        }
+    }
+
+    fn release_idle_buffers(&mut self) {
+        if self.queue.is_empty() && self.queue.capacity() > KEEP_CAPACITY {
+            self.queue = VecDeque::new();
+        }
+        if self.queued.is_empty() && self.queued.capacity() > KEEP_CAPACITY {
+            self.queued = HashSet::new();
+        }
+        if self.inflight.is_empty() && self.inflight.capacity() > KEEP_CAPACITY {
+            self.inflight = VecDeque::new();
+        }
     }
 
     fn emit(
@@ -231,6 +410,9 @@ impl ConsumerState {
                 if let Some(fqdn) = &inflight.fqdn {
                     self.nack_streak.remove(fqdn);
                 }
+                if self.inflight.is_empty() && self.queue.is_empty() {
+                    self.release_idle_buffers();
+                }
                 Reply::Acked(inflight.op)
             }
             None => Reply::UnknownNonce,
@@ -255,9 +437,10 @@ impl ConsumerState {
         *streak += 1;
         if inflight.op == Op::Delete
             && let Some(prev) = inflight.entry
+            && self.holds(&fqdn).is_none()
         {
             // The consumer still holds it: make the retry send DELETE again.
-            self.sent.entry(fqdn.clone()).or_insert(prev);
+            self.set_holds(&fqdn, Some(prev));
         }
         self.forced.insert(fqdn.clone());
         self.retries.insert((now + retry_in, inflight.nonce), fqdn);
@@ -312,6 +495,10 @@ mod tests {
         })
     }
 
+    fn snap(items: &[Arc<ServiceEntry>]) -> HamletView {
+        HamletView::from_entries(items.iter().cloned())
+    }
+
     fn view(items: &[Arc<ServiceEntry>]) -> impl Fn(&str) -> Option<Arc<ServiceEntry>> + '_ {
         move |f| items.iter().find(|e| e.fqdn == f).cloned()
     }
@@ -335,8 +522,8 @@ mod tests {
         let a = entry("a.x", "10.0.0.1", 1);
         let b = entry("b.x", "10.0.0.2", 2);
         let mut st = ConsumerState::new(8);
-        st.start_snapshot(vec!["a.x".into(), "b.x".into()], true);
         let items = vec![a.clone(), b.clone()];
+        st.start_snapshot(snap(&items), true);
         let got = drain(&mut st, &items, now);
         assert_eq!(
             got,
@@ -369,8 +556,8 @@ mod tests {
     fn changes_coalesce_while_window_is_full() {
         let now = Instant::now();
         let mut st = ConsumerState::new(1);
-        st.start_snapshot(vec!["a.x".into()], false);
         let v1 = vec![entry("a.x", "10.0.0.1", 1)];
+        st.start_snapshot(snap(&v1), false);
         let first = st.next(now, view(&v1)).expect("create");
         assert_eq!(first.op, Op::Create);
         // Window full: three more changes queue once.
@@ -395,8 +582,8 @@ mod tests {
     fn nack_resends_current_state_after_backoff() {
         let t0 = Instant::now();
         let mut st = ConsumerState::new(4);
-        st.start_snapshot(vec!["a.x".into()], false);
         let v = vec![entry("a.x", "10.0.0.1", 1)];
+        st.start_snapshot(snap(&v), false);
         let o = st.next(t0, view(&v)).expect("create");
         assert_eq!(
             st.on_nack(&o.nonce, t0),
@@ -427,8 +614,8 @@ mod tests {
     fn nacked_delete_is_sent_again() {
         let t0 = Instant::now();
         let mut st = ConsumerState::new(4);
-        st.start_snapshot(vec!["a.x".into()], false);
         let v = vec![entry("a.x", "10.0.0.1", 1)];
+        st.start_snapshot(snap(&v), false);
         let o = st.next(t0, view(&v)).expect("create");
         st.on_ack(&o.nonce);
         st.mark_dirty("a.x".into());
@@ -447,12 +634,12 @@ mod tests {
         let mut st = ConsumerState::new(4);
         assert_eq!(st.on_ack("99"), Reply::UnknownNonce);
         assert_eq!(st.on_ack("not-a-number"), Reply::UnknownNonce);
-        st.start_snapshot(vec!["a.x".into(), "b.x".into()], false);
         let v = vec![entry("a.x", "1.1.1.1", 1), entry("b.x", "1.1.1.2", 2)];
+        st.start_snapshot(snap(&v), false);
         drain(&mut st, &v, t0);
         // Lagged: b deleted and c created meanwhile; recompute from current state.
         let v2 = vec![v[0].clone(), entry("c.x", "1.1.1.3", 5)];
-        st.mark_all_dirty(vec!["a.x".into(), "c.x".into()]);
+        st.mark_all_dirty(&snap(&v2));
         let got: Vec<(Op, Option<String>)> = drain(&mut st, &v2, t0)
             .into_iter()
             .map(|(_, op, f)| (op, f))
@@ -466,5 +653,82 @@ mod tests {
                 (Op::Create, Some("c.x".into()))
             ]
         );
+    }
+    /// Drive the same change sequence through two consumers, one rebasing after every step, and
+    /// compare what they send.
+    #[test]
+    fn rebase_keeps_what_the_consumer_holds() {
+        let now = Instant::now();
+        let mk = |n: usize, ip: &str| -> Vec<Arc<ServiceEntry>> {
+            (0..n)
+                .map(|i| entry(&format!("s{i:03}.x"), ip, i as u64))
+                .collect()
+        };
+        let v0 = mk(300, "10.0.0.1");
+        let mut plain = ConsumerState::new(1000);
+        let mut rebasing = ConsumerState::new(1000);
+        plain.start_snapshot(snap(&v0), true);
+        rebasing.start_snapshot(snap(&v0), true);
+        assert_eq!(drain(&mut plain, &v0, now), drain(&mut rebasing, &v0, now));
+        assert_eq!(rebasing.held(), 300);
+        // Change 100 services, delete 50, add 20; the consumers learn of it only later.
+        let mut v1: Vec<Arc<ServiceEntry>> = v0[..250].to_vec();
+        for e in v1.iter_mut().take(100) {
+            *e = entry(&e.fqdn, "10.0.0.2", 1000);
+        }
+        v1.extend((300..320).map(|i| entry(&format!("s{i:03}.x"), "10.0.0.3", 2000)));
+        // The rebasing consumer moves to the new version before processing anything.
+        rebasing.rebase(snap(&v1));
+        assert_eq!(rebasing.held(), 300);
+        for e in v0.iter().chain(v1.iter()) {
+            plain.mark_dirty(e.fqdn.as_str().into());
+            rebasing.mark_dirty(e.fqdn.as_str().into());
+        }
+        let a = drain(&mut plain, &v1, now);
+        let b = drain(&mut rebasing, &v1, now);
+        assert_eq!(a, b);
+        let ops =
+            |v: &[(String, Op, Option<String>)], op: Op| v.iter().filter(|x| x.1 == op).count();
+        assert_eq!(
+            (
+                ops(&a, Op::Update),
+                ops(&a, Op::Delete),
+                ops(&a, Op::Create)
+            ),
+            (100, 50, 20)
+        );
+        assert_eq!((plain.held(), rebasing.held()), (270, 270));
+        // Caught up: after a rebase onto the same content nothing differs.
+        rebasing.rebase(snap(&v1));
+        assert!(rebasing.differs.is_empty());
+    }
+
+    #[test]
+    fn requester_sees_only_admitted_entries() {
+        let now = Instant::now();
+        let open = entry("a.x", "10.0.0.1", 1);
+        let mut closed = (*entry("b.x", "10.0.0.2", 2)).clone();
+        closed.allowed_requesters = vec!["north".into()];
+        let closed = Arc::new(closed);
+        let items = vec![open, closed];
+        let mut st = ConsumerState::for_requester(8, "west");
+        st.start_snapshot(snap(&items), true);
+        let lookup = |f: &str| view(&items)(f).filter(|e| e.admits("west"));
+        let mut got = Vec::new();
+        while let Some(o) = st.next(now, lookup) {
+            got.push((o.op, o.entry.map(|e| e.fqdn.clone())));
+            st.on_ack(&o.nonce);
+        }
+        assert_eq!(
+            got,
+            vec![
+                (Op::Create, Some("a.x".into())),
+                (Op::SnapshotComplete, None)
+            ]
+        );
+        assert_eq!(st.held(), 1);
+        // Re-checking the hidden one sends nothing (the consumer does not hold it).
+        st.mark_dirty("b.x".into());
+        assert!(st.next(now, lookup).is_none());
     }
 }

@@ -341,8 +341,8 @@ impl ConsumerTask {
 
         // Subscribe before listing so no change between the two is missed.
         let mut changes = catalog.subscribe_hamlet();
-        let mut st = ConsumerState::new(server.config.window);
-        st.start_snapshot(catalog.hamlet_fqdns(), self.marker);
+        let mut st = ConsumerState::for_requester(server.config.window, self.identity.clone());
+        st.start_snapshot(catalog.hamlet_view(), self.marker);
         let identity = self.identity.clone();
         let lookup = |fqdn: &str| -> Option<Arc<ServiceEntry>> {
             catalog.hamlet_get(fqdn).filter(|e| e.admits(&identity))
@@ -394,11 +394,16 @@ impl ConsumerTask {
                     }
                 },
                 change = changes.recv() => match change {
-                    Ok(fqdn) => st.mark_dirty(fqdn),
+                    Ok(fqdn) => {
+                        st.mark_dirty(fqdn);
+                        if st.wants_rebase() {
+                            st.rebase(catalog.hamlet_view());
+                        }
+                    }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
                         metrics.hamlet_resyncs.inc();
                         debug!(consumer = %self.identity, missed, "change feed lagged; resynchronising from current state");
-                        st.mark_all_dirty(catalog.hamlet_fqdns());
+                        st.mark_all_dirty(&catalog.hamlet_view());
                     }
                     Err(broadcast::error::RecvError::Closed) => break Ok(()),
                 },
