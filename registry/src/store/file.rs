@@ -11,10 +11,10 @@
 //! with its name and the offending field, and the last good content of that file stays in force,
 //! so a typo never wipes state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use futures::FutureExt;
@@ -231,11 +231,76 @@ fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What identifies one version of a file without reading it: size, modification and change
+/// times, inode and device. A rewrite, a rename over it or a `touch` changes at least one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime: Option<SystemTime>,
+    #[cfg(unix)]
+    ctime: (i64, i64),
+    #[cfg(unix)]
+    inode: (u64, u64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        use std::os::unix::fs::MetadataExt as _;
+        Self {
+            len: meta.len(),
+            mtime: meta.modified().ok(),
+            #[cfg(unix)]
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            #[cfg(unix)]
+            inode: (meta.dev(), meta.ino()),
+        }
+    }
+
+    /// Whether a later write could leave this stamp unchanged: file times have a coarse
+    /// granularity, so a file modified shortly before it was read may be modified again within
+    /// the same tick, with the same size. Such a file's bytes are kept and compared instead.
+    fn is_racy(&self, read_at: SystemTime) -> bool {
+        match self.mtime {
+            Some(mtime) => mtime + RACY_WINDOW >= read_at,
+            None => true,
+        }
+    }
+}
+
+/// How long after its last modification a file's stamp is not trusted on its own.
+const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+struct LoadedFile<T> {
+    stamp: Stamp,
+    /// The bytes, kept only while the stamp is racy (see [`Stamp::is_racy`]).
+    bytes: Option<Vec<u8>>,
+    items: Vec<T>,
+}
+
 /// One watched directory of YAML files, each parsed on its own with its last good content kept.
+///
+/// A refresh looks at each file's [`Stamp`] and reads only the files whose stamp changed (or
+/// whose stamp is too recent to trust), so an idle refresh is one `stat` per file. The files that
+/// changed are remembered until [`YamlDir::take_changes`], with the items they had before, so a
+/// consumer can apply just those.
 pub struct YamlDir<T> {
     dir: PathBuf,
-    files: BTreeMap<PathBuf, (Vec<u8>, Vec<T>)>,
+    files: BTreeMap<PathBuf, LoadedFile<T>>,
     errors: BTreeMap<PathBuf, String>,
+    /// Files whose accepted content changed since the last `take_changes`, with their previous
+    /// items (empty for a new file).
+    changed: BTreeMap<PathBuf, Vec<T>>,
+    /// Whether `take_changes` was called before (the first one reports a full load).
+    taken: bool,
+}
+
+/// What changed in a [`YamlDir`] since the previous [`YamlDir::take_changes`].
+pub struct DirChanges<T> {
+    /// First call: everything is new; apply the whole content rather than the difference.
+    pub full: bool,
+    /// Each changed file with the items it had before (its new items are in the `YamlDir`).
+    pub files: Vec<(PathBuf, Vec<T>)>,
 }
 
 impl<T: resources::ResourceKind + Clone> YamlDir<T> {
@@ -244,6 +309,8 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
             dir,
             files: BTreeMap::new(),
             errors: BTreeMap::new(),
+            changed: BTreeMap::new(),
+            taken: false,
         }
     }
 
@@ -263,16 +330,38 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
         for entry in entries.flatten() {
             let path = entry.path();
             let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
-            if !is_yaml || !path.is_file() {
+            // Follows symlinks, like reading does.
+            let Ok(meta) = std::fs::metadata(&path) else {
+                continue;
+            };
+            if !is_yaml || !meta.is_file() {
                 continue;
             }
             present.push(path.clone());
+            let stamp = Stamp::of(&meta);
+            let rejected = self.errors.contains_key(&path);
+            if !rejected
+                && let Some(f) = self.files.get(&path)
+                && f.stamp == stamp
+                && f.bytes.is_none()
+            {
+                continue; // Unchanged, and the stamp is old enough to be trusted.
+            }
+            let read_at = SystemTime::now();
             let Ok(bytes) = std::fs::read(&path) else {
                 continue;
             };
-            if self.files.get(&path).is_some_and(|(b, _)| *b == bytes)
-                && !self.errors.contains_key(&path)
+            // The stamp of what was read (a write between stat and read changes it).
+            let stamp = std::fs::metadata(&path)
+                .map(|m| Stamp::of(&m))
+                .unwrap_or(stamp);
+            let keep = stamp.is_racy(read_at);
+            if !rejected
+                && let Some(f) = self.files.get_mut(&path)
+                && f.bytes.as_deref() == Some(bytes.as_slice())
             {
+                f.stamp = stamp;
+                f.bytes = keep.then_some(bytes);
                 continue;
             }
             let shown = display_name(&self.dir, &path);
@@ -290,7 +379,17 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
             match parsed {
                 Ok(items) => {
                     self.errors.remove(&path);
-                    self.files.insert(path, (bytes, items));
+                    let loaded = LoadedFile {
+                        stamp,
+                        bytes: keep.then_some(bytes),
+                        items,
+                    };
+                    let previous = self
+                        .files
+                        .insert(path.clone(), loaded)
+                        .map(|f| f.items)
+                        .unwrap_or_default();
+                    self.changed.entry(path).or_insert(previous);
                     changed = true;
                 }
                 Err(error) => {
@@ -308,7 +407,9 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
             .cloned()
             .collect();
         for p in gone {
-            self.files.remove(&p);
+            if let Some(f) = self.files.remove(&p) {
+                self.changed.entry(p).or_insert(f.items);
+            }
             changed = true;
         }
         self.errors
@@ -316,12 +417,29 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
         changed
     }
 
+    /// The files whose accepted content changed since the previous call.
+    pub fn take_changes(&mut self) -> DirChanges<T> {
+        let full = !self.taken;
+        self.taken = true;
+        DirChanges {
+            full,
+            files: std::mem::take(&mut self.changed).into_iter().collect(),
+        }
+    }
+
+    /// The items of one accepted file (empty when it has none or was removed).
+    pub fn file_items(&self, path: &Path) -> &[T] {
+        self.files.get(path).map_or(&[], |f| f.items.as_slice())
+    }
+
+    /// Every item of every accepted file, in file order, without copying.
+    pub fn iter_items(&self) -> impl Iterator<Item = &T> {
+        self.files.values().flat_map(|f| f.items.iter())
+    }
+
     /// Every item of every accepted file, in file order.
     pub fn items(&self) -> Vec<T> {
-        self.files
-            .values()
-            .flat_map(|(_, v)| v.iter().cloned())
-            .collect()
+        self.iter_items().cloned().collect()
     }
 
     /// Current rejections, one message per file.
@@ -439,7 +557,21 @@ pub fn spawn_dir_watcher(
     })
 }
 
+/// Catalog key of an exported ServiceRecord (as [`export_entry`] derives it): namespace, name.
+fn export_key(sr: &ServiceRecord) -> (&str, &str) {
+    (
+        sr.metadata.namespace.as_deref().unwrap_or("default"),
+        sr.metadata.name.as_str(),
+    )
+}
+
 /// Load exports into the catalog; returns whether the local set changed.
+///
+/// The first call loads everything (`Catalog::replace_source`). Later calls apply only the files
+/// that changed: every key those files held before or hold now is resolved against the whole
+/// directory (the last record with that key, in file order, wins, as in a full load) and
+/// upserted or removed on its own, so a change costs the size of the changed files, not the size
+/// of all exports.
 pub fn sync_exports(
     catalog: &Catalog,
     cluster: &str,
@@ -450,15 +582,55 @@ pub fn sync_exports(
         sr.validate().map_err(|e| e.to_string())?;
         export_entry(&cluster_owned, sr).map(|_| ())
     });
-    if changed {
+    let changes = exports.take_changes();
+    if changes.full {
+        if !changed {
+            return false;
+        }
         let entries: Vec<ServiceEntry> = exports
-            .items()
-            .iter()
+            .iter_items()
             .filter_map(|sr| export_entry(cluster, sr).ok())
             .collect();
         let (up, rm) = catalog.replace_source(&Source::Local, entries);
-        info!(upserted = up, removed = rm, "exports reloaded");
+        info!(upserted = up, removed = rm, "exports loaded");
+        return changed;
     }
+    if changes.files.is_empty() {
+        return changed;
+    }
+    // Keys touched by the changed files, before and after.
+    let mut touched: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+    for (path, old) in &changes.files {
+        for sr in old.iter().chain(exports.file_items(path)) {
+            let (ns, name) = export_key(sr);
+            touched.entry(name).or_default().insert(ns);
+        }
+    }
+    // Their effective records: the last one in file order.
+    let mut effective: BTreeMap<(&str, &str), &ServiceRecord> = BTreeMap::new();
+    for sr in exports.iter_items() {
+        let (ns, name) = export_key(sr);
+        if touched.get(name).is_some_and(|nss| nss.contains(ns)) {
+            effective.insert((ns, name), sr);
+        }
+    }
+    let removals: Vec<ServiceKey> = touched
+        .iter()
+        .flat_map(|(name, nss)| nss.iter().map(move |ns| (*ns, *name)))
+        .filter(|k| !effective.contains_key(k))
+        .map(|(ns, name)| ServiceKey::new(cluster, ns, name))
+        .collect();
+    let upserts: Vec<ServiceEntry> = effective
+        .values()
+        .filter_map(|sr| export_entry(cluster, sr).ok())
+        .collect();
+    let (up, rm) = catalog.update_source(&Source::Local, upserts, &removals);
+    let files: Vec<String> = changes
+        .files
+        .iter()
+        .map(|(p, _)| display_name(&exports.dir, p))
+        .collect();
+    info!(?files, upserted = up, removed = rm, "exports reloaded");
     changed
 }
 
@@ -575,5 +747,109 @@ spec:
         assert_eq!(sink.load("shared-services-cls").expect("load").len(), 1);
         sink.forget("shared-services-cls").expect("forget");
         assert!(sink.load("shared-services-cls").expect("load").is_empty());
+    }
+    fn record(name: &str, ip: &str) -> String {
+        format!(
+            "apiVersion: connectivity.tanzu.vmware.com/v1alpha1\nkind: ServiceRecord\nmetadata:\n  name: {name}\n  namespace: shop\nspec:\n  fqdn: {name}.xcc.test\n  endpoints:\n  - address: {ip}\n    port: 443\n"
+        )
+    }
+
+    fn addresses(catalog: &Catalog) -> Vec<(String, String)> {
+        catalog
+            .list(&Default::default())
+            .iter()
+            .map(|e| (e.key.name.clone(), e.endpoints[0].address.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn incremental_sync_applies_changed_files_only_and_keeps_last_wins() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(&exports).expect("mkdir");
+        let write =
+            |file: &str, text: &str| std::fs::write(exports.join(file), text).expect("write");
+        write(
+            "a.yaml",
+            &format!(
+                "{}---\n{}",
+                record("one", "10.0.0.1"),
+                record("two", "10.0.0.2")
+            ),
+        );
+        write("b.yaml", &record("three", "10.0.0.3"));
+        let catalog = Catalog::new();
+        let mut yd = YamlDir::new(exports.clone());
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(catalog.len(), 3);
+        let rev = catalog.revision();
+        assert!(!sync_exports(&catalog, "east", &mut yd), "nothing changed");
+        assert_eq!(catalog.revision(), rev);
+        // b.yaml also defines "two": the later file wins, as in a full load.
+        write(
+            "b.yaml",
+            &format!(
+                "{}---\n{}",
+                record("three", "10.0.0.3"),
+                record("two", "10.9.9.9")
+            ),
+        );
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            [
+                ("one", "10.0.0.1"),
+                ("three", "10.0.0.3"),
+                ("two", "10.9.9.9")
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+        assert_eq!(
+            catalog.revision(),
+            rev + 1,
+            "only the changed record was stored"
+        );
+        // Removing it from b.yaml falls back to a.yaml's record instead of deleting it.
+        write("b.yaml", &record("three", "10.0.0.3"));
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog)[2],
+            ("two".to_string(), "10.0.0.2".to_string())
+        );
+        // A removed file removes exactly its records.
+        std::fs::remove_file(exports.join("a.yaml")).expect("rm");
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            vec![("three".to_string(), "10.0.0.3".to_string())]
+        );
+    }
+
+    #[test]
+    fn same_size_rewrite_within_the_timestamp_tick_is_seen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(&exports).expect("mkdir");
+        let path = exports.join("a.yaml");
+        std::fs::write(&path, record("one", "10.0.0.1")).expect("write");
+        let catalog = Catalog::new();
+        let mut yd = YamlDir::new(exports.clone());
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        // Same length, written in place, and the modification time put back: only the content
+        // (and ctime) differ.
+        let mtime = std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        std::fs::write(&path, record("one", "10.0.0.2")).expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(mtime))
+            .expect("set mtime");
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            vec![("one".to_string(), "10.0.0.2".to_string())]
+        );
     }
 }
