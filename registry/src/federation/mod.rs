@@ -4,6 +4,7 @@
 pub mod convert;
 pub mod grants;
 pub mod imports;
+pub mod kube_grants;
 pub mod level;
 pub mod link;
 pub mod session;
