@@ -54,6 +54,12 @@ impl Default for HamletConfig {
     }
 }
 
+/// Rendered responses buffered between a consumer's task and its HTTP/2 stream. The window
+/// (unacknowledged responses) is separate and larger; this only keeps the encoder fed, and a
+/// small buffer keeps the memory of many concurrent snapshots down (each buffered response is
+/// a few heap allocations).
+const RESPONSE_BUFFER: usize = 8;
+
 /// Shared state of both API versions.
 #[derive(Clone)]
 pub struct HamletServer {
@@ -288,7 +294,7 @@ async fn establish<W: Wire>(
             W::RESOURCE_URL
         )));
     }
-    let (tx, rx) = mpsc::channel(server.config.window.max(1));
+    let (tx, rx) = mpsc::channel(server.config.window.clamp(1, RESPONSE_BUFFER));
     let task = ConsumerTask {
         server: server.clone(),
         identity: identity.clone(),
@@ -352,9 +358,34 @@ impl ConsumerTask {
             stats.mark_synced();
         }
 
+        // Two long-lived timers, re-armed only when a deadline moves earlier or one fires (a
+        // fired timer re-checks its condition), rather than a new timer per loop turn.
+        let ack_timeout = server.config.ack_timeout;
+        let ack_timer = tokio::time::sleep(Duration::ZERO);
+        let retry_timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(ack_timer, retry_timer);
+        let mut ack_armed: Option<Instant> = None;
+        let mut retry_armed: Option<Instant> = None;
+
         let end: Result<(), Status> = loop {
-            let retry_at = st.next_retry_at();
-            let ack_deadline = st.oldest_unacked().map(|t| t + server.config.ack_timeout);
+            match st.oldest_unacked().map(|t| t + ack_timeout) {
+                None => ack_armed = None,
+                Some(at) => {
+                    if ack_armed.is_none_or(|armed| at < armed) {
+                        ack_timer.as_mut().reset(at.into());
+                        ack_armed = Some(at);
+                    }
+                }
+            }
+            match st.next_retry_at() {
+                None => retry_armed = None,
+                Some(at) => {
+                    if retry_armed.is_none_or(|armed| at < armed) {
+                        retry_timer.as_mut().reset(at.into());
+                        retry_armed = Some(at);
+                    }
+                }
+            }
             tokio::select! {
                 biased;
                 _ = server.cancel.cancelled() => {
@@ -407,19 +438,25 @@ impl ConsumerTask {
                     }
                     Err(broadcast::error::RecvError::Closed) => break Ok(()),
                 },
-                _ = sleep_until_opt(retry_at), if retry_at.is_some() => {
+                _ = &mut retry_timer, if retry_armed.is_some() => {
+                    retry_armed = None;
                     st.run_due_retries(Instant::now());
                 }
-                _ = sleep_until_opt(ack_deadline), if ack_deadline.is_some() => {
-                    metrics.hamlet_ack_timeouts.inc();
-                    break Err(Status::unavailable(format!(
-                        "no ACK within {:?}; reconnect to resynchronise",
-                        server.config.ack_timeout
-                    )));
+                _ = &mut ack_timer, if ack_armed.is_some() => {
+                    ack_armed = None;
+                    if st.oldest_unacked().is_some_and(|t| t + ack_timeout <= Instant::now()) {
+                        metrics.hamlet_ack_timeouts.inc();
+                        break Err(Status::unavailable(format!(
+                            "no ACK within {ack_timeout:?}; reconnect to resynchronise"
+                        )));
+                    }
                 }
                 permit = tx.reserve(), if st.can_send() => {
                     let Ok(permit) = permit else { break Ok(()) };
-                    if let Some(out) = st.next(Instant::now(), lookup) {
+                    // Fill what the buffer has room for in one turn.
+                    let mut permit = Some(permit);
+                    while let Some(p) = permit.take() {
+                        let Some(out) = st.next(Instant::now(), lookup) else { break };
                         metrics.response(match out.op {
                             Op::Create => OpLabel::Create,
                             Op::Update => OpLabel::Update,
@@ -427,7 +464,10 @@ impl ConsumerTask {
                             Op::SnapshotComplete => OpLabel::Marker,
                         });
                         stats.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        permit.send(Ok(W::render(&out, &self.context)));
+                        p.send(Ok(W::render(&out, &self.context)));
+                        if st.can_send() {
+                            permit = tx.try_reserve().ok();
+                        }
                     }
                     stats.records.store(st.held() as u64, std::sync::atomic::Ordering::Relaxed);
                     if !synced && st.snapshot_sent() {
@@ -446,12 +486,5 @@ impl ConsumerTask {
         stats.set_state(PeerState::Stopped);
         stream_gauge.dec();
         drop(guard);
-    }
-}
-
-async fn sleep_until_opt(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => futures::future::pending().await,
     }
 }
