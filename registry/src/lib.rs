@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod authz;
+pub mod authz_configmap;
 pub mod catalog;
 pub mod federation;
 pub mod hamlet;
