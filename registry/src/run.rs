@@ -3,7 +3,7 @@
 //! probes, all under one cancellation token. Every long-lived task is supervised: if one fails,
 //! the registry stops and reports it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -37,6 +37,8 @@ pub enum StoreConfig {
     Memory,
     /// `xcc registry --store file --state-dir DIR`.
     File { state_dir: PathBuf, poll: Duration },
+    /// `xcc registry --store kube`: ServiceRecords and RemoteRegistries in Kubernetes.
+    Kube(crate::store::kube::KubeConfig),
 }
 
 /// Hierarchy settings.
@@ -126,7 +128,7 @@ pub struct Registry {
 
 /// The managed clients, keyed by RemoteRegistry name.
 #[derive(Clone)]
-struct Remotes {
+pub(crate) struct Remotes {
     ctx: ClientContext,
     clients: Arc<Mutex<BTreeMap<String, ClientHandle>>>,
     file_sink: Option<Arc<FileImportSink>>,
@@ -155,8 +157,20 @@ fn same_parent(a: &ParentSpec, b: &ParentSpec) -> bool {
 }
 
 impl Remotes {
+    /// Names of the running clients and of the running parent link.
+    pub(crate) async fn running(&self) -> (BTreeSet<String>, Option<String>) {
+        let clients = self.clients.lock().await.keys().cloned().collect();
+        let parent = self
+            .parent
+            .lock()
+            .await
+            .as_ref()
+            .map(|p| p.spec.name.clone());
+        (clients, parent)
+    }
+
     /// Make the parent link match `parent` (with its imports).
-    async fn reconcile_parent(&self, parent: ParentWanted) {
+    pub(crate) async fn reconcile_parent(&self, parent: ParentWanted) {
         let mut current = self.parent.lock().await;
         let keep = matches!((&*current, &parent), (Some(cur), Some((want, _))) if same_parent(&cur.spec, want));
         if !keep {
@@ -209,7 +223,7 @@ impl Remotes {
 
     /// Make the running clients match `desired`: start new ones, update changed ones, stop and
     /// forget removed ones (their imports are ours and go with them).
-    async fn reconcile(&self, desired: Vec<RemoteSpec>) {
+    pub(crate) async fn reconcile(&self, desired: Vec<RemoteSpec>) {
         let mut clients = self.clients.lock().await;
         let wanted: BTreeMap<String, RemoteSpec> =
             desired.into_iter().map(|s| (s.name.clone(), s)).collect();
@@ -450,11 +464,21 @@ impl Registry {
                 FileImportSink::new(state_dir, config.namespace.clone())
                     .with_context(|| format!("preparing {}", state_dir.display()))?,
             )),
-            StoreConfig::Memory => None,
+            StoreConfig::Memory | StoreConfig::Kube(_) => None,
         };
-        let sink: Arc<dyn ImportSink> = match &file_sink {
-            Some(s) => s.clone(),
-            None => Arc::new(client::MemorySink),
+        let kube_owners = crate::store::kube::Owners::default();
+        let kube_sink = match &config.store {
+            StoreConfig::Kube(k) => Some(Arc::new(crate::store::kube::KubeImportSink::new(
+                k.client.clone(),
+                config.namespace.clone(),
+                kube_owners.clone(),
+            ))),
+            _ => None,
+        };
+        let sink: Arc<dyn ImportSink> = match (&file_sink, &kube_sink) {
+            (Some(s), _) => s.clone(),
+            (None, Some(s)) => s.clone(),
+            (None, None) => Arc::new(client::MemorySink),
         };
         let remotes = Remotes {
             ctx: ClientContext {
@@ -481,6 +505,27 @@ impl Registry {
         let file_errors = FileErrors::default();
         match &config.store {
             StoreConfig::Memory => health.set_ready(true),
+            StoreConfig::Kube(k) => {
+                let Some(sink) = kube_sink.clone() else {
+                    anyhow::bail!("kube store without its sink");
+                };
+                // Ready once the exports were listed (the store sets it).
+                crate::store::kube::spawn(
+                    crate::store::kube::Parts {
+                        catalog: catalog.clone(),
+                        cluster: cluster.clone(),
+                        namespace: config.namespace.clone(),
+                        health: health.clone(),
+                        peers: peers.clone(),
+                        remotes: remotes.clone(),
+                        sink,
+                        owners: kube_owners.clone(),
+                    },
+                    k.clone(),
+                    cancel.clone(),
+                    &mut tasks,
+                );
+            }
             StoreConfig::File { state_dir, poll } => {
                 let exports_dir = state_dir.join(file::EXPORTS_DIR);
                 let remotes_dir = state_dir.join(file::REMOTES_DIR);
@@ -633,7 +678,7 @@ impl Registry {
 }
 
 /// A parent link and the imports asked through it.
-type ParentWanted = Option<(ParentSpec, Vec<(Target, String)>)>;
+pub(crate) type ParentWanted = Option<(ParentSpec, Vec<(Target, String)>)>;
 
 /// Peers (Hamlet imports) and the parent (hierarchy) among the RemoteRegistry files. With
 /// several parents, the first by name wins and the others are reported.
@@ -645,28 +690,7 @@ fn split_remotes(files: &YamlDir<RemoteRegistry>) -> (Vec<RemoteSpec>, ParentWan
             continue;
         };
         if rr.spec.role.as_deref() == Some(xcc_proto::resources::ROLE_PARENT) {
-            let imports = rr
-                .spec
-                .imports
-                .iter()
-                .flatten()
-                .filter_map(|i| {
-                    let service = i.requester_service.clone().unwrap_or_default();
-                    match (&i.fqdn, &i.namespace, &i.name) {
-                        (Some(f), _, _) => xcc_proto::names::canonical_fqdn(f)
-                            .ok()
-                            .map(|f| (Target::Fqdn(f), service)),
-                        (None, Some(ns), Some(n)) => Some((
-                            Target::Name {
-                                namespace: ns.clone(),
-                                name: n.clone(),
-                            },
-                            service,
-                        )),
-                        _ => None,
-                    }
-                })
-                .collect();
+            let imports = hierarchy_imports(&rr);
             parents.push((
                 ParentSpec {
                     name: spec.name,
@@ -686,6 +710,31 @@ fn split_remotes(files: &YamlDir<RemoteRegistry>) -> (Vec<RemoteSpec>, ParentWan
         warn!(using = %parents[0].0.name, ?ignored, "more than one RemoteRegistry has role Parent; only one parent is allowed");
     }
     (peers, parents.into_iter().next())
+}
+
+/// The services a `role: Parent` RemoteRegistry asks the hierarchy for.
+pub(crate) fn hierarchy_imports(rr: &RemoteRegistry) -> Vec<(Target, String)> {
+    rr.spec
+        .imports
+        .iter()
+        .flatten()
+        .filter_map(|i| {
+            let service = i.requester_service.clone().unwrap_or_default();
+            match (&i.fqdn, &i.namespace, &i.name) {
+                (Some(f), _, _) => xcc_proto::names::canonical_fqdn(f)
+                    .ok()
+                    .map(|f| (Target::Fqdn(f), service)),
+                (None, Some(ns), Some(n)) => Some((
+                    Target::Name {
+                        namespace: ns.clone(),
+                        name: n.clone(),
+                    },
+                    service,
+                )),
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 async fn bind(

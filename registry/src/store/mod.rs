@@ -1,3 +1,4 @@
 //! Stores: where exports come from and where imports go.
 
 pub mod file;
+pub mod kube;

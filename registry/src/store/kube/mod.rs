@@ -1,0 +1,569 @@
+//! The Kubernetes store: `xcc registry --store kube`.
+//!
+//! Two halves:
+//!
+//! * **Exports** (every replica, active-active): a watch on ServiceRecords carrying the export
+//!   label and not the imported label, in all namespaces, applied to the catalog one event at a
+//!   time (`Source::Local`, keyed by cluster, namespace and name). Events of one watch arrive in
+//!   order and are applied in that order, so a key's updates and its removal never swap (S2).
+//!   Removing the export label is a removal (the API server reports an object leaving a label
+//!   selector as DELETED; S1), so Hamlet consumers get a DELETE. Two exported records with the
+//!   same FQDN in different namespaces (S5) are both kept in the catalog; Hamlet serves one of
+//!   them per FQDN (the catalog's rule: the first by namespace and name, reported as a conflict)
+//!   and falls over to the other when it goes, so consumers see an UPDATE rather than a DELETE
+//!   while any source remains. A record the registry cannot map keeps its last good entry. The
+//!   registry is ready once the exports were listed.
+//! * **Imports** (only while this replica holds the Lease `xcc-registry`): a watch on
+//!   RemoteRegistries. Those in the registry's namespace are validated and handed to the managed
+//!   clients (peers) or the parent link (`role: Parent`), deciding from the running clients —
+//!   never from `observedGeneration` (C1, NEW-01). An invalid spec stops that registry's client
+//!   and removes its imports (C4). Registries in other namespaces are only reported (C5). Every
+//!   RemoteRegistry's status is written through the status subresource when it differs from
+//!   what is stored. Imports are written by [`KubeImportSink`].
+
+pub mod records;
+pub mod sink;
+pub mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use xcc_proto::crd::{RemoteRegistry, RemoteRegistryStatus, Role, ServiceRecord};
+use xcc_proto::resources;
+
+use crate::catalog::{Catalog, ListFilter, ServiceEntry, Source};
+use crate::federation::link::ParentSpec;
+use crate::hamlet::client::{RemoteSpec, entry_for};
+use crate::metrics::Health;
+use crate::peers::{PeerKind, PeerTable};
+use crate::run::{ParentWanted, Remotes};
+use crate::store::file;
+pub use records::Owner;
+pub use sink::{FIELD_MANAGER, KubeImportSink, Owners};
+use status::{Link, Observed, Validity};
+
+/// Name of the Lease the import half runs under.
+pub const LEASE_NAME: &str = "xcc-registry";
+
+/// `--store kube` settings.
+#[derive(Clone)]
+pub struct KubeConfig {
+    pub client: Client,
+    /// Run the import half only while holding the Lease [`LEASE_NAME`] in the namespace.
+    pub leader_elect: bool,
+    /// Status recomputation period (a safety net; changes are picked up as they happen).
+    pub status_resync: Duration,
+}
+
+impl KubeConfig {
+    pub fn new(client: Client, leader_elect: bool) -> Self {
+        Self {
+            client,
+            leader_elect,
+            status_resync: Duration::from_secs(10),
+        }
+    }
+}
+
+impl std::fmt::Debug for KubeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeConfig")
+            .field("leader_elect", &self.leader_elect)
+            .field("status_resync", &self.status_resync)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the store's tasks share with the rest of the registry.
+pub(crate) struct Parts {
+    pub catalog: Catalog,
+    pub cluster: String,
+    pub namespace: String,
+    pub health: Health,
+    pub peers: PeerTable,
+    pub remotes: Remotes,
+    pub sink: std::sync::Arc<KubeImportSink>,
+    pub owners: Owners,
+}
+
+/// Start both halves on `tasks`.
+pub(crate) fn spawn(
+    parts: Parts,
+    config: KubeConfig,
+    cancel: CancellationToken,
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+) {
+    {
+        let (client, catalog, cluster, health, c) = (
+            config.client.clone(),
+            parts.catalog.clone(),
+            parts.cluster.clone(),
+            parts.health.clone(),
+            cancel.clone(),
+        );
+        tasks.spawn(async move { run_exports(client, catalog, cluster, health, c).await });
+    }
+    let leader = config
+        .leader_elect
+        .then(|| xcc_controller::leader::LeaderConfig::new(&parts.namespace, LEASE_NAME));
+    let client = config.client.clone();
+    tasks.spawn(async move {
+        xcc_controller::leader::run_as_leader(
+            client,
+            leader,
+            cancel,
+            |leading| info!(leading, "import half leadership"),
+            move |token| async move {
+                let mut ctl = Controller::new(parts, config);
+                ctl.run(token).await
+            },
+        )
+        .await
+    });
+}
+
+// ----- exports -----
+
+async fn run_exports(
+    client: Client,
+    catalog: Catalog,
+    cluster: String,
+    health: Health,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let api: Api<ServiceRecord> = Api::all(client);
+    let config = watcher::Config::default().labels(&records::export_selector());
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut buffer: Option<Vec<ServiceEntry>> = None;
+    loop {
+        let event = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            ev = stream.next() => ev,
+        };
+        let Some(event) = event else {
+            anyhow::bail!("the ServiceRecord watch ended");
+        };
+        match event {
+            Ok(Event::Init) => buffer = Some(vec![]),
+            Ok(Event::InitApply(sr)) => {
+                if let Some(entry) = export_or_last_good(&catalog, &cluster, &sr) {
+                    buffer.get_or_insert_default().push(entry);
+                }
+            }
+            Ok(Event::InitDone) => {
+                let entries = buffer.take().unwrap_or_default();
+                let (up, rm) = catalog.replace_source(&Source::Local, entries);
+                info!(
+                    upserted = up,
+                    removed = rm,
+                    "exported ServiceRecords listed"
+                );
+                health.set_ready(true);
+            }
+            Ok(Event::Apply(sr)) => {
+                if !records::is_export(&sr) {
+                    remove_export(&catalog, &cluster, &sr);
+                } else if let Some(entry) = export_or_last_good(&catalog, &cluster, &sr) {
+                    catalog.upsert(entry);
+                }
+            }
+            Ok(Event::Delete(sr)) => remove_export(&catalog, &cluster, &sr),
+            Err(e) => warn!(error = %e, "ServiceRecord watch failed; retrying"),
+        }
+    }
+}
+
+/// The record's catalog entry; for a record that cannot be mapped, the entry it had (if any).
+fn export_or_last_good(
+    catalog: &Catalog,
+    cluster: &str,
+    sr: &ServiceRecord,
+) -> Option<ServiceEntry> {
+    match records::export_entry(cluster, sr) {
+        Ok(e) => Some(e),
+        Err(error) => {
+            let key = export_key(cluster, sr);
+            warn!(record = %key, %error, "exported ServiceRecord rejected; keeping its last good content");
+            catalog
+                .get(&key)
+                .filter(|e| e.source == Source::Local)
+                .map(|e| (*e).clone())
+        }
+    }
+}
+
+fn export_key(cluster: &str, sr: &ServiceRecord) -> crate::catalog::ServiceKey {
+    crate::catalog::ServiceKey::new(
+        cluster,
+        sr.namespace().unwrap_or_else(|| "default".into()),
+        sr.name_any(),
+    )
+}
+
+fn remove_export(catalog: &Catalog, cluster: &str, sr: &ServiceRecord) {
+    let key = export_key(cluster, sr);
+    if catalog.get(&key).is_some_and(|e| e.source == Source::Local) {
+        catalog.remove(&key);
+        debug!(record = %key, "export removed");
+    }
+}
+
+// ----- RemoteRegistries -----
+
+/// A RemoteRegistry as the controller classified it.
+struct Classified {
+    rr: RemoteRegistry,
+    validity: Validity,
+    /// Valid and in the namespace: what to run.
+    run: Option<Wanted>,
+}
+
+enum Wanted {
+    Peer(RemoteSpec),
+    Parent(ParentSpec, Vec<(crate::federation::Target, String)>),
+}
+
+struct Controller {
+    parts: Parts,
+    config: KubeConfig,
+    /// RemoteRegistries by (namespace, name).
+    rrs: BTreeMap<(String, String), RemoteRegistry>,
+    /// Owners whose imports the registry handles now (name → UID).
+    handled: BTreeMap<String, String>,
+}
+
+fn validity_of(rr: &RemoteRegistry, namespace: &str) -> (Validity, Option<Wanted>) {
+    let invalid = |reason: &str, message: String| {
+        (
+            Validity::Invalid {
+                reason: reason.into(),
+                message,
+            },
+            None,
+        )
+    };
+    let ns = rr.namespace().unwrap_or_default();
+    if ns != namespace {
+        return invalid(
+            status::WRONG_NAMESPACE_REASON,
+            format!(
+                "RemoteRegistries are only read in namespace {namespace:?} (the registry's); this one is in {ns:?} and is ignored"
+            ),
+        );
+    }
+    let name = rr.name_any();
+    if let Err(message) = xcc_proto::domains::validate_allowed_domains(
+        &name,
+        rr.spec.allowed_domains.as_deref().unwrap_or(&[]),
+    ) {
+        return invalid(xcc_proto::names::INVALID_DOMAIN_REASON, message);
+    }
+    let plain = resources::RemoteRegistry::from(rr);
+    let spec = match file::remote_spec(&plain) {
+        Ok(s) => s,
+        Err(message) => return invalid(status::INVALID_SPEC_REASON, message),
+    };
+    let wanted = match rr.spec.role() {
+        Role::Peer => Wanted::Peer(spec),
+        Role::Parent => Wanted::Parent(
+            ParentSpec {
+                name: spec.name,
+                address: spec.address,
+                server_name: spec.server_name,
+                roots: spec.roots,
+            },
+            crate::run::hierarchy_imports(&plain),
+        ),
+    };
+    (Validity::Valid, Some(wanted))
+}
+
+impl Controller {
+    fn new(parts: Parts, config: KubeConfig) -> Self {
+        Self {
+            parts,
+            config,
+            rrs: BTreeMap::new(),
+            handled: BTreeMap::new(),
+        }
+    }
+
+    async fn run(&mut self, cancel: CancellationToken) -> anyhow::Result<()> {
+        let api: Api<RemoteRegistry> = Api::all(self.config.client.clone());
+        let mut stream = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut peers = self.parts.peers.subscribe();
+        let mut tick = tokio::time::interval(self.config.status_resync);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut buffer: Option<BTreeMap<(String, String), RemoteRegistry>> = None;
+        let mut listed = false;
+        loop {
+            let mut specs_changed = false;
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                ev = stream.next() => {
+                    let Some(ev) = ev else { anyhow::bail!("the RemoteRegistry watch ended") };
+                    match ev {
+                        Ok(Event::Init) => buffer = Some(BTreeMap::new()),
+                        Ok(Event::InitApply(rr)) => {
+                            buffer.get_or_insert_default().insert(key(&rr), rr);
+                        }
+                        Ok(Event::InitDone) => {
+                            self.rrs = buffer.take().unwrap_or_default();
+                            listed = true;
+                            specs_changed = true;
+                        }
+                        Ok(Event::Apply(rr)) => {
+                            specs_changed = self.rrs.get(&key(&rr)).is_none_or(|old| {
+                                old.spec != rr.spec || old.metadata.uid != rr.metadata.uid
+                            });
+                            self.rrs.insert(key(&rr), rr);
+                        }
+                        Ok(Event::Delete(rr)) => {
+                            self.rrs.remove(&key(&rr));
+                            specs_changed = true;
+                        }
+                        Err(e) => warn!(error = %e, "RemoteRegistry watch failed; retrying"),
+                    }
+                }
+                r = peers.changed() => if r.is_err() { break },
+                _ = tick.tick() => {}
+            }
+            if !listed {
+                continue;
+            }
+            let classified = self.classify();
+            if specs_changed {
+                self.reconcile_clients(&classified).await;
+            }
+            self.write_statuses(&classified).await;
+        }
+        Ok(())
+    }
+
+    fn classify(&self) -> Vec<Classified> {
+        let mut out: Vec<Classified> = self
+            .rrs
+            .values()
+            .map(|rr| {
+                let (validity, run) = validity_of(rr, &self.parts.namespace);
+                Classified {
+                    rr: rr.clone(),
+                    validity,
+                    run,
+                }
+            })
+            .collect();
+        // One parent: the first by name; the others are reported.
+        let mut first_parent: Option<String> = None;
+        for c in &mut out {
+            if matches!(c.run, Some(Wanted::Parent(..))) {
+                match &first_parent {
+                    None => first_parent = Some(c.rr.name_any()),
+                    Some(p) => {
+                        c.run = None;
+                        c.validity = Validity::Invalid {
+                            reason: status::SECOND_PARENT_REASON.into(),
+                            message: format!(
+                                "only one RemoteRegistry may have role Parent; {p} is the parent"
+                            ),
+                        };
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Make the running clients and the parent link match the valid RemoteRegistries in the
+    /// namespace; remove the imports of those that went away or became invalid.
+    async fn reconcile_clients(&mut self, classified: &[Classified]) {
+        let mut peers = vec![];
+        let mut parent: ParentWanted = None;
+        let mut wanted: BTreeMap<String, String> = BTreeMap::new();
+        for c in classified {
+            let Some(run) = &c.run else { continue };
+            let name = c.rr.name_any();
+            wanted.insert(name, c.rr.uid().unwrap_or_default());
+            match run {
+                Wanted::Peer(spec) => peers.push(spec.clone()),
+                Wanted::Parent(spec, imports) => parent = Some((spec.clone(), imports.clone())),
+            }
+        }
+        let (running, running_parent) = self.parts.remotes.running().await;
+        // A RemoteRegistry re-created under the same name (new UID) restarts its client, so its
+        // imports are written again with the new owner reference (C9).
+        let recreated: BTreeSet<String> = wanted
+            .iter()
+            .filter(|(n, uid)| self.handled.get(*n).is_some_and(|old| old != *uid))
+            .map(|(n, _)| n.clone())
+            .collect();
+        // Retire what is no longer wanted (or re-created) first.
+        let gone: Vec<(String, String)> = self
+            .handled
+            .iter()
+            .filter(|(n, _)| !wanted.contains_key(*n) || recreated.contains(*n))
+            .map(|(n, u)| (n.clone(), u.clone()))
+            .collect();
+        if !gone.is_empty() {
+            let keep_peers: Vec<RemoteSpec> = peers
+                .iter()
+                .filter(|s| !recreated.contains(&s.name) && running.contains(&s.name))
+                .cloned()
+                .collect();
+            self.parts.remotes.reconcile(keep_peers).await;
+            let keep_parent = parent.clone().filter(|(p, _)| {
+                !recreated.contains(&p.name) && running_parent.as_ref() == Some(&p.name)
+            });
+            self.parts.remotes.reconcile_parent(keep_parent).await;
+            for (name, uid) in gone {
+                let owner = Owner { name, uid };
+                self.parts.owners.remove(&owner.name);
+                match self.parts.sink.forget(&owner).await {
+                    Ok(n) => {
+                        info!(remote = %owner.name, removed = n, "RemoteRegistry gone or invalid; its imports were removed")
+                    }
+                    Err(e) => {
+                        warn!(remote = %owner.name, error = %format!("{e:#}"), "cannot remove the imports of a removed RemoteRegistry")
+                    }
+                }
+                self.handled.remove(&owner.name);
+            }
+        }
+        let (running, running_parent) = self.parts.remotes.running().await;
+        // Owners first, so the sink can write as soon as a client starts; then start clients
+        // from the imports already stored (so a restart resyncs without deleting and
+        // re-creating anything, NEW-01).
+        for (name, uid) in &wanted {
+            let owner = Owner {
+                name: name.clone(),
+                uid: uid.clone(),
+            };
+            self.parts.owners.set(&owner);
+            let is_parent = parent.as_ref().is_some_and(|(p, _)| &p.name == name);
+            let starting = if is_parent {
+                running_parent.as_ref() != Some(name)
+            } else {
+                !running.contains(name)
+            };
+            if starting && !is_parent {
+                match self.parts.sink.load(&owner).await {
+                    Ok(imports) => {
+                        let entries = imports.iter().map(|i| entry_for(name, i)).collect();
+                        self.parts
+                            .catalog
+                            .replace_source(&Source::Remote(name.clone()), entries);
+                    }
+                    Err(e) => {
+                        warn!(remote = %name, error = %format!("{e:#}"), "cannot read stored imports")
+                    }
+                }
+            }
+            self.handled.insert(name.clone(), uid.clone());
+        }
+        self.parts.remotes.reconcile(peers).await;
+        self.parts.remotes.reconcile_parent(parent).await;
+    }
+
+    async fn write_statuses(&mut self, classified: &[Classified]) {
+        let stats = self.parts.peers.list();
+        for c in classified {
+            let name = c.rr.name_any();
+            let ns = c.rr.namespace().unwrap_or_default();
+            let link = match &c.run {
+                Some(_) => stats
+                    .iter()
+                    .find(|p| p.kind == PeerKind::RemoteRegistry && p.name == name)
+                    .map(|p| Link {
+                        state: p.state(),
+                        last_error: p.last_error(),
+                        connected_since: p.connected_since(),
+                        last_sync: p.last_sync(),
+                    }),
+                None => None,
+            };
+            let source = match &c.run {
+                Some(Wanted::Parent(..)) => Source::Hierarchy(name.clone()),
+                _ => Source::Remote(name.clone()),
+            };
+            let imported = if c.run.is_some() {
+                self.parts
+                    .catalog
+                    .list(&ListFilter {
+                        source: Some(source),
+                        ..Default::default()
+                    })
+                    .len()
+            } else {
+                0
+            };
+            let obs = Observed {
+                generation: c.rr.metadata.generation,
+                validity: c.validity.clone(),
+                link,
+                imported,
+            };
+            let mut want = status::desired(c.rr.status.as_ref(), &obs, SystemTime::now());
+            if c.run.is_some()
+                && let Some(summary) = self.parts.owners.rejections(&name).summary()
+                && let Some(synced) = want
+                    .conditions
+                    .iter_mut()
+                    .find(|c| c.type_ == xcc_proto::crd::CONDITION_SYNCED)
+            {
+                synced.message = format!("{}; {summary}", synced.message);
+            }
+            if c.rr.status.as_ref() == Some(&want) {
+                continue;
+            }
+            match self.write_status(&ns, &name, &want).await {
+                // Until the watch delivers it, compare against what was written.
+                Ok(()) => {
+                    if let Some(rr) = self.rrs.get_mut(&(ns.clone(), name.clone())) {
+                        rr.status = Some(want);
+                    }
+                }
+                Err(e) => {
+                    warn!(remote = %name, namespace = %ns, error = %format!("{e:#}"), "cannot write RemoteRegistry status; retrying later")
+                }
+            }
+        }
+    }
+
+    async fn write_status(
+        &self,
+        ns: &str,
+        name: &str,
+        status: &RemoteRegistryStatus,
+    ) -> anyhow::Result<()> {
+        let api: Api<RemoteRegistry> = Api::namespaced(self.config.client.clone(), ns);
+        let body = serde_json::json!({
+            "apiVersion": xcc_proto::names::API_VERSION,
+            "kind": xcc_proto::names::REMOTE_REGISTRY_KIND,
+            "metadata": {"name": name, "namespace": ns},
+            "status": status,
+        });
+        api.patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .with_context(|| format!("writing the status of RemoteRegistry {ns}/{name}"))?;
+        Ok(())
+    }
+}
+
+fn key(rr: &RemoteRegistry) -> (String, String) {
+    (rr.namespace().unwrap_or_default(), rr.name_any())
+}

@@ -1,0 +1,269 @@
+//! [`KubeImportSink`]: a remote's imports as ServiceRecords in the registry's namespace.
+//!
+//! `persist` receives a remote's complete import set; it server-side applies the records that
+//! are missing or differ, deletes this remote's records that are no longer imported, and returns
+//! only after every write succeeded, so the client ACKs durable imports only. Deletions select
+//! the imported and remote-registry labels AND the RemoteRegistry's UID (O1, NEW-02): another
+//! remote's imports, exported records and records of other owners are never touched. A record
+//! of the wanted name that the registry does not own is reported, never taken over (C9).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use anyhow::Context as _;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use tracing::{info, warn};
+use xcc_proto::crd::ServiceRecord;
+
+use super::records::{self, Owner};
+use crate::catalog::Endpoint;
+use crate::hamlet::client::ImportSink;
+use crate::hamlet::convert::Imported;
+
+/// Field manager of every registry write.
+pub const FIELD_MANAGER: &str = "xcc-registry";
+
+/// Imports of a remote that could not be written, as last seen by `persist`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rejections {
+    /// Record names taken by records the registry does not own.
+    pub conflicts: Vec<String>,
+    /// (FQDN, reason) of imports without a valid record.
+    pub invalid: Vec<(String, String)>,
+}
+
+impl Rejections {
+    /// One line for the RemoteRegistry status, `None` when nothing was rejected.
+    pub fn summary(&self) -> Option<String> {
+        let mut parts = vec![];
+        if !self.conflicts.is_empty() {
+            parts.push(format!(
+                "not imported, the name is taken by a record the registry does not own: {}",
+                self.conflicts.join(", ")
+            ));
+        }
+        if !self.invalid.is_empty() {
+            let list: Vec<String> = self
+                .invalid
+                .iter()
+                .map(|(f, why)| format!("{f} ({why})"))
+                .collect();
+            parts.push(format!("not imported, invalid: {}", list.join(", ")));
+        }
+        (!parts.is_empty()).then(|| parts.join("; "))
+    }
+}
+
+/// The RemoteRegistries whose imports may be written (name → UID), kept by the controller; and
+/// what was rejected per remote.
+#[derive(Clone, Default)]
+pub struct Owners {
+    uids: Arc<RwLock<BTreeMap<String, String>>>,
+    rejections: Arc<RwLock<BTreeMap<String, Rejections>>>,
+}
+
+impl Owners {
+    pub fn get(&self, name: &str) -> Option<Owner> {
+        let uids = self.uids.read().unwrap_or_else(|p| p.into_inner());
+        uids.get(name).map(|uid| Owner {
+            name: name.to_string(),
+            uid: uid.clone(),
+        })
+    }
+    pub fn set(&self, owner: &Owner) {
+        let mut uids = self.uids.write().unwrap_or_else(|p| p.into_inner());
+        uids.insert(owner.name.clone(), owner.uid.clone());
+    }
+    pub fn remove(&self, name: &str) {
+        let mut uids = self.uids.write().unwrap_or_else(|p| p.into_inner());
+        uids.remove(name);
+        let mut rej = self.rejections.write().unwrap_or_else(|p| p.into_inner());
+        rej.remove(name);
+    }
+    pub fn all(&self) -> BTreeMap<String, String> {
+        self.uids.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+    pub fn rejections(&self, name: &str) -> Rejections {
+        let rej = self.rejections.read().unwrap_or_else(|p| p.into_inner());
+        rej.get(name).cloned().unwrap_or_default()
+    }
+    /// Record the rejections of a persist; returns whether they changed.
+    fn set_rejections(&self, name: &str, r: Rejections) -> bool {
+        let mut rej = self.rejections.write().unwrap_or_else(|p| p.into_inner());
+        if rej.get(name).cloned().unwrap_or_default() == r {
+            return false;
+        }
+        rej.insert(name.to_string(), r);
+        true
+    }
+}
+
+/// Writes imports as ServiceRecords in `namespace`.
+pub struct KubeImportSink {
+    client: Client,
+    namespace: String,
+    owners: Owners,
+}
+
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+fn conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+impl KubeImportSink {
+    pub fn new(client: Client, namespace: impl Into<String>, owners: Owners) -> Self {
+        Self {
+            client,
+            namespace: namespace.into(),
+            owners,
+        }
+    }
+
+    fn api(&self) -> Api<ServiceRecord> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The records of `owner` (its labels and UID).
+    async fn owned(&self, owner: &Owner) -> anyhow::Result<Vec<ServiceRecord>> {
+        let list = self
+            .api()
+            .list(&ListParams::default().labels(&records::imports_selector(&owner.name)))
+            .await
+            .with_context(|| {
+                format!(
+                    "listing the imported ServiceRecords of {} in {}",
+                    owner.name, self.namespace
+                )
+            })?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|r| records::deletable(r, owner))
+            .collect())
+    }
+
+    /// The imports persisted for `owner` (start-up: what the client starts from).
+    pub async fn load(&self, owner: &Owner) -> anyhow::Result<Vec<Imported>> {
+        Ok(self
+            .owned(owner)
+            .await?
+            .into_iter()
+            .map(|r| Imported {
+                fqdn: r.spec.fqdn.clone(),
+                raw_fqdn: r.spec.fqdn,
+                endpoints: r
+                    .spec
+                    .endpoints
+                    .into_iter()
+                    .map(|e| Endpoint {
+                        address: e.address,
+                        port: u32::try_from(e.port).unwrap_or(0),
+                    })
+                    .collect(),
+                labels: r.metadata.annotations.unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// Delete every record of `owner` (the RemoteRegistry was removed or became invalid).
+    /// Returns how many were deleted.
+    pub async fn forget(&self, owner: &Owner) -> anyhow::Result<usize> {
+        let mut n = 0;
+        for r in self.owned(owner).await? {
+            let name = r.metadata.name.clone().unwrap_or_default();
+            if self.delete(&name, r.metadata.uid.clone()).await? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Delete one record, only if it still is the object with `uid`. NotFound or a changed
+    /// UID (409) means someone else got there first: nothing to do.
+    async fn delete(&self, name: &str, uid: Option<String>) -> anyhow::Result<bool> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid,
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api().delete(name, &params).await {
+            Ok(_) => Ok(true),
+            Err(e) if not_found(&e) || conflict(&e) => Ok(false),
+            Err(e) => {
+                Err(e).with_context(|| format!("deleting ServiceRecord {}/{name}", self.namespace))
+            }
+        }
+    }
+
+    async fn persist_all(
+        &self,
+        remote: &str,
+        imports: &BTreeMap<String, Imported>,
+    ) -> anyhow::Result<()> {
+        let owner = self.owners.get(remote).with_context(|| {
+            format!("RemoteRegistry {remote} is not known (yet); imports not written")
+        })?;
+        let api = self.api();
+        let current = api
+            .list(&ListParams::default())
+            .await
+            .with_context(|| format!("listing ServiceRecords in {}", self.namespace))?;
+        let plan = records::plan(&owner, &self.namespace, imports, &current.items);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        for record in &plan.apply {
+            let name = record.metadata.name.clone().unwrap_or_default();
+            let body = serde_json::json!({
+                "apiVersion": xcc_proto::names::API_VERSION,
+                "kind": xcc_proto::names::SERVICE_RECORD_KIND,
+                "metadata": &record.metadata,
+                "spec": &record.spec,
+            });
+            api.patch(&name, &params, &Patch::Apply(&body))
+                .await
+                .with_context(|| format!("applying ServiceRecord {}/{name}", self.namespace))?;
+        }
+        let mut removed = 0;
+        for (name, uid) in &plan.delete {
+            if self.delete(name, Some(uid.clone())).await? {
+                removed += 1;
+            }
+        }
+        if !plan.apply.is_empty() || removed > 0 {
+            info!(
+                remote,
+                written = plan.apply.len(),
+                removed,
+                imported = plan.imported,
+                "imported ServiceRecords updated"
+            );
+        }
+        let rejections = Rejections {
+            conflicts: plan.conflicts,
+            invalid: plan.invalid,
+        };
+        if self.owners.set_rejections(remote, rejections.clone())
+            && let Some(summary) = rejections.summary()
+        {
+            warn!(remote, "{summary}");
+        }
+        Ok(())
+    }
+}
+
+impl ImportSink for KubeImportSink {
+    fn persist<'a>(
+        &'a self,
+        remote: &'a str,
+        imports: &'a BTreeMap<String, Imported>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        self.persist_all(remote, imports).boxed()
+    }
+}

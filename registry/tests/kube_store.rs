@@ -1,0 +1,946 @@
+//! `--store kube` against the in-process fake API server, with real registries (mTLS on
+//! loopback) as remotes: reference §5.5 RC-01..RC-13, §5.6 OD-01/OD-02 in their fixed form,
+//! NEW-01..NEW-03, exports (label removal → DELETE, imported records never exported, S7), RR in
+//! another namespace, RR deletion, zero writes at steady state, 410 Gone recovery, leader
+//! election. Every wait polls the fake or the catalog with a timeout; nothing sleeps to
+//! synchronise (the only fixed waits are the quiet periods over which writes are counted).
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use xcc_kube_fake::{FakeApiServer, Verb, crds};
+use xcc_proto::crd::RemoteRegistry;
+use xcc_registry::hamlet::client::Backoff;
+use xcc_registry::store::kube::KubeConfig;
+use xcc_registry::{Registry, RegistryConfig, StoreConfig};
+
+const NS: &str = "cross-cluster-connectivity";
+const RR: &str = "some-remote-registry";
+const H: &str = "06df7236"; // fnv1a32("some-remote-registry")
+const V: &str = "connectivity.tanzu.vmware.com/v1alpha1";
+const IMPORTED: &str = "connectivity.tanzu.vmware.com/imported";
+const REMOTE_LABEL: &str = "connectivity.tanzu.vmware.com/remote-registry";
+const EXPORT: &str = "connectivity.tanzu.vmware.com/export";
+/// The fake's request-counter name of ServiceRecords.
+const SR_RES: &str = "servicerecords.connectivity.tanzu.vmware.com";
+
+async fn fake() -> FakeApiServer {
+    let mut b = FakeApiServer::builder()
+        .namespace(NS)
+        .namespace("elsewhere")
+        .namespace("shop");
+    for r in crds::all() {
+        b = b.resource(r);
+    }
+    b.start().await
+}
+
+fn kube_config(api: &FakeApiServer, leader_elect: bool) -> KubeConfig {
+    let mut k = KubeConfig::new(api.client(), leader_elect);
+    k.status_resync = Duration::from_millis(100);
+    k
+}
+
+/// The importing registry ("west") on the kube store.
+async fn west(pki: &Pki, api: &FakeApiServer) -> (Registry, tokio_util::sync::CancellationToken) {
+    west_with(pki, api, |_| {}).await
+}
+
+async fn west_with(
+    pki: &Pki,
+    api: &FakeApiServer,
+    f: impl FnOnce(&mut RegistryConfig),
+) -> (Registry, tokio_util::sync::CancellationToken) {
+    let mut cfg = RegistryConfig::loopback(pki.cluster("west"));
+    cfg.namespace = NS.into();
+    cfg.store = StoreConfig::Kube(kube_config(api, false));
+    cfg.client.backoff = Backoff {
+        min: Duration::from_millis(50),
+        max: Duration::from_millis(400),
+    };
+    cfg.client.quiet_period = Duration::from_millis(300);
+    f(&mut cfg);
+    start_with(cfg).await
+}
+
+/// An exporting registry ("east", memory store, end-of-snapshot marker on offer).
+async fn east(pki: &Pki, fqdns: &[&str]) -> (Registry, tokio_util::sync::CancellationToken) {
+    let (reg, c) = start(pki.cluster("east")).await;
+    for f in fqdns {
+        reg.catalog.upsert(export("east", "ns", f, "10.0.0.1"));
+    }
+    (reg, c)
+}
+
+fn rr_body(name: &str, ns: &str, addr: &str, domains: Option<&[&str]>) -> Value {
+    let mut spec = json!({
+        "address": addr,
+        "tlsConfig": {"serverCA": "", "serverName": "localhost"},
+    });
+    if let Some(d) = domains {
+        spec["allowedDomains"] = json!(d);
+    }
+    json!({
+        "apiVersion": V, "kind": "RemoteRegistry",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    })
+}
+
+async fn create_rr(
+    api: &FakeApiServer,
+    name: &str,
+    ns: &str,
+    addr: std::net::SocketAddr,
+    domains: Option<&[&str]>,
+) -> RemoteRegistry {
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), ns);
+    let rr: RemoteRegistry =
+        serde_json::from_value(rr_body(name, ns, &addr.to_string(), domains)).expect("rr");
+    rrs.create(&PostParams::default(), &rr)
+        .await
+        .expect("create RR")
+}
+
+async fn set_domains(api: &FakeApiServer, name: &str, domains: &[&str]) -> i64 {
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
+    let rr = rrs
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"allowedDomains": domains}})),
+        )
+        .await
+        .expect("patch RR");
+    rr.metadata.generation.expect("generation")
+}
+
+fn sr_names(api: &FakeApiServer) -> Vec<String> {
+    let mut v: Vec<String> = api
+        .list(V, "servicerecords", Some(NS))
+        .iter()
+        .map(|o| {
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn sr(api: &FakeApiServer, name: &str) -> Option<Value> {
+    api.get(V, "servicerecords", Some(NS), name)
+}
+
+fn rr_status(api: &FakeApiServer, ns: &str, name: &str) -> Value {
+    api.get(V, "remoteregistries", Some(ns), name)
+        .map(|o| o["status"].clone())
+        .unwrap_or(Value::Null)
+}
+
+fn condition(status: &Value, type_: &str) -> Option<(String, String, String)> {
+    status["conditions"].as_array()?.iter().find_map(|c| {
+        (c["type"] == type_).then(|| {
+            (
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["reason"].as_str().unwrap_or_default().to_string(),
+                c["message"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+    })
+}
+
+fn condition_types(status: &Value) -> Vec<String> {
+    status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| c["type"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn imported_names(fqdns: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = fqdns.iter().map(|f| format!("{f}-{H}")).collect();
+    v.sort();
+    v
+}
+
+/// Poll `cond` every 20 ms until it holds; panic with `what` (and the last state) after WAIT.
+async fn wait_for<T: std::fmt::Debug>(
+    what: &str,
+    mut probe: impl FnMut() -> T,
+    cond: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let v = probe();
+        if cond(&v) {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}; last state: {v:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn wait_names(api: &FakeApiServer, want: Vec<String>) {
+    wait_for(
+        &format!("records {want:?}"),
+        || sr_names(api),
+        |n| *n == want,
+    )
+    .await;
+}
+
+async fn wait_synced(api: &FakeApiServer, name: &str) -> Value {
+    wait_for(
+        &format!("{name} Synced=True"),
+        || rr_status(api, NS, name),
+        |s| condition(s, "Synced").is_some_and(|c| c.0 == "True"),
+    )
+    .await
+}
+
+/// Store an object as given (fixed UIDs, states clients cannot create).
+fn put(api: &FakeApiServer, obj: Value) {
+    api.put_raw(obj).expect("put_raw");
+}
+
+fn raw_rr(name: &str, uid: &str, addr: &str) -> Value {
+    let mut v = rr_body(name, NS, addr, None);
+    v["metadata"]["uid"] = json!(uid);
+    v["metadata"]["generation"] = json!(1);
+    v
+}
+
+fn raw_import(name: &str, fqdn: &str, remote: &str, owner_uid: &str) -> Value {
+    json!({
+        "apiVersion": V, "kind": "ServiceRecord",
+        "metadata": {
+            "name": name, "namespace": NS, "uid": format!("uid-{name}"),
+            "labels": {IMPORTED: "", REMOTE_LABEL: remote},
+            "ownerReferences": [{"apiVersion": V, "kind": "RemoteRegistry", "name": remote, "uid": owner_uid}],
+        },
+        "spec": {"fqdn": fqdn, "endpoints": [{"address": "10.9.9.9", "port": 443}]},
+    })
+}
+
+fn raw_record(name: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": V, "kind": "ServiceRecord",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "labels": labels},
+        "spec": {"fqdn": "user.example.org", "endpoints": []},
+    })
+}
+
+fn uid_of(api: &FakeApiServer, name: &str) -> String {
+    sr(api, name).expect("record")["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+// ----- RC-01..RC-05, RC-10, zero writes at steady state -----
+
+#[tokio::test]
+async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes() {
+    let pki = Pki::new("xcc.test");
+    let long = format!("{}.some.domain", "a".repeat(63));
+    let (east, _ec) = east(&pki, &["some-service.some.domain", &long]).await;
+    let api = fake().await;
+    let (west, _wc) = west(&pki, &api).await;
+    let rr = create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    let uid = rr.metadata.uid.clone().expect("uid");
+
+    wait_names(&api, imported_names(&["some-service.some.domain", &long])).await;
+    let status = wait_synced(&api, RR).await;
+    // RC-01, RC-02 (plus our Connected/Synced conditions and counters).
+    assert_eq!(condition_types(&status), ["Valid", "Connected", "Synced"]);
+    assert_eq!(
+        condition(&status, "Valid").map(|c| c.0),
+        Some("True".to_string())
+    );
+    assert_eq!(
+        condition(&status, "Connected").map(|c| (c.0, c.1)),
+        Some(("True".to_string(), "Connected".to_string()))
+    );
+    assert_eq!(status["observedGeneration"], json!(1));
+    assert!(status["lastSyncTime"].is_string(), "{status}");
+    wait_for(
+        "importedRecords 2",
+        || rr_status(&api, NS, RR),
+        |s| s["importedRecords"] == json!(2),
+    )
+    .await;
+    // RC-03..RC-05: name, labels, annotations, owner references, spec.
+    let r = sr(&api, &format!("some-service.some.domain-{H}")).expect("record");
+    assert_eq!(
+        r["metadata"]["labels"],
+        json!({IMPORTED: "", REMOTE_LABEL: RR})
+    );
+    assert_eq!(
+        r["metadata"]["annotations"],
+        json!({"connectivity.tanzu.vmware.com/service-port": "443"})
+    );
+    assert_eq!(
+        r["metadata"]["ownerReferences"],
+        json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": RR, "uid": uid}])
+    );
+    assert_eq!(
+        r["spec"],
+        json!({"fqdn": "some-service.some.domain", "endpoints": [{"address": "10.0.0.1", "port": 443}]})
+    );
+
+    // Zero writes at steady state: count over a quiet period that spans many status resyncs
+    // (100 ms) and a forced relist of both watches (410 Gone).
+    let before = api.writes();
+    api.compact();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = api.writes();
+    assert_eq!(after, before, "writes at steady state");
+    drop(west);
+}
+
+// ----- RC-06..RC-09: allowedDomains -----
+
+#[tokio::test]
+async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
+    let pki = Pki::new("xcc.test");
+    let all = [
+        "some-service.some.domain",
+        "other.some.domain",
+        "other.somesome.domain",
+        "some.other.domain",
+        "domain.with.dot.at.end.",
+        "domain.WITH.mixed.case",
+        "yet.another.domain",
+    ];
+    let (east, _ec) = east(&pki, &all).await;
+    let api = fake().await;
+    let (_west, _wc) = west(&pki, &api).await;
+    create_rr(&api, RR, NS, east.hamlet_addr, Some(&[])).await;
+    let seven = imported_names(&[
+        "some-service.some.domain",
+        "other.some.domain",
+        "other.somesome.domain",
+        "some.other.domain",
+        "domain.with.dot.at.end",
+        "domain.with.mixed.case",
+        "yet.another.domain",
+    ]);
+    // RC-06
+    wait_names(&api, seven.clone()).await;
+    // C7: the canonical FQDN is stored.
+    assert_eq!(
+        sr(&api, &format!("domain.with.mixed.case-{H}")).expect("r")["spec"]["fqdn"],
+        "domain.with.mixed.case"
+    );
+    // RC-07
+    let g = set_domains(&api, RR, &["some.domain"]).await;
+    wait_names(
+        &api,
+        imported_names(&["some-service.some.domain", "other.some.domain"]),
+    )
+    .await;
+    wait_for(
+        "observedGeneration",
+        || rr_status(&api, NS, RR),
+        |s| s["observedGeneration"] == json!(g),
+    )
+    .await;
+    // RC-08
+    set_domains(
+        &api,
+        RR,
+        &[
+            "some.domain",
+            "some.other.domain",
+            "domain.with.dot.at.end.",
+            "domain.with.MIXED.case",
+        ],
+    )
+    .await;
+    wait_names(
+        &api,
+        imported_names(&[
+            "some-service.some.domain",
+            "other.some.domain",
+            "some.other.domain",
+            "domain.with.dot.at.end",
+            "domain.with.mixed.case",
+        ]),
+    )
+    .await;
+    // RC-09
+    let g = set_domains(&api, RR, &[]).await;
+    wait_names(&api, seven).await;
+    wait_for(
+        "observedGeneration",
+        || rr_status(&api, NS, RR),
+        |s| s["observedGeneration"] == json!(g),
+    )
+    .await;
+}
+
+// ----- RC-11 / OD-01 (fixed form), NEW-02, NEW-03 -----
+
+/// Pre-existing records: our stale and live imports (labels + UID), another RemoteRegistry's
+/// import, an exported record and an unlabelled record. After the sweep (marker or quiet period) only our stale import
+/// is gone; our live import is the same object (updated in place).
+async fn stale_imports_removed_scoped(marker: bool) {
+    let pki = Pki::new("xcc.test");
+    let api = fake().await;
+    let live = ["some-service.some.domain", "another-service.some.domain"];
+    // The remote stays up until the end of the test.
+    let mut _east = None;
+    let mut _go = None;
+    let addr = if marker {
+        let (east, ec) = east(&pki, &live).await;
+        let addr = east.hamlet_addr;
+        _east = Some((east, ec));
+        addr
+    } else {
+        let server = GoLikeServer::default();
+        *server.state.lock().expect("lock") = live.iter().map(|f| fs(f, "10.0.0.1")).collect();
+        let (addr, c) = serve_go_like(server, pki.cluster("go-peer")).await;
+        _go = Some(c);
+        addr
+    };
+    put(&api, raw_rr(RR, "remote-registry-uid", &addr.to_string()));
+    put(&api, raw_rr("other", "other-uid", "127.0.0.1:1"));
+    put(
+        &api,
+        raw_import(
+            &format!("some-service.some.domain-{H}"),
+            "some-service.some.domain",
+            RR,
+            "remote-registry-uid",
+        ),
+    );
+    put(
+        &api,
+        raw_import(
+            &format!("orphaned-service-record-{H}"),
+            "orphaned-service-record",
+            RR,
+            "remote-registry-uid",
+        ),
+    );
+    put(
+        &api,
+        raw_import("x.other-1", "x.other", "other", "other-uid"),
+    );
+    put(&api, raw_record("exported", json!({EXPORT: ""})));
+    put(&api, raw_record("unlabelled", json!({})));
+    let (_west, _wc) = west(&pki, &api).await;
+
+    let mut want = vec![
+        format!("another-service.some.domain-{H}"),
+        "exported".to_string(),
+        format!("some-service.some.domain-{H}"),
+        "unlabelled".to_string(),
+        "x.other-1".to_string(),
+    ];
+    want.sort();
+    wait_names(&api, want).await;
+    if marker {
+        // A plain Hamlet server sends no marker; the client reports Synced on its next batch.
+        wait_synced(&api, RR).await;
+    }
+    // Updated in place, never re-created.
+    assert_eq!(
+        uid_of(&api, &format!("some-service.some.domain-{H}")),
+        format!("uid-some-service.some.domain-{H}")
+    );
+    assert_eq!(
+        sr(&api, &format!("some-service.some.domain-{H}")).expect("r")["spec"]["endpoints"],
+        json!([{"address": "10.0.0.1", "port": 443}])
+    );
+    for n in ["x.other-1", "exported", "unlabelled"] {
+        assert_eq!(uid_of(&api, n), format!("uid-{n}"));
+    }
+    assert_eq!(
+        api.writes().get(SR_RES, Verb::Delete),
+        1,
+        "only the orphan was deleted"
+    );
+}
+
+#[tokio::test]
+async fn rc_11_od_01_stale_imports_removed_after_the_marker_scoped_to_labels_and_uid() {
+    stale_imports_removed_scoped(true).await;
+}
+
+#[tokio::test]
+async fn od_01_new_02_stale_imports_removed_after_the_quiet_period_against_a_go_server() {
+    stale_imports_removed_scoped(false).await;
+}
+
+/// NEW-02 with two live RemoteRegistries: A's sweep removes A's stale import only.
+#[tokio::test]
+async fn new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
+    let pki = Pki::new("xcc.test");
+    let api = fake().await;
+    let (a, _ac) = east(&pki, &["a.some.domain"]).await;
+    let (b, _bc) = {
+        let (reg, c) = start(pki.cluster("north")).await;
+        reg.catalog
+            .upsert(export("north", "ns", "b.some.domain", "10.0.0.2"));
+        (reg, c)
+    };
+    put(&api, raw_rr("rr-a", "uid-a", &a.hamlet_addr.to_string()));
+    put(&api, raw_rr("rr-b", "uid-b", &b.hamlet_addr.to_string()));
+    let ha = xcc_proto::names::hash8("rr-a");
+    let hb = xcc_proto::names::hash8("rr-b");
+    put(
+        &api,
+        raw_import(
+            &format!("stale.some.domain-{ha}"),
+            "stale.some.domain",
+            "rr-a",
+            "uid-a",
+        ),
+    );
+    put(
+        &api,
+        raw_import(
+            &format!("b.some.domain-{hb}"),
+            "b.some.domain",
+            "rr-b",
+            "uid-b",
+        ),
+    );
+    put(&api, raw_record("exported", json!({EXPORT: ""})));
+    put(&api, raw_record("unlabelled", json!({})));
+    let (_west, _wc) = west(&pki, &api).await;
+    let mut want = vec![
+        format!("a.some.domain-{ha}"),
+        format!("b.some.domain-{hb}"),
+        "exported".to_string(),
+        "unlabelled".to_string(),
+    ];
+    want.sort();
+    wait_names(&api, want).await;
+    wait_synced(&api, "rr-a").await;
+    wait_synced(&api, "rr-b").await;
+    assert_eq!(
+        uid_of(&api, &format!("b.some.domain-{hb}")),
+        format!("uid-b.some.domain-{hb}")
+    );
+    assert_eq!(api.writes().get(SR_RES, Verb::Delete), 1);
+}
+
+/// NEW-03: a remote that exports nothing still gets its stale import removed.
+#[tokio::test]
+async fn new_03_remote_exporting_nothing_stale_import_removed() {
+    let pki = Pki::new("xcc.test");
+    let api = fake().await;
+    let (e, _ec) = east(&pki, &[]).await;
+    put(
+        &api,
+        raw_rr(RR, "remote-registry-uid", &e.hamlet_addr.to_string()),
+    );
+    put(
+        &api,
+        raw_import(
+            &format!("gone.some.domain-{H}"),
+            "gone.some.domain",
+            RR,
+            "remote-registry-uid",
+        ),
+    );
+    let (_west, _wc) = west(&pki, &api).await;
+    wait_names(&api, vec![]).await;
+    let status = wait_synced(&api, RR).await;
+    assert_eq!(status["importedRecords"], json!(0));
+}
+
+// ----- RC-12, RC-13: invalid allowedDomains -----
+
+#[tokio::test]
+async fn rc_12_invalid_domains_nothing_imported_and_reported() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["some-service.some.domain"]).await;
+    let api = fake().await;
+    let (west, _wc) = west(&pki, &api).await;
+    create_rr(&api, RR, NS, east.hamlet_addr, Some(&["invalid..domain"])).await;
+    let status = wait_for(
+        "Valid=False",
+        || rr_status(&api, NS, RR),
+        |s| condition(s, "Valid").is_some_and(|c| c.0 == "False"),
+    )
+    .await;
+    let expected =
+        xcc_proto::domains::validate_allowed_domains(RR, &["invalid..domain".to_string()])
+            .expect_err("invalid");
+    assert!(expected.contains("Invalid domain"), "{expected}");
+    assert_eq!(condition_types(&status), ["Valid"]);
+    assert_eq!(
+        condition(&status, "Valid"),
+        Some(("False".into(), "InvalidDomain".into(), expected))
+    );
+    assert_eq!(status["observedGeneration"], json!(1));
+    assert!(sr_names(&api).is_empty());
+    assert!(west.peers.list().iter().all(|p| p.name != RR), "no client");
+}
+
+#[tokio::test]
+async fn rc_13_c4_update_to_invalid_domains_stops_the_client_and_removes_imports() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["some-service.some.domain"]).await;
+    let api = fake().await;
+    let (west, _wc) = west(&pki, &api).await;
+    create_rr(&api, RR, NS, east.hamlet_addr, Some(&["some.domain"])).await;
+    wait_names(&api, imported_names(&["some-service.some.domain"])).await;
+    wait_synced(&api, RR).await;
+    let g = set_domains(&api, RR, &["invalid..domain"]).await;
+    let status = wait_for(
+        "Valid=False at the new generation",
+        || rr_status(&api, NS, RR),
+        |s| {
+            s["observedGeneration"] == json!(g)
+                && condition(s, "Valid").is_some_and(|c| c.0 == "False")
+        },
+    )
+    .await;
+    let (_, reason, message) = condition(&status, "Valid").expect("Valid");
+    assert_eq!(reason, "InvalidDomain");
+    assert!(message.contains("Invalid domain"), "{message}");
+    wait_names(&api, vec![]).await;
+    wait_for(
+        "client stopped",
+        || west.peers.list().iter().any(|p| p.name == RR),
+        |running| !running,
+    )
+    .await;
+    assert!(imported_fqdns(&west.catalog, RR).is_empty());
+}
+
+// ----- NEW-01: restart -----
+
+#[tokio::test]
+async fn new_01_restart_with_an_observed_rr_reconnects_and_resyncs_without_duplicates() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["a.some.domain", "b.some.domain"]).await;
+    let api = fake().await;
+    let (west1, c1) = west(&pki, &api).await;
+    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    wait_names(&api, imported_names(&["a.some.domain", "b.some.domain"])).await;
+    let s = wait_synced(&api, RR).await;
+    assert_eq!(s["observedGeneration"], json!(1));
+    let uid_a = uid_of(&api, &format!("a.some.domain-{H}"));
+    c1.cancel();
+    west1.shutdown().await.expect("clean shutdown");
+
+    // While west is down: b goes, c comes.
+    east.catalog.remove(&xcc_registry::catalog::ServiceKey::new(
+        "east",
+        "ns",
+        "b.some.domain",
+    ));
+    east.catalog
+        .upsert(export("east", "ns", "c.some.domain", "10.0.0.3"));
+    let deletes_before = api.writes().get(SR_RES, Verb::Delete);
+
+    let (west2, _c2) = west(&pki, &api).await;
+    wait_names(&api, imported_names(&["a.some.domain", "c.some.domain"])).await;
+    wait_for(
+        "connected again",
+        || {
+            west2
+                .peers
+                .list()
+                .iter()
+                .any(|p| p.name == RR && p.state() == xcc_registry::peers::PeerState::Connected)
+        },
+        |c| *c,
+    )
+    .await;
+    assert_eq!(
+        uid_of(&api, &format!("a.some.domain-{H}")),
+        uid_a,
+        "not re-created"
+    );
+    assert_eq!(
+        api.writes().get(SR_RES, Verb::Delete) - deletes_before,
+        1,
+        "only b was deleted"
+    );
+    assert_eq!(
+        imported_fqdns(&west2.catalog, RR),
+        ["a.some.domain", "c.some.domain"]
+    );
+}
+
+// ----- RR lifecycle -----
+
+#[tokio::test]
+async fn c5_rr_in_another_namespace_is_reported_and_not_handled() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["some-service.some.domain"]).await;
+    let api = fake().await;
+    let (west, _wc) = west(&pki, &api).await;
+    create_rr(&api, RR, "elsewhere", east.hamlet_addr, None).await;
+    let status = wait_for(
+        "WrongNamespace",
+        || rr_status(&api, "elsewhere", RR),
+        |s| condition(s, "Valid").is_some(),
+    )
+    .await;
+    let (st, reason, message) = condition(&status, "Valid").expect("Valid");
+    assert_eq!((st.as_str(), reason.as_str()), ("False", "WrongNamespace"));
+    assert!(
+        message.contains("\"elsewhere\"") && message.contains(NS),
+        "{message}"
+    );
+    assert!(api.list(V, "servicerecords", None).is_empty());
+    assert!(west.peers.list().iter().all(|p| p.name != RR));
+}
+
+#[tokio::test]
+async fn rr_deleted_its_imports_are_removed_and_the_client_stops() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["a.some.domain"]).await;
+    let api = fake().await;
+    let (west, _wc) = west(&pki, &api).await;
+    put(&api, raw_record("unlabelled", json!({})));
+    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    wait_names(
+        &api,
+        vec![format!("a.some.domain-{H}"), "unlabelled".to_string()],
+    )
+    .await;
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
+    rrs.delete(RR, &DeleteParams::default())
+        .await
+        .expect("delete RR");
+    wait_names(&api, vec!["unlabelled".to_string()]).await;
+    wait_for(
+        "client stopped",
+        || west.peers.list().iter().any(|p| p.name == RR),
+        |running| !running,
+    )
+    .await;
+    assert!(imported_fqdns(&west.catalog, RR).is_empty());
+}
+
+#[tokio::test]
+async fn c9_foreign_record_of_the_same_name_is_reported_never_taken_over() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["some-service.some.domain", "b.some.domain"]).await;
+    let api = fake().await;
+    let name = format!("some-service.some.domain-{H}");
+    put(&api, raw_record(&name, json!({})));
+    let (_west, _wc) = west(&pki, &api).await;
+    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    wait_names(&api, vec![format!("b.some.domain-{H}"), name.clone()]).await;
+    let status = wait_for(
+        "conflict reported",
+        || rr_status(&api, NS, RR),
+        |s| condition(s, "Synced").is_some_and(|c| c.0 == "True" && c.2.contains(&name)),
+    )
+    .await;
+    assert_eq!(status["importedRecords"], json!(2));
+    let r = sr(&api, &name).expect("record");
+    assert_eq!(r["metadata"]["uid"], json!(format!("uid-{name}")));
+    assert_eq!(r["metadata"]["labels"], json!({}));
+    assert_eq!(r["spec"]["fqdn"], "user.example.org");
+    assert!(r["metadata"]["ownerReferences"].is_null());
+}
+
+// ----- exports -----
+
+fn exported_sr(ns: &str, name: &str, fqdn: &str, labels: Value, annotations: Value) -> Value {
+    json!({
+        "apiVersion": V, "kind": "ServiceRecord",
+        "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations},
+        "spec": {"fqdn": fqdn, "endpoints": [{"address": "10.1.0.1", "port": 443}]},
+    })
+}
+
+#[tokio::test]
+async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported() {
+    let pki = Pki::new("xcc.test");
+    let api = fake().await;
+    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "shop");
+    let create = |v: Value| {
+        let srs = srs.clone();
+        async move {
+            let r: xcc_proto::crd::ServiceRecord = serde_json::from_value(v).expect("sr");
+            srs.create(&PostParams::default(), &r)
+                .await
+                .expect("create");
+        }
+    };
+    create(exported_sr(
+        "shop",
+        "web.shop.example.org",
+        "web.shop.example.org",
+        json!({EXPORT: ""}),
+        json!({
+            "connectivity.tanzu.vmware.com/service-port": "443",
+            "connectivity.tanzu.vmware.comX": "no",
+            "other": "no",
+        }),
+    ))
+    .await;
+    create(exported_sr(
+        "shop",
+        "imported-too",
+        "imp.shop.example.org",
+        json!({EXPORT: "", IMPORTED: ""}),
+        json!({}),
+    ))
+    .await;
+    create(exported_sr(
+        "shop",
+        "not-exported",
+        "no.shop.example.org",
+        json!({}),
+        json!({}),
+    ))
+    .await;
+    let (west, _wc) = west(&pki, &api).await;
+    wait_for("ready", || west.health.is_ready(), |r| *r).await;
+    let fqdns = || -> Vec<String> {
+        west.catalog
+            .list(&xcc_registry::catalog::ListFilter {
+                source: Some(xcc_registry::catalog::Source::Local),
+                ..Default::default()
+            })
+            .iter()
+            .map(|e| e.fqdn.clone())
+            .collect()
+    };
+    assert_eq!(fqdns(), ["web.shop.example.org"]);
+    let entry = west
+        .catalog
+        .get(&xcc_registry::catalog::ServiceKey::new(
+            "west",
+            "shop",
+            "web.shop.example.org",
+        ))
+        .expect("entry");
+    assert_eq!(
+        entry.labels,
+        BTreeMap::from([(
+            "connectivity.tanzu.vmware.com/service-port".to_string(),
+            "443".to_string()
+        )])
+    );
+
+    let tls = xcc_certs::reload::ReloadingTls::load(pki.cluster("east")).expect("tls");
+    let mut consumer = Consumer::connect(&tls, west.hamlet_addr, true)
+        .await
+        .expect("subscribe");
+    let first = consumer.next_acked().await;
+    assert_eq!(first.fqdn.as_deref(), Some("web.shop.example.org"));
+
+    // The label comes off: consumers get a DELETE (S1).
+    srs.patch(
+        "web.shop.example.org",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {EXPORT: null}}})),
+    )
+    .await
+    .expect("unlabel");
+    let mut seen = consumer.next_acked().await;
+    while seen.op
+        == xcc_proto::federation::resourcediscovery::v1alpha1::stream_response::Operation::Unknown
+    {
+        seen = consumer.next_acked().await;
+    }
+    assert_eq!(
+        (seen.op, seen.fqdn.as_deref()),
+        (
+            xcc_proto::federation::resourcediscovery::v1alpha1::stream_response::Operation::Delete,
+            Some("web.shop.example.org")
+        )
+    );
+    assert!(fqdns().is_empty());
+
+    // Labelled again, then deleted: CREATE/UPDATE, then DELETE.
+    srs.patch(
+        "web.shop.example.org",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {EXPORT: ""}}})),
+    )
+    .await
+    .expect("label");
+    wait_for("exported again", fqdns, |f| f.len() == 1).await;
+    srs.delete("web.shop.example.org", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for("export removed", fqdns, |f| f.is_empty()).await;
+}
+
+#[tokio::test]
+async fn watch_410_gone_recovery_exports_and_remote_registries() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["a.some.domain", "b.other.domain"]).await;
+    let api = fake().await;
+    let (west, _wc) = west(&pki, &api).await;
+    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    wait_names(&api, imported_names(&["a.some.domain", "b.other.domain"])).await;
+    wait_synced(&api, RR).await;
+
+    api.compact();
+    // Changes after the compaction are seen by the re-listed watches.
+    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "shop");
+    let r: xcc_proto::crd::ServiceRecord = serde_json::from_value(exported_sr(
+        "shop",
+        "web",
+        "web.shop.example.org",
+        json!({EXPORT: ""}),
+        json!({}),
+    ))
+    .expect("sr");
+    srs.create(&PostParams::default(), &r)
+        .await
+        .expect("create");
+    set_domains(&api, RR, &["some.domain"]).await;
+    wait_names(&api, imported_names(&["a.some.domain"])).await;
+    wait_for(
+        "export after 410",
+        || {
+            west.catalog
+                .get(&xcc_registry::catalog::ServiceKey::new(
+                    "west", "shop", "web",
+                ))
+                .is_some()
+        },
+        |b| *b,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn leader_election_holds_the_lease_and_imports() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["a.some.domain"]).await;
+    let api = fake().await;
+    let (_west, _wc) = west_with(&pki, &api, |c| {
+        c.store = StoreConfig::Kube(kube_config(&api, true));
+    })
+    .await;
+    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    wait_names(&api, imported_names(&["a.some.domain"])).await;
+    let lease = api
+        .get("coordination.k8s.io/v1", "leases", Some(NS), "xcc-registry")
+        .expect("lease");
+    assert!(
+        lease["spec"]["holderIdentity"]
+            .as_str()
+            .is_some_and(|h| !h.is_empty()),
+        "{lease}"
+    );
+}
