@@ -17,7 +17,8 @@ use crate::cli::TlsArgs;
 pub enum Store {
     /// Exports, remotes and imports in YAML files under --state-dir.
     File,
-    /// Kubernetes ServiceRecords and RemoteRegistries (not available in this build yet).
+    /// Kubernetes: exports are ServiceRecords with the export label (all namespaces),
+    /// RemoteRegistries and imported ServiceRecords live in --namespace.
     Kube,
 }
 
@@ -39,9 +40,14 @@ pub struct RegistryArgs {
     /// Plain-HTTP /metrics, /healthz, /readyz (no catalog data); empty to disable.
     #[arg(long, env = "XCC_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
     pub metrics_listen: String,
-    /// Namespace written into imported ServiceRecords.
+    /// Namespace written into imported ServiceRecords (kube store: also where RemoteRegistries
+    /// and the Lease live).
     #[arg(long, env = "NAMESPACE", default_value = xcc_proto::names::DEFAULT_NAMESPACE)]
     pub namespace: String,
+    /// Kube store: import only while holding the Lease `xcc-registry` (the Hamlet server runs
+    /// on every replica).
+    #[arg(long, env = "XCC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
     /// Plain Hamlet peers send no end-of-snapshot marker: stale imports are removed after the
     /// stream has been quiet this long (seconds).
     #[arg(long, env = "XCC_QUIET_PERIOD_SECONDS", default_value_t = 10)]
@@ -80,9 +86,10 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
                 .context("--store file needs --state-dir")?,
             poll: Duration::from_secs(args.poll_seconds.max(1)),
         },
-        Store::Kube => {
-            anyhow::bail!("--store kube is not available in this build yet; use --store file")
-        }
+        Store::Kube => StoreConfig::Kube(xcc_registry::store::kube::KubeConfig::new(
+            xcc_controller::client().await?,
+            args.leader_elect,
+        )),
     };
     let metrics_listen = if args.metrics_listen.is_empty() {
         None
