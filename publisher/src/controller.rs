@@ -176,8 +176,11 @@ pub struct Metrics {
     pub writes: Family<Vec<(String, String)>, Counter>,
     /// ServiceRecords the publisher currently manages.
     pub managed: Gauge,
-    /// Keys waiting in the work queue.
+    /// Source objects waiting to be reconciled or being reconciled.
     pub queue_depth: Gauge,
+    /// Complete (re)lists per watch (`watch` label): the first sync, and each recovery from a
+    /// broken watch or 410 Gone.
+    pub relists: Family<Vec<(String, String)>, Counter>,
 }
 
 impl Metrics {
@@ -206,8 +209,13 @@ impl Metrics {
         );
         r.register(
             "queue_depth",
-            "Source objects waiting to be reconciled",
+            "Source objects waiting to be reconciled or being reconciled",
             self.queue_depth.clone(),
+        );
+        r.register(
+            "watch_relists",
+            "Complete lists per watch (first sync and recoveries)",
+            self.relists.clone(),
         );
     }
 
@@ -238,6 +246,7 @@ impl Metrics {
 struct Queue {
     state: Mutex<QueueState>,
     notify: Notify,
+    depth: Gauge,
 }
 
 #[derive(Default)]
@@ -253,12 +262,17 @@ impl Queue {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn set_depth(&self, s: &QueueState) {
+        self.depth.set((s.pending.len() + s.active.len()) as i64);
+    }
+
     fn add(&self, key: SourceKey) {
         let mut s = self.lock();
         if s.active.contains(&key) {
             s.again.insert(key);
         } else if s.queued.insert(key.clone()) {
             s.pending.push_back(key);
+            self.set_depth(&s);
             drop(s);
             self.notify.notify_waiters();
         }
@@ -270,6 +284,7 @@ impl Queue {
         }
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.lock().pending.len()
     }
@@ -297,13 +312,16 @@ impl Queue {
 
     /// `key` is no longer in flight; run it again if it was added meanwhile.
     fn done(&self, key: &SourceKey) {
-        let again = {
-            let mut s = self.lock();
-            s.active.remove(key);
-            s.again.remove(key)
-        };
+        let mut s = self.lock();
+        s.active.remove(key);
+        let again = s.again.remove(key);
+        if again && s.queued.insert(key.clone()) {
+            s.pending.push_back(key.clone());
+        }
+        self.set_depth(&s);
+        drop(s);
         if again {
-            self.add(key.clone());
+            self.notify.notify_waiters();
         }
     }
 }
@@ -331,7 +349,7 @@ struct Shared {
     client: Client,
     settings: Settings,
     metrics: Metrics,
-    recorder: Recorder,
+    reporter: Reporter,
     queue: Queue,
     proxies: Store<HTTPProxy>,
     services: Store<Service>,
@@ -392,21 +410,36 @@ impl Shared {
         nodes
     }
 
+    /// Record an Event on a source object, `record` naming the ServiceRecord it concerns.
+    ///
+    /// Events are only emitted when something changed (a write, or a new Warning condition), so
+    /// each gets its own Event object: kube-runtime's `Recorder` folds events with the same
+    /// reason and objects into one series and keeps the first note, which would hide what
+    /// happened the second time.
     async fn event(
         &self,
         reference: &ObjectReference,
         type_: EventType,
         reason: &str,
         note: String,
+        record: Option<&str>,
     ) {
+        let secondary = record.map(|name| ObjectReference {
+            api_version: Some(ServiceRecord::api_version(&()).into_owned()),
+            kind: Some(ServiceRecord::kind(&()).into_owned()),
+            namespace: reference.namespace.clone(),
+            name: Some(name.to_string()),
+            ..ObjectReference::default()
+        });
         let ev = KubeEvent {
             type_,
             reason: reason.into(),
             note: Some(note),
             action: "Publish".into(),
-            secondary: None,
+            secondary,
         };
-        match self.recorder.publish(&ev, reference).await {
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        match recorder.publish(&ev, reference).await {
             Ok(()) => self.metrics.wrote("Event", "publish", 1),
             Err(e) => warn!(error = %e, reason, object = ?reference.name, "could not record Event"),
         }
@@ -501,6 +534,7 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
                         "no longer exported; removed ServiceRecord {}",
                         removal.removed.join(", ")
                     ),
+                    removal.removed.first().map(String::as_str),
                 )
                 .await;
         }
@@ -523,6 +557,7 @@ async fn report(shared: &Shared, key: &SourceKey, uid: &str, desired: &Desired, 
                 EventType::Normal,
                 "Published",
                 format!("ServiceRecord {name} published with {endpoints} endpoint(s)"),
+                Some(name),
             )
             .await;
     }
@@ -537,6 +572,7 @@ async fn report(shared: &Shared, key: &SourceKey, uid: &str, desired: &Desired, 
                 EventType::Normal,
                 "Removed",
                 format!("removed ServiceRecord {}", outcome.removed.join(", ")),
+                outcome.removed.first().map(String::as_str),
             )
             .await;
     }
@@ -557,13 +593,14 @@ async fn report(shared: &Shared, key: &SourceKey, uid: &str, desired: &Desired, 
                         format!(
                             "ServiceRecord {name} exists and is not managed by {FIELD_MANAGER} for this object; left unchanged"
                         ),
+                        Some(&name),
                     )
                     .await;
             }
             Some(Reported::Skipped(why)) => {
                 info!(source = %key, reason = %why, "not published");
                 shared
-                    .event(&reference, EventType::Warning, "Skipped", why)
+                    .event(&reference, EventType::Warning, "Skipped", why, None)
                     .await;
             }
             None => {}
@@ -581,7 +618,6 @@ fn backoff(settings: &Settings, failures: u32) -> Duration {
 
 async fn worker(shared: Arc<Shared>, cancel: CancellationToken) {
     while let Some(key) = shared.queue.next(&cancel).await {
-        shared.metrics.queue_depth.set(shared.queue.len() as i64);
         let result = reconcile(&shared, &key).await;
         shared.reconciles.fetch_add(1, Ordering::Relaxed);
         shared.metrics.reconciled(result.is_ok());
@@ -637,6 +673,7 @@ async fn drive<K, F>(
     config: watcher::Config,
     mut writer: reflector::store::Writer<K>,
     what: &'static str,
+    metrics: Metrics,
     cancel: CancellationToken,
     mut on_event: F,
 ) where
@@ -649,6 +686,10 @@ async fn drive<K, F>(
         + 'static,
     F: FnMut(&Event<K>),
 {
+    let relists = metrics
+        .relists
+        .get_or_create(&vec![("watch".into(), what.into())])
+        .clone();
     let stream = watcher::watcher(api, config).default_backoff();
     tokio::pin!(stream);
     loop {
@@ -660,6 +701,11 @@ async fn drive<K, F>(
             Some(Ok(event)) => {
                 writer.apply_watcher_event(&event);
                 on_event(&event);
+                // Counted after the relist's keys are queued, so a relist that is counted has
+                // its work visible in the queue depth.
+                if matches!(event, Event::InitDone) {
+                    relists.inc();
+                }
             }
             Some(Err(e)) => warn!(watch = what, error = %e, "watch failed; retrying"),
             None => return,
@@ -773,12 +819,20 @@ async fn watch_proxies(
         shared.proxies.clone(),
     );
     let s = shared.clone();
-    drive(api, config, writer, "httpproxies", cancel, move |event| {
-        if matches!(event, Event::InitDone) {
-            s.proxy_api.send_replace(ProxyApi::Synced);
-        }
-        on_source(event);
-    })
+    drive(
+        api,
+        config,
+        writer,
+        "httpproxies",
+        shared.metrics.clone(),
+        cancel,
+        move |event| {
+            if matches!(event, Event::InitDone) {
+                s.proxy_api.send_replace(ProxyApi::Synced);
+            }
+            on_source(event);
+        },
+    )
     .await;
 }
 
@@ -803,10 +857,13 @@ pub async fn run(
         instance: settings.instance.clone(),
     };
     let shared = Arc::new(Shared {
-        recorder: Recorder::new(client.clone(), reporter),
+        reporter,
         client: client.clone(),
+        queue: Queue {
+            depth: metrics.queue_depth.clone(),
+            ..Queue::default()
+        },
         metrics,
-        queue: Queue::default(),
         proxies,
         services: services.clone(),
         ingress: ingress.clone(),
@@ -833,6 +890,7 @@ pub async fn run(
             config,
             service_writer,
             "services",
+            shared.metrics.clone(),
             cancel.clone(),
             on,
         ));
@@ -849,6 +907,7 @@ pub async fn run(
             watcher::Config::default(),
             node_writer,
             "nodes",
+            shared.metrics.clone(),
             cancel.clone(),
             move |event| {
                 if matches!(event, Event::Init | Event::InitApply(_)) {
@@ -875,7 +934,8 @@ pub async fn run(
             api,
             config,
             ingress_writer,
-            "ingress service",
+            "ingress-service",
+            shared.metrics.clone(),
             cancel.clone(),
             move |event| {
                 if matches!(event, Event::Init | Event::InitApply(_)) {
@@ -903,6 +963,7 @@ pub async fn run(
             config,
             record_writer,
             "servicerecords",
+            shared.metrics.clone(),
             cancel.clone(),
             move |event| match event {
                 Event::Apply(r) | Event::Delete(r) => {
@@ -935,7 +996,13 @@ pub async fn run(
             nodes.wait_until_ready().await?;
             records.wait_until_ready().await
         };
-        let proxies = proxy_api.wait_for(|s| *s != ProxyApi::Unknown);
+        // Map the borrowed value away at once: it must not be held across an await.
+        let proxies = async {
+            proxy_api
+                .wait_for(|s| *s != ProxyApi::Unknown)
+                .await
+                .map(|_| ())
+        };
         let (stores, proxies) = tokio::join!(stores, proxies);
         stores.map_err(|e| anyhow::anyhow!("{e}"))?;
         proxies.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -980,6 +1047,32 @@ pub async fn run(
         "publisher stopped"
     );
     Ok(())
+}
+
+/// [`run`] under leader election on the `xcc-publisher` Lease (`leader: None` runs at once).
+/// Not ready while not leading; returns when `cancel` fires (after releasing the Lease), and
+/// fails when leadership is lost or the controller fails.
+pub async fn serve(
+    client: Client,
+    settings: Settings,
+    metrics: Metrics,
+    health: Health,
+    leader: Option<xcc_controller::leader::LeaderConfig>,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let h = health.clone();
+    xcc_controller::leader::run_as_leader(
+        client.clone(),
+        leader,
+        cancel,
+        move |leading| {
+            if !leading {
+                h.set_ready(false);
+            }
+        },
+        move |token| run(client, settings, metrics, health, token),
+    )
+    .await
 }
 
 #[cfg(test)]
