@@ -67,17 +67,19 @@ pub fn entry_from_announcement(
     if a.cluster.is_empty() || a.name.is_empty() {
         return Err("announcement without cluster or name".into());
     }
-    let fqdn = if a.fqdn.is_empty() {
+    // Entries built here are what a parent stores for every service of its subtree, so every
+    // buffer gets exactly the capacity it needs (a collected or pushed Vec starts at 4 slots).
+    let mut fqdn = if a.fqdn.is_empty() {
         xcc_proto::names::clusterset_fqdn(&a.name, &a.namespace)
     } else {
         xcc_proto::names::canonical_fqdn(&a.fqdn).map_err(|e| e.to_string())?
     };
-    let endpoints = a
-        .endpoints
-        .iter()
-        .map(|s| parse_endpoint(s))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut ports = Vec::new();
+    fqdn.shrink_to_fit();
+    let mut endpoints = Vec::with_capacity(a.endpoints.len());
+    for s in &a.endpoints {
+        endpoints.push(parse_endpoint(s)?);
+    }
+    let mut ports = Vec::with_capacity(a.ports.len());
     for p in &a.ports {
         if !(1..=65535).contains(&p.port) {
             return Err(format!("port {} out of range 1-65535", p.port));
@@ -95,6 +97,7 @@ pub fn entry_from_announcement(
     let mut allowed = a.allowed_requesters.clone();
     allowed.sort();
     allowed.dedup();
+    allowed.shrink_to_fit();
     Ok(ServiceEntry {
         key: ServiceKey::new(&a.cluster, &a.namespace, &a.name),
         source,
@@ -220,6 +223,13 @@ mod tests {
         assert_eq!(back.endpoints, e.endpoints);
         assert_eq!(back.ports, e.ports);
         assert_eq!(back.allowed_requesters, e.allowed_requesters);
+        // A parent keeps one such entry per service of its subtree: no spare capacity.
+        assert_eq!(
+            (back.endpoints.capacity(), back.ports.capacity()),
+            (1, 1),
+            "exact capacities"
+        );
+        assert_eq!(back.fqdn.capacity(), back.fqdn.len());
         let mut bad = a.clone();
         bad.fqdn = "Bad..Name".into();
         assert!(entry_from_announcement(&bad, Source::Child("b".into())).is_err());
