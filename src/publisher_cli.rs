@@ -1,14 +1,125 @@
-//! `xcc publisher`: wiring only (the controller lives in `xcc-publisher`).
+//! `xcc publisher`: wiring only (the controller lives in `xcc-publisher`). Flags → settings →
+//! the probes/metrics endpoint and the controller under leader election, all under one
+//! cancellation token that SIGTERM and Ctrl-C fire.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
 use clap::Args;
+use tokio_util::sync::CancellationToken;
+use xcc_controller::leader::LeaderConfig;
+use xcc_controller::probes::{self, Health};
+use xcc_publisher::controller::{self, LEASE_NAME, Metrics, Settings};
+use xcc_publisher::desired::Config;
 
 #[derive(Args, Debug)]
 pub struct PublisherArgs {
     /// Namespace of this deployment (leader-election Lease).
     #[arg(long, env = "NAMESPACE", default_value = xcc_proto::names::DEFAULT_NAMESPACE)]
     pub namespace: String,
+    /// This cluster's name, recorded in exported records as spec.origin.cluster.
+    #[arg(long, env = "XCC_CLUSTER_NAME")]
+    pub cluster: Option<String>,
+    /// The ingress (Contour Envoy) Service as namespace/name: its LoadBalancer addresses, else
+    /// the nodes that run it, are the endpoints of exported HTTPProxies.
+    #[arg(long, env = "XCC_INGRESS_SERVICE", default_value = controller::DEFAULT_INGRESS_SERVICE,
+          value_parser = controller::parse_namespaced_name)]
+    pub ingress_service: (String, String),
+    /// Port the ingress serves exported HTTPProxies on.
+    #[arg(long, env = "XCC_INGRESS_PORT", default_value_t = 443,
+          value_parser = clap::value_parser!(i32).range(1..=65535))]
+    pub ingress_port: i32,
+    /// Plain-HTTP /healthz, /readyz and /metrics; empty to disable.
+    #[arg(long, env = "XCC_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: String,
+    /// Run only while holding the Lease `xcc-publisher` in --namespace.
+    #[arg(long, env = "XCC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
 }
 
-pub async fn run(_args: PublisherArgs) -> anyhow::Result<()> {
-    anyhow::bail!("xcc publisher is being wired up in this build; not available yet")
+pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
+    let metrics_addr: Option<SocketAddr> = if args.metrics_listen.is_empty() {
+        None
+    } else {
+        Some(
+            args.metrics_listen
+                .parse()
+                .with_context(|| format!("--metrics-listen {:?}", args.metrics_listen))?,
+        )
+    };
+    let client = xcc_controller::client().await?;
+    let leader = args
+        .leader_elect
+        .then(|| LeaderConfig::new(&args.namespace, LEASE_NAME));
+    let settings = Settings {
+        config: Config {
+            ingress_port: args.ingress_port,
+            cluster: args.cluster.clone().filter(|c| !c.is_empty()),
+        },
+        ingress_service: args.ingress_service.clone(),
+        instance: leader.as_ref().map(|l| l.identity.clone()),
+        ..Settings::default()
+    };
+    let metrics = Metrics::default();
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let health = Health::default();
+    let cancel = CancellationToken::new();
+
+    let mut probes_task = None;
+    if let Some(addr) = metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --metrics-listen {addr}"))?;
+        let (registry, health, c) = (Arc::new(registry), health.clone(), cancel.clone());
+        probes_task = Some(tokio::spawn(async move {
+            probes::serve(listener, registry, health, Arc::new(|| {}), c).await
+        }));
+    }
+    // Register the handlers before starting work, so an early SIGTERM is handled gracefully.
+    let stop = shutdown_signal()?;
+    let signal = cancel.clone();
+    tokio::spawn(async move {
+        stop.await;
+        tracing::info!("shutdown requested");
+        signal.cancel();
+    });
+    tracing::info!(
+        namespace = %args.namespace,
+        cluster = ?settings.config.cluster,
+        ingress = %format!("{}/{}", settings.ingress_service.0, settings.ingress_service.1),
+        ingress_port = settings.config.ingress_port,
+        leader_elect = args.leader_elect,
+        "xcc publisher starting"
+    );
+    let result = controller::serve(client, settings, metrics, health, leader, cancel.clone()).await;
+    cancel.cancel();
+    if let Some(task) = probes_task {
+        task.await
+            .context("metrics endpoint task failed")?
+            .context("metrics endpoint")?;
+    }
+    result
+}
+
+/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        Ok(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async move {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+    }
 }
