@@ -755,6 +755,23 @@ async fn c9_foreign_record_of_the_same_name_is_reported_never_taken_over() {
     assert_eq!(r["metadata"]["labels"], json!({}));
     assert_eq!(r["spec"]["fqdn"], "user.example.org");
     assert!(r["metadata"]["ownerReferences"].is_null());
+    let events = wait_for(
+        "an ImportConflict Event on the RemoteRegistry",
+        || api.list("events.k8s.io/v1", "events", Some(NS)),
+        |evs| evs.iter().any(|e| e["reason"] == "ImportConflict"),
+    )
+    .await;
+    let ev = events
+        .iter()
+        .find(|e| e["reason"] == "ImportConflict")
+        .expect("event");
+    assert_eq!(ev["type"], "Warning");
+    assert_eq!(ev["regarding"]["kind"], "RemoteRegistry");
+    assert_eq!(ev["regarding"]["name"], RR);
+    assert!(
+        ev["note"].as_str().is_some_and(|n| n.contains(&name)),
+        "{ev}"
+    );
 }
 
 // ----- exports -----

@@ -239,6 +239,8 @@ struct Controller {
     rrs: BTreeMap<(String, String), RemoteRegistry>,
     /// Owners whose imports the registry handles now (name → UID).
     handled: BTreeMap<String, String>,
+    /// Removing some retired owner's imports failed: reconcile again on the next tick.
+    retry: bool,
 }
 
 fn validity_of(rr: &RemoteRegistry, namespace: &str) -> (Validity, Option<Wanted>) {
@@ -294,11 +296,12 @@ impl Controller {
             config,
             rrs: BTreeMap::new(),
             handled: BTreeMap::new(),
+            retry: false,
         }
     }
 
     async fn run(&mut self, cancel: CancellationToken) -> anyhow::Result<()> {
-        let api: Api<RemoteRegistry> = Api::all(self.config.client.clone());
+        let api = self.remote_registries().await;
         let mut stream = watcher::watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
@@ -343,12 +346,29 @@ impl Controller {
                 continue;
             }
             let classified = self.classify();
-            if specs_changed {
+            if specs_changed || self.retry {
                 self.reconcile_clients(&classified).await;
             }
             self.write_statuses(&classified).await;
         }
         Ok(())
+    }
+
+    /// RemoteRegistries in every namespace (so those outside the registry's namespace can be
+    /// reported), or only in the namespace when RBAC does not allow more.
+    async fn remote_registries(&self) -> Api<RemoteRegistry> {
+        let client = self.config.client.clone();
+        let all: Api<RemoteRegistry> = Api::all(client.clone());
+        match all.list(&kube::api::ListParams::default().limit(1)).await {
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                warn!(
+                    namespace = %self.parts.namespace,
+                    "not allowed to list RemoteRegistries in all namespaces; those outside the registry's namespace are not reported"
+                );
+                Api::namespaced(client, &self.parts.namespace)
+            }
+            _ => all,
+        }
     }
 
     fn classify(&self) -> Vec<Classified> {
@@ -415,6 +435,7 @@ impl Controller {
             .filter(|(n, _)| !wanted.contains_key(*n) || recreated.contains(*n))
             .map(|(n, u)| (n.clone(), u.clone()))
             .collect();
+        self.retry = false;
         if !gone.is_empty() {
             let keep_peers: Vec<RemoteSpec> = peers
                 .iter()
@@ -431,13 +452,14 @@ impl Controller {
                 self.parts.owners.remove(&owner.name);
                 match self.parts.sink.forget(&owner).await {
                     Ok(n) => {
-                        info!(remote = %owner.name, removed = n, "RemoteRegistry gone or invalid; its imports were removed")
+                        info!(remote = %owner.name, removed = n, "RemoteRegistry gone or invalid; its imports were removed");
+                        self.handled.remove(&owner.name);
                     }
                     Err(e) => {
-                        warn!(remote = %owner.name, error = %format!("{e:#}"), "cannot remove the imports of a removed RemoteRegistry")
+                        warn!(remote = %owner.name, error = %format!("{e:#}"), "cannot remove the imports of a removed RemoteRegistry; retrying");
+                        self.retry = true;
                     }
                 }
-                self.handled.remove(&owner.name);
             }
         }
         let (running, running_parent) = self.parts.remotes.running().await;

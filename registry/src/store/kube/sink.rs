@@ -13,8 +13,10 @@ use std::sync::{Arc, RwLock};
 use anyhow::Context as _;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::{info, warn};
 use xcc_proto::crd::ServiceRecord;
 
@@ -106,6 +108,7 @@ pub struct KubeImportSink {
     client: Client,
     namespace: String,
     owners: Owners,
+    recorder: Recorder,
 }
 
 fn not_found(e: &kube::Error) -> bool {
@@ -119,9 +122,32 @@ fn conflict(e: &kube::Error) -> bool {
 impl KubeImportSink {
     pub fn new(client: Client, namespace: impl Into<String>, owners: Owners) -> Self {
         Self {
+            recorder: Recorder::new(client.clone(), FIELD_MANAGER.into()),
             client,
             namespace: namespace.into(),
             owners,
+        }
+    }
+
+    /// A Warning Event on the RemoteRegistry; failing to write it fails nothing.
+    async fn warn_event(&self, owner: &Owner, reason: &str, note: String) {
+        let reference = ObjectReference {
+            api_version: Some(xcc_proto::names::API_VERSION.to_string()),
+            kind: Some(xcc_proto::names::REMOTE_REGISTRY_KIND.to_string()),
+            name: Some(owner.name.clone()),
+            namespace: Some(self.namespace.clone()),
+            uid: Some(owner.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Import".to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            warn!(remote = %owner.name, error = %e, "cannot write an Event");
         }
     }
 
@@ -253,6 +279,12 @@ impl KubeImportSink {
             && let Some(summary) = rejections.summary()
         {
             warn!(remote, "{summary}");
+            let reason = if rejections.conflicts.is_empty() {
+                "InvalidImport"
+            } else {
+                "ImportConflict"
+            };
+            self.warn_event(&owner, reason, summary).await;
         }
         Ok(())
     }
