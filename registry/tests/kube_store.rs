@@ -961,3 +961,91 @@ async fn leader_election_holds_the_lease_and_imports() {
         "{lease}"
     );
 }
+
+// ----- hierarchy imports through the same sink -----
+
+/// A `role: Parent` RemoteRegistry: the registry joins the hierarchy and the granted answers
+/// of `spec.imports` become imported ServiceRecords like any other import; deleting the
+/// RemoteRegistry removes them.
+#[tokio::test]
+async fn parent_rr_hierarchy_imports_become_imported_records() {
+    let pki = Pki::new("xcc.test");
+    let (root, _rc) = start(pki.cluster("root")).await;
+    let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
+    ocfg.federation.parent = Some(xcc_registry::federation::link::ParentSpec {
+        name: "up".into(),
+        address: root.hamlet_addr.to_string(),
+        server_name: "localhost".into(),
+        roots: None,
+    });
+    let (owner, _oc) = start_with(ocfg).await;
+    let mut api_entry = export(
+        "owner",
+        "shop",
+        &xcc_proto::names::clusterset_fqdn("api", "shop"),
+        "10.2.0.1",
+    );
+    api_entry.key = xcc_registry::catalog::ServiceKey::new("owner", "shop", "api");
+    api_entry.allowed_requesters = vec!["west/web".into()];
+    owner.catalog.upsert(api_entry);
+
+    let api = fake().await;
+    let (west, _wc) = west(&pki, &api).await;
+    let mut body = rr_body("hier", NS, &root.hamlet_addr.to_string(), None);
+    body["spec"]["role"] = json!("Parent");
+    body["spec"]["imports"] =
+        json!([{"namespace": "shop", "name": "api", "requesterService": "web"}]);
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
+    let rr: RemoteRegistry = serde_json::from_value(body).expect("rr");
+    let rr = rrs
+        .create(&PostParams::default(), &rr)
+        .await
+        .expect("create RR");
+    let fqdn = xcc_proto::names::clusterset_fqdn("api", "shop");
+    let name = xcc_proto::names::imported_record_name(&fqdn, "hier").expect("name");
+    wait_names(&api, vec![name.clone()]).await;
+    let r = sr(&api, &name).expect("record");
+    assert_eq!(
+        r["metadata"]["labels"],
+        json!({IMPORTED: "", REMOTE_LABEL: "hier"})
+    );
+    assert_eq!(
+        r["metadata"]["ownerReferences"],
+        json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": "hier", "uid": rr.metadata.uid.clone().expect("uid")}])
+    );
+    assert_eq!(
+        r["spec"],
+        json!({"fqdn": fqdn, "endpoints": [{"address": "10.2.0.1", "port": 443}]})
+    );
+    let status = wait_for(
+        "parent connected, one import",
+        || rr_status(&api, NS, "hier"),
+        |s| {
+            condition(s, "Connected").is_some_and(|c| c.0 == "True")
+                && s["importedRecords"] == json!(1)
+        },
+    )
+    .await;
+    assert_eq!(
+        condition(&status, "Valid").map(|c| c.0),
+        Some("True".to_string())
+    );
+
+    rrs.delete("hier", &DeleteParams::default())
+        .await
+        .expect("delete RR");
+    wait_names(&api, vec![]).await;
+    wait_for(
+        "hierarchy imports gone from the catalog",
+        || {
+            west.catalog
+                .list(&xcc_registry::catalog::ListFilter {
+                    source: Some(xcc_registry::catalog::Source::Hierarchy("hier".into())),
+                    ..Default::default()
+                })
+                .len()
+        },
+        |n| *n == 0,
+    )
+    .await;
+}
