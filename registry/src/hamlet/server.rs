@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -54,11 +54,11 @@ impl Default for HamletConfig {
     }
 }
 
-/// Rendered responses buffered between a consumer's task and its HTTP/2 stream. The window
-/// (unacknowledged responses) is separate and larger; this only keeps the encoder fed, and a
-/// small buffer keeps the memory of many concurrent snapshots down (each buffered response is
-/// a few heap allocations).
-const RESPONSE_BUFFER: usize = 8;
+/// Responses buffered between a consumer's task and its HTTP/2 stream. The window
+/// (unacknowledged responses) is separate and larger; this only keeps the encoder fed. Buffered
+/// responses are not yet rendered (a nonce and a shared entry each), and tonic encodes at most
+/// this many at once, so its per-stream encode buffer stays at its initial size.
+const RESPONSE_BUFFER: usize = 32;
 
 /// Shared state of both API versions.
 #[derive(Clone)]
@@ -299,12 +299,16 @@ async fn establish<W: Wire>(
         server: server.clone(),
         identity: identity.clone(),
         address: peer.remote_addr.to_string(),
-        context,
         marker,
     };
     info!(consumer = %peer.identity, addr = %peer.remote_addr, api = ?W::API, marker, "hamlet consumer subscribed");
     tokio::spawn(task.run::<W>(requests, tx));
-    let mut response = Response::new(Box::pin(ReceiverStream::new(rx)) as BoxStream<W::Resp>);
+    // Render (and encode) each response only when the HTTP/2 stream takes it.
+    let responses = ReceiverStream::new(rx).map(move |item| match item {
+        Ok(out) => Ok(W::render(&out, &context)),
+        Err(status) => Err(*status),
+    });
+    let mut response = Response::new(Box::pin(responses) as BoxStream<W::Resp>);
     if marker {
         response.metadata_mut().insert(
             SNAPSHOT_MARKER_METADATA,
@@ -318,7 +322,6 @@ struct ConsumerTask {
     server: HamletServer,
     identity: String,
     address: String,
-    context: String,
     marker: bool,
 }
 
@@ -326,7 +329,7 @@ impl ConsumerTask {
     async fn run<W: Wire>(
         self,
         mut requests: Streaming<W::Req>,
-        tx: mpsc::Sender<Result<W::Resp, Status>>,
+        tx: mpsc::Sender<Result<Outgoing, Box<Status>>>,
     ) {
         let server = &self.server;
         let catalog = &server.catalog;
@@ -464,7 +467,7 @@ impl ConsumerTask {
                             Op::SnapshotComplete => OpLabel::Marker,
                         });
                         stats.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        p.send(Ok(W::render(&out, &self.context)));
+                        p.send(Ok(out));
                         if st.can_send() {
                             permit = tx.try_reserve().ok();
                         }
@@ -479,7 +482,7 @@ impl ConsumerTask {
         };
         if let Err(status) = end {
             info!(consumer = %self.identity, code = ?status.code(), message = status.message(), "closing hamlet stream");
-            let _ = tx.send(Err(status)).await;
+            let _ = tx.send(Err(Box::new(status))).await;
         } else {
             info!(consumer = %self.identity, "hamlet consumer disconnected");
         }
