@@ -7,17 +7,22 @@
 //! owns only** — defaults a real API server adds (target ports, cluster IPs, protocols,
 //! session affinity, ...) are not ours and are ignored — so a reconcile of an unchanged group
 //! sends no write at all (reference §5.11 NEW-06; XCC v1's B1 rewrote both objects every 30 s).
+//! Objects of the same name the binder does not manage are never taken over.
+//!
+//! [`sync_global_service`] does the same for a Cilium global Service (seed 004), and
+//! [`delete_exact`] removes an object only while it is still the one the binder saw.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Endpoints, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use xcc_proto::crd::{
     BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
+    MANAGED_BY_LABEL,
 };
 
 use crate::desired::{Materialized, stale_slices};
@@ -42,13 +47,54 @@ pub struct SyncError {
     pub source: kube::Error,
 }
 
+/// Why a sync did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// An API call failed (retry with backoff).
+    #[error(transparent)]
+    Api(#[from] SyncError),
+    /// An object of the name the binder would write exists and is not the binder's: it is
+    /// left alone (never taken over), and nothing of the group is written.
+    #[error("{kind} {namespace}/{name} exists and is not managed by {BINDER_MANAGER}; left alone")]
+    NotManaged {
+        /// Kind of the object.
+        kind: &'static str,
+        /// Namespace (empty for cluster-scoped objects).
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+}
+
 /// What a sync wrote.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Written {
     /// Objects applied, as `Kind/name`, in write order.
     pub applied: Vec<String>,
+    /// Of those, the ones that did not exist before, as `Kind/name`.
+    pub created: Vec<String>,
     /// EndpointSlices deleted.
     pub deleted: Vec<String>,
+}
+
+fn label_is(meta: &ObjectMeta, key: &str, value: &str) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .is_some_and(|v| v == value)
+}
+
+/// Whether an object carries the binder's `app.kubernetes.io/managed-by` label.
+pub fn managed(meta: &ObjectMeta) -> bool {
+    label_is(meta, MANAGED_BY_LABEL, BINDER_MANAGER)
+}
+
+fn not_managed(kind: &'static str, namespace: &str, name: &str) -> ApplyError {
+    ApplyError::NotManaged {
+        kind,
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+    }
 }
 
 fn sorted_owners(meta: &ObjectMeta) -> Vec<(String, String, String, String)> {
@@ -98,19 +144,7 @@ fn type_of(spec: Option<&ServiceSpec>) -> &str {
 /// Whether the stored Service matches the desired one on the binder's fields: metadata, type
 /// and load-balancer class, no selector, and each port's name, number and protocol.
 pub fn service_up_to_date(current: &Service, desired: &Service) -> bool {
-    let ports = |s: &Service| -> Vec<(String, i32, String)> {
-        s.spec
-            .iter()
-            .flat_map(|s| s.ports.iter().flatten())
-            .map(|p| {
-                (
-                    name(&p.name).to_string(),
-                    p.port,
-                    protocol(&p.protocol).to_string(),
-                )
-            })
-            .collect()
-    };
+    let ports = service_ports;
     let spec = current.spec.as_ref();
     meta_up_to_date(&current.metadata, &desired.metadata)
         && type_of(spec) == type_of(desired.spec.as_ref())
@@ -212,11 +246,15 @@ fn error<'a>(
 
 /// Apply `m` in `namespace`, writing only what differs on the binder's fields, and delete the
 /// binder's EndpointSlices of this Service that `m` no longer has.
+///
+/// A Service, Endpoints or EndpointSlice of the same name that the binder does not manage is
+/// never taken over: the sync stops with [`ApplyError::NotManaged`] before writing anything of
+/// that object (the Service is checked first, so a foreign Service means no write at all).
 pub async fn sync_group(
     client: &Client,
     namespace: &str,
     m: &Materialized,
-) -> Result<Written, SyncError> {
+) -> Result<Written, ApplyError> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut written = Written::default();
     let service_name = m.service.name_any();
@@ -228,14 +266,26 @@ pub async fn sync_group(
         namespace,
         &service_name,
     ))?;
+    if let Some(c) = &current
+        && !managed(&c.metadata)
+    {
+        return Err(not_managed("Service", namespace, &service_name));
+    }
+    let existed = current.is_some();
     let current = match current {
         Some(c) if service_up_to_date(&c, &m.service) => c,
         _ => {
+            if let Some(c) = &current {
+                take_back_ports(&services, c, &m.service, &mut written).await?;
+            }
             let stored = services
                 .patch(&service_name, &params, &Patch::Apply(&m.service))
                 .await
                 .map_err(error("apply", "Service", namespace, &service_name))?;
             written.applied.push(format!("Service/{service_name}"));
+            if !existed {
+                written.created.push(format!("Service/{service_name}"));
+            }
             stored
         }
     };
@@ -271,17 +321,30 @@ pub async fn sync_group(
         if stored.is_some_and(|s| slice_up_to_date(s, slice)) {
             continue;
         }
+        if stored.is_none()
+            && slices
+                .get_opt(&slice_name)
+                .await
+                .map_err(error("get", "EndpointSlice", namespace, &slice_name))?
+                .is_some()
+        {
+            // A slice of this name exists without the binder's labels: someone else's.
+            return Err(not_managed("EndpointSlice", namespace, &slice_name));
+        }
         slices
             .patch(&slice_name, &params, &Patch::Apply(slice))
             .await
             .map_err(error("apply", "EndpointSlice", namespace, &slice_name))?;
         written.applied.push(format!("EndpointSlice/{slice_name}"));
+        if stored.is_none() {
+            written.created.push(format!("EndpointSlice/{slice_name}"));
+        }
     }
     for stale in stale_slices(&service_name, &m.slices, existing.items.iter()) {
         match slices.delete(&stale, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(error("delete", "EndpointSlice", namespace, &stale)(e)),
+            Err(e) => return Err(error("delete", "EndpointSlice", namespace, &stale)(e).into()),
         }
         written.deleted.push(stale);
     }
@@ -293,12 +356,161 @@ pub async fn sync_group(
         namespace,
         &service_name,
     ))?;
+    if let Some(c) = &current
+        && !managed(&c.metadata)
+    {
+        return Err(not_managed("Endpoints", namespace, &service_name));
+    }
+    let existed = current.is_some();
     if !current.is_some_and(|c| endpoints_up_to_date(&c, &m.endpoints)) {
         endpoints
             .patch(&service_name, &params, &Patch::Apply(&m.endpoints))
             .await
             .map_err(error("apply", "Endpoints", namespace, &service_name))?;
         written.applied.push(format!("Endpoints/{service_name}"));
+        if !existed {
+            written.created.push(format!("Endpoints/{service_name}"));
+        }
     }
     Ok(written)
+}
+
+/// Apply a Cilium global Service (from [`crate::desired::cilium::global_service`]) — seed 004:
+/// its namespace is created when missing (labelled as managed; an existing namespace is never
+/// touched), a Service of that name the binder does not manage is left alone
+/// ([`ApplyError::NotManaged`]), and the Service is applied only when the binder's fields
+/// differ.
+pub async fn sync_global_service(
+    client: &Client,
+    desired: &Service,
+) -> Result<Written, ApplyError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut written = Written::default();
+    let namespace = desired.namespace().unwrap_or_default();
+    let name = desired.name_any();
+
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns =
+        namespaces
+            .get_opt(&namespace)
+            .await
+            .map_err(error("get", "Namespace", "", &namespace))?;
+    if ns.is_none() {
+        let post = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        match namespaces
+            .create(&post, &crate::desired::cilium::namespace(&namespace))
+            .await
+        {
+            Ok(_) => {
+                written.applied.push(format!("Namespace/{namespace}"));
+                written.created.push(format!("Namespace/{namespace}"));
+            }
+            // Made by someone else in the meantime: fine, it exists.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(error("create", "Namespace", "", &namespace)(e).into()),
+        }
+    }
+
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let current = services
+        .get_opt(&name)
+        .await
+        .map_err(error("get", "Service", &namespace, &name))?;
+    match &current {
+        Some(c) if !managed(&c.metadata) => return Err(not_managed("Service", &namespace, &name)),
+        Some(c) if service_up_to_date(c, desired) => {}
+        _ => {
+            if let Some(c) = &current {
+                take_back_ports(&services, c, desired, &mut written).await?;
+            }
+            services
+                .patch(&name, &params, &Patch::Apply(desired))
+                .await
+                .map_err(error("apply", "Service", &namespace, &name))?;
+            written.applied.push(format!("Service/{name}"));
+            if current.is_none() {
+                written.created.push(format!("Service/{name}"));
+            }
+        }
+    }
+    Ok(written)
+}
+
+fn service_ports(s: &Service) -> Vec<(String, i32, String)> {
+    s.spec
+        .iter()
+        .flat_map(|s| s.ports.iter().flatten())
+        .map(|p| {
+            (
+                name(&p.name).to_string(),
+                p.port,
+                protocol(&p.protocol).to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Server-side apply cannot remove what another field manager owns: a port someone added to
+/// the Service by hand (ports are a map keyed by port and protocol) would survive the apply, and
+/// merged with ours make an invalid Service (several unnamed ports); a selector someone set
+/// would stay. When the stored ports or selector differ from the binder's, they are first
+/// replaced with a merge patch (lists are replaced whole), then the apply takes them over.
+async fn take_back_ports(
+    services: &Api<Service>,
+    current: &Service,
+    desired: &Service,
+    written: &mut Written,
+) -> Result<(), SyncError> {
+    let selector = current
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.as_ref())
+        .is_some_and(|s| !s.is_empty());
+    if !selector && service_ports(current) == service_ports(desired) {
+        return Ok(());
+    }
+    let name = current.name_any();
+    let namespace = current.namespace().unwrap_or_default();
+    let ports = desired.spec.as_ref().and_then(|s| s.ports.clone());
+    let patch = json!({"spec": {"ports": ports, "selector": null}});
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    services
+        .patch(&name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(error("patch ports of", "Service", &namespace, &name))?;
+    written.applied.push(format!("Service/{name}"));
+    Ok(())
+}
+
+/// Delete `kind` `namespace/name` if it is still the object with `uid` (a delete precondition,
+/// so an object recreated by someone else under the same name is never removed). Returns
+/// whether this call deleted it: `false` when it was already gone or is another object now.
+pub async fn delete_exact<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<bool, SyncError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) => Err(error("delete", kind, namespace, name)(e)),
+    }
 }

@@ -4,5 +4,6 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod apply;
+pub mod controller;
 pub mod desired;
 pub mod dns;

@@ -1,0 +1,975 @@
+//! The running binder: watches imported ServiceRecords and RemoteRegistries in its namespace
+//! and the objects it manages, and keeps each group's objects equal to what
+//! [`crate::desired`] computes, writing with [`crate::apply`].
+//!
+//! Keys ([`keys::Key`]): an FQDN group (`Service` materialisation) or an origin
+//! (`CiliumGlobalService` materialisation, chosen by the record's RemoteRegistry
+//! `spec.materialize`). Every watch event maps to the keys it concerns; a record maps to both of
+//! its keys, so a record that changes mode is removed from one and added to the other. Five
+//! reflectors hold the state (imported records, RemoteRegistries, managed Services in every
+//! namespace, managed EndpointSlices and Endpoints in the namespace); reconciles read them and
+//! are level-triggered and idempotent. Keys go through a work queue ([`queue`]) with per-key
+//! exponential backoff; after every relist (410 Gone) and every `resync` period all keys are
+//! reconciled again — with no write when nothing differs (NEW-06).
+//!
+//! A group whose last record is gone has its objects removed (the API server's garbage
+//! collector does it through the owner references too; an explicit delete that finds nothing is
+//! fine). A global Service whose sources are gone follows seed 004's orphan rule: removed,
+//! unless local endpoints exist. Objects of the same name the binder does not manage are never
+//! touched: the records get a `Conflict` condition and a Warning Event instead, as they do when
+//! the sources of one FQDN disagree on ports.
+//!
+//! Ready ([`Handle::is_ready`], `/readyz`) once every watch has listed and every key found then
+//! has been reconciled once.
+
+pub mod conditions;
+pub mod keys;
+pub mod metrics;
+pub mod queue;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use xcc_controller::probes::Health;
+use xcc_proto::crd::{
+    BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
+    MANAGED_BY_LABEL, Materialize, RemoteRegistry, ServiceRecord,
+};
+use xcc_proto::names::{self, IMPORTED_LABEL};
+
+use crate::apply::{self, ApplyError, FIELD_MANAGER, SyncError, Written};
+use crate::desired::cilium::{self, CiliumSkip, OriginKey, OrphanDecision};
+use crate::desired::{GroupKey, Skip, materialize};
+use conditions::Found;
+use keys::Key;
+pub use metrics::Metrics;
+
+/// Name of the leader-election Lease, and the Event reporter.
+pub const COMPONENT: &str = "xcc-binder";
+
+/// Settings of the controller.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Namespace of the deployment: imported records, RemoteRegistries, the Services made.
+    pub namespace: String,
+    /// Reconciles running at once (different keys).
+    pub workers: usize,
+    /// Every key is reconciled again this often (the orphan check of global Services with
+    /// local endpoints relies on it).
+    pub resync: Duration,
+}
+
+impl Config {
+    /// Defaults for `namespace`: 4 workers, a resync every 10 minutes.
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            workers: 4,
+            resync: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Why a reconcile failed (it is retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Reading or writing an object failed.
+    #[error(transparent)]
+    Sync(#[from] SyncError),
+    /// An object of the name the binder would write is someone else's; the records carry a
+    /// `Conflict` condition, and the key is retried with backoff until the object is gone
+    /// (objects the binder does not manage are not watched).
+    #[error(transparent)]
+    NotManaged(ApplyError),
+    /// Writing a record's status failed.
+    #[error("writing the status of ServiceRecord {name}: {source}")]
+    Status {
+        /// The record.
+        name: String,
+        /// The client's error.
+        source: kube::Error,
+    },
+}
+
+struct Writers {
+    records: reflector::store::Writer<ServiceRecord>,
+    registries: reflector::store::Writer<RemoteRegistry>,
+    services: reflector::store::Writer<Service>,
+    slices: reflector::store::Writer<EndpointSlice>,
+    endpoints: reflector::store::Writer<Endpoints>,
+}
+
+struct Ctx {
+    client: Client,
+    config: Config,
+    records: Store<ServiceRecord>,
+    registries: Store<RemoteRegistry>,
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    endpoints: Store<Endpoints>,
+    queue: Arc<queue::Queue<Key>>,
+    recorder: Recorder,
+    metrics: Metrics,
+    health: Health,
+    /// Keys of the first full sync not reconciled yet; `None` once it is done.
+    initial: Mutex<Option<HashSet<Key>>>,
+    /// Last warning (reason, message) sent per key, so a resync repeats no Event.
+    warned: Mutex<HashMap<Key, String>>,
+    reconciles: AtomicU64,
+    relists: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The binder controller, before it runs.
+pub struct Controller {
+    ctx: Arc<Ctx>,
+    writers: Writers,
+}
+
+/// A view of a running controller, for probes and tests.
+#[derive(Clone)]
+pub struct Handle {
+    ctx: Arc<Ctx>,
+}
+
+impl Handle {
+    /// The first full sync is done.
+    pub fn is_ready(&self) -> bool {
+        self.ctx.health.is_ready()
+    }
+    /// Reconciles finished so far (either result).
+    pub fn reconciles(&self) -> u64 {
+        self.ctx.reconciles.load(Ordering::SeqCst)
+    }
+    /// Relists seen after the initial lists (one per watch per 410 Gone).
+    pub fn relists(&self) -> u64 {
+        self.ctx.relists.load(Ordering::SeqCst)
+    }
+    /// No key queued, none being reconciled, no retry pending.
+    pub fn is_idle(&self) -> bool {
+        self.ctx.queue.is_idle()
+    }
+    /// Queue every key now, as the periodic resync does.
+    pub fn resync_now(&self) {
+        self.ctx.queue.add_all(self.ctx.all_keys());
+    }
+    /// Refresh the managed-object gauges (call before a metrics scrape).
+    pub fn refresh_gauges(&self) {
+        let c = &self.ctx;
+        c.metrics.set_managed("Service", c.services.state().len());
+        c.metrics
+            .set_managed("EndpointSlice", c.slices.state().len());
+        c.metrics
+            .set_managed("Endpoints", c.endpoints.state().len());
+    }
+}
+
+impl Controller {
+    /// A controller for `config`; nothing runs until [`Controller::run`].
+    pub fn new(client: Client, config: Config, metrics: Metrics, health: Health) -> Self {
+        let (records, records_w) = reflector::store();
+        let (registries, registries_w) = reflector::store();
+        let (services, services_w) = reflector::store();
+        let (slices, slices_w) = reflector::store();
+        let (endpoints, endpoints_w) = reflector::store();
+        let reporter = Reporter {
+            controller: COMPONENT.to_string(),
+            instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
+        };
+        let ctx = Arc::new(Ctx {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+            records,
+            registries,
+            services,
+            slices,
+            endpoints,
+            queue: Arc::default(),
+            metrics,
+            health,
+            initial: Mutex::new(None),
+            warned: Mutex::default(),
+            reconciles: AtomicU64::new(0),
+            relists: AtomicU64::new(0),
+        });
+        Self {
+            ctx,
+            writers: Writers {
+                records: records_w,
+                registries: registries_w,
+                services: services_w,
+                slices: slices_w,
+                endpoints: endpoints_w,
+            },
+        }
+    }
+
+    /// A handle to observe the controller while it runs.
+    pub fn handle(&self) -> Handle {
+        Handle {
+            ctx: self.ctx.clone(),
+        }
+    }
+
+    /// Watch and reconcile until `cancel` fires; in-flight reconciles finish first.
+    pub async fn run(self, cancel: CancellationToken) -> anyhow::Result<()> {
+        let ctx = self.ctx;
+        let w = self.writers;
+        let ns = ctx.config.namespace.clone();
+        let client = ctx.client.clone();
+        let managed = format!("{MANAGED_BY_LABEL}={BINDER_MANAGER}");
+        let stop = cancel.child_token();
+        let mut tasks = tokio::task::JoinSet::new();
+
+        tasks.spawn(follow(
+            Api::<ServiceRecord>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels(IMPORTED_LABEL),
+            w.records,
+            ctx.clone(),
+            stop.clone(),
+            RecordEvents::default(),
+        ));
+        tasks.spawn(follow(
+            Api::<RemoteRegistry>::namespaced(client.clone(), &ns),
+            watcher::Config::default(),
+            w.registries,
+            ctx.clone(),
+            stop.clone(),
+            RegistryEvents,
+        ));
+        tasks.spawn(follow(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default().labels(&managed),
+            w.services,
+            ctx.clone(),
+            stop.clone(),
+            ManagedEvents,
+        ));
+        tasks.spawn(follow(
+            Api::<EndpointSlice>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels(&format!(
+                "{ENDPOINTSLICE_MANAGED_BY_LABEL}={BINDER_MANAGER}"
+            )),
+            w.slices,
+            ctx.clone(),
+            stop.clone(),
+            ManagedEvents,
+        ));
+        tasks.spawn(follow(
+            Api::<Endpoints>::namespaced(client.clone(), &ns),
+            watcher::Config::default().labels(&managed),
+            w.endpoints,
+            ctx.clone(),
+            stop.clone(),
+            ManagedEvents,
+        ));
+
+        // Reconcile nothing before every store holds a complete listing: a half-listed store
+        // would make present objects look orphaned.
+        let listed = async {
+            ctx.records.wait_until_ready().await?;
+            ctx.registries.wait_until_ready().await?;
+            ctx.services.wait_until_ready().await?;
+            ctx.slices.wait_until_ready().await?;
+            ctx.endpoints.wait_until_ready().await
+        };
+        tokio::select! {
+            _ = stop.cancelled() => {
+                stop.cancel();
+                while tasks.join_next().await.is_some() {}
+                return Ok(());
+            }
+            r = listed => r.map_err(|_| anyhow::anyhow!("a watch of the binder stopped before listing"))?,
+        }
+        let initial: HashSet<Key> = ctx.all_keys().into_iter().collect();
+        tracing::info!(
+            namespace = %ns,
+            keys = initial.len(),
+            "binder watches listed; reconciling"
+        );
+        if initial.is_empty() {
+            ctx.health.set_ready(true);
+        } else {
+            *lock(&ctx.initial) = Some(initial.clone());
+            ctx.queue.add_all(initial);
+        }
+
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..ctx.config.workers.max(1) {
+            workers.spawn(work(ctx.clone(), stop.clone()));
+        }
+        let resync = ctx.config.resync;
+        let resync_ctx = ctx.clone();
+        let resync_stop = stop.clone();
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
+            loop {
+                tokio::select! {
+                    _ = resync_stop.cancelled() => return,
+                    _ = tick.tick() => resync_ctx.queue.add_all(resync_ctx.all_keys()),
+                }
+            }
+        });
+
+        stop.cancelled().await;
+        while workers.join_next().await.is_some() {}
+        while tasks.join_next().await.is_some() {}
+        ctx.health.set_ready(false);
+        tracing::info!("binder stopped");
+        Ok(())
+    }
+}
+
+async fn work(ctx: Arc<Ctx>, stop: CancellationToken) {
+    while let Some(key) = ctx.queue.next(&stop).await {
+        let result = ctx.reconcile(&key).await;
+        let ok = result.is_ok();
+        if let Err(e) = &result {
+            tracing::warn!(%key, error = %e, "reconcile failed; retrying with backoff");
+        }
+        ctx.metrics.reconciled(ok);
+        ctx.reconciles.fetch_add(1, Ordering::SeqCst);
+        ctx.queue.done(key.clone(), ok, &stop);
+        let mut initial = lock(&ctx.initial);
+        if let Some(pending) = initial.as_mut() {
+            pending.remove(&key);
+            if pending.is_empty() {
+                *initial = None;
+                ctx.health.set_ready(true);
+                tracing::info!("binder first sync done; ready");
+            }
+        }
+    }
+}
+
+/// Maps one watch's events to keys.
+trait OnEvent<K>: Send + 'static {
+    fn on_event(&mut self, ctx: &Ctx, event: &watcher::Event<K>);
+}
+
+/// Imported records: both keys of the record, and the keys it had before (an FQDN or origin
+/// change leaves a group that must be reconciled too).
+#[derive(Default)]
+struct RecordEvents {
+    last: HashMap<String, Vec<Key>>,
+    listing: HashMap<String, Vec<Key>>,
+}
+
+fn uid_of<K: Resource>(o: &K) -> String {
+    o.meta().uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            o.meta().namespace.as_deref().unwrap_or(""),
+            o.meta().name.as_deref().unwrap_or("")
+        )
+    })
+}
+
+impl OnEvent<ServiceRecord> for RecordEvents {
+    fn on_event(&mut self, ctx: &Ctx, event: &watcher::Event<ServiceRecord>) {
+        match event {
+            watcher::Event::Apply(r) => {
+                let keys = keys::record_keys(r);
+                if let Some(old) = self.last.insert(uid_of(r), keys.clone()) {
+                    ctx.queue.add_all(old);
+                }
+                ctx.queue.add_all(keys);
+            }
+            watcher::Event::Delete(r) => {
+                if let Some(old) = self.last.remove(&uid_of(r)) {
+                    ctx.queue.add_all(old);
+                }
+                ctx.queue.add_all(keys::record_keys(r));
+            }
+            watcher::Event::Init => self.listing.clear(),
+            watcher::Event::InitApply(r) => {
+                self.listing.insert(uid_of(r), keys::record_keys(r));
+            }
+            watcher::Event::InitDone => {
+                let old = std::mem::replace(&mut self.last, std::mem::take(&mut self.listing));
+                if ctx.listed_before() {
+                    // Records deleted while the watch was down have no Delete event.
+                    ctx.queue.add_all(old.into_values().flatten());
+                }
+            }
+        }
+    }
+}
+
+/// RemoteRegistries: a change of `spec.materialize` moves its records between keys.
+struct RegistryEvents;
+
+impl OnEvent<RemoteRegistry> for RegistryEvents {
+    fn on_event(&mut self, ctx: &Ctx, event: &watcher::Event<RemoteRegistry>) {
+        if let watcher::Event::Apply(rr) | watcher::Event::Delete(rr) = event {
+            let name = rr.name_any();
+            ctx.queue.add_all(
+                ctx.records
+                    .state()
+                    .iter()
+                    .filter(|r| keys::remote_registry(r) == Some(name.as_str()))
+                    .flat_map(|r| keys::record_keys(r)),
+            );
+        }
+    }
+}
+
+/// Objects the binder manages: drift (edits, deletions by someone else) reconciles their key.
+struct ManagedEvents;
+
+trait Managed: Resource<DynamicType = ()> + Clone {
+    fn key(&self, ctx: &Ctx) -> Option<Key>;
+}
+
+impl Managed for Service {
+    fn key(&self, ctx: &Ctx) -> Option<Key> {
+        keys::service_key(self, &ctx.config.namespace)
+    }
+}
+
+impl Managed for EndpointSlice {
+    fn key(&self, ctx: &Ctx) -> Option<Key> {
+        ctx.key_of_service_name(
+            self.metadata.namespace.as_deref()?,
+            keys::slice_service_name(&self.metadata)?,
+        )
+    }
+}
+
+impl Managed for Endpoints {
+    fn key(&self, ctx: &Ctx) -> Option<Key> {
+        ctx.key_of_service_name(
+            self.metadata.namespace.as_deref()?,
+            self.metadata.name.as_deref()?,
+        )
+    }
+}
+
+impl<K: Managed + Send + Sync + 'static> OnEvent<K> for ManagedEvents {
+    fn on_event(&mut self, ctx: &Ctx, event: &watcher::Event<K>) {
+        if let watcher::Event::Apply(o) | watcher::Event::Delete(o) = event
+            && let Some(key) = o.key(ctx)
+        {
+            ctx.queue.add(key);
+        }
+    }
+}
+
+/// Run one reflector-backed watch until `stop`, mapping events to keys. After a relist
+/// (every listing but the first) all keys are reconciled again.
+async fn follow<K, H>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    ctx: Arc<Ctx>,
+    stop: CancellationToken,
+    mut handler: H,
+) where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    H: OnEvent<K>,
+{
+    let kind = K::kind(&()).to_string();
+    let mut stream = watcher::watcher(api, config)
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    let mut listed = false;
+    loop {
+        let event = tokio::select! {
+            _ = stop.cancelled() => return,
+            e = stream.next() => match e {
+                Some(e) => e,
+                None => return,
+            },
+        };
+        match event {
+            Ok(event) => {
+                handler.on_event(&ctx, &event);
+                if matches!(event, watcher::Event::InitDone) {
+                    if listed {
+                        tracing::info!(%kind, "relisted; reconciling every key");
+                        if ctx.listed_before() {
+                            ctx.queue.add_all(ctx.all_keys());
+                        }
+                        // Counted after the keys are queued, so a test that saw the count
+                        // and then an idle queue knows the relist was handled.
+                        ctx.relists.fetch_add(1, Ordering::SeqCst);
+                        ctx.metrics.relisted();
+                    }
+                    listed = true;
+                }
+            }
+            Err(e) => tracing::warn!(%kind, error = %e, "watch error; retrying with backoff"),
+        }
+    }
+}
+
+fn object_ref<K: Resource<DynamicType = ()>>(o: &K) -> ObjectReference {
+    o.object_ref(&())
+}
+
+impl Ctx {
+    /// Whether the first full sync has started (keys are queued from then on).
+    fn listed_before(&self) -> bool {
+        self.records.is_ready_now()
+            && self.registries.is_ready_now()
+            && self.services.is_ready_now()
+            && self.slices.is_ready_now()
+            && self.endpoints.is_ready_now()
+    }
+
+    /// Every key the stores know of: those of the imported records and of managed objects.
+    fn all_keys(&self) -> Vec<Key> {
+        let mut keys: HashSet<Key> = HashSet::new();
+        for r in self.records.state() {
+            keys.extend(keys::record_keys(&r));
+        }
+        for s in self.services.state() {
+            keys.extend(s.key(self));
+        }
+        for s in self.slices.state() {
+            keys.extend(s.key(self));
+        }
+        for e in self.endpoints.state() {
+            keys.extend(e.key(self));
+        }
+        let mut keys: Vec<Key> = keys.into_iter().collect();
+        keys.sort();
+        keys
+    }
+
+    /// The group whose Service is `namespace/name`: from the managed Service when it exists,
+    /// else from the imported records.
+    fn key_of_service_name(&self, namespace: &str, name: &str) -> Option<Key> {
+        if namespace != self.config.namespace {
+            return None;
+        }
+        if let Some(svc) = self.services.get(&ObjectRef::new(name).within(namespace))
+            && let Some(key) = svc.key(self)
+        {
+            return Some(key);
+        }
+        self.records
+            .state()
+            .iter()
+            .filter_map(|r| keys::group_key(r))
+            .find(|g| g.namespace == namespace && names::service_name(&g.fqdn) == name)
+            .map(Key::Group)
+    }
+
+    /// How an imported record is materialised: its RemoteRegistry's `spec.materialize`;
+    /// `Service` when the registry is unknown.
+    fn mode(&self, record: &ServiceRecord) -> Materialize {
+        keys::remote_registry(record)
+            .and_then(|rr| {
+                self.registries
+                    .get(&ObjectRef::new(rr).within(&self.config.namespace))
+            })
+            .map(|rr| rr.spec.materialize())
+            .unwrap_or_default()
+    }
+
+    /// The imported records that contribute to `key`, sorted by UID.
+    fn sources(&self, key: &Key) -> Vec<Arc<ServiceRecord>> {
+        let mut sources: Vec<Arc<ServiceRecord>> = self
+            .records
+            .state()
+            .into_iter()
+            .filter(|r| {
+                r.metadata.namespace.as_deref() == Some(self.config.namespace.as_str())
+                    && keys::contributes(r, self.mode(r), key)
+            })
+            .collect();
+        sources.sort_by(|a, b| a.metadata.uid.cmp(&b.metadata.uid));
+        sources
+    }
+
+    async fn reconcile(&self, key: &Key) -> Result<(), ReconcileError> {
+        match key {
+            Key::Group(g) => self.reconcile_group(key, g).await,
+            Key::Global(o) => self.reconcile_global(key, o).await,
+        }
+    }
+
+    async fn reconcile_group(&self, key: &Key, group: &GroupKey) -> Result<(), ReconcileError> {
+        let sources = self.sources(key);
+        if sources.is_empty() {
+            self.forget_warning(key);
+            return self.remove_group(group).await;
+        }
+        let refs: Vec<&ServiceRecord> = sources.iter().map(AsRef::as_ref).collect();
+        let m = match materialize(group, &refs) {
+            Ok(m) => m,
+            Err(Skip::Empty) => return self.remove_group(group).await,
+            Err(e @ Skip::NoPorts(_)) => {
+                // Nothing valid to write; what exists stays until a record changes.
+                self.warn_once(key, &refs, "NoPorts", &e.to_string()).await;
+                return Ok(());
+            }
+        };
+        self.forget_warning(key);
+        for d in &m.dropped {
+            tracing::debug!(record = %d.record, endpoint = %d.endpoint, reason = d.reason, "endpoint left out");
+        }
+        let found = match apply::sync_group(&self.client, &group.namespace, &m).await {
+            Ok(written) => {
+                self.count_written(&written, &group.namespace).await;
+                m.conflict.as_ref().map(|c| Found {
+                    reason: conditions::PORTS_DISAGREE,
+                    message: c.to_string(),
+                })
+            }
+            Err(ApplyError::Api(e)) => return Err(e.into()),
+            Err(e @ ApplyError::NotManaged { .. }) => {
+                let found = Found {
+                    reason: conditions::NOT_MANAGED,
+                    message: e.to_string(),
+                };
+                self.set_conflicts(&refs, Some(&found)).await?;
+                return Err(ReconcileError::NotManaged(e));
+            }
+        };
+        self.set_conflicts(&refs, found.as_ref()).await
+    }
+
+    async fn reconcile_global(&self, key: &Key, origin: &OriginKey) -> Result<(), ReconcileError> {
+        let sources = self.sources(key);
+        if sources.is_empty() {
+            self.forget_warning(key);
+            return self.orphan_check(key, origin).await;
+        }
+        let refs: Vec<&ServiceRecord> = sources.iter().map(AsRef::as_ref).collect();
+        let desired = match cilium::global_service(origin, &refs) {
+            Ok(s) => s,
+            Err(CiliumSkip::Empty) => return self.orphan_check(key, origin).await,
+            Err(e @ CiliumSkip::NoPorts(_)) => {
+                self.warn_once(key, &refs, "NoPorts", &e.to_string()).await;
+                return Ok(());
+            }
+        };
+        self.forget_warning(key);
+        let found = match apply::sync_global_service(&self.client, &desired).await {
+            Ok(written) => {
+                self.count_written(&written, &origin.namespace).await;
+                None
+            }
+            Err(ApplyError::Api(e)) => return Err(e.into()),
+            Err(e @ ApplyError::NotManaged { .. }) => {
+                let found = Found {
+                    reason: conditions::NOT_MANAGED,
+                    message: e.to_string(),
+                };
+                self.set_conflicts(&refs, Some(&found)).await?;
+                return Err(ReconcileError::NotManaged(e));
+            }
+        };
+        self.set_conflicts(&refs, found.as_ref()).await
+    }
+
+    /// The group has no source left: delete the binder's objects of it (normally the garbage
+    /// collector has already, through the owner references).
+    async fn remove_group(&self, group: &GroupKey) -> Result<(), ReconcileError> {
+        let ns = group.namespace.as_str();
+        let name = names::service_name(&group.fqdn);
+        let want = Some(Key::Group(group.clone()));
+        if let Some(svc) = self.services.get(&ObjectRef::new(&name).within(ns))
+            && svc.key(self) == want
+        {
+            let api: Api<Service> = Api::namespaced(self.client.clone(), ns);
+            if apply::delete_exact(&api, "Service", ns, &name, &uid_of(svc.as_ref())).await? {
+                self.metrics.wrote("Service", "delete");
+                self.event(
+                    object_ref(svc.as_ref()),
+                    EventType::Normal,
+                    "Removed",
+                    "Delete",
+                    format!("no imported ServiceRecord for {} is left", group.fqdn),
+                )
+                .await;
+            }
+        }
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), ns);
+        for slice in self.slices.state() {
+            if slice.metadata.namespace.as_deref() == Some(ns)
+                && keys::slice_service_name(&slice.metadata) == Some(name.as_str())
+                && apply::delete_exact(
+                    &api,
+                    "EndpointSlice",
+                    ns,
+                    &slice.name_any(),
+                    &uid_of(slice.as_ref()),
+                )
+                .await?
+            {
+                self.metrics.wrote("EndpointSlice", "delete");
+            }
+        }
+        if let Some(ep) = self.endpoints.get(&ObjectRef::new(&name).within(ns)) {
+            let api: Api<Endpoints> = Api::namespaced(self.client.clone(), ns);
+            if apply::delete_exact(&api, "Endpoints", ns, &name, &uid_of(ep.as_ref())).await? {
+                self.metrics.wrote("Endpoints", "delete");
+            }
+        }
+        Ok(())
+    }
+
+    /// Seed 004's orphan rule for a global Service whose sources are gone.
+    async fn orphan_check(&self, key: &Key, origin: &OriginKey) -> Result<(), ReconcileError> {
+        let Some(svc) = self
+            .services
+            .get(&ObjectRef::new(&origin.name).within(&origin.namespace))
+        else {
+            return Ok(());
+        };
+        if !keys::is_global_service(&svc) {
+            return Ok(());
+        }
+        let local = self.local_endpoints(origin).await?;
+        match cilium::orphan_decision(&svc, false, local) {
+            OrphanDecision::Delete => {
+                let api: Api<Service> = Api::namespaced(self.client.clone(), &origin.namespace);
+                if apply::delete_exact(
+                    &api,
+                    "Service",
+                    &origin.namespace,
+                    &origin.name,
+                    &uid_of(svc.as_ref()),
+                )
+                .await?
+                {
+                    self.metrics.wrote("Service", "delete");
+                    self.event(
+                        object_ref(svc.as_ref()),
+                        EventType::Normal,
+                        "Removed",
+                        "Delete",
+                        "no imported ServiceRecord for this global service is left".to_string(),
+                    )
+                    .await;
+                }
+            }
+            OrphanDecision::Keep => {
+                let note = format!(
+                    "no imported ServiceRecord for this global service is left, but it has {local} local endpoint(s); kept"
+                );
+                if self.note_warning(key, "OrphanKept", &note) {
+                    self.event(
+                        object_ref(svc.as_ref()),
+                        EventType::Normal,
+                        "OrphanKept",
+                        "Keep",
+                        note,
+                    )
+                    .await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Endpoints of the Service `origin` that the binder did not write (EndpointSlices of
+    /// other controllers).
+    async fn local_endpoints(&self, origin: &OriginKey) -> Result<usize, SyncError> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &origin.namespace);
+        let slices = api
+            .list(&ListParams::default().labels(&format!(
+                "{ENDPOINTSLICE_SERVICE_NAME_LABEL}={}",
+                origin.name
+            )))
+            .await
+            .map_err(|source| SyncError {
+                action: "list",
+                kind: "EndpointSlice",
+                namespace: origin.namespace.clone(),
+                name: origin.name.clone(),
+                source,
+            })?;
+        Ok(slices
+            .items
+            .iter()
+            .filter(|s| {
+                s.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(ENDPOINTSLICE_MANAGED_BY_LABEL))
+                    .is_none_or(|v| v != BINDER_MANAGER)
+            })
+            .map(|s| s.endpoints.len())
+            .sum())
+    }
+
+    /// Write each record's `Conflict` condition where it changed; a Warning Event on each
+    /// record whose condition becomes `True` or changes reason.
+    async fn set_conflicts(
+        &self,
+        records: &[&ServiceRecord],
+        found: Option<&Found>,
+    ) -> Result<(), ReconcileError> {
+        let api: Api<ServiceRecord> = Api::namespaced(self.client.clone(), &self.config.namespace);
+        for record in records {
+            let current = record
+                .status
+                .as_ref()
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default();
+            let now = Time(k8s_openapi::jiff::Timestamp::now());
+            let Some(next) = conditions::next(current, found, record.metadata.generation, now)
+            else {
+                continue;
+            };
+            let name = record.name_any();
+            let before = current
+                .iter()
+                .find(|c| c.type_ == next.type_)
+                .map(|c| (c.status.clone(), c.reason.clone()));
+            let patch = json!({
+                "apiVersion": ServiceRecord::api_version(&()),
+                "kind": ServiceRecord::kind(&()),
+                "metadata": {"name": name},
+                "status": {"conditions": [next]},
+            });
+            api.patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(|source| ReconcileError::Status {
+                name: name.clone(),
+                source,
+            })?;
+            self.metrics.wrote("ServiceRecord", "status");
+            if next.status == "True" && before != Some((next.status.clone(), next.reason.clone())) {
+                self.event(
+                    object_ref(*record),
+                    EventType::Warning,
+                    "Conflict",
+                    "Materialize",
+                    next.message.clone(),
+                )
+                .await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn count_written(&self, written: &Written, namespace: &str) {
+        for applied in &written.applied {
+            let kind = applied.split('/').next().unwrap_or_default();
+            let verb = if applied.ends_with("/status") {
+                "status"
+            } else {
+                "apply"
+            };
+            self.metrics.wrote(kind, verb);
+        }
+        for _ in &written.deleted {
+            self.metrics.wrote("EndpointSlice", "delete");
+        }
+        for created in &written.created {
+            let (kind, name) = created.split_once('/').unwrap_or(("", created));
+            if kind != "Service" && kind != "Namespace" {
+                continue;
+            }
+            let (api_version, namespace) =
+                ("v1", (kind == "Service").then(|| namespace.to_string()));
+            self.event(
+                ObjectReference {
+                    api_version: Some(api_version.into()),
+                    kind: Some(kind.into()),
+                    name: Some(name.into()),
+                    namespace,
+                    ..ObjectReference::default()
+                },
+                EventType::Normal,
+                "Created",
+                "Materialize",
+                format!("{kind} {name} created for imported ServiceRecords"),
+            )
+            .await;
+        }
+    }
+
+    /// Record that `key` has the warning `reason: note`; true when it is new (send an Event).
+    fn note_warning(&self, key: &Key, reason: &str, note: &str) -> bool {
+        let text = format!("{reason}: {note}");
+        lock(&self.warned).insert(key.clone(), text.clone()) != Some(text)
+    }
+
+    fn forget_warning(&self, key: &Key) {
+        lock(&self.warned).remove(key);
+    }
+
+    /// A Warning Event on each record, once per distinct warning of the key.
+    async fn warn_once(&self, key: &Key, records: &[&ServiceRecord], reason: &str, note: &str) {
+        tracing::warn!(%key, reason, note, "cannot materialise");
+        if self.note_warning(key, reason, note) {
+            for record in records {
+                self.event(
+                    object_ref(*record),
+                    EventType::Warning,
+                    reason,
+                    "Materialize",
+                    note.to_string(),
+                )
+                .await;
+            }
+        }
+    }
+
+    /// Publish an Event; failures are logged, never fail the reconcile.
+    async fn event(
+        &self,
+        regarding: ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &regarding).await {
+            tracing::warn!(reason, error = %e, "could not write an Event");
+        }
+    }
+}
+
+/// Something the stores expose that the code above uses without waiting.
+trait ReadyNow {
+    fn is_ready_now(&self) -> bool;
+}
+
+impl<K> ReadyNow for Store<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn is_ready_now(&self) -> bool {
+        futures::FutureExt::now_or_never(self.wait_until_ready()).is_some_and(|r| r.is_ok())
+    }
+}

@@ -1,0 +1,218 @@
+//! A work queue of reconcile keys, in the manner of client-go's: a key is queued at most once,
+//! never handed to two workers at the same time (a key added while it is being worked on is
+//! queued again when that work is done), and failed keys come back after a per-key exponential
+//! backoff.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Delay before the first retry of a failed key; doubled per further failure.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(250);
+/// Longest delay between retries.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// Retry delay after `failures` consecutive failures (at least 1).
+pub fn backoff(failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(20);
+    BACKOFF_BASE.saturating_mul(1u32 << exp).min(BACKOFF_MAX)
+}
+
+struct Inner<K> {
+    order: VecDeque<K>,
+    queued: HashSet<K>,
+    active: HashSet<K>,
+    dirty: HashSet<K>,
+    failures: HashMap<K, u32>,
+    /// Retries scheduled and not yet due.
+    waiting: usize,
+}
+
+/// The queue. Share it behind an `Arc`.
+pub struct Queue<K> {
+    inner: Mutex<Inner<K>>,
+    notify: Notify,
+}
+
+impl<K: Clone + Eq + Hash> Default for Queue<K> {
+    fn default() -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                order: VecDeque::new(),
+                queued: HashSet::new(),
+                active: HashSet::new(),
+                dirty: HashSet::new(),
+                failures: HashMap::new(),
+                waiting: 0,
+            }),
+            notify: Notify::new(),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
+    fn lock(&self) -> MutexGuard<'_, Inner<K>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queue `key` unless it is queued already; a key being worked on is queued again once
+    /// that work is done.
+    pub fn add(&self, key: K) {
+        let mut inner = self.lock();
+        if inner.queued.contains(&key) {
+            return;
+        }
+        if inner.active.contains(&key) {
+            inner.dirty.insert(key);
+            return;
+        }
+        inner.queued.insert(key.clone());
+        inner.order.push_back(key);
+        drop(inner);
+        self.notify.notify_one();
+    }
+
+    /// Queue every key of `keys`.
+    pub fn add_all(&self, keys: impl IntoIterator<Item = K>) {
+        for key in keys {
+            self.add(key);
+        }
+    }
+
+    /// The next key to work on, marked active; `None` once `cancel` fires.
+    pub async fn next(&self, cancel: &CancellationToken) -> Option<K> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut inner = self.lock();
+                if let Some(key) = inner.order.pop_front() {
+                    inner.queued.remove(&key);
+                    inner.active.insert(key.clone());
+                    let more = !inner.order.is_empty();
+                    drop(inner);
+                    if more {
+                        // Wake another worker for the rest.
+                        self.notify.notify_one();
+                    }
+                    return Some(key);
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                _ = &mut notified => {}
+            }
+        }
+    }
+
+    /// Work on `key` finished. A failed key is queued again after its backoff (unless `cancel`
+    /// fires first); the delay is returned. A key added while it was active is queued now.
+    pub fn done(
+        self: &std::sync::Arc<Self>,
+        key: K,
+        ok: bool,
+        cancel: &CancellationToken,
+    ) -> Option<Duration> {
+        let mut inner = self.lock();
+        inner.active.remove(&key);
+        let requeue = inner.dirty.remove(&key);
+        let delay = if ok {
+            inner.failures.remove(&key);
+            None
+        } else {
+            let n = inner.failures.entry(key.clone()).or_insert(0);
+            *n = n.saturating_add(1);
+            Some(backoff(*n))
+        };
+        if delay.is_some() && !requeue {
+            inner.waiting += 1;
+        }
+        drop(inner);
+        if requeue {
+            self.add(key);
+        } else if let Some(delay) = delay {
+            let queue = self.clone();
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => {}
+                    _ = tokio::time::sleep(delay) => queue.add(key.clone()),
+                }
+                queue.lock().waiting -= 1;
+            });
+        }
+        delay
+    }
+
+    /// Nothing queued, nothing being worked on and no retry pending.
+    pub fn is_idle(&self) -> bool {
+        let inner = self.lock();
+        inner.order.is_empty() && inner.active.is_empty() && inner.waiting == 0
+    }
+
+    /// Keys queued (not counting active ones).
+    pub fn len(&self) -> usize {
+        self.lock().order.len()
+    }
+
+    /// Whether no key is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn dedups_and_never_hands_out_an_active_key_twice() {
+        let q: Arc<Queue<&str>> = Arc::default();
+        let cancel = CancellationToken::new();
+        q.add("a");
+        q.add("b");
+        q.add("a");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next(&cancel).await, Some("a"));
+        q.add("a"); // while active: remembered, not queued
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.next(&cancel).await, Some("b"));
+        assert!(q.is_empty());
+        assert_eq!(q.done("a", true, &cancel), None);
+        assert_eq!(q.len(), 1, "re-added once done");
+        assert_eq!(q.next(&cancel).await, Some("a"));
+        q.done("a", true, &cancel);
+        q.done("b", true, &cancel);
+        assert!(q.is_idle());
+        cancel.cancel();
+        assert_eq!(q.next(&cancel).await, None);
+    }
+
+    #[tokio::test]
+    async fn failures_back_off_per_key() {
+        let q: Arc<Queue<&str>> = Arc::default();
+        let cancel = CancellationToken::new();
+        q.add("a");
+        let key = q.next(&cancel).await.unwrap();
+        assert_eq!(q.done(key, false, &cancel), Some(BACKOFF_BASE));
+        assert!(!q.is_idle(), "a retry is pending");
+        assert_eq!(backoff(1), BACKOFF_BASE);
+        assert_eq!(backoff(2), BACKOFF_BASE * 2);
+        assert_eq!(backoff(3), BACKOFF_BASE * 4);
+        assert_eq!(backoff(30), BACKOFF_MAX);
+        // A key added while active after a failure is queued at once.
+        q.add("b");
+        let key = q.next(&cancel).await.unwrap();
+        q.add("b");
+        assert_eq!(q.done(key, false, &cancel), Some(BACKOFF_BASE));
+        assert_eq!(q.len(), 1);
+        cancel.cancel();
+    }
+}

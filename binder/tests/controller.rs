@@ -1,0 +1,913 @@
+//! The running binder controller against the in-process fake API server: reference §5.7
+//! SB-01..SB-08 through watches and reconciles, NEW-06 (no writes at steady state, across a
+//! resync and a forced relist), NEW-07, port conflicts, drift repair, foreign objects, the
+//! Cilium global-service mode (seed 004) and readiness.
+//!
+//! No sleeps: every wait polls the fake's state (or the controller's counters) with a timeout.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use xcc_binder::controller::{Config, Controller, Handle, Metrics};
+use xcc_controller::probes::Health;
+use xcc_kube_fake::{FakeApiServer, crds};
+use xcc_proto::crd::ServiceRecord;
+use xcc_proto::names;
+
+const NS: &str = "cross-cluster-connectivity";
+const TIMEOUT: Duration = Duration::from_secs(15);
+
+struct Env {
+    server: FakeApiServer,
+    client: Client,
+    handle: Handle,
+    cancel: CancellationToken,
+    /// Built and not started yet.
+    pending: Option<Controller>,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+fn controller(client: &Client) -> Controller {
+    Controller::new(
+        client.clone(),
+        Config {
+            namespace: NS.into(),
+            workers: 2,
+            resync: Duration::from_secs(3600),
+        },
+        Metrics::default(),
+        Health::default(),
+    )
+}
+
+impl Env {
+    /// A fresh server and a controller that is not running yet.
+    async fn new() -> Self {
+        let mut b = FakeApiServer::builder().namespace(NS);
+        for spec in crds::all() {
+            b = b.resource(spec);
+        }
+        let server = b.start().await;
+        let client = server.client();
+        let pending = controller(&client);
+        Env {
+            server,
+            handle: pending.handle(),
+            client,
+            cancel: CancellationToken::new(),
+            pending: Some(pending),
+            task: None,
+        }
+    }
+
+    /// A fresh server and a running controller that finished its first sync.
+    async fn start() -> Self {
+        let mut env = Self::new().await;
+        env.run();
+        env.wait_for("first sync", |e| e.handle.is_ready()).await;
+        env
+    }
+
+    /// Start the pending controller, or a new one.
+    fn run(&mut self) {
+        let controller = self
+            .pending
+            .take()
+            .unwrap_or_else(|| controller(&self.client));
+        self.handle = controller.handle();
+        self.task = Some(tokio::spawn(controller.run(self.cancel.clone())));
+    }
+
+    async fn stop(mut self) {
+        self.cancel.cancel();
+        let result = tokio::time::timeout(TIMEOUT, self.task.take().unwrap())
+            .await
+            .expect("the controller stops on cancel");
+        result.unwrap().unwrap();
+    }
+
+    async fn wait_for(&self, what: &str, mut f: impl FnMut(&Self) -> bool) {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        while !f(self) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Reconcile every key once more and wait until that is done.
+    async fn resync_round(&self) {
+        let before = self.handle.reconciles();
+        self.handle.resync_now();
+        self.wait_for("resync round", |e| {
+            e.handle.reconciles() > before && e.handle.is_idle()
+        })
+        .await;
+    }
+
+    /// Force every watch to relist (410 Gone) and wait until the relists are handled.
+    async fn relist_round(&self) {
+        let before = self.handle.relists();
+        self.server.compact();
+        self.wait_for("five relists", |e| {
+            e.handle.relists() >= before + 5 && e.handle.is_idle()
+        })
+        .await;
+    }
+
+    fn get(&self, api_version: &str, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        self.server.get(api_version, plural, Some(ns), name)
+    }
+
+    fn service(&self, name: &str) -> Option<Value> {
+        self.get("v1", "services", NS, name)
+    }
+
+    fn endpoints(&self, name: &str) -> Option<Value> {
+        self.get("v1", "endpoints", NS, name)
+    }
+
+    fn slices(&self, service: &str) -> Vec<Value> {
+        self.server
+            .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
+            .into_iter()
+            .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == service)
+            .collect()
+    }
+
+    fn events(&self, ns: &str, reason: &str) -> Vec<Value> {
+        self.server
+            .list("events.k8s.io/v1", "events", Some(ns))
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect()
+    }
+
+    fn records(&self) -> Api<ServiceRecord> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    async fn create_record(&self, body: Value) -> ServiceRecord {
+        let sr: ServiceRecord = serde_json::from_value(body).unwrap();
+        self.records()
+            .create(&PostParams::default(), &sr)
+            .await
+            .unwrap()
+    }
+
+    async fn delete_record(&self, name: &str) {
+        self.records()
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    async fn annotate_record(&self, name: &str, annotations: Value) {
+        self.records()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// An imported record through RemoteRegistry `rr`.
+fn imported(name: &str, fqdn: &str, annotations: Value, endpoints: Value) -> Value {
+    json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": name, "annotations": annotations,
+                     "labels": {"connectivity.tanzu.vmware.com/imported": "",
+                                "connectivity.tanzu.vmware.com/remote-registry": "rr"}},
+        "spec": {"fqdn": fqdn, "endpoints": endpoints},
+    })
+}
+
+fn eps(addresses: &[&str], port: i64) -> Value {
+    Value::Array(
+        addresses
+            .iter()
+            .map(|a| json!({"address": a, "port": port}))
+            .collect(),
+    )
+}
+
+fn endpoint_ips(ep: &Value) -> Vec<String> {
+    ep["subsets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["addresses"].as_array().cloned().unwrap_or_default())
+        .map(|a| a["ip"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn endpoint_ports(ep: &Value) -> Vec<i64> {
+    ep["subsets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| s["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| p["port"].as_i64().unwrap())
+        .collect()
+}
+
+fn owner_uids(obj: &Value) -> Vec<String> {
+    obj["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| o["uid"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn service_ports(svc: &Value) -> Vec<(i64, String)> {
+    svc["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["port"].as_i64().unwrap(),
+                p["protocol"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn ingress(svc: &Value) -> Vec<String> {
+    svc["status"]["loadBalancer"]["ingress"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| i["ip"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn uid(r: &ServiceRecord) -> String {
+    r.metadata.uid.clone().unwrap()
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+const SVC: &str = "test-some-domain-cc9e50dd";
+
+#[tokio::test]
+async fn sb_cases_through_the_running_controller() {
+    let env = Env::start().await;
+
+    // SB-01: one record → Service and Endpoints, owned by it; no load-balancer status.
+    let r1 = env
+        .create_record(imported(
+            "test.some.domain-abcd1234",
+            "test.some.domain",
+            json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
+            eps(&["10.0.0.1", "10.0.0.2"], 443),
+        ))
+        .await;
+    env.wait_for("SB-01 Endpoints", |e| {
+        e.endpoints(SVC)
+            .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2"])
+    })
+    .await;
+    let svc = env.service(SVC).unwrap();
+    assert_eq!(owner_uids(&svc), [uid(&r1)]);
+    assert_eq!(service_ports(&svc), [(443, "TCP".to_string())]);
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert!(svc["spec"].get("selector").is_none());
+    assert_eq!(
+        svc["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
+        "test.some.domain"
+    );
+    assert_eq!(
+        svc["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "xcc-binder"
+    );
+    assert!(ingress(&svc).is_empty());
+    let ep = env.endpoints(SVC).unwrap();
+    assert_eq!(owner_uids(&ep), [uid(&r1)]);
+    assert_eq!(endpoint_ports(&ep), [443]);
+    let slices = env.slices(SVC);
+    assert_eq!(slices.len(), 1);
+    assert_eq!(slices[0]["addressType"], "IPv4");
+    assert_eq!(owner_uids(&slices[0]), [uid(&r1)]);
+    assert_eq!(
+        slices[0]["endpoints"],
+        json!([{"addresses": ["10.0.0.1"], "conditions": {"ready": true}},
+               {"addresses": ["10.0.0.2"], "conditions": {"ready": true}}])
+    );
+    assert_eq!(
+        slices[0]["ports"],
+        json!([{"name": "", "port": 443, "protocol": "TCP"}])
+    );
+    env.wait_for("one Created Event, for the Service", |e| {
+        let created = e.events(NS, "Created");
+        created.len() == 1 && created[0]["regarding"]["name"] == SVC
+    })
+    .await;
+
+    // SB-02: the VIP annotation → load-balancer ingress.
+    env.annotate_record(
+        "test.some.domain-abcd1234",
+        json!({"connectivity.tanzu.vmware.com/vip": "1.2.3.4"}),
+    )
+    .await;
+    env.wait_for("SB-02 VIP", |e| {
+        e.service(SVC).is_some_and(|s| ingress(&s) == ["1.2.3.4"])
+    })
+    .await;
+    let svc = env.service(SVC).unwrap();
+    assert_eq!(svc["spec"]["type"], "LoadBalancer");
+    assert_eq!(
+        svc["spec"]["loadBalancerClass"],
+        "connectivity.tanzu.vmware.com/vip"
+    );
+
+    // SB-03: service-port 8080 with endpoints on 443.
+    env.annotate_record(
+        "test.some.domain-abcd1234",
+        json!({"connectivity.tanzu.vmware.com/service-port": "8080"}),
+    )
+    .await;
+    env.wait_for("SB-03 port", |e| {
+        e.service(SVC)
+            .is_some_and(|s| service_ports(&s) == [(8080, "TCP".to_string())])
+    })
+    .await;
+    assert_eq!(ingress(&env.service(SVC).unwrap()), ["1.2.3.4"]);
+    assert_eq!(endpoint_ports(&env.endpoints(SVC).unwrap()), [443]);
+    env.annotate_record(
+        "test.some.domain-abcd1234",
+        json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
+    )
+    .await;
+
+    // SB-04: a second record of the same FQDN.
+    let r2 = env
+        .create_record(imported(
+            "test.some.domain-bcde2345",
+            "test.some.domain",
+            json!({"connectivity.tanzu.vmware.com/service-port": "443",
+                   "connectivity.tanzu.vmware.com/vip": "1.2.3.4"}),
+            eps(&["10.0.0.3", "10.0.0.4"], 443),
+        ))
+        .await;
+    let both = sorted(vec![uid(&r1), uid(&r2)]);
+    env.wait_for("SB-04 four addresses", |e| {
+        e.endpoints(SVC).is_some_and(|ep| {
+            endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+                && sorted(owner_uids(&ep)) == both
+        })
+    })
+    .await;
+    let svc = env.service(SVC).unwrap();
+    // Both owners (server-side apply keeps the stored order and appends).
+    assert_eq!(sorted(owner_uids(&svc)), both);
+    assert_eq!(service_ports(&svc), [(443, "TCP".to_string())]);
+    let sb04 = (env.service(SVC).unwrap(), env.endpoints(SVC).unwrap());
+
+    // SB-05: another FQDN does not leak in.
+    env.create_record(imported(
+        "foobar.some.domain-bcde2345",
+        "foobar.some.domain",
+        json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
+        eps(&["10.0.0.5", "10.0.0.6"], 443),
+    ))
+    .await;
+    let foobar = names::service_name("foobar.some.domain");
+    env.wait_for("SB-05 foobar", |e| {
+        e.endpoints(&foobar)
+            .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.5", "10.0.0.6"])
+    })
+    .await;
+    // SB-06: an exported record of the same FQDN is ignored.
+    env.create_record(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": "test.some.domain.shared-services-cls-3",
+                     "annotations": {"connectivity.tanzu.vmware.com/service-port": "443"},
+                     "labels": {"connectivity.tanzu.vmware.com/export": ""}},
+        "spec": {"fqdn": "test.some.domain", "endpoints": eps(&["10.0.0.5", "10.0.0.6"], 443)},
+    }))
+    .await;
+    env.resync_round().await;
+    assert_eq!(
+        env.service(SVC).unwrap(),
+        sb04.0,
+        "SB-05/06: Service as in SB-04"
+    );
+    assert_eq!(
+        env.endpoints(SVC).unwrap(),
+        sb04.1,
+        "SB-05/06: Endpoints as in SB-04"
+    );
+
+    // NEW-06: no write at steady state, across a resync and a forced relist.
+    env.server.reset_counters();
+    env.resync_round().await;
+    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+    env.relist_round().await;
+    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+
+    // SB-07: a 62-letter first label.
+    let long = format!("{}.some.domain", "a".repeat(62));
+    env.create_record(imported(
+        "long-abcd1234",
+        &long,
+        json!({"connectivity.tanzu.vmware.com/service-port": "443",
+               "connectivity.tanzu.vmware.com/vip": "1.2.3.4"}),
+        eps(&["10.0.0.1", "10.0.0.3"], 443),
+    ))
+    .await;
+    let long_name = format!("{}-c2657973", "a".repeat(54));
+    env.wait_for("SB-07", |e| {
+        e.endpoints(&long_name)
+            .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.3"])
+    })
+    .await;
+    assert_eq!(
+        env.service(&long_name).unwrap()["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
+        long.as_str()
+    );
+
+    // SB-08: deleting one source shrinks owners and addresses only.
+    env.delete_record("test.some.domain-abcd1234").await;
+    env.wait_for("SB-08", |e| {
+        e.endpoints(SVC).is_some_and(|ep| {
+            endpoint_ips(&ep) == ["10.0.0.3", "10.0.0.4"] && owner_uids(&ep) == [uid(&r2)]
+        })
+    })
+    .await;
+    let svc = env.service(SVC).unwrap();
+    assert_eq!(owner_uids(&svc), [uid(&r2)]);
+    assert_eq!(service_ports(&svc), [(443, "TCP".to_string())]);
+    assert_eq!(ingress(&svc), ["1.2.3.4"]);
+    assert_eq!(svc["metadata"]["uid"], sb04.0["metadata"]["uid"]);
+
+    // The last source goes: Service, slices and Endpoints go.
+    env.delete_record("test.some.domain-bcde2345").await;
+    env.wait_for("group removed", |e| {
+        e.service(SVC).is_none() && e.endpoints(SVC).is_none() && e.slices(SVC).is_empty()
+    })
+    .await;
+    assert!(env.service(&foobar).is_some(), "other groups stay");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn new07_uppercase_fqdn_is_lowercased() {
+    let env = Env::start().await;
+    env.create_record(imported(
+        "foo.xcc.test-rr",
+        "Foo.XCC.test",
+        json!({"connectivity.tanzu.vmware.com/service-port": "80"}),
+        eps(&["10.1.0.1"], 80),
+    ))
+    .await;
+    let name = names::service_name("foo.xcc.test");
+    assert_eq!(name, names::service_name("Foo.XCC.test."));
+    assert!(name.starts_with("foo-xcc-test-"), "{name}");
+    env.wait_for("Service", |e| e.service(&name).is_some())
+        .await;
+    assert_eq!(
+        env.service(&name).unwrap()["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
+        "foo.xcc.test"
+    );
+    env.stop().await;
+}
+
+fn conflict_condition(r: &ServiceRecord) -> Option<(String, String)> {
+    r.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Conflict")
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+#[tokio::test]
+async fn port_conflict_has_a_deterministic_winner_and_is_reported() {
+    let env = Env::start().await;
+    let a = env
+        .create_record(imported(
+            "test.some.domain-a",
+            "test.some.domain",
+            json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
+            eps(&["10.0.0.1"], 443),
+        ))
+        .await;
+    let b = env
+        .create_record(imported(
+            "test.some.domain-b",
+            "test.some.domain",
+            json!({"connectivity.tanzu.vmware.com/service-port": "8443"}),
+            eps(&["10.0.0.2"], 8443),
+        ))
+        .await;
+    // The lowest UID wins.
+    let (winner, win_port, win_ip) = if uid(&a) < uid(&b) {
+        (&a, 443, "10.0.0.1")
+    } else {
+        (&b, 8443, "10.0.0.2")
+    };
+    let records = env.records();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let ra = records.get("test.some.domain-a").await.unwrap();
+        let rb = records.get("test.some.domain-b").await.unwrap();
+        let want = Some(("True".to_string(), "PortsDisagree".to_string()));
+        if conflict_condition(&ra) == want && conflict_condition(&rb) == want {
+            let cond = ra.status.unwrap().conditions[0].clone();
+            assert!(
+                cond.message
+                    .starts_with(&format!("ports of {} used", winner.name_any())),
+                "{}",
+                cond.message
+            );
+            assert_eq!(cond.observed_generation, ra.metadata.generation);
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Conflict condition"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let svc = env.service(SVC).unwrap();
+    assert_eq!(service_ports(&svc), [(win_port, "TCP".to_string())]);
+    assert_eq!(endpoint_ips(&env.endpoints(SVC).unwrap()), [win_ip]);
+    let conflicts = env.events(NS, "Conflict");
+    let mut regarding: Vec<String> = conflicts
+        .iter()
+        .map(|e| e["regarding"]["name"].as_str().unwrap().to_string())
+        .collect();
+    regarding.sort();
+    assert_eq!(regarding, ["test.some.domain-a", "test.some.domain-b"]);
+    assert!(conflicts.iter().all(|e| e["type"] == "Warning"));
+
+    // Steady state: no more status writes or Events.
+    env.server.reset_counters();
+    env.resync_round().await;
+    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+
+    // The loser comes round: both contribute, the condition turns False.
+    let loser = if winner.name_any() == "test.some.domain-a" {
+        "test.some.domain-b"
+    } else {
+        "test.some.domain-a"
+    };
+    let mut fixed = records.get(loser).await.unwrap();
+    fixed.metadata.annotations.as_mut().unwrap().insert(
+        "connectivity.tanzu.vmware.com/service-port".into(),
+        win_port.to_string(),
+    );
+    for e in &mut fixed.spec.endpoints {
+        e.port = i32::try_from(win_port).unwrap();
+    }
+    records
+        .replace(loser, &PostParams::default(), &fixed)
+        .await
+        .unwrap();
+    env.wait_for("both contribute", |e| {
+        e.endpoints(SVC)
+            .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2"])
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let ra = records.get("test.some.domain-a").await.unwrap();
+        let rb = records.get("test.some.domain-b").await.unwrap();
+        let want = Some(("False".to_string(), "Resolved".to_string()));
+        if conflict_condition(&ra) == want && conflict_condition(&rb) == want {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not resolved"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn drift_is_repaired_and_foreign_services_are_left_alone() {
+    let env = Env::start().await;
+    let services: Api<Service> = Api::namespaced(env.client.clone(), NS);
+
+    // A Service of the group's name that someone else made.
+    let foreign: Service = serde_json::from_value(json!({
+        "metadata": {"name": SVC, "labels": {"app": "mine"}},
+        "spec": {"ports": [{"port": 9999}]},
+    }))
+    .unwrap();
+    let foreign = services
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    env.create_record(imported(
+        "test.some.domain-abcd1234",
+        "test.some.domain",
+        json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
+        eps(&["10.0.0.1"], 443),
+    ))
+    .await;
+    let records = env.records();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let r = records.get("test.some.domain-abcd1234").await.unwrap();
+        if conflict_condition(&r) == Some(("True".into(), "NotManaged".into())) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no NotManaged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let now = services.get(SVC).await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version,
+        foreign.metadata.resource_version
+    );
+    assert!(env.endpoints(SVC).is_none(), "nothing of the group written");
+    assert!(env.slices(SVC).is_empty());
+    assert_eq!(env.events(NS, "Conflict").len(), 1);
+
+    // The foreign Service goes: the binder makes its own, the condition clears.
+    services
+        .delete(SVC, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_for("binder's Service", |e| {
+        e.service(SVC).is_some_and(|s| {
+            s["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "xcc-binder"
+        }) && e.endpoints(SVC).is_some()
+    })
+    .await;
+    let first_uid = env.service(SVC).unwrap()["metadata"]["uid"].clone();
+
+    // Deleted by hand → recreated.
+    services
+        .delete(SVC, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_for("recreated", |e| {
+        e.service(SVC)
+            .is_some_and(|s| s["metadata"]["uid"] != first_uid)
+    })
+    .await;
+    // Port edited by hand → put back.
+    services
+        .patch(
+            SVC,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"ports": [{"port": 1234, "protocol": "TCP"}]}})),
+        )
+        .await
+        .unwrap();
+    env.wait_for("port repaired", |e| {
+        e.service(SVC)
+            .is_some_and(|s| service_ports(&s) == [(443, "TCP".to_string())])
+    })
+    .await;
+    // Endpoints deleted by hand → recreated; a slice deleted → recreated.
+    let endpoints: Api<Endpoints> = Api::namespaced(env.client.clone(), NS);
+    endpoints
+        .delete(SVC, &DeleteParams::default())
+        .await
+        .unwrap();
+    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), NS);
+    let slice = env.slices(SVC)[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    slices
+        .delete(&slice, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait_for("Endpoints and slice recreated", |e| {
+        e.endpoints(SVC)
+            .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1"])
+            && e.slices(SVC).len() == 1
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let r = records.get("test.some.domain-abcd1234").await.unwrap();
+        if conflict_condition(&r) == Some(("False".into(), "Resolved".into())) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not resolved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    env.stop().await;
+}
+
+async fn remote_registry(env: &Env, name: &str, materialize: &str) {
+    let api: Api<xcc_proto::crd::RemoteRegistry> = Api::namespaced(env.client.clone(), NS);
+    let rr = json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "RemoteRegistry",
+        "metadata": {"name": name},
+        "spec": {"address": "east.example.org:8443",
+                 "tlsConfig": {"serverCA": "", "serverName": "east.example.org"},
+                 "materialize": materialize},
+    });
+    api.patch(
+        name,
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(&rr),
+    )
+    .await
+    .unwrap();
+}
+
+fn global_record(name: &str, rr: &str) -> Value {
+    json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": name,
+                     "labels": {"connectivity.tanzu.vmware.com/imported": "",
+                                "connectivity.tanzu.vmware.com/remote-registry": rr}},
+        "spec": {"fqdn": "mysql.shop.example.org",
+                 "endpoints": [{"address": "10.9.0.1", "port": 3306}],
+                 "ports": [{"name": "mysql", "port": 3306}],
+                 "origin": {"namespace": "shop", "name": "mysql-svc"}},
+    })
+}
+
+#[tokio::test]
+async fn cilium_global_services_follow_seed_004() {
+    let env = Env::start().await;
+    remote_registry(&env, "east", "CiliumGlobalService").await;
+    env.create_record(global_record("mysql.shop.example.org-east", "east"))
+        .await;
+    let global = |e: &Env| e.get("v1", "services", "shop", "mysql-svc");
+    env.wait_for("global Service", |e| global(e).is_some())
+        .await;
+    let svc = global(&env).unwrap();
+    assert_eq!(
+        svc["metadata"]["annotations"],
+        json!({"service.cilium.io/global": "true", "service.cilium.io/shared": "false",
+               "connectivity.tanzu.vmware.com/fqdn": "mysql.shop.example.org",
+               "connectivity.tanzu.vmware.com/source-cluster": "east"})
+    );
+    assert_eq!(
+        svc["metadata"]["labels"],
+        json!({"app.kubernetes.io/managed-by": "xcc-binder"})
+    );
+    assert!(svc["metadata"].get("ownerReferences").is_none());
+    assert_eq!(service_ports(&svc), [(3306, "TCP".to_string())]);
+    assert!(svc["spec"].get("selector").is_none());
+    let ns = env.server.get("v1", "namespaces", None, "shop").unwrap();
+    assert_eq!(
+        ns["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "xcc-binder"
+    );
+    let group = names::service_name("mysql.shop.example.org");
+    assert!(env.service(&group).is_none(), "no Service-mode objects");
+    env.wait_for("Created Events for the Namespace and the Service", |e| {
+        e.events("shop", "Created").len() == 1 && e.events("default", "Created").len() == 1
+    })
+    .await;
+
+    // Steady state.
+    env.server.reset_counters();
+    env.resync_round().await;
+    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+
+    // Mode switch: the registry materialises Services now → the global Service goes, the
+    // group's objects come; and back.
+    remote_registry(&env, "east", "Service").await;
+    env.wait_for("switched to Service", |e| {
+        global(e).is_none() && e.endpoints(&group).is_some() && e.service(&group).is_some()
+    })
+    .await;
+    remote_registry(&env, "east", "CiliumGlobalService").await;
+    env.wait_for("switched back", |e| {
+        global(e).is_some()
+            && e.service(&group).is_none()
+            && e.endpoints(&group).is_none()
+            && e.slices(&group).is_empty()
+    })
+    .await;
+
+    // Source gone, no local endpoints → removed.
+    env.delete_record("mysql.shop.example.org-east").await;
+    env.wait_for("orphan removed", |e| global(e).is_none())
+        .await;
+    assert!(
+        env.server.get("v1", "namespaces", None, "shop").is_some(),
+        "the namespace stays"
+    );
+
+    // Source gone with local endpoints → kept.
+    env.create_record(global_record("mysql.shop.example.org-east", "east"))
+        .await;
+    env.wait_for("global Service again", |e| global(e).is_some())
+        .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), "shop");
+    let local: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "mysql-svc-local",
+                     "labels": {"kubernetes.io/service-name": "mysql-svc",
+                                "endpointslice.kubernetes.io/managed-by": "someone-else"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.2.0.7"]}],
+        "ports": [{"port": 3306}],
+    }))
+    .unwrap();
+    slices.create(&PostParams::default(), &local).await.unwrap();
+    env.delete_record("mysql.shop.example.org-east").await;
+    env.wait_for("OrphanKept Event", |e| {
+        !e.events("shop", "OrphanKept").is_empty()
+    })
+    .await;
+    assert!(global(&env).is_some(), "kept: it has local endpoints");
+
+    // An unmanaged Service of the origin's name is never taken over.
+    let services: Api<Service> = Api::namespaced(env.client.clone(), "shop");
+    let theirs: Service = serde_json::from_value(json!({
+        "metadata": {"name": "other-svc"}, "spec": {"ports": [{"port": 1}]},
+    }))
+    .unwrap();
+    let theirs = services
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    let mut rec = global_record("other.shop.example.org-east", "east");
+    rec["spec"]["origin"]["name"] = json!("other-svc");
+    rec["spec"]["fqdn"] = json!("other.shop.example.org");
+    env.create_record(rec).await;
+    let records = env.records();
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        let r = records.get("other.shop.example.org-east").await.unwrap();
+        if conflict_condition(&r) == Some(("True".into(), "NotManaged".into())) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no NotManaged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        services
+            .get("other-svc")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        theirs.metadata.resource_version
+    );
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn ready_only_after_the_first_sync() {
+    let mut env = Env::new().await;
+    env.create_record(imported(
+        "test.some.domain-abcd1234",
+        "test.some.domain",
+        json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
+        eps(&["10.0.0.1", "10.0.0.2"], 443),
+    ))
+    .await;
+    env.create_record(imported(
+        "foobar.some.domain-abcd1234",
+        "foobar.some.domain",
+        json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
+        eps(&["10.0.0.5"], 443),
+    ))
+    .await;
+    assert!(!env.handle.is_ready());
+    env.run();
+    env.wait_for("ready", |e| e.handle.is_ready()).await;
+    // Ready means reconciled: the objects are there the moment it says so.
+    assert_eq!(
+        endpoint_ips(&env.endpoints(SVC).unwrap()),
+        ["10.0.0.1", "10.0.0.2"]
+    );
+    assert!(
+        env.endpoints(&names::service_name("foobar.some.domain"))
+            .is_some()
+    );
+
+    // A restarted controller finds everything in place and writes nothing.
+    env.cancel.cancel();
+    env.task.take().unwrap().await.unwrap().unwrap();
+    env.cancel = CancellationToken::new();
+    env.server.reset_counters();
+    env.run();
+    env.wait_for("ready again", |e| e.handle.is_ready() && e.handle.is_idle())
+        .await;
+    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+    env.stop().await;
+}
