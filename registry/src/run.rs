@@ -467,11 +467,13 @@ impl Registry {
             StoreConfig::Memory | StoreConfig::Kube(_) => None,
         };
         let kube_owners = crate::store::kube::Owners::default();
+        let kube_metrics = crate::store::kube::KubeMetrics::default();
         let kube_sink = match &config.store {
             StoreConfig::Kube(k) => Some(Arc::new(crate::store::kube::KubeImportSink::new(
                 k.client.clone(),
                 config.namespace.clone(),
                 kube_owners.clone(),
+                kube_metrics.clone(),
             ))),
             _ => None,
         };
@@ -510,6 +512,7 @@ impl Registry {
                     anyhow::bail!("kube store without its sink");
                 };
                 // Ready once the exports were listed (the store sets it).
+                kube_metrics.register(&mut registry);
                 crate::store::kube::spawn(
                     crate::store::kube::Parts {
                         catalog: catalog.clone(),
@@ -520,6 +523,7 @@ impl Registry {
                         remotes: remotes.clone(),
                         sink,
                         owners: kube_owners.clone(),
+                        metrics: kube_metrics.clone(),
                     },
                     k.clone(),
                     cancel.clone(),

@@ -257,7 +257,10 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
     let long = format!("{}.some.domain", "a".repeat(63));
     let (east, _ec) = east(&pki, &["some-service.some.domain", &long]).await;
     let api = fake().await;
-    let (west, _wc) = west(&pki, &api).await;
+    let (west, _wc) = west_with(&pki, &api, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    })
+    .await;
     let rr = create_rr(&api, RR, NS, east.hamlet_addr, None).await;
     let uid = rr.metadata.uid.clone().expect("uid");
 
@@ -307,7 +310,32 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = api.writes();
     assert_eq!(after, before, "writes at steady state");
-    drop(west);
+
+    let addr = west.metrics_addr.expect("metrics bound");
+    assert!(http_get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+    let metrics = http_get(addr, "/metrics").await;
+    for line in [
+        "xcc_kube_writes_total{kind=\"ServiceRecord\",verb=\"Apply\"} 2",
+        "xcc_kube_imported_records 2",
+        "xcc_kube_remote_registries 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    assert!(
+        !metrics.contains("verb=\"Delete\""),
+        "no deletes: {metrics}"
+    );
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
 }
 
 // ----- RC-06..RC-09: allowedDomains -----
@@ -749,7 +777,8 @@ async fn c9_foreign_record_of_the_same_name_is_reported_never_taken_over() {
         |s| condition(s, "Synced").is_some_and(|c| c.0 == "True" && c.2.contains(&name)),
     )
     .await;
-    assert_eq!(status["importedRecords"], json!(2));
+    // The conflicting import has no record of ours.
+    assert_eq!(status["importedRecords"], json!(1));
     let r = sr(&api, &name).expect("record");
     assert_eq!(r["metadata"]["uid"], json!(format!("uid-{name}")));
     assert_eq!(r["metadata"]["labels"], json!({}));

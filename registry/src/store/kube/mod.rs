@@ -21,6 +21,7 @@
 //!   RemoteRegistry's status is written through the status subresource when it differs from
 //!   what is stored. Imports are written by [`KubeImportSink`].
 
+pub mod metrics;
 pub mod records;
 pub mod sink;
 pub mod status;
@@ -47,6 +48,7 @@ use crate::metrics::Health;
 use crate::peers::{PeerKind, PeerTable};
 use crate::run::{ParentWanted, Remotes};
 use crate::store::file;
+pub use metrics::KubeMetrics;
 pub use records::Owner;
 pub use sink::{FIELD_MANAGER, KubeImportSink, Owners};
 use status::{Link, Observed, Validity};
@@ -93,6 +95,7 @@ pub(crate) struct Parts {
     pub remotes: Remotes,
     pub sink: std::sync::Arc<KubeImportSink>,
     pub owners: Owners,
+    pub metrics: KubeMetrics,
 }
 
 /// Start both halves on `tasks`.
@@ -499,6 +502,7 @@ impl Controller {
 
     async fn write_statuses(&mut self, classified: &[Classified]) {
         let stats = self.parts.peers.list();
+        let mut total = 0;
         for c in classified {
             let name = c.rr.name_any();
             let ns = c.rr.namespace().unwrap_or_default();
@@ -518,6 +522,8 @@ impl Controller {
                 Some(Wanted::Parent(..)) => Source::Hierarchy(name.clone()),
                 _ => Source::Remote(name.clone()),
             };
+            let rejections = self.parts.owners.rejections(&name);
+            // Imports without a record of ours (conflicts, invalid names) do not count.
             let imported = if c.run.is_some() {
                 self.parts
                     .catalog
@@ -526,9 +532,11 @@ impl Controller {
                         ..Default::default()
                     })
                     .len()
+                    .saturating_sub(rejections.conflicts.len() + rejections.invalid.len())
             } else {
                 0
             };
+            total += imported;
             let obs = Observed {
                 generation: c.rr.metadata.generation,
                 validity: c.validity.clone(),
@@ -537,7 +545,7 @@ impl Controller {
             };
             let mut want = status::desired(c.rr.status.as_ref(), &obs, SystemTime::now());
             if c.run.is_some()
-                && let Some(summary) = self.parts.owners.rejections(&name).summary()
+                && let Some(summary) = rejections.summary()
                 && let Some(synced) = want
                     .conditions
                     .iter_mut()
@@ -548,9 +556,17 @@ impl Controller {
             if c.rr.status.as_ref() == Some(&want) {
                 continue;
             }
-            match self.write_status(&ns, &name, &want).await {
+            let res = self.write_status(&ns, &name, &want).await;
+            self.parts
+                .metrics
+                .reconciled(metrics::Target::RemoteRegistries, res.is_ok());
+            match res {
                 // Until the watch delivers it, compare against what was written.
                 Ok(()) => {
+                    self.parts.metrics.wrote(
+                        metrics::Kind::RemoteRegistryStatus,
+                        metrics::WriteVerb::Apply,
+                    );
                     if let Some(rr) = self.rrs.get_mut(&(ns.clone(), name.clone())) {
                         rr.status = Some(want);
                     }
@@ -560,6 +576,11 @@ impl Controller {
                 }
             }
         }
+        self.parts.metrics.imported_records.set(total as i64);
+        self.parts
+            .metrics
+            .remote_registries
+            .set(self.handled.len() as i64);
     }
 
     async fn write_status(

@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use anyhow::Context as _;
-use futures::FutureExt;
 use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
@@ -20,6 +20,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use tracing::{info, warn};
 use xcc_proto::crd::ServiceRecord;
 
+use super::metrics::{Kind, KubeMetrics, Target, WriteVerb};
 use super::records::{self, Owner};
 use crate::catalog::Endpoint;
 use crate::hamlet::client::ImportSink;
@@ -109,7 +110,11 @@ pub struct KubeImportSink {
     namespace: String,
     owners: Owners,
     recorder: Recorder,
+    metrics: KubeMetrics,
 }
+
+/// Applies in flight at once while persisting a large import set.
+const APPLY_CONCURRENCY: usize = 16;
 
 fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
@@ -120,12 +125,18 @@ fn conflict(e: &kube::Error) -> bool {
 }
 
 impl KubeImportSink {
-    pub fn new(client: Client, namespace: impl Into<String>, owners: Owners) -> Self {
+    pub fn new(
+        client: Client,
+        namespace: impl Into<String>,
+        owners: Owners,
+        metrics: KubeMetrics,
+    ) -> Self {
         Self {
             recorder: Recorder::new(client.clone(), FIELD_MANAGER.into()),
             client,
             namespace: namespace.into(),
             owners,
+            metrics,
         }
     }
 
@@ -221,12 +232,35 @@ impl KubeImportSink {
             ..DeleteParams::default()
         };
         match self.api().delete(name, &params).await {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                self.metrics.wrote(Kind::ServiceRecord, WriteVerb::Delete);
+                Ok(true)
+            }
             Err(e) if not_found(&e) || conflict(&e) => Ok(false),
             Err(e) => {
                 Err(e).with_context(|| format!("deleting ServiceRecord {}/{name}", self.namespace))
             }
         }
+    }
+
+    async fn apply_one(
+        &self,
+        api: &Api<ServiceRecord>,
+        params: &PatchParams,
+        record: &ServiceRecord,
+    ) -> anyhow::Result<()> {
+        let name = record.metadata.name.clone().unwrap_or_default();
+        let body = serde_json::json!({
+            "apiVersion": xcc_proto::names::API_VERSION,
+            "kind": xcc_proto::names::SERVICE_RECORD_KIND,
+            "metadata": &record.metadata,
+            "spec": &record.spec,
+        });
+        api.patch(&name, params, &Patch::Apply(&body))
+            .await
+            .with_context(|| format!("applying ServiceRecord {}/{name}", self.namespace))?;
+        self.metrics.wrote(Kind::ServiceRecord, WriteVerb::Apply);
+        Ok(())
     }
 
     async fn persist_all(
@@ -244,18 +278,17 @@ impl KubeImportSink {
             .with_context(|| format!("listing ServiceRecords in {}", self.namespace))?;
         let plan = records::plan(&owner, &self.namespace, imports, &current.items);
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        for record in &plan.apply {
-            let name = record.metadata.name.clone().unwrap_or_default();
-            let body = serde_json::json!({
-                "apiVersion": xcc_proto::names::API_VERSION,
-                "kind": xcc_proto::names::SERVICE_RECORD_KIND,
-                "metadata": &record.metadata,
-                "spec": &record.spec,
-            });
-            api.patch(&name, &params, &Patch::Apply(&body))
-                .await
-                .with_context(|| format!("applying ServiceRecord {}/{name}", self.namespace))?;
-        }
+        let pending: Vec<_> = plan
+            .apply
+            .iter()
+            .map(|record| self.apply_one(&api, &params, record))
+            .collect();
+        let applies = futures::stream::iter(pending)
+            .buffer_unordered(APPLY_CONCURRENCY)
+            .collect::<Vec<_>>()
+            .await;
+        // Every apply ran to its end; any failure fails the persist (nothing is ACKed).
+        applies.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
         let mut removed = 0;
         for (name, uid) in &plan.delete {
             if self.delete(name, Some(uid.clone())).await? {
@@ -296,6 +329,11 @@ impl ImportSink for KubeImportSink {
         remote: &'a str,
         imports: &'a BTreeMap<String, Imported>,
     ) -> BoxFuture<'a, anyhow::Result<()>> {
-        self.persist_all(remote, imports).boxed()
+        async move {
+            let res = self.persist_all(remote, imports).await;
+            self.metrics.reconciled(Target::Imports, res.is_ok());
+            res
+        }
+        .boxed()
     }
 }
