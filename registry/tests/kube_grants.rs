@@ -294,6 +294,38 @@ async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
             .get()
             >= 1
     );
+    // Reported once on the object itself, however often the grant is retried.
+    poll("the conflict event", || {
+        server
+            .list("events.k8s.io/v1", "events", Some(NS))
+            .iter()
+            .any(|e| {
+                e["type"] == "Warning"
+                    && e["reason"] == "GrantConflict"
+                    && e["regarding"]["kind"] == "AuthorizationPolicy"
+                    && e["regarding"]["name"] == name.as_str()
+            })
+    })
+    .await;
+    poll("a retry", || {
+        g.metrics()
+            .errors
+            .get_or_create(&kind("AuthorizationPolicy"))
+            .get()
+            >= 3
+    })
+    .await;
+    let conflicts: Vec<Value> = server
+        .list("events.k8s.io/v1", "events", Some(NS))
+        .into_iter()
+        .filter(|e| e["reason"] == "GrantConflict")
+        .collect();
+    assert_eq!(conflicts.len(), 1);
+    assert_eq!(
+        conflicts[0]["series"],
+        Value::Null,
+        "not repeated on retries"
+    );
     g.remove(&route("b1")).unwrap();
     assert_eq!(settled(&g).await, Progress::default());
     assert_eq!(server.get(ISTIO, AP, Some(NS), &name), Some(before));

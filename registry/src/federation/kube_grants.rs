@@ -380,6 +380,7 @@ impl KubeGrants {
             metrics: metrics.clone(),
             store_errors,
             backoff,
+            conflicts_reported: Mutex::new(Default::default()),
         };
         tokio::spawn(worker.run(cancel));
         Arc::new(Self { shared, metrics })
@@ -432,6 +433,8 @@ struct Worker {
     metrics: GrantMetrics,
     store_errors: Counter,
     backoff: Backoff,
+    /// Objects (by UID) a conflict Event was recorded on, so retries do not repeat it.
+    conflicts_reported: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Worker {
@@ -566,12 +569,13 @@ impl Worker {
                 format!("reading {reference}: {e}")
             }
         })?;
-        if let Some(current) = current {
-            let current = serde_json::to_value(&current).unwrap_or_default();
+        if let Some(current_object) = current {
+            let current = serde_json::to_value(&current_object).unwrap_or_default();
             if !is_ours(&current) {
-                return Err(format!(
-                    "{reference} exists and is not managed by {MANAGER}; left alone"
-                ));
+                let message =
+                    format!("{reference} exists and is not managed by {MANAGER}; left alone");
+                self.report_conflict(&current_object, &ar, &message).await;
+                return Err(message);
             }
             if up_to_date(&current, desired) {
                 return Ok(());
@@ -586,6 +590,29 @@ impl Worker {
             }
             Err(e) if api_code(&e) == Some(404) => Err(not_served(&ar, &e)),
             Err(e) => Err(format!("applying {reference}: {e}")),
+        }
+    }
+
+    /// A Warning Event on an object of a grant's name that we do not own (once per object).
+    async fn report_conflict(&self, object: &DynamicObject, ar: &ApiResource, message: &str) {
+        let uid = object.metadata.uid.clone().unwrap_or_default();
+        let first = self
+            .conflicts_reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(uid);
+        if !first {
+            return;
+        }
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: "GrantConflict".to_string(),
+            note: Some(message.to_string()),
+            action: "Grant".to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &object.object_ref(ar)).await {
+            debug!(error = %e, "cannot record the conflict event");
         }
     }
 
