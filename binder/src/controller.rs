@@ -130,7 +130,7 @@ struct Ctx {
     /// Keys of the first full sync not reconciled yet; `None` once it is done.
     initial: Mutex<Option<HashSet<Key>>>,
     /// Last warning (reason, message) sent per key, so a resync repeats no Event.
-    warned: Mutex<HashMap<Key, String>>,
+    warned: Mutex<HashMap<String, String>>,
     reconciles: AtomicU64,
     relists: AtomicU64,
 }
@@ -612,6 +612,7 @@ impl Ctx {
     }
 
     async fn reconcile_group(&self, key: &Key, group: &GroupKey) -> Result<(), ReconcileError> {
+        self.warn_without_origin(group).await;
         let sources = self.sources(key);
         if sources.is_empty() {
             self.forget_warning(key);
@@ -684,6 +685,37 @@ impl Ctx {
             }
         };
         self.set_conflicts(&refs, found.as_ref()).await
+    }
+
+    /// Records of this FQDN group that ask for a Cilium global Service but name no origin
+    /// cannot be materialised at all: a Warning Event on them (once).
+    async fn warn_without_origin(&self, group: &GroupKey) {
+        let stuck: Vec<Arc<ServiceRecord>> = self
+            .records
+            .state()
+            .into_iter()
+            .filter(|r| {
+                r.spec.origin.is_none()
+                    && keys::group_key(r).as_ref() == Some(group)
+                    && self.mode(r) == Materialize::CiliumGlobalService
+            })
+            .collect();
+        let marker = Key::Global(OriginKey {
+            namespace: group.namespace.clone(),
+            name: format!("<no origin: {}>", group.fqdn),
+        });
+        if stuck.is_empty() {
+            self.forget_warning(&marker);
+            return;
+        }
+        let refs: Vec<&ServiceRecord> = stuck.iter().map(AsRef::as_ref).collect();
+        self.warn_once(
+            &marker,
+            &refs,
+            "NoOrigin",
+            "its RemoteRegistry materialises CiliumGlobalService, which needs spec.origin; none is set",
+        )
+        .await;
     }
 
     /// The group has no source left: delete the binder's objects of it (normally the garbage
@@ -859,7 +891,12 @@ impl Ctx {
                 source,
             })?;
             self.metrics.wrote("ServiceRecord", "status");
-            if next.status == "True" && before != Some((next.status.clone(), next.reason.clone())) {
+            let subject = format!("ServiceRecord {}", uid_of(*record));
+            if next.status != "True" {
+                self.forget_warning(&subject);
+            } else if before != Some((next.status.clone(), next.reason.clone()))
+                && self.note_warning(&subject, &next.reason, &next.message)
+            {
                 self.event(
                     object_ref(*record),
                     EventType::Warning,
@@ -910,14 +947,16 @@ impl Ctx {
         }
     }
 
-    /// Record that `key` has the warning `reason: note`; true when it is new (send an Event).
-    fn note_warning(&self, key: &Key, reason: &str, note: &str) -> bool {
+    /// Record that `subject` (a key, or a record) has the warning `reason: note`; true when it
+    /// is new (send an Event). Kept in memory, so a store that trails the API server never
+    /// repeats an Event.
+    fn note_warning(&self, subject: &impl std::fmt::Display, reason: &str, note: &str) -> bool {
         let text = format!("{reason}: {note}");
-        lock(&self.warned).insert(key.clone(), text.clone()) != Some(text)
+        lock(&self.warned).insert(subject.to_string(), text.clone()) != Some(text)
     }
 
-    fn forget_warning(&self, key: &Key) {
-        lock(&self.warned).remove(key);
+    fn forget_warning(&self, subject: &impl std::fmt::Display) {
+        lock(&self.warned).remove(&subject.to_string());
     }
 
     /// A Warning Event on each record, once per distinct warning of the key.

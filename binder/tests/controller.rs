@@ -834,6 +834,22 @@ async fn cilium_global_services_follow_seed_004() {
     .await;
     assert!(global(&env).is_some(), "kept: it has local endpoints");
 
+    // A record without an origin cannot be a global Service: a Warning Event, nothing else.
+    let mut no_origin = global_record("plain.shop.example.org-east", "east");
+    no_origin["spec"].as_object_mut().unwrap().remove("origin");
+    no_origin["spec"]["fqdn"] = json!("plain.shop.example.org");
+    env.create_record(no_origin).await;
+    env.wait_for("NoOrigin Event", |e| {
+        e.events(NS, "NoOrigin")
+            .iter()
+            .any(|ev| ev["regarding"]["name"] == "plain.shop.example.org-east")
+    })
+    .await;
+    assert!(
+        env.service(&names::service_name("plain.shop.example.org"))
+            .is_none()
+    );
+
     // An unmanaged Service of the origin's name is never taken over.
     let services: Api<Service> = Api::namespaced(env.client.clone(), "shop");
     let theirs: Service = serde_json::from_value(json!({
@@ -888,7 +904,18 @@ async fn ready_only_after_the_first_sync() {
     ))
     .await;
     assert!(!env.handle.is_ready());
+    // This run with metrics registered, as `xcc binder` does.
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    let controller = Controller::new(
+        env.client.clone(),
+        Config::new(NS),
+        metrics,
+        Health::default(),
+    );
+    env.pending = Some(controller);
     env.run();
+    assert!(!env.handle.is_ready(), "not ready before the first sync");
     env.wait_for("ready", |e| e.handle.is_ready()).await;
     // Ready means reconciled: the objects are there the moment it says so.
     assert_eq!(
@@ -899,6 +926,37 @@ async fn ready_only_after_the_first_sync() {
         env.endpoints(&names::service_name("foobar.some.domain"))
             .is_some()
     );
+
+    let scrape = |h: &Handle| {
+        h.refresh_gauges();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    };
+    // The gauges follow the watches, which may trail the writes a little.
+    env.wait_for("managed gauges", |e| {
+        let text = scrape(&e.handle);
+        text.contains("xcc_binder_managed_objects{kind=\"Service\"} 2\n")
+            && text.contains("xcc_binder_managed_objects{kind=\"Endpoints\"} 2\n")
+            && text.contains("xcc_binder_managed_objects{kind=\"EndpointSlice\"} 2\n")
+    })
+    .await;
+    let text = scrape(&env.handle);
+    for line in [
+        "xcc_binder_objects_written_total{kind=\"Service\",verb=\"apply\"} 2",
+        "xcc_binder_objects_written_total{kind=\"Endpoints\",verb=\"apply\"} 2",
+        "xcc_binder_objects_written_total{kind=\"EndpointSlice\",verb=\"apply\"} 2",
+        "xcc_binder_reconcile_errors_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+    }
+    let ok: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("xcc_binder_reconciles_total{result=\"ok\"} "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(ok >= 2, "{ok}");
 
     // A restarted controller finds everything in place and writes nothing.
     env.cancel.cancel();
