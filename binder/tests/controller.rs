@@ -969,3 +969,41 @@ async fn ready_only_after_the_first_sync() {
     assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
     env.stop().await;
 }
+
+#[tokio::test]
+async fn runs_under_the_xcc_binder_lease_and_stops_cleanly() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use xcc_controller::leader::{LeaderConfig, run_as_leader};
+
+    let mut env = Env::new().await;
+    let controller = env.pending.take().unwrap();
+    let handle = controller.handle();
+    let mut leader = LeaderConfig::new(NS, xcc_binder::controller::COMPONENT);
+    leader.identity = "binder-0".into();
+    let (client, cancel) = (env.client.clone(), env.cancel.clone());
+    let task = tokio::spawn(async move {
+        run_as_leader(
+            client,
+            Some(leader),
+            cancel,
+            |_| {},
+            |token| controller.run(token),
+        )
+        .await
+    });
+    env.wait_for("ready under the Lease", |_| handle.is_ready())
+        .await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), NS);
+    let lease = leases.get("xcc-binder").await.unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some("binder-0")
+    );
+    env.cancel.cancel();
+    tokio::time::timeout(TIMEOUT, task)
+        .await
+        .expect("stops on cancel")
+        .unwrap()
+        .unwrap();
+    assert!(!handle.is_ready(), "not ready once stopped");
+}
