@@ -1078,3 +1078,44 @@ async fn parent_rr_hierarchy_imports_become_imported_records() {
     )
     .await;
 }
+
+// ----- measurement (not a pass/fail timing; run by hand) -----
+
+/// How long importing N records into the fake API server takes, and how many API writes it
+/// costs. `XCC_KUBE_IMPORT_N` (default 2000). Run:
+/// `cargo test --release -p xcc-registry --test kube_store -- --ignored --nocapture import_throughput`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement; prints numbers"]
+async fn import_throughput() {
+    let n: usize = std::env::var("XCC_KUBE_IMPORT_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let pki = Pki::new("xcc.test");
+    let fqdns: Vec<String> = (0..n).map(|i| format!("svc-{i}.some.domain")).collect();
+    let refs: Vec<&str> = fqdns.iter().map(String::as_str).collect();
+    let (east, _ec) = east(&pki, &refs).await;
+    let api = fake().await;
+    let (_west, _wc) = west(&pki, &api).await;
+    let t0 = std::time::Instant::now();
+    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    wait_for(
+        "all imported",
+        || api.list(V, "servicerecords", Some(NS)).len(),
+        |c| *c == n,
+    )
+    .await;
+    let imported = t0.elapsed();
+    wait_synced(&api, RR).await;
+    let synced = t0.elapsed();
+    let writes = api.writes();
+    println!(
+        "imported {n} records in {imported:?} (Synced after {synced:?}); applies {}, deletes {}, status writes {}",
+        writes.get(SR_RES, Verb::Patch),
+        writes.get(SR_RES, Verb::Delete),
+        writes.get(
+            "remoteregistries.connectivity.tanzu.vmware.com/status",
+            Verb::Patch
+        ),
+    );
+}

@@ -115,6 +115,12 @@ pub(crate) fn spawn(
         );
         tasks.spawn(async move { run_exports(client, catalog, cluster, health, c).await });
     }
+    {
+        // The record cache the sink plans against (cheap; kept on every replica so a new
+        // leader starts warm).
+        let (sink, c) = (parts.sink.clone(), cancel.clone());
+        tasks.spawn(async move { sink.run_cache(c).await });
+    }
     let leader = config
         .leader_elect
         .then(|| xcc_controller::leader::LeaderConfig::new(&parts.namespace, LEASE_NAME));

@@ -173,6 +173,9 @@ pub fn up_to_date(current: &ServiceRecord, desired: &ServiceRecord) -> bool {
 pub struct Plan {
     /// Records to server-side apply (new or different).
     pub apply: Vec<ServiceRecord>,
+    /// Names among `apply` that `current` does not hold at all: check that no record of that
+    /// name appeared since `current` was observed before creating it.
+    pub unseen: BTreeSet<String>,
     /// Records to delete: (name, uid) — imports of this remote and owner that are no longer
     /// imported.
     pub delete: Vec<(String, String)>,
@@ -185,17 +188,13 @@ pub struct Plan {
 }
 
 /// Compare the desired records of `imports` with `current` (the records in the registry's
-/// namespace, any labels) and plan the writes.
+/// namespace by name, any labels) and plan the writes.
 pub fn plan(
     owner: &Owner,
     namespace: &str,
     imports: &BTreeMap<String, Imported>,
-    current: &[ServiceRecord],
+    current: &BTreeMap<String, ServiceRecord>,
 ) -> Plan {
-    let by_name: BTreeMap<&str, &ServiceRecord> = current
-        .iter()
-        .filter_map(|r| r.metadata.name.as_deref().map(|n| (n, r)))
-        .collect();
     let mut out = Plan::default();
     let mut wanted: BTreeSet<String> = BTreeSet::new();
     for imported in imports.values() {
@@ -212,19 +211,19 @@ pub fn plan(
             // canonical FQDN); keep the first.
             continue;
         }
-        match by_name.get(name.as_str()) {
+        match current.get(&name) {
             Some(cur) if !is_import_of(cur, &owner.name) => out.conflicts.push(name),
             Some(cur) if up_to_date(cur, &desired) => out.imported += 1,
-            _ => {
+            found => {
+                if found.is_none() {
+                    out.unseen.insert(name);
+                }
                 out.imported += 1;
                 out.apply.push(desired);
             }
         }
     }
-    for r in current {
-        let Some(name) = r.metadata.name.as_deref() else {
-            continue;
-        };
+    for (name, r) in current {
         if !wanted.contains(name) && deletable(r, owner) {
             out.delete
                 .push((name.to_string(), r.metadata.uid.clone().unwrap_or_default()));
@@ -289,6 +288,13 @@ mod tests {
             },
             status: None,
         }
+    }
+
+    fn by_name(records: Vec<ServiceRecord>) -> BTreeMap<String, ServiceRecord> {
+        records
+            .into_iter()
+            .map(|r| (r.metadata.name.clone().unwrap_or_default(), r))
+            .collect()
     }
 
     const OURS: [(&str, &str); 2] = [
@@ -383,7 +389,7 @@ mod tests {
         ));
         current.push(record("x-2", &[(names::EXPORT_LABEL, "")], None));
         current.push(record("x-3", &[], Some("remote-registry-uid")));
-        let p = plan(&o, "ns", &imports, &current);
+        let p = plan(&o, "ns", &imports, &by_name(current));
         assert_eq!(
             p.apply
                 .iter()
@@ -400,6 +406,10 @@ mod tests {
         );
         assert!(p.conflicts.is_empty() && p.invalid.is_empty());
         assert_eq!(p.imported, 2);
+        assert_eq!(
+            p.unseen,
+            BTreeSet::from(["b.some.domain-06df7236".to_string()])
+        );
     }
 
     #[test]
@@ -410,7 +420,7 @@ mod tests {
             imported("some-service.some.domain", &[]),
         )]);
         let current = vec![record("some-service.some.domain-06df7236", &[], None)];
-        let p = plan(&o, "ns", &imports, &current);
+        let p = plan(&o, "ns", &imports, &by_name(current));
         assert_eq!(p.conflicts, ["some-service.some.domain-06df7236"]);
         assert!(p.apply.is_empty() && p.delete.is_empty());
         assert_eq!(p.imported, 0);
@@ -457,7 +467,7 @@ mod tests {
             "d".repeat(55)
         );
         let imports = BTreeMap::from([(long.clone(), imported(&long, &[]))]);
-        let p = plan(&owner(), "ns", &imports, &[]);
+        let p = plan(&owner(), "ns", &imports, &BTreeMap::new());
         assert!(p.apply.is_empty());
         assert_eq!(p.invalid.len(), 1);
         assert_eq!(p.invalid[0].0, long);

@@ -111,6 +111,64 @@ pub struct KubeImportSink {
     owners: Owners,
     recorder: Recorder,
     metrics: KubeMetrics,
+    cache: Cache,
+}
+
+/// The ServiceRecords of the namespace by name, kept by a watch ([`KubeImportSink::run_cache`])
+/// and by the sink's own writes, so a persist costs no list. An object is only replaced by one
+/// with an equal or newer resourceVersion, so a late watch event never undoes a write.
+#[derive(Clone)]
+struct Cache {
+    records: Arc<RwLock<BTreeMap<String, ServiceRecord>>>,
+    ready: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Self {
+            records: Arc::default(),
+            ready: Arc::new(tokio::sync::watch::Sender::new(false)),
+        }
+    }
+}
+
+fn rv(r: &ServiceRecord) -> Option<u64> {
+    r.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+impl Cache {
+    fn store(&self, r: ServiceRecord) {
+        let Some(name) = r.metadata.name.clone() else {
+            return;
+        };
+        let mut m = self.records.write().unwrap_or_else(|p| p.into_inner());
+        let older = m
+            .get(&name)
+            .is_some_and(|cur| matches!((rv(cur), rv(&r)), (Some(a), Some(b)) if b < a));
+        if !older {
+            m.insert(name, r);
+        }
+    }
+    fn forget(&self, r: &ServiceRecord) {
+        let Some(name) = r.metadata.name.as_deref() else {
+            return;
+        };
+        let mut m = self.records.write().unwrap_or_else(|p| p.into_inner());
+        let newer_present = m
+            .get(name)
+            .is_some_and(|cur| matches!((rv(cur), rv(r)), (Some(a), Some(b)) if a > b));
+        if !newer_present {
+            m.remove(name);
+        }
+    }
+    fn forget_name(&self, name: &str) {
+        let mut m = self.records.write().unwrap_or_else(|p| p.into_inner());
+        m.remove(name);
+    }
+    fn replace(&self, all: BTreeMap<String, ServiceRecord>) {
+        *self.records.write().unwrap_or_else(|p| p.into_inner()) = all;
+        self.ready.send_replace(true);
+    }
 }
 
 /// Applies in flight at once while persisting a large import set.
@@ -137,6 +195,43 @@ impl KubeImportSink {
             namespace: namespace.into(),
             owners,
             metrics,
+            cache: Cache::default(),
+        }
+    }
+
+    /// Keep the cache of the namespace's ServiceRecords until `cancel`.
+    pub async fn run_cache(
+        &self,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<()> {
+        use kube::runtime::WatchStreamExt;
+        use kube::runtime::watcher::{self, Event as WatchEvent};
+        let mut stream = watcher::watcher(self.api(), watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut buffer: Option<BTreeMap<String, ServiceRecord>> = None;
+        loop {
+            let ev = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                ev = stream.next() => ev,
+            };
+            match ev {
+                None => anyhow::bail!("the ServiceRecord watch of {} ended", self.namespace),
+                Some(Ok(WatchEvent::Init)) => buffer = Some(BTreeMap::new()),
+                Some(Ok(WatchEvent::InitApply(r))) => {
+                    if let Some(name) = r.metadata.name.clone() {
+                        buffer.get_or_insert_default().insert(name, r);
+                    }
+                }
+                Some(Ok(WatchEvent::InitDone)) => {
+                    self.cache.replace(buffer.take().unwrap_or_default());
+                }
+                Some(Ok(WatchEvent::Apply(r))) => self.cache.store(r),
+                Some(Ok(WatchEvent::Delete(r))) => self.cache.forget(&r),
+                Some(Err(e)) => {
+                    warn!(namespace = %self.namespace, error = %e, "ServiceRecord watch failed; retrying")
+                }
+            }
         }
     }
 
@@ -231,7 +326,11 @@ impl KubeImportSink {
             }),
             ..DeleteParams::default()
         };
-        match self.api().delete(name, &params).await {
+        let res = self.api().delete(name, &params).await;
+        if res.is_ok() || res.as_ref().is_err_and(not_found) {
+            self.cache.forget_name(name);
+        }
+        match res {
             Ok(_) => {
                 self.metrics.wrote(Kind::ServiceRecord, WriteVerb::Delete);
                 Ok(true)
@@ -243,24 +342,43 @@ impl KubeImportSink {
         }
     }
 
+    /// Apply one record; with `check`, first make sure no record of that name appeared since
+    /// the cache was read (one the registry does not own is a conflict: `Ok(Some(name))`).
     async fn apply_one(
         &self,
         api: &Api<ServiceRecord>,
         params: &PatchParams,
         record: &ServiceRecord,
-    ) -> anyhow::Result<()> {
+        check: bool,
+        remote: &str,
+    ) -> anyhow::Result<Option<String>> {
         let name = record.metadata.name.clone().unwrap_or_default();
+        if check {
+            let found = api
+                .get_opt(&name)
+                .await
+                .with_context(|| format!("reading ServiceRecord {}/{name}", self.namespace))?;
+            if let Some(existing) = found {
+                let foreign = !records::is_import_of(&existing, remote);
+                self.cache.store(existing);
+                if foreign {
+                    return Ok(Some(name));
+                }
+            }
+        }
         let body = serde_json::json!({
             "apiVersion": xcc_proto::names::API_VERSION,
             "kind": xcc_proto::names::SERVICE_RECORD_KIND,
             "metadata": &record.metadata,
             "spec": &record.spec,
         });
-        api.patch(&name, params, &Patch::Apply(&body))
+        let written = api
+            .patch(&name, params, &Patch::Apply(&body))
             .await
             .with_context(|| format!("applying ServiceRecord {}/{name}", self.namespace))?;
+        self.cache.store(written);
         self.metrics.wrote(Kind::ServiceRecord, WriteVerb::Apply);
-        Ok(())
+        Ok(None)
     }
 
     async fn persist_all(
@@ -272,23 +390,44 @@ impl KubeImportSink {
             format!("RemoteRegistry {remote} is not known (yet); imports not written")
         })?;
         let api = self.api();
-        let current = api
-            .list(&ListParams::default())
+        // The namespace's records as of the first list (the watch keeps them current).
+        let mut ready = self.cache.ready.subscribe();
+        ready
+            .wait_for(|r| *r)
             .await
-            .with_context(|| format!("listing ServiceRecords in {}", self.namespace))?;
-        let plan = records::plan(&owner, &self.namespace, imports, &current.items);
+            .context("the ServiceRecord cache stopped")?;
+        let mut plan = {
+            let current = self.cache.records.read().unwrap_or_else(|p| p.into_inner());
+            records::plan(&owner, &self.namespace, imports, &current)
+        };
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let pending: Vec<_> = plan
             .apply
             .iter()
-            .map(|record| self.apply_one(&api, &params, record))
+            .map(|record| {
+                let check = record
+                    .metadata
+                    .name
+                    .as_ref()
+                    .is_some_and(|n| plan.unseen.contains(n));
+                self.apply_one(&api, &params, record, check, remote)
+            })
             .collect();
         let applies = futures::stream::iter(pending)
             .buffer_unordered(APPLY_CONCURRENCY)
             .collect::<Vec<_>>()
             .await;
         // Every apply ran to its end; any failure fails the persist (nothing is ACKed).
-        applies.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+        for conflict in applies
+            .into_iter()
+            .collect::<anyhow::Result<Vec<Option<String>>>>()?
+            .into_iter()
+            .flatten()
+        {
+            plan.imported = plan.imported.saturating_sub(1);
+            plan.conflicts.push(conflict);
+        }
+        plan.conflicts.sort();
         let mut removed = 0;
         for (name, uid) in &plan.delete {
             if self.delete(name, Some(uid.clone())).await? {
