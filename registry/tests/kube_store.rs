@@ -1096,7 +1096,10 @@ async fn import_throughput() {
     let refs: Vec<&str> = fqdns.iter().map(String::as_str).collect();
     let (east, _ec) = east(&pki, &refs).await;
     let api = fake().await;
-    let (_west, _wc) = west(&pki, &api).await;
+    let (west, _wc) = west_with(&pki, &api, |c| {
+        c.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    })
+    .await;
     let t0 = std::time::Instant::now();
     create_rr(&api, RR, NS, east.hamlet_addr, None).await;
     wait_for(
@@ -1118,4 +1121,11 @@ async fn import_throughput() {
             Verb::Patch
         ),
     );
+    let metrics = http_get(west.metrics_addr.expect("metrics"), "/metrics").await;
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("xcc_kube_reconciles_total"))
+    {
+        println!("{line}");
+    }
 }
