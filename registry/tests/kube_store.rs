@@ -592,6 +592,67 @@ async fn new_03_remote_exporting_nothing_stale_import_removed() {
     assert_eq!(status["importedRecords"], json!(0));
 }
 
+/// OD-02 (fixed form): records received on a connection that never completes a snapshot
+/// (a plain Hamlet server, quiet period far away) delete nothing; after a reset (redial) to a
+/// server that completes its snapshot, the stale record is removed and the live one kept.
+#[tokio::test]
+async fn od_02_no_sweep_before_a_complete_snapshot_then_only_the_stale_record_goes() {
+    let pki = Pki::new("xcc.test");
+    let api = fake().await;
+    let server = GoLikeServer::default();
+    *server.state.lock().expect("lock") = vec![fs("some-service.some.domain", "10.0.0.7")];
+    let (go_addr, _go) = serve_go_like(server.clone(), pki.cluster("go-peer")).await;
+    let (e, _ec) = east(&pki, &["some-service.some.domain"]).await;
+    put(
+        &api,
+        raw_rr(RR, "remote-registry-uid", &go_addr.to_string()),
+    );
+    put(
+        &api,
+        raw_import(
+            &format!("orphaned-service-record-{H}"),
+            "orphaned-service-record",
+            RR,
+            "remote-registry-uid",
+        ),
+    );
+    let (_west, _wc) = west_with(&pki, &api, |c| {
+        c.client.quiet_period = Duration::from_secs(3600);
+    })
+    .await;
+    let live = format!("some-service.some.domain-{H}");
+    wait_for(
+        "the record from the first connection",
+        || sr(&api, &live).map(|r| r["spec"]["endpoints"][0]["address"].clone()),
+        |a| a.as_ref().is_some_and(|a| a == "10.0.0.7"),
+    )
+    .await;
+    server.wait_requests(2).await;
+    assert_eq!(
+        sr_names(&api),
+        imported_names(&["orphaned-service-record", "some-service.some.domain"]),
+        "no sweep without a complete snapshot"
+    );
+    let uid = uid_of(&api, &live);
+
+    // Reset: the RemoteRegistry now points at a server that completes its snapshot.
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
+    rrs.patch(
+        RR,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"address": e.hamlet_addr.to_string()}})),
+    )
+    .await
+    .expect("patch RR");
+    wait_names(&api, imported_names(&["some-service.some.domain"])).await;
+    assert_eq!(uid_of(&api, &live), uid, "kept, updated in place");
+    assert_eq!(
+        sr(&api, &live).expect("r")["spec"]["endpoints"],
+        json!([{"address": "10.0.0.1", "port": 443}])
+    );
+    assert_eq!(api.writes().get(SR_RES, Verb::Delete), 1);
+}
+
 // ----- RC-12, RC-13: invalid allowedDomains -----
 
 #[tokio::test]
