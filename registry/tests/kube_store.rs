@@ -1190,3 +1190,57 @@ async fn import_throughput() {
         println!("{line}");
     }
 }
+
+/// C9: a RemoteRegistry deleted and re-created under the same name (new UID): its imports come
+/// back owned by the new UID.
+#[tokio::test]
+async fn c9_recreated_rr_owns_its_imports_again() {
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["a.some.domain"]).await;
+    let api = fake().await;
+    let (_west, _wc) = west(&pki, &api).await;
+    let first = create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    let name = format!("a.some.domain-{H}");
+    wait_names(&api, vec![name.clone()]).await;
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
+    rrs.delete(RR, &DeleteParams::default())
+        .await
+        .expect("delete RR");
+    let second = create_rr(&api, RR, NS, east.hamlet_addr, None).await;
+    let new_uid = second.metadata.uid.clone().expect("uid");
+    assert_ne!(first.metadata.uid, second.metadata.uid);
+    wait_for(
+        "the import owned by the new RemoteRegistry",
+        || sr(&api, &name).map(|r| r["metadata"]["ownerReferences"].clone()),
+        |o| {
+            o.as_ref().is_some_and(|o| {
+                *o == json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": RR, "uid": new_uid}])
+            })
+        },
+    )
+    .await;
+    assert_eq!(sr_names(&api), [name.clone()]);
+
+    // The UID changes in one step (as after a relist that missed the deletion): the record is
+    // re-pointed at the new owner in place, not deleted and re-created.
+    let record_uid = uid_of(&api, &name);
+    put(
+        &api,
+        raw_rr(
+            "some-remote-registry",
+            "third-uid",
+            &east.hamlet_addr.to_string(),
+        ),
+    );
+    wait_for(
+        "the import re-pointed at the third UID",
+        || sr(&api, &name).map(|r| r["metadata"]["ownerReferences"].clone()),
+        |o| {
+            o.as_ref().is_some_and(|o| {
+                *o == json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": RR, "uid": "third-uid"}])
+            })
+        },
+    )
+    .await;
+    assert_eq!(uid_of(&api, &name), record_uid, "updated in place");
+}

@@ -459,6 +459,13 @@ impl Controller {
             for (name, uid) in gone {
                 let owner = Owner { name, uid };
                 self.parts.owners.remove(&owner.name);
+                if recreated.contains(&owner.name) {
+                    // Its records are taken over by the new RemoteRegistry (the restarted
+                    // client re-applies them with the new owner reference); those it no longer
+                    // imports still point at the old UID and go with it (garbage collection).
+                    self.handled.remove(&owner.name);
+                    continue;
+                }
                 match self.parts.sink.forget(&owner).await {
                     Ok(n) => {
                         info!(remote = %owner.name, removed = n, "RemoteRegistry gone or invalid; its imports were removed");
