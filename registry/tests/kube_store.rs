@@ -1219,7 +1219,7 @@ async fn c9_recreated_rr_owns_its_imports_again() {
         },
     )
     .await;
-    assert_eq!(sr_names(&api), [name.clone()]);
+    assert_eq!(sr_names(&api), std::slice::from_ref(&name));
 
     // The UID changes in one step (as after a relist that missed the deletion): the record is
     // re-pointed at the new owner in place, not deleted and re-created.
