@@ -1244,3 +1244,49 @@ async fn c9_recreated_rr_owns_its_imports_again() {
     .await;
     assert_eq!(uid_of(&api, &name), record_uid, "updated in place");
 }
+
+/// S5: the same FQDN exported from two namespaces is two catalog entries; Hamlet serves one
+/// (reported as a conflict) and falls over to the other when it goes, so the name stays served.
+#[tokio::test]
+async fn s5_duplicate_fqdn_across_namespaces_stays_served_until_both_go() {
+    let pki = Pki::new("xcc.test");
+    let api = fake().await;
+    for ns in ["shop", "elsewhere"] {
+        let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), ns);
+        let r: xcc_proto::crd::ServiceRecord = serde_json::from_value(exported_sr(
+            ns,
+            "web",
+            "web.example.org",
+            json!({EXPORT: ""}),
+            json!({}),
+        ))
+        .expect("sr");
+        srs.create(&PostParams::default(), &r)
+            .await
+            .expect("create");
+    }
+    let (west, _wc) = west(&pki, &api).await;
+    wait_for("ready", || west.health.is_ready(), |r| *r).await;
+    let served = |w: &Registry| {
+        w.catalog
+            .hamlet_get("web.example.org")
+            .map(|e| e.key.namespace.clone())
+    };
+    assert_eq!(served(&west).as_deref(), Some("elsewhere"));
+    assert_eq!(west.catalog.hamlet_conflicts().len(), 1);
+    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "elsewhere");
+    srs.delete("web", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for(
+        "served from shop",
+        || served(&west),
+        |s| s.as_deref() == Some("shop"),
+    )
+    .await;
+    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "shop");
+    srs.delete("web", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_for("not served", || served(&west), |s| s.is_none()).await;
+}
