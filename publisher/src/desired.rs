@@ -24,6 +24,7 @@ use xcc_proto::crd::{
     Endpoint, MANAGED_BY_LABEL, Origin, PUBLISHER_MANAGER, Protocol, ServicePort, ServiceRecord,
     ServiceRecordSpec,
 };
+use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::{
     self, CLUSTERS_ANNOTATION, EXPORT_LABEL, FQDN_ANNOTATION, LABEL_PREFIX, NODE_ROLE_MASTER_LABEL,
     SERVICE_PORT_ANNOTATION,
@@ -436,6 +437,13 @@ pub fn from_service(
     if let Some(first) = ports.first() {
         annotations.insert(SERVICE_PORT_ANNOTATION.to_string(), first.port.to_string());
     }
+    // The origin travels over Hamlet as these two annotations (FederatedService labels), so
+    // importers can name MCS records and Cilium global Services after it.
+    annotations.insert(
+        ORIGIN_NAMESPACE_ANNOTATION.to_string(),
+        clusterset_namespace.to_string(),
+    );
+    annotations.insert(ORIGIN_NAME_ANNOTATION.to_string(), name.clone());
     let spec = ServiceRecordSpec {
         fqdn: fqdn.clone(),
         endpoints,

@@ -509,8 +509,26 @@ fn cluster_ip_service_exports_its_cluster_ips_under_the_clusterset_name() {
         })
     );
     let annotations = record.metadata.annotations.unwrap();
+    assert_eq!(
+        annotations.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "connectivity.tanzu.vmware.com/origin-name",
+            "connectivity.tanzu.vmware.com/origin-namespace",
+            SERVICE_PORT_ANNOTATION,
+            "connectivity.tanzu.vmware.com/vip",
+        ],
+        "the clusters annotation is consumed, the origin is added"
+    );
     assert_eq!(annotations[SERVICE_PORT_ANNOTATION], "3306");
     assert_eq!(annotations["connectivity.tanzu.vmware.com/vip"], "1.2.3.4");
+    assert_eq!(
+        annotations["connectivity.tanzu.vmware.com/origin-namespace"],
+        "shared-db"
+    );
+    assert_eq!(
+        annotations["connectivity.tanzu.vmware.com/origin-name"],
+        "mysql"
+    );
     assert!(!annotations.contains_key(CLUSTERS_ANNOTATION));
     let owner = &record.metadata.owner_references.unwrap()[0];
     assert_eq!(

@@ -12,7 +12,9 @@ use xcc_proto::names::canonical_fqdn;
 
 use crate::catalog::{Endpoint, ServiceEntry};
 
+use xcc_proto::mapping::validate_namespace;
 /// Annotation keys an importer accepts from a peer (C6): everything else is dropped.
+pub use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 pub use xcc_proto::names::{SERVICE_PORT_ANNOTATION, VIP_ANNOTATION};
 /// Prefix of the annotations that travel as FederatedService labels (S7: with the slash).
 pub const LABEL_PASSTHROUGH_PREFIX: &str = "connectivity.tanzu.vmware.com/";
@@ -166,6 +168,17 @@ fn import_fields<'a>(
     {
         kept.insert(VIP_ANNOTATION.to_string(), vip.clone());
     }
+    // The exported object's clusterset namespace and name (MCS names, Cilium global Services):
+    // kept only as a pair of DNS-1123 labels.
+    if let (Some(ns), Some(name)) = (
+        labels.get(ORIGIN_NAMESPACE_ANNOTATION),
+        labels.get(ORIGIN_NAME_ANNOTATION),
+    ) && validate_namespace(ns).is_ok()
+        && validate_namespace(name).is_ok()
+    {
+        kept.insert(ORIGIN_NAMESPACE_ANNOTATION.to_string(), ns.clone());
+        kept.insert(ORIGIN_NAME_ANNOTATION.to_string(), name.clone());
+    }
     Ok(Imported {
         fqdn,
         raw_fqdn: raw_fqdn.to_string(),
@@ -229,6 +242,45 @@ mod tests {
             vec![SERVICE_PORT_ANNOTATION, VIP_ANNOTATION]
         );
         assert_eq!(got.endpoints.len(), 2);
+    }
+
+    #[test]
+    fn import_keeps_the_origin_only_as_a_valid_pair() {
+        let mut e = entry();
+        e.labels
+            .insert(ORIGIN_NAMESPACE_ANNOTATION.into(), "shop".into());
+        e.labels.insert(ORIGIN_NAME_ANNOTATION.into(), "api".into());
+        let got = import_v1alpha1(&any_v1alpha1(&e)).expect("valid");
+        assert_eq!(
+            got.labels
+                .get(ORIGIN_NAMESPACE_ANNOTATION)
+                .map(String::as_str),
+            Some("shop")
+        );
+        assert_eq!(
+            got.labels.get(ORIGIN_NAME_ANNOTATION).map(String::as_str),
+            Some("api")
+        );
+        // Half a pair, or a value that is not a DNS label, is dropped whole.
+        for (ns, name) in [("shop", "Not_A_Label"), ("", "api"), ("a.b", "api")] {
+            let mut e = entry();
+            e.labels
+                .insert(ORIGIN_NAMESPACE_ANNOTATION.into(), ns.into());
+            e.labels.insert(ORIGIN_NAME_ANNOTATION.into(), name.into());
+            let got = import_v1alpha1(&any_v1alpha1(&e)).expect("valid");
+            assert_eq!(
+                got.labels.keys().collect::<Vec<_>>(),
+                vec![SERVICE_PORT_ANNOTATION],
+                "{ns:?}/{name:?}"
+            );
+        }
+        let mut e = entry();
+        e.labels.insert(ORIGIN_NAME_ANNOTATION.into(), "api".into());
+        let got = import_v1alpha1(&any_v1alpha1(&e)).expect("valid");
+        assert_eq!(
+            got.labels.keys().collect::<Vec<_>>(),
+            vec![SERVICE_PORT_ANNOTATION]
+        );
     }
 
     #[test]

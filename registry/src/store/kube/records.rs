@@ -6,7 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use xcc_proto::crd::{Endpoint, ServiceRecord, ServiceRecordSpec};
+use xcc_proto::crd::{Endpoint, Origin, ServiceRecord, ServiceRecordSpec};
+use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::{
     self, API_VERSION, IMPORTED_LABEL, REMOTE_REGISTRY_KIND, REMOTE_REGISTRY_LABEL,
     SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
@@ -64,7 +65,24 @@ impl Owner {
 }
 
 /// The annotations an imported record may carry (C6); the client already validated the values.
-const IMPORTED_ANNOTATIONS: [&str; 2] = [SERVICE_PORT_ANNOTATION, VIP_ANNOTATION];
+const IMPORTED_ANNOTATIONS: [&str; 4] = [
+    SERVICE_PORT_ANNOTATION,
+    VIP_ANNOTATION,
+    ORIGIN_NAMESPACE_ANNOTATION,
+    ORIGIN_NAME_ANNOTATION,
+];
+
+/// The exported object's clusterset namespace and name, when the exporter sent them (the
+/// client keeps them only as a valid pair): the binder names Cilium global Services and MCS
+/// names after it. The cluster is left unset: the remote registry is the record's source.
+fn imported_origin(labels: &BTreeMap<String, String>) -> Option<Origin> {
+    Some(Origin {
+        cluster: None,
+        namespace: labels.get(ORIGIN_NAMESPACE_ANNOTATION)?.clone(),
+        name: labels.get(ORIGIN_NAME_ANNOTATION)?.clone(),
+        kind: None,
+    })
+}
 
 fn allowed_annotations(all: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
     all.into_iter()
@@ -112,6 +130,7 @@ pub fn imported_record(
         spec: ServiceRecordSpec {
             fqdn: imported.fqdn.clone(),
             endpoints,
+            origin: imported_origin(&imported.labels),
             ..ServiceRecordSpec::default()
         },
         status: None,
@@ -359,6 +378,37 @@ mod tests {
             )
         );
         assert_eq!(r.spec.fqdn, "some-service.some.domain");
+        assert_eq!(r.spec.origin, None);
+    }
+
+    #[test]
+    fn imported_record_carries_the_exported_origin() {
+        let r = imported_record(
+            &owner(),
+            "cross-cluster-connectivity",
+            &imported(
+                "api.shop.svc.clusterset.local",
+                &[
+                    (ORIGIN_NAMESPACE_ANNOTATION, "shop"),
+                    (ORIGIN_NAME_ANNOTATION, "api"),
+                ],
+            ),
+        )
+        .expect("valid");
+        assert_eq!(
+            r.spec.origin,
+            Some(Origin {
+                cluster: None,
+                namespace: "shop".into(),
+                name: "api".into(),
+                kind: None,
+            })
+        );
+        assert_eq!(
+            r.metadata.annotations.expect("annotations").len(),
+            2,
+            "both origin annotations are kept"
+        );
     }
 
     #[test]
