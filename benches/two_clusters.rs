@@ -1,0 +1,237 @@
+//! Two-cluster benchmark: export → EndpointSlice latency through the real processes, and API
+//! writes at steady state with many imported records.
+//!
+//! ```sh
+//! cargo bench --bench two_clusters                       # defaults: 50 samples, 1000 records, 60 s
+//! cargo bench --bench two_clusters -- --samples 100 --records 1000 --steady-seconds 60
+//! ```
+//!
+//! Setup (tests/common/clusters.rs): fake API servers A and B in this process; `xcc registry
+//! --store kube` and `xcc publisher` against A, `xcc registry --store kube` and `xcc binder`
+//! against B, as child processes (release build), real mTLS between the registries.
+//!
+//! 1. Latency: one Service at a time is labelled for export in A (server-side apply); the clock
+//!    starts before the apply and stops when B's API server holds an EndpointSlice with its cluster IP. p50/p90/p99/max.
+//! 2. Bulk: `--records` Services exported at once; time until B holds a Service for each.
+//! 3. Steady state: counters reset, nothing changes for `--steady-seconds`; mutating requests
+//!    and actual writes per resource on both API servers, per minute. Lease renewals (leader
+//!    election) are reported separately: they are the only writes expected.
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "../tests/common/clusters.rs"]
+mod clusters;
+
+use std::time::{Duration, Instant};
+
+use clusters::{NS, World, exported_service, remote_registry, slice_addresses, wait_for};
+use xcc_kube_fake::Verb;
+use xcc_proto::names::service_name;
+
+const LOG: &str = "warn";
+
+struct Args {
+    samples: usize,
+    records: usize,
+    steady_seconds: u64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        samples: 50,
+        records: 1000,
+        steady_seconds: 60,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < argv.len() {
+        let value = || argv.get(i + 1).cloned().unwrap_or_default();
+        match argv[i].as_str() {
+            "--samples" => a.samples = value().parse().expect("--samples N"),
+            "--records" => a.records = value().parse().expect("--records N"),
+            "--steady-seconds" => a.steady_seconds = value().parse().expect("--steady-seconds N"),
+            // `cargo bench` passes --bench; ignore it and anything unknown.
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    a
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let args = args();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run(args));
+}
+
+async fn run(args: Args) {
+    let world = World::new();
+    let mut a = world.cluster("cluster-a", &["bench"]).await;
+    let mut b = world.cluster("cluster-b", &[]).await;
+    a.start_registry(LOG);
+    a.start_publisher(LOG);
+    b.start_registry(LOG);
+    b.start_binder(LOG);
+    b.apply(
+        "remoteregistries",
+        remote_registry(&world, "cluster-a", &a, None),
+    )
+    .await;
+    let logs = || format!("{}{}", a.logs(), b.logs());
+
+    // 1. One export at a time.
+    let mut latencies = Vec::with_capacity(args.samples);
+    for i in 0..args.samples {
+        let name = format!("lat-{i}");
+        let started = Instant::now();
+        a.apply("services", exported_service("bench", &name, 8080))
+            .await;
+        // The cluster IP is allocated by A's API server on create; read it back.
+        let ip = wait_for(
+            "a cluster IP",
+            Duration::from_secs(10),
+            || {
+                a.get("v1", "services", Some("bench"), &name)
+                    .and_then(|s| s["spec"]["clusterIP"].as_str().map(str::to_string))
+            },
+            logs,
+        )
+        .await;
+        let svc = service_name(&format!("{name}.bench.svc.clusterset.local"));
+        wait_for(
+            "the EndpointSlice in B",
+            Duration::from_secs(60),
+            || (slice_addresses(&b, NS, &svc) == [ip.clone()]).then_some(()),
+            logs,
+        )
+        .await;
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+
+    // 2. Many at once.
+    let started = Instant::now();
+    for i in 0..args.records {
+        a.apply(
+            "services",
+            exported_service("bench", &format!("svc-{i}"), 8080),
+        )
+        .await;
+    }
+    let applied = started.elapsed();
+    let want = args.records + args.samples;
+    wait_for(
+        "every Service in B",
+        Duration::from_secs(600),
+        || {
+            let n = b
+                .list("v1", "services", Some(NS))
+                .iter()
+                .filter(|s| s["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "xcc-binder")
+                .count();
+            (n >= want).then_some(())
+        },
+        logs,
+    )
+    .await;
+    let converged = started.elapsed();
+
+    // 3. Steady state.
+    a.api.reset_counters();
+    b.api.reset_counters();
+    tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
+    let minutes = args.steady_seconds as f64 / 60.0;
+
+    println!("== two clusters: export -> EndpointSlice in the other cluster");
+    println!(
+        "samples {}  p50 {} ms  p90 {} ms  p99 {} ms  max {} ms",
+        latencies.len(),
+        ms(percentile(&latencies, 50.0)),
+        ms(percentile(&latencies, 90.0)),
+        ms(percentile(&latencies, 99.0)),
+        ms(latencies.last().copied().unwrap_or_default())
+    );
+    println!(
+        "== bulk: {} exports applied in {} ms; all {} Services present in B after {} ms",
+        args.records,
+        ms(applied),
+        want,
+        ms(converged)
+    );
+    println!(
+        "== steady state over {} s with {} imported records",
+        args.steady_seconds, want
+    );
+    for (cluster, api) in [("A", &a.api), ("B", &b.api)] {
+        let requests = api.requests();
+        let writes = api.writes();
+        let mutating: u64 = requests
+            .iter()
+            .filter(|(_, v, _)| v.is_mutating())
+            .map(|(_, _, n)| n)
+            .sum();
+        let lease_req: u64 = requests
+            .iter()
+            .filter(|(r, v, _)| v.is_mutating() && r.starts_with("leases"))
+            .map(|(_, _, n)| n)
+            .sum();
+        let lease_writes: u64 = writes
+            .iter()
+            .filter(|(r, _, _)| r.starts_with("leases"))
+            .map(|(_, _, n)| n)
+            .sum();
+        println!(
+            "cluster {cluster}: mutating requests {:.1}/min (Lease {:.1}/min), writes {:.1}/min (Lease {:.1}/min), reads: get {} list {} watch {}",
+            mutating as f64 / minutes,
+            lease_req as f64 / minutes,
+            writes.total() as f64 / minutes,
+            lease_writes as f64 / minutes,
+            requests.for_verb(Verb::Get),
+            requests.for_verb(Verb::List),
+            requests.for_verb(Verb::Watch),
+        );
+        let other: Vec<String> = writes
+            .iter()
+            .filter(|(r, _, _)| !r.starts_with("leases"))
+            .map(|(r, v, n)| format!("{v} {r}: {n}"))
+            .collect();
+        println!(
+            "  writes other than Leases: {}",
+            if other.is_empty() {
+                "none".to_string()
+            } else {
+                other.join(", ")
+            }
+        );
+    }
+    for p in [
+        a.publisher.take(),
+        a.registry.take(),
+        b.binder.take(),
+        b.registry.take(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        p.terminate();
+    }
+}

@@ -1,0 +1,3 @@
+//! Helpers shared by the root integration tests and benches.
+
+pub mod clusters;

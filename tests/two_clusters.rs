@@ -1,0 +1,252 @@
+//! Two clusters end to end: fake API servers A and B, the real `xcc` binary as processes
+//! (A: registry + publisher; B: registry + binder), real mTLS between the registries.
+//!
+//! Label an HTTPProxy in A → a Service with EndpointSlices at A's node addresses in B; remove
+//! the label → gone in B; a labelled Service in A → its cluster IP in B; B's registry restarted
+//! while an export disappears → the stale import is removed, the rest keeps its identity
+//! (nothing lost, nothing duplicated); the RemoteRegistry switched to `CiliumGlobalService` →
+//! a global Service with the origin's name and namespace; the RemoteRegistry deleted → every
+//! import and what the binder made of it gone. Every step waits on API state, never on time.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::clusters::{
+    Cluster, NS, World, exported_service, httpproxy, node, remote_registry, slice_addresses,
+    slice_ports, wait_for,
+};
+use serde_json::{Value, json};
+use xcc_proto::names::{API_VERSION, EXPORT_LABEL, service_name};
+
+const WAIT: Duration = Duration::from_secs(60);
+const LOG: &str = "info,kube=warn,tower=warn,hyper=warn,h2=warn";
+
+fn logs(a: &Cluster, b: &Cluster) -> String {
+    format!("== cluster a\n{}== cluster b\n{}", a.logs(), b.logs())
+}
+
+fn service(cluster: &Cluster, ns: &str, name: &str) -> Option<Value> {
+    cluster.get("v1", "services", Some(ns), name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_in_a_is_reachable_by_name_in_b() {
+    let world = World::new();
+    let mut a = world.cluster("cluster-a", &["web", "shop"]).await;
+    let mut b = world.cluster("cluster-b", &[]).await;
+    a.put(node("node-1", "10.0.0.1"));
+    a.put(node("node-2", "10.0.0.2"));
+
+    a.start_registry(LOG);
+    a.start_publisher(LOG);
+    b.start_registry(LOG);
+    b.start_binder(LOG);
+    b.apply(
+        "remoteregistries",
+        remote_registry(&world, "cluster-a", &a, None),
+    )
+    .await;
+
+    // 1. A labelled HTTPProxy in A becomes a Service + EndpointSlices in B.
+    let fqdn = "nginx.xcc.test";
+    a.apply("httpproxies", httpproxy("web", "nginx", fqdn, true))
+        .await;
+    let svc = service_name(fqdn);
+    wait_for(
+        "the HTTPProxy's Service and EndpointSlices in B",
+        WAIT,
+        || {
+            (service(&b, NS, &svc).is_some()
+                && slice_addresses(&b, NS, &svc) == ["10.0.0.1", "10.0.0.2"]
+                && slice_ports(&b, NS, &svc) == [443])
+            .then_some(())
+        },
+        || logs(&a, &b),
+    )
+    .await;
+    let s = service(&b, NS, &svc).unwrap();
+    assert_eq!(
+        s["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
+        fqdn
+    );
+    assert!(s["spec"].get("selector").is_none(), "selector-less: {s}");
+    assert_eq!(b.imported().keys().collect::<Vec<_>>(), [fqdn]);
+
+    // 2. Removing the label removes it from B.
+    a.merge(
+        "projectcontour.io/v1",
+        "HTTPProxy",
+        "httpproxies",
+        Some("web"),
+        "nginx",
+        json!({"metadata": {"labels": {EXPORT_LABEL: null}}}),
+    )
+    .await;
+    wait_for(
+        "the Service to leave B after the label was removed",
+        WAIT,
+        || (service(&b, NS, &svc).is_none() && b.imported().is_empty()).then_some(()),
+        || logs(&a, &b),
+    )
+    .await;
+    assert!(slice_addresses(&b, NS, &svc).is_empty());
+
+    // 3. Label it again, and export a plain Service too.
+    a.apply("httpproxies", httpproxy("web", "nginx", fqdn, true))
+        .await;
+    a.apply("services", exported_service("shop", "api", 8080))
+        .await;
+    let api_fqdn = "api.shop.svc.clusterset.local";
+    let api_svc = service_name(api_fqdn);
+    let cluster_ip = wait_for(
+        "A's api Service to get a cluster IP",
+        WAIT,
+        || {
+            service(&a, "shop", "api")
+                .and_then(|s| s["spec"]["clusterIP"].as_str().map(str::to_string))
+        },
+        || logs(&a, &b),
+    )
+    .await;
+    wait_for(
+        "both exports in B",
+        WAIT,
+        || {
+            (service(&b, NS, &svc).is_some()
+                && slice_addresses(&b, NS, &api_svc) == [cluster_ip.clone()]
+                && slice_ports(&b, NS, &api_svc) == [8080])
+            .then_some(())
+        },
+        || logs(&a, &b),
+    )
+    .await;
+
+    // 4. B's registry restarts; while it is down the HTTPProxy stops being exported.
+    let before = b.imported();
+    let api_service_uid = service(&b, NS, &api_svc).unwrap()["metadata"]["uid"].clone();
+    let registry = b.registry.take().unwrap();
+    assert!(
+        registry.terminate(),
+        "B's registry exits cleanly on SIGTERM"
+    );
+    a.merge(
+        "projectcontour.io/v1",
+        "HTTPProxy",
+        "httpproxies",
+        Some("web"),
+        "nginx",
+        json!({"metadata": {"labels": {EXPORT_LABEL: null}}}),
+    )
+    .await;
+    wait_for(
+        "A's exported record for the proxy to be removed",
+        WAIT,
+        || {
+            a.list(API_VERSION, "servicerecords", Some("web"))
+                .is_empty()
+                .then_some(())
+        },
+        || logs(&a, &b),
+    )
+    .await;
+    b.start_registry(LOG);
+    a.apply("services", exported_service("shop", "cart", 9090))
+        .await;
+    let cart_fqdn = "cart.shop.svc.clusterset.local";
+    wait_for(
+        "B to import cart and drop the stale nginx import after its restart",
+        WAIT,
+        || {
+            let now = b.imported();
+            (now.contains_key(cart_fqdn) && !now.contains_key(fqdn)).then_some(())
+        },
+        || logs(&a, &b),
+    )
+    .await;
+    let after = b.imported();
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        [api_fqdn, cart_fqdn],
+        "exactly the current exports"
+    );
+    assert_eq!(
+        after[api_fqdn], before[api_fqdn],
+        "the api import kept its name and uid across the restart"
+    );
+    wait_for(
+        "the binder to drop the stale Service",
+        WAIT,
+        || service(&b, NS, &svc).is_none().then_some(()),
+        || logs(&a, &b),
+    )
+    .await;
+    assert_eq!(
+        service(&b, NS, &api_svc).unwrap()["metadata"]["uid"],
+        api_service_uid,
+        "the api Service was not recreated"
+    );
+
+    // 5. Cilium global services: the same remote, materialised with the origin's name.
+    b.apply(
+        "remoteregistries",
+        remote_registry(&world, "cluster-a", &a, Some("CiliumGlobalService")),
+    )
+    .await;
+    let global = wait_for(
+        "a Cilium global Service shop/api in B",
+        WAIT,
+        || service(&b, "shop", "api"),
+        || logs(&a, &b),
+    )
+    .await;
+    let annotations = &global["metadata"]["annotations"];
+    assert_eq!(annotations["service.cilium.io/global"], "true", "{global}");
+    assert_eq!(annotations["service.cilium.io/shared"], "false", "{global}");
+    assert!(global["spec"].get("selector").is_none(), "{global}");
+    assert_eq!(global["spec"]["ports"][0]["port"], 8080, "{global}");
+    wait_for(
+        "the Service-mode objects to go once the remote is materialised by Cilium",
+        WAIT,
+        || service(&b, NS, &api_svc).is_none().then_some(()),
+        || logs(&a, &b),
+    )
+    .await;
+
+    // 6. Deleting the RemoteRegistry removes every import and what was made of it.
+    b.delete(
+        API_VERSION,
+        "RemoteRegistry",
+        "remoteregistries",
+        Some(NS),
+        "cluster-a",
+    )
+    .await;
+    wait_for(
+        "imports and their Services to leave B",
+        WAIT,
+        || {
+            (b.imported().is_empty()
+                && service(&b, "shop", "api").is_none()
+                && service(&b, "shop", "cart").is_none())
+            .then_some(())
+        },
+        || logs(&a, &b),
+    )
+    .await;
+
+    for p in [
+        a.publisher.take(),
+        a.registry.take(),
+        b.binder.take(),
+        b.registry.take(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let name = p.name.clone();
+        assert!(p.terminate(), "{name} exits cleanly on SIGTERM");
+    }
+}
