@@ -67,9 +67,15 @@ pub struct RegistryArgs {
     /// Directory of extra Cedar policies (`*.cedar`), watched; the default policies always apply.
     #[arg(long, env = "XCC_POLICY_DIR")]
     pub policy_dir: Option<PathBuf>,
+    /// Kube store: ConfigMap in --namespace whose `*.cedar` keys are extra Cedar policies,
+    /// watched on every replica (absent: the defaults alone); empty to disable. Not read when
+    /// --policy-dir is set.
+    #[arg(long, env = "XCC_POLICY_CONFIGMAP", default_value = "xcc-policies")]
+    pub policy_configmap: String,
     /// What this registry applies when a caller is granted one of its services: none, istio
     /// (AuthorizationPolicy), gateway (HTTPRoute) or cilium (CiliumNetworkPolicy). File store:
-    /// written to <state-dir>/grants/.
+    /// written to <state-dir>/grants/; kube store: applied in the service's namespace by the
+    /// replica holding the Lease, and recorded in the ServiceRecord's status.grants.
     #[arg(long, env = "XCC_GRANT_MODE", default_value = "none")]
     pub grant_mode: xcc_registry::federation::grants::GrantMode,
     /// How long a hierarchy query waits for its answer (seconds).
@@ -123,6 +129,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         cert_poll: Duration::from_secs(30),
         federation: xcc_registry::run::FederationConfig {
             policy_dir: args.policy_dir,
+            policy_configmap: Some(args.policy_configmap).filter(|n| !n.is_empty()),
             query_timeout: Duration::from_secs(args.query_timeout_seconds.max(1)),
             grant_mode: args.grant_mode,
             ..Default::default()

@@ -430,6 +430,35 @@ pub struct RemoteRegistryStatus {
     /// When the imports last matched a complete snapshot of the remote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<Time>,
+    /// `Parent` registries: the outcome of each `spec.imports` entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imports: Option<Vec<ImportStatus>>,
+}
+
+/// The outcome of one `spec.imports` entry of a `Parent` RemoteRegistry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportStatus {
+    /// The FQDN asked for (when the import names an FQDN).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fqdn: Option<String>,
+    /// Namespace of the exported object asked for (with `name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name of the exported object asked for (with `namespace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The requesting workload, as in the import.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester_service: Option<String>,
+    /// `Granted`, `Denied`, `NotFound`, `Unavailable`, `Revoked` or `Pending`.
+    pub state: String,
+    /// Why (`Denied`: `NotAllowedByCallee`, `NotRequested` or `PolicyDenied`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable detail (the deciding Cedar policies for `PolicyDenied`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// The CustomResourceDefinitions of this API group, in a stable order.

@@ -50,6 +50,9 @@ pub struct FederationConfig {
     pub imports: Vec<(Target, String)>,
     /// Extra Cedar policies (`*.cedar`), watched and reloaded; the defaults always apply.
     pub policy_dir: Option<PathBuf>,
+    /// `--store kube`: Cedar policies from this ConfigMap in the namespace (every `*.cedar`
+    /// key), watched on every replica; the defaults always apply. Ignored with `policy_dir`.
+    pub policy_configmap: Option<String>,
     /// How long a query waits for its answer.
     pub query_timeout: Duration,
     /// How often unanswered, denied or not-found imports are asked again.
@@ -64,6 +67,7 @@ impl Default for FederationConfig {
             parent: None,
             imports: vec![],
             policy_dir: None,
+            policy_configmap: None,
             query_timeout: Duration::from_secs(5),
             import_retry: Duration::from_secs(30),
             grant_mode: Default::default(),
@@ -157,6 +161,11 @@ fn same_parent(a: &ParentSpec, b: &ParentSpec) -> bool {
 }
 
 impl Remotes {
+    /// The hierarchy level the parent link and its imports run on.
+    pub(crate) fn level(&self) -> &Level {
+        &self.level
+    }
+
     /// Names of the running clients and of the running parent link.
     pub(crate) async fn running(&self) -> (BTreeSet<String>, Option<String>) {
         let clients = self.clients.lock().await.keys().cloned().collect();
@@ -171,6 +180,7 @@ impl Remotes {
 
     /// Make the parent link match `parent` (with its imports).
     pub(crate) async fn reconcile_parent(&self, parent: ParentWanted) {
+        let imports = parent.as_ref().map(|(_, i)| i.clone()).unwrap_or_default();
         let mut current = self.parent.lock().await;
         let keep = matches!((&*current, &parent), (Some(cur), Some((want, _))) if same_parent(&cur.spec, want));
         if !keep {
@@ -193,6 +203,9 @@ impl Remotes {
             self.level
                 .set_parent(parent.as_ref().map(|(p, _)| p.name.clone()));
             if let Some((spec, _)) = &parent {
+                // The questions first: the import sync must never see the empty set of a link
+                // that has not been told its imports yet (it would persist it).
+                self.level.set_imports(&imports);
                 let cancel = self.cancel.child_token();
                 let link = crate::federation::link::spawn(
                     self.level.clone(),
@@ -217,7 +230,6 @@ impl Remotes {
                 });
             }
         }
-        let imports = parent.map(|(_, i)| i).unwrap_or_default();
         self.level.set_imports(&imports);
     }
 
@@ -347,6 +359,35 @@ impl Registry {
                 watcher.abort();
                 Ok(())
             });
+        }
+        let mut policy_synced = None;
+        if let StoreConfig::Kube(k) = &config.store
+            && let Some(name) = config
+                .federation
+                .policy_configmap
+                .as_deref()
+                .filter(|n| !n.is_empty())
+        {
+            if config.federation.policy_dir.is_some() {
+                warn!(configmap = %name, "--policy-dir is set: the policy ConfigMap is not read");
+            } else {
+                // Every replica answers queries, so every replica reads the policies.
+                let watch = crate::authz_configmap::spawn_policy_configmap(
+                    k.client.clone(),
+                    &config.namespace,
+                    name,
+                    policy_handle.clone(),
+                    policy_errors.clone(),
+                    metrics.clone(),
+                    cancel.clone(),
+                );
+                policy_synced = Some(watch.synced);
+                let task = watch.task;
+                tasks.spawn(async move {
+                    task.await.context("the policy ConfigMap watch panicked")?;
+                    Ok(())
+                });
+            }
         }
         let level = Level::new(cluster.clone(), None, catalog.clone(), policy_handle);
         if let StoreConfig::File { state_dir, .. } = &config.store
@@ -511,8 +552,22 @@ impl Registry {
                 let Some(sink) = kube_sink.clone() else {
                     anyhow::bail!("kube store without its sink");
                 };
-                // Ready once the exports were listed (the store sets it).
+                // Ready once the exports were listed and the policies read (the store sets it).
                 kube_metrics.register(&mut registry);
+                // Grant objects are writes: only the leader writes them (the store starts the
+                // writer when this replica leads).
+                let grants = (config.federation.grant_mode
+                    != crate::federation::grants::GrantMode::None)
+                    .then(|| {
+                        let g = crate::store::kube::GrantWiring {
+                            mode: config.federation.grant_mode,
+                            level: level.clone(),
+                            metrics: Default::default(),
+                            store_errors: metrics.store_errors.clone(),
+                        };
+                        g.metrics.register(&mut registry);
+                        g
+                    });
                 crate::store::kube::spawn(
                     crate::store::kube::Parts {
                         catalog: catalog.clone(),
@@ -524,6 +579,8 @@ impl Registry {
                         sink,
                         owners: kube_owners.clone(),
                         metrics: kube_metrics.clone(),
+                        grants,
+                        policy_synced: policy_synced.clone(),
                     },
                     k.clone(),
                     cancel.clone(),

@@ -1290,3 +1290,406 @@ async fn s5_duplicate_fqdn_across_namespaces_stays_served_until_both_go() {
         .expect("delete");
     wait_for("not served", || served(&west), |s| s.is_none()).await;
 }
+
+// ----- hierarchy: per-import status, restart without churn -----
+
+/// A root (memory store, one Cedar policy forbidding `shop/secret`) and an owner below it
+/// exporting `shop/api` and `shop/secret` for `west/web` and `shop/other` for someone else.
+async fn tree(
+    pki: &Pki,
+) -> (
+    Registry,
+    Registry,
+    tempfile::TempDir,
+    Vec<tokio_util::sync::CancellationToken>,
+) {
+    let policies = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        policies.path().join("no-secret.cedar"),
+        r#"@id("no-secret")
+forbid (principal, action == Xcc::Action::"discover", resource) when { resource.name == "secret" };"#,
+    )
+    .expect("policy");
+    let mut rcfg = RegistryConfig::loopback(pki.cluster("root"));
+    rcfg.federation.policy_dir = Some(policies.path().to_path_buf());
+    let (root, rc) = start_with(rcfg).await;
+    let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
+    ocfg.federation.parent = Some(xcc_registry::federation::link::ParentSpec {
+        name: "up".into(),
+        address: root.hamlet_addr.to_string(),
+        server_name: "localhost".into(),
+        roots: None,
+    });
+    let (owner, oc) = start_with(ocfg).await;
+    for (name, ip, allowed) in [
+        ("api", "10.2.0.1", "west/web"),
+        ("secret", "10.2.0.2", "west/web"),
+        ("other", "10.2.0.3", "c9/x"),
+    ] {
+        let mut e = export(
+            "owner",
+            "shop",
+            &xcc_proto::names::clusterset_fqdn(name, "shop"),
+            ip,
+        );
+        e.key = xcc_registry::catalog::ServiceKey::new("owner", "shop", name);
+        e.allowed_requesters = vec![allowed.into()];
+        owner.catalog.upsert(e);
+    }
+    (root, owner, policies, vec![rc, oc])
+}
+
+fn parent_rr(root: std::net::SocketAddr, imports: Value) -> RemoteRegistry {
+    let mut body = rr_body("hier", NS, &root.to_string(), None);
+    body["spec"]["role"] = json!("Parent");
+    body["spec"]["imports"] = imports;
+    serde_json::from_value(body).expect("rr")
+}
+
+fn hierarchy_count(reg: &Registry) -> usize {
+    reg.catalog
+        .list(&xcc_registry::catalog::ListFilter {
+            source: Some(xcc_registry::catalog::Source::Hierarchy("hier".into())),
+            ..Default::default()
+        })
+        .len()
+}
+
+/// `status.imports` reports each import's outcome and `Synced` turns True once every import is
+/// answered; a restart keeps the imported record (same UID, no delete, no create).
+#[tokio::test]
+async fn parent_rr_reports_each_import_and_a_restart_does_not_churn_its_records() {
+    let pki = Pki::new("xcc.test");
+    let (root, _owner, _policies, _cancels) = tree(&pki).await;
+    let api = fake().await;
+    let (west1, c1) = west(&pki, &api).await;
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
+    rrs.create(
+        &PostParams::default(),
+        &parent_rr(
+            root.hamlet_addr,
+            json!([
+                {"namespace": "shop", "name": "api", "requesterService": "web"},
+                {"namespace": "shop", "name": "other", "requesterService": "web"},
+                {"namespace": "shop", "name": "secret", "requesterService": "web"},
+                {"fqdn": "nope.shop.svc.clusterset.local", "requesterService": "web"},
+            ]),
+        ),
+    )
+    .await
+    .expect("create RR");
+    let fqdn = xcc_proto::names::clusterset_fqdn("api", "shop");
+    let name = xcc_proto::names::imported_record_name(&fqdn, "hier").expect("name");
+    wait_names(&api, vec![name.clone()]).await;
+    let status = wait_for(
+        "hier Synced=True with one import",
+        || rr_status(&api, NS, "hier"),
+        |s| {
+            condition(s, "Synced").is_some_and(|c| c.0 == "True")
+                && s["importedRecords"] == json!(1)
+        },
+    )
+    .await;
+    assert_eq!(
+        condition(&status, "Synced").map(|c| (c.1, c.2)),
+        Some((
+            "ImportsAnswered".to_string(),
+            "every import (4) has an answer".to_string()
+        ))
+    );
+    let summary: Vec<(Value, Value, Value)> = status["imports"]
+        .as_array()
+        .expect("imports")
+        .iter()
+        .map(|i| {
+            (
+                i["fqdn"].clone(),
+                i["name"].clone(),
+                json!([i["state"], i["reason"]]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (Value::Null, json!("api"), json!(["Granted", Value::Null])),
+            (
+                Value::Null,
+                json!("other"),
+                json!(["Denied", "NotAllowedByCallee"])
+            ),
+            (
+                Value::Null,
+                json!("secret"),
+                json!(["Denied", "PolicyDenied"])
+            ),
+            (
+                json!("nope.shop.svc.clusterset.local"),
+                Value::Null,
+                json!(["NotFound", Value::Null])
+            ),
+        ]
+    );
+    let secret = &status["imports"][2];
+    assert!(
+        secret["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no-secret")),
+        "the denying policy is named: {secret}"
+    );
+    assert_eq!(secret["namespace"], json!("shop"));
+    assert_eq!(secret["requesterService"], json!("web"));
+    assert_eq!(
+        status["imports"][0]["message"],
+        json!("granted by root; owner cluster owner")
+    );
+
+    // Restart: the stored import is kept while the new process asks again.
+    let uid = uid_of(&api, &name);
+    c1.cancel();
+    west1.shutdown().await.expect("clean shutdown");
+    let deletes = api.writes().get(SR_RES, Verb::Delete);
+    let creates = api.writes().get(SR_RES, Verb::Create);
+    let (west2, _c2) = west(&pki, &api).await;
+    wait_for(
+        "the restarted registry imports again",
+        || hierarchy_count(&west2),
+        |n| *n == 1,
+    )
+    .await;
+    assert_eq!(uid_of(&api, &name), uid, "the record was not re-created");
+    assert_eq!(api.writes().get(SR_RES, Verb::Delete) - deletes, 0);
+    assert_eq!(api.writes().get(SR_RES, Verb::Create) - creates, 0);
+    assert_eq!(sr_names(&api), [name]);
+}
+
+/// With the parent unreachable every import is `Unavailable`, `Synced` stays False, and the
+/// stored imports are left alone (nothing is deleted while nothing is known).
+#[tokio::test]
+async fn parent_unreachable_imports_unavailable_and_stored_records_kept() {
+    let pki = Pki::new("xcc.test");
+    let api = fake().await;
+    // A port nobody listens on.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let rr = parent_rr(
+        closed,
+        json!([{"namespace": "shop", "name": "api", "requesterService": "web"}]),
+    );
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
+    let rr = rrs
+        .create(&PostParams::default(), &rr)
+        .await
+        .expect("create RR");
+    let fqdn = xcc_proto::names::clusterset_fqdn("api", "shop");
+    let name = xcc_proto::names::imported_record_name(&fqdn, "hier").expect("name");
+    // What an earlier run imported.
+    put(
+        &api,
+        raw_import(
+            &name,
+            &fqdn,
+            "hier",
+            rr.metadata.uid.as_deref().expect("uid"),
+        ),
+    );
+    let (_west, _wc) = west(&pki, &api).await;
+    let status = wait_for(
+        "the import reported unavailable",
+        || rr_status(&api, NS, "hier"),
+        |s| s["imports"][0]["state"] == json!("Unavailable"),
+    )
+    .await;
+    assert_eq!(
+        condition(&status, "Synced").map(|c| (c.0, c.1)),
+        Some(("False".to_string(), "Pending".to_string()))
+    );
+    assert_eq!(sr_names(&api), [name]);
+    assert_eq!(api.writes().get(SR_RES, Verb::Delete), 0);
+}
+
+// ----- grants at the owner (kube mode) -----
+
+/// The owner runs on the kube store with `--grant-mode istio` below a root; a requester asks
+/// the hierarchy for the owner's exported ServiceRecord. The owner applies the
+/// AuthorizationPolicy and records the caller in the record's `status.grants`; when the record
+/// stops admitting the caller, the grant is revoked: the policy is deleted and the caller
+/// dropped from the status.
+#[tokio::test]
+async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes_it() {
+    use xcc_registry::federation::Target;
+    let pki = Pki::new("xcc.test");
+    let (root, _rc) = start(pki.cluster("root")).await;
+    let api = fake().await;
+    let fqdn = xcc_proto::names::clusterset_fqdn("api", "shop");
+    put(
+        &api,
+        json!({
+            "apiVersion": V, "kind": "ServiceRecord",
+            "metadata": {"name": "api", "namespace": "shop", "uid": "uid-api", "labels": {EXPORT: ""}},
+            "spec": {"fqdn": fqdn, "endpoints": [{"address": "10.2.0.1", "port": 443}],
+                     "allowedRequesters": ["west/web"]},
+        }),
+    );
+    let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
+    ocfg.namespace = NS.into();
+    ocfg.store = StoreConfig::Kube(kube_config(&api, false));
+    ocfg.federation.grant_mode = xcc_registry::federation::grants::GrantMode::Istio;
+    let (_owner, _oc) = start_with(ocfg).await;
+    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
+    rrs.create(
+        &PostParams::default(),
+        &parent_rr(root.hamlet_addr, json!([])),
+    )
+    .await
+    .expect("create RR");
+
+    let mut wcfg = RegistryConfig::loopback(pki.cluster("west"));
+    wcfg.federation.parent = Some(xcc_registry::federation::link::ParentSpec {
+        name: "up".into(),
+        address: root.hamlet_addr.to_string(),
+        server_name: "localhost".into(),
+        roots: None,
+    });
+    wcfg.federation.imports = vec![(
+        Target::Name {
+            namespace: "shop".into(),
+            name: "api".into(),
+        },
+        "web".into(),
+    )];
+    let (west, _wc) = start_with(wcfg).await;
+
+    let ap = xcc_proto::names::policy_object_name("allow-to-", &["shop", "api", "west", "web"]);
+    let policy = wait_for(
+        "the AuthorizationPolicy at the owner",
+        || {
+            api.get(
+                "security.istio.io/v1",
+                "authorizationpolicies",
+                Some("shop"),
+                &ap,
+            )
+        },
+        Option::is_some,
+    )
+    .await
+    .expect("policy");
+    assert_eq!(
+        policy["spec"]["rules"][0]["from"][0]["source"]["principals"],
+        json!(["cluster.local/ns/west/sa/web"])
+    );
+    assert_eq!(
+        policy["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        json!("xcc-registry")
+    );
+    let grants = wait_for(
+        "status.grants on the exported record",
+        || {
+            api.get(V, "servicerecords", Some("shop"), "api")
+                .map(|o| o["status"]["grants"].clone())
+                .unwrap_or(Value::Null)
+        },
+        |g| g.is_array(),
+    )
+    .await;
+    let callers: Vec<(Value, Value)> = grants
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|g| (g["callerCluster"].clone(), g["callerService"].clone()))
+        .collect();
+    assert_eq!(callers, [(json!("west"), json!("web"))]);
+    wait_for(
+        "the requester imports the service",
+        || {
+            west.catalog
+                .list(&xcc_registry::catalog::ListFilter {
+                    source: Some(xcc_registry::catalog::Source::Hierarchy("up".into())),
+                    ..Default::default()
+                })
+                .len()
+        },
+        |n| *n == 1,
+    )
+    .await;
+
+    // Revocation: the record no longer admits west.
+    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "shop");
+    srs.patch(
+        "api",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"allowedRequesters": ["c9/x"]}})),
+    )
+    .await
+    .expect("patch record");
+    wait_for(
+        "the AuthorizationPolicy deleted",
+        || {
+            api.get(
+                "security.istio.io/v1",
+                "authorizationpolicies",
+                Some("shop"),
+                &ap,
+            )
+        },
+        Option::is_none,
+    )
+    .await;
+    wait_for(
+        "the caller dropped from status.grants",
+        || {
+            api.get(V, "servicerecords", Some("shop"), "api")
+                .map(|o| o["status"]["grants"].clone())
+                .unwrap_or(Value::Null)
+        },
+        |g| g.as_array().is_none_or(Vec::is_empty),
+    )
+    .await;
+}
+
+// ----- policies from a ConfigMap (kube mode) -----
+
+/// `--policy-configmap`: the registry is ready only after the ConfigMap was read, so the
+/// policies are in force by then; a later change is picked up.
+#[tokio::test]
+async fn policy_configmap_is_read_before_ready_and_followed() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let pki = Pki::new("xcc.test");
+    let api = fake().await;
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), NS);
+    let cm = |id: &str| -> ConfigMap {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "xcc-policies", "namespace": NS},
+            "data": {"p.cedar": format!(
+                "@id(\"{id}\")\nforbid (principal, action == Xcc::Action::\"discover\", resource) when {{ resource.name == \"x\" }};"
+            )},
+        }))
+        .expect("configmap")
+    };
+    cms.create(&PostParams::default(), &cm("first"))
+        .await
+        .expect("create");
+    let (west, _wc) = west_with(&pki, &api, |c| {
+        c.federation.policy_configmap = Some("xcc-policies".into());
+    })
+    .await;
+    wait_for("ready", || west.health.is_ready(), |r| *r).await;
+    assert_eq!(
+        west.level.policies().policy_ids(),
+        ["announce-clusterset", "bilateral", "first"]
+    );
+    cms.replace("xcc-policies", &PostParams::default(), &cm("second"))
+        .await
+        .expect("replace");
+    wait_for(
+        "the changed policies",
+        || west.level.policies().policy_ids(),
+        |ids| ids.iter().any(|i| i == "second"),
+    )
+    .await;
+    assert!(west.policy_errors.get().is_empty());
+}

@@ -359,7 +359,26 @@ impl KubeGrants {
         store_errors: Counter,
         cancel: CancellationToken,
     ) -> Arc<Self> {
-        let metrics = GrantMetrics::default();
+        Self::spawn_shared(
+            client,
+            mode,
+            backoff,
+            GrantMetrics::default(),
+            store_errors,
+            cancel,
+        )
+    }
+
+    /// [`KubeGrants::spawn_with`] counting into `metrics` (registered beforehand, e.g. before
+    /// this replica became the leader).
+    pub fn spawn_shared(
+        client: Client,
+        mode: GrantMode,
+        backoff: Backoff,
+        metrics: GrantMetrics,
+        store_errors: Counter,
+        cancel: CancellationToken,
+    ) -> Arc<Self> {
         let shared = Arc::new(Shared {
             mode,
             metrics: metrics.clone(),

@@ -12,14 +12,20 @@
 //!   them per FQDN (the catalog's rule: the first by namespace and name, reported as a conflict)
 //!   and falls over to the other when it goes, so consumers see an UPDATE rather than a DELETE
 //!   while any source remains. A record the registry cannot map keeps its last good entry. The
-//!   registry is ready once the exports were listed.
+//!   registry is ready once the exports were listed and the policy ConfigMap (when one is
+//!   configured; watched on every replica, see [`crate::authz_configmap`]) was read.
 //! * **Imports** (only while this replica holds the Lease `xcc-registry`): a watch on
 //!   RemoteRegistries. Those in the registry's namespace are validated and handed to the managed
 //!   clients (peers) or the parent link (`role: Parent`), deciding from the running clients —
 //!   never from `observedGeneration` (C1, NEW-01). An invalid spec stops that registry's client
 //!   and removes its imports (C4). Registries in other namespaces are only reported (C5). Every
 //!   RemoteRegistry's status is written through the status subresource when it differs from
-//!   what is stored. Imports are written by [`KubeImportSink`].
+//!   what is stored; a `role: Parent` one also reports each of its imports (`status.imports`:
+//!   granted, denied and why, not found, unavailable) and is `Synced` once the parent link is up
+//!   and every import has an answer. Imports are written by [`KubeImportSink`].
+//! * **Grants** (`--grant-mode` other than none; only while leading, they are writes): the
+//!   grant objects and `status.grants` of this cluster's exported records, written by
+//!   [`KubeGrants`]; routes recorded before this replica led are applied when it starts to.
 
 pub mod metrics;
 pub mod records;
@@ -35,6 +41,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -42,6 +49,7 @@ use xcc_proto::crd::{RemoteRegistry, RemoteRegistryStatus, Role, ServiceRecord};
 use xcc_proto::resources;
 
 use crate::catalog::{Catalog, ListFilter, ServiceEntry, Source};
+use crate::federation::kube_grants::KubeGrants;
 use crate::federation::link::ParentSpec;
 use crate::hamlet::client::{RemoteSpec, entry_for};
 use crate::metrics::Health;
@@ -96,6 +104,58 @@ pub(crate) struct Parts {
     pub sink: std::sync::Arc<KubeImportSink>,
     pub owners: Owners,
     pub metrics: KubeMetrics,
+    /// `--grant-mode` other than none: grant objects written while this replica leads.
+    pub grants: Option<GrantWiring>,
+    /// The policy ConfigMap watch's first list (readiness waits for it too).
+    pub policy_synced: Option<watch::Receiver<bool>>,
+}
+
+/// What the leader needs to write grant objects ([`KubeGrants`]).
+pub(crate) struct GrantWiring {
+    pub mode: crate::federation::grants::GrantMode,
+    pub level: crate::federation::Level,
+    pub metrics: crate::federation::kube_grants::GrantMetrics,
+    pub store_errors: prometheus_client::metrics::counter::Counter,
+}
+
+impl GrantWiring {
+    /// Start the grant writer under `token` (the leader's) and make it the level's grant sink.
+    /// Routes recorded before (by a replica that did not lead yet) are applied now; one removed
+    /// meanwhile is removed again, so the writer's last wish matches the level.
+    fn start(&self, client: Client, token: CancellationToken) {
+        use crate::federation::grants::GrantSink as _;
+        let grants = KubeGrants::spawn_shared(
+            client,
+            self.mode,
+            crate::federation::kube_grants::Backoff::default(),
+            self.metrics.clone(),
+            self.store_errors.clone(),
+            token,
+        );
+        self.level.set_grant_sink(grants.clone());
+        let before = self.level.owner_routes();
+        for r in &before {
+            if let Err(e) = grants.apply(r) {
+                warn!(error = %e, "cannot apply the objects of a grant");
+            }
+        }
+        let now = self.level.owner_routes();
+        let key = |r: &crate::federation::level::OwnerRoute| {
+            (
+                r.target_namespace.clone(),
+                r.target_service.clone(),
+                r.caller_cluster.clone(),
+                r.caller_service.clone(),
+            )
+        };
+        let still: BTreeSet<_> = now.iter().map(key).collect();
+        for r in before.iter().filter(|r| !still.contains(&key(r))) {
+            if let Err(e) = grants.remove(r) {
+                warn!(error = %e, "cannot remove the objects of a revoked grant");
+            }
+        }
+        info!(mode = ?self.mode, routes = now.len(), "grant writer started");
+    }
 }
 
 /// Start both halves on `tasks`.
@@ -106,14 +166,39 @@ pub(crate) fn spawn(
     tasks: &mut JoinSet<anyhow::Result<()>>,
 ) {
     {
-        let (client, catalog, cluster, health, c) = (
+        let (client, catalog, cluster, c) = (
             config.client.clone(),
             parts.catalog.clone(),
             parts.cluster.clone(),
-            parts.health.clone(),
             cancel.clone(),
         );
-        tasks.spawn(async move { run_exports(client, catalog, cluster, health, c).await });
+        let (listed_tx, listed) = watch::channel(false);
+        tasks.spawn(async move { run_exports(client, catalog, cluster, listed_tx, c).await });
+        // Ready once the exports were listed and the policy ConfigMap (if any) was read.
+        let (health, policy, c) = (
+            parts.health.clone(),
+            parts.policy_synced.clone(),
+            cancel.clone(),
+        );
+        tasks.spawn(async move {
+            let all = async {
+                let mut listed = listed;
+                listed.wait_for(|l| *l).await.ok()?;
+                if let Some(mut p) = policy {
+                    p.wait_for(|s| *s).await.ok()?;
+                }
+                Some(())
+            };
+            tokio::select! {
+                _ = c.cancelled() => return Ok(()),
+                r = all => if r.is_some() {
+                    health.set_ready(true);
+                    info!("ready: exports listed, policies read");
+                },
+            }
+            c.cancelled().await;
+            Ok(())
+        });
     }
     {
         // The record cache the sink plans against (cheap; kept on every replica so a new
@@ -132,6 +217,9 @@ pub(crate) fn spawn(
             cancel,
             |leading| info!(leading, "import half leadership"),
             move |token| async move {
+                if let Some(g) = &parts.grants {
+                    g.start(config.client.clone(), token.clone());
+                }
                 let mut ctl = Controller::new(parts, config);
                 ctl.run(token).await
             },
@@ -146,7 +234,7 @@ async fn run_exports(
     client: Client,
     catalog: Catalog,
     cluster: String,
-    health: Health,
+    listed: watch::Sender<bool>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     let api: Api<ServiceRecord> = Api::all(client);
@@ -176,7 +264,7 @@ async fn run_exports(
                     removed = rm,
                     "exported ServiceRecords listed"
                 );
-                health.set_ready(true);
+                listed.send_replace(true);
             }
             Ok(Event::Apply(sr)) => {
                 if !records::is_export(&sr) {
@@ -315,6 +403,8 @@ impl Controller {
             .default_backoff()
             .boxed();
         let mut peers = self.parts.peers.subscribe();
+        // Hierarchy answers change the parent's status (imports, Synced).
+        let mut answers = self.parts.remotes.level().subscribe();
         let mut tick = tokio::time::interval(self.config.status_resync);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut buffer: Option<BTreeMap<(String, String), RemoteRegistry>> = None;
@@ -349,6 +439,7 @@ impl Controller {
                     }
                 }
                 r = peers.changed() => if r.is_err() { break },
+                r = answers.changed() => if r.is_err() { break },
                 _ = tick.tick() => {}
             }
             if !listed {
@@ -550,11 +641,24 @@ impl Controller {
                 0
             };
             total += imported;
+            let hierarchy = match &c.run {
+                Some(Wanted::Parent(..)) => Some(
+                    self.parts
+                        .remotes
+                        .level()
+                        .subscriptions()
+                        .iter()
+                        .map(|(t, svc, a)| status::import_status(t, svc, a.as_ref()))
+                        .collect(),
+                ),
+                _ => None,
+            };
             let obs = Observed {
                 generation: c.rr.metadata.generation,
                 validity: c.validity.clone(),
                 link,
                 imported,
+                hierarchy,
             };
             let mut want = status::desired(c.rr.status.as_ref(), &obs, SystemTime::now());
             if c.run.is_some()

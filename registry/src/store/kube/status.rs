@@ -9,8 +9,11 @@ use std::time::SystemTime;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use xcc_proto::crd::{
-    CONDITION_CONNECTED, CONDITION_SYNCED, CONDITION_VALID, RemoteRegistryStatus,
+    CONDITION_CONNECTED, CONDITION_SYNCED, CONDITION_VALID, ImportStatus, RemoteRegistryStatus,
 };
+use xcc_proto::xcc::federation::v1::{DenyReason, ServiceQueryResponse};
+
+use crate::federation::Target;
 
 use crate::peers::PeerState;
 
@@ -45,6 +48,88 @@ pub struct Observed {
     /// `None`: no client is running for it (yet).
     pub link: Option<Link>,
     pub imported: usize,
+    /// `role: Parent`: the hierarchy imports and their answers (`Some` even when empty).
+    pub hierarchy: Option<Vec<ImportStatus>>,
+}
+
+/// `ImportStatus.state` of an answered, granted import.
+pub const IMPORT_GRANTED: &str = "Granted";
+pub const IMPORT_DENIED: &str = "Denied";
+pub const IMPORT_NOT_FOUND: &str = "NotFound";
+pub const IMPORT_UNAVAILABLE: &str = "Unavailable";
+pub const IMPORT_REVOKED: &str = "Revoked";
+pub const IMPORT_PENDING: &str = "Pending";
+
+/// Whether an import state decides its question (the parent-link `Synced` waits for all).
+pub fn import_decided(state: &str) -> bool {
+    !matches!(state, IMPORT_UNAVAILABLE | IMPORT_PENDING)
+}
+
+/// The status of one hierarchy import from its latest answer.
+pub fn import_status(
+    target: &Target,
+    requester_service: &str,
+    answer: Option<&ServiceQueryResponse>,
+) -> ImportStatus {
+    let (fqdn, namespace, name) = match target {
+        Target::Fqdn(f) => (Some(f.clone()), None, None),
+        Target::Name { namespace, name } => (None, Some(namespace.clone()), Some(name.clone())),
+    };
+    let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    let (state, reason, message) = match answer {
+        None => (
+            IMPORT_PENDING,
+            None,
+            Some("waiting for an answer from the hierarchy".to_string()),
+        ),
+        Some(a) if a.unavailable => (IMPORT_UNAVAILABLE, None, some(&a.error)),
+        Some(a) if a.revoked => (IMPORT_REVOKED, None, some(&a.error)),
+        Some(a) if !a.found => (
+            IMPORT_NOT_FOUND,
+            None,
+            Some(if a.error.is_empty() {
+                "service not found in hierarchy".to_string()
+            } else {
+                a.error.clone()
+            }),
+        ),
+        Some(a) if a.access_allowed => (
+            IMPORT_GRANTED,
+            None,
+            Some(format!(
+                "granted by {}; owner cluster {}",
+                a.resolver_cluster, a.owner_cluster
+            )),
+        ),
+        Some(a) => {
+            let reason =
+                match DenyReason::try_from(a.deny_reason).unwrap_or(DenyReason::Unspecified) {
+                    DenyReason::NotAllowedByCallee => "NotAllowedByCallee",
+                    DenyReason::NotRequested => "NotRequested",
+                    DenyReason::PolicyDenied => "PolicyDenied",
+                    DenyReason::Unspecified => "Denied",
+                };
+            let mut message = a.error.clone();
+            if !a.policies.is_empty() {
+                let policies = format!("policies: {}", a.policies.join(", "));
+                message = if message.is_empty() {
+                    policies
+                } else {
+                    format!("{message}; {policies}")
+                };
+            }
+            (IMPORT_DENIED, Some(reason.to_string()), some(&message))
+        }
+    };
+    ImportStatus {
+        fqdn,
+        namespace,
+        name,
+        requester_service: some(requester_service),
+        state: state.to_string(),
+        reason,
+        message,
+    }
 }
 
 /// A time with whole seconds.
@@ -104,6 +189,7 @@ pub fn desired(
                 observed_generation: g,
                 imported_records: None,
                 last_sync_time: None,
+                imports: None,
             };
         }
         Validity::Valid => conditions.set(
@@ -134,19 +220,46 @@ pub fn desired(
         },
     };
     conditions.set(CONDITION_CONNECTED, connected, reason, message);
-    let synced = obs.link.as_ref().is_some_and(|l| {
-        l.state == PeerState::Connected
-            && matches!((l.last_sync, l.connected_since), (Some(s), Some(c)) if s >= c)
-    });
-    let (reason, message) = if synced {
-        (
-            "SnapshotApplied",
-            "imports match the remote's complete snapshot",
-        )
-    } else {
-        ("Pending", "waiting for a complete snapshot of the remote")
-    };
-    conditions.set(CONDITION_SYNCED, synced, reason, message.into());
+    let connected = obs
+        .link
+        .as_ref()
+        .is_some_and(|l| l.state == PeerState::Connected);
+    match &obs.hierarchy {
+        Some(imports) => {
+            // A parent: synced once the link is up and every import has a deciding answer.
+            let open = imports.iter().filter(|i| !import_decided(&i.state)).count();
+            let synced = connected && open == 0;
+            let (reason, message) = if synced {
+                (
+                    "ImportsAnswered",
+                    format!("every import ({}) has an answer", imports.len()),
+                )
+            } else if !connected {
+                ("Pending", "waiting for the parent link".to_string())
+            } else {
+                (
+                    "Pending",
+                    format!("{open} of {} imports without an answer", imports.len()),
+                )
+            };
+            conditions.set(CONDITION_SYNCED, synced, reason, message);
+        }
+        None => {
+            let synced = connected
+                && obs.link.as_ref().is_some_and(
+                    |l| matches!((l.last_sync, l.connected_since), (Some(s), Some(c)) if s >= c),
+                );
+            let (reason, message) = if synced {
+                (
+                    "SnapshotApplied",
+                    "imports match the remote's complete snapshot",
+                )
+            } else {
+                ("Pending", "waiting for a complete snapshot of the remote")
+            };
+            conditions.set(CONDITION_SYNCED, synced, reason, message.into());
+        }
+    }
     RemoteRegistryStatus {
         conditions: conditions.out,
         observed_generation: g,
@@ -158,6 +271,7 @@ pub fn desired(
             .map(seconds)
             // Keep the last known sync time across reconnects.
             .or_else(|| previous.and_then(|p| p.last_sync_time.clone())),
+        imports: obs.hierarchy.clone(),
     }
 }
 
@@ -172,6 +286,7 @@ mod tests {
             validity: Validity::Valid,
             link,
             imported,
+            hierarchy: None,
         }
     }
 
@@ -244,6 +359,83 @@ mod tests {
     }
 
     #[test]
+    fn parent_synced_needs_the_link_and_every_import_decided() {
+        use xcc_proto::xcc::federation::v1::ServiceQueryResponse;
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let target = Target::Name {
+            namespace: "shop".into(),
+            name: "api".into(),
+        };
+        let denied = ServiceQueryResponse {
+            found: true,
+            deny_reason: DenyReason::PolicyDenied as i32,
+            policies: vec!["no-secret".into()],
+            error: "forbidden".into(),
+            ..Default::default()
+        };
+        let d = import_status(&target, "web", Some(&denied));
+        assert_eq!(
+            (d.state.as_str(), d.reason.as_deref(), d.message.as_deref()),
+            (
+                "Denied",
+                Some("PolicyDenied"),
+                Some("forbidden; policies: no-secret")
+            )
+        );
+        assert_eq!(
+            (d.namespace.as_deref(), d.name.as_deref(), d.fqdn.as_deref()),
+            (Some("shop"), Some("api"), None)
+        );
+        let pending = import_status(&Target::Fqdn("a.b".into()), "", None);
+        assert_eq!(
+            (
+                pending.state.as_str(),
+                pending.requester_service.as_deref(),
+                pending.fqdn.as_deref()
+            ),
+            ("Pending", None, Some("a.b"))
+        );
+        let up = Link {
+            state: PeerState::Connected,
+            last_error: String::new(),
+            connected_since: Some(t0),
+            last_sync: None,
+        };
+        let parent = |imports: Vec<ImportStatus>| Observed {
+            hierarchy: Some(imports),
+            ..valid(Some(up.clone()), 0)
+        };
+        let synced = |s: &RemoteRegistryStatus| {
+            let c = &s.conditions[2];
+            (c.status.clone(), c.reason.clone(), c.message.clone())
+        };
+        let s = desired(None, &parent(vec![d.clone(), pending.clone()]), t0);
+        assert_eq!(
+            synced(&s),
+            (
+                "False".to_string(),
+                "Pending".to_string(),
+                "1 of 2 imports without an answer".to_string()
+            )
+        );
+        let s = desired(Some(&s), &parent(vec![d.clone()]), t0);
+        assert_eq!(
+            synced(&s),
+            (
+                "True".to_string(),
+                "ImportsAnswered".to_string(),
+                "every import (1) has an answer".to_string()
+            )
+        );
+        assert_eq!(s.imports, Some(vec![d.clone()]));
+        let down = Observed {
+            link: None,
+            ..parent(vec![d])
+        };
+        assert_eq!(desired(Some(&s), &down, t0).conditions[2].status, "False");
+    }
+
+    #[test]
     fn invalid_has_only_the_valid_condition() {
         let s = desired(
             None,
@@ -255,6 +447,7 @@ mod tests {
                 },
                 link: None,
                 imported: 0,
+                hierarchy: None,
             },
             SystemTime::UNIX_EPOCH,
         );
