@@ -23,7 +23,7 @@ use serde_json::Value;
 use xcc_proto::crd::{RemoteRegistry, ServiceRecord};
 
 const NAMESPACE: &str = "cross-cluster-connectivity";
-const TARGETS: [&str; 7] = [
+const TARGETS: [&str; 12] = [
     "crds",
     "base",
     "overlays/exporter",
@@ -31,6 +31,11 @@ const TARGETS: [&str; 7] = [
     "overlays/cilium",
     "cert-manager",
     "examples",
+    "dns",
+    "dns/transparent",
+    "overlays/grants-istio",
+    "overlays/grants-gateway",
+    "overlays/grants-cilium",
 ];
 
 fn deploy_dir() -> PathBuf {
