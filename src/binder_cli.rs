@@ -30,6 +30,7 @@ pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     let health = Health::default();
+    let health_flag = health.clone();
     let controller = Controller::new(
         client.clone(),
         Config::new(&args.namespace),
@@ -64,11 +65,20 @@ pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
         .leader_elect
         .then(|| LeaderConfig::new(&args.namespace, COMPONENT));
     tracing::info!(namespace = %args.namespace, leader_elect = args.leader_elect, "xcc binder starting");
+    // A standby replica is healthy and ready to take over: it reports ready, so a rolling update
+    // (new pod ready before the old one stops and releases the Lease) never stalls. The leader is
+    // ready once its first sync is done.
+    let standby = leader.is_some();
+    health_flag.set_ready(standby);
     let result = run_as_leader(
         client,
         leader,
         cancel.clone(),
-        |_| {},
+        move |leading| {
+            if leading {
+                health_flag.set_ready(false);
+            }
+        },
         |token| controller.run(token),
     )
     .await;
