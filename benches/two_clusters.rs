@@ -12,7 +12,8 @@
 //!
 //! 1. Latency: one Service at a time is labelled for export in A (server-side apply); the clock
 //!    starts before the apply and stops when B's API server holds an EndpointSlice with its cluster IP. p50/p90/p99/max.
-//! 2. Bulk: `--records` Services exported at once; time until B holds a Service for each.
+//! 2. Bulk: `--records` Services exported at once (16 applies in flight); time until B holds a
+//!    Service for each.
 //! 3. Steady state: counters reset, nothing changes for `--steady-seconds`; mutating requests
 //!    and actual writes per resource on both API servers, per minute. Lease renewals (leader
 //!    election) are reported separately: they are the only writes expected.
@@ -130,12 +131,20 @@ async fn run(args: Args) {
 
     // 2. Many at once.
     let started = Instant::now();
-    for i in 0..args.records {
-        a.apply(
-            "services",
-            exported_service("bench", &format!("svc-{i}"), 8080),
-        )
-        .await;
+    {
+        use futures::StreamExt as _;
+        let a = &a;
+        futures::stream::iter(0..args.records)
+            .map(|i| async move {
+                a.apply(
+                    "services",
+                    exported_service("bench", &format!("svc-{i}"), 8080),
+                )
+                .await
+            })
+            .buffer_unordered(16)
+            .collect::<Vec<()>>()
+            .await;
     }
     let applied = started.elapsed();
     let want = args.records + args.samples;
