@@ -203,6 +203,8 @@ type Keys = Vec<ServiceKey>;
 
 fn keys_insert(keys: &mut Keys, key: &ServiceKey) {
     if let Err(at) = keys.binary_search(key) {
+        // `insert` would grow an empty Vec to 4 slots; almost every set holds one key.
+        keys.reserve_exact(1);
         keys.insert(at, key.clone());
     }
 }
