@@ -278,12 +278,109 @@ struct LoadedFile<T> {
     items: Vec<T>,
 }
 
+/// Which entries of the watched directories changed, as a directory watcher reported them, kept
+/// until the directory's [`YamlDir`] takes them.
+///
+/// Shared between [`spawn_dir_watcher_with_events`] (which records) and the [`YamlDir`]s of the
+/// watched directories (which take). A directory needs a full scan when it is not watched yet,
+/// when its watcher reported something it cannot attribute to one entry (a rescan notice after a
+/// queue overflow, an error, an event on the directory itself), and on every poll tick.
+#[derive(Clone, Default)]
+pub struct DirEvents(Arc<std::sync::Mutex<HashMap<PathBuf, Pending>>>);
+
+#[derive(Default)]
+struct Pending {
+    full: bool,
+    paths: BTreeSet<PathBuf>,
+}
+
+/// What a refresh has to look at.
+#[derive(Debug, PartialEq, Eq)]
+enum Scope {
+    /// List the directory and `stat` every entry.
+    Full,
+    /// Only these entries (full paths); an empty set means nothing.
+    Paths(BTreeSet<PathBuf>),
+}
+
+/// Beyond this many pending paths in one directory, a full scan is cheaper to keep track of.
+const MAX_PENDING_PATHS: usize = 4096;
+
+impl DirEvents {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Pending>> {
+        // The map stays consistent even if a holder panicked: every update is one insert.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Start tracking `dir`; its first take is a full scan.
+    fn watch(&self, dir: &Path) {
+        self.lock().entry(dir.to_path_buf()).or_default().full = true;
+    }
+
+    /// Every tracked directory needs a full scan.
+    fn all_full(&self) {
+        for p in self.lock().values_mut() {
+            p.full = true;
+            p.paths.clear();
+        }
+    }
+
+    /// Record the paths of one watcher event. A path that is not an entry of a tracked directory
+    /// (or no path at all) makes the directories it may concern need a full scan.
+    fn record(&self, paths: &[PathBuf]) {
+        if paths.is_empty() {
+            return self.all_full();
+        }
+        let mut map = self.lock();
+        for path in paths {
+            if let Some(p) = map.get_mut(path.as_path()) {
+                // The directory itself (moved, removed, attributes): look at everything.
+                p.full = true;
+                p.paths.clear();
+                continue;
+            }
+            match path.parent().and_then(|d| map.get_mut(d)) {
+                Some(p) if !p.full => {
+                    p.paths.insert(path.clone());
+                    if p.paths.len() > MAX_PENDING_PATHS {
+                        p.full = true;
+                        p.paths.clear();
+                    }
+                }
+                Some(_) => {}
+                None => {
+                    for p in map.values_mut() {
+                        p.full = true;
+                        p.paths.clear();
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// What `dir` has to look at now; resets its record.
+    fn take(&self, dir: &Path) -> Scope {
+        match self.lock().get_mut(dir) {
+            None => Scope::Full, // Not watched (yet): nothing tells us what changed.
+            Some(p) if p.full => {
+                p.full = false;
+                p.paths.clear();
+                Scope::Full
+            }
+            Some(p) => Scope::Paths(std::mem::take(&mut p.paths)),
+        }
+    }
+}
+
 /// One watched directory of YAML files, each parsed on its own with its last good content kept.
 ///
-/// A refresh looks at each file's [`Stamp`] and reads only the files whose stamp changed (or
-/// whose stamp is too recent to trust), so an idle refresh is one `stat` per file. The files that
-/// changed are remembered until [`YamlDir::take_changes`], with the items they had before, so a
-/// consumer can apply just those.
+/// A full refresh looks at each file's [`Stamp`] and reads only the files whose stamp changed
+/// (or whose stamp is too recent to trust), so an idle full refresh is one `stat` per file. With
+/// [`YamlDir::with_events`], a refresh looks only at the entries the watcher reported, and does a
+/// full one when the watcher asks for it (poll tick, overflow). The files that changed are
+/// remembered until [`YamlDir::take_changes`], with the items they had before, so a consumer can
+/// apply just those.
 pub struct YamlDir<T> {
     dir: PathBuf,
     files: BTreeMap<PathBuf, LoadedFile<T>>,
@@ -293,6 +390,8 @@ pub struct YamlDir<T> {
     changed: BTreeMap<PathBuf, Vec<T>>,
     /// Whether `take_changes` was called before (the first one reports a full load).
     taken: bool,
+    /// Where the watcher reports changed entries; without it every refresh is a full scan.
+    events: Option<DirEvents>,
 }
 
 /// What changed in a [`YamlDir`] since the previous [`YamlDir::take_changes`].
@@ -311,13 +410,38 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
             errors: BTreeMap::new(),
             changed: BTreeMap::new(),
             taken: false,
+            events: None,
         }
     }
 
-    /// Re-read the directory. `validate` checks each item; any error rejects the whole file
-    /// (its previous content stays). Returns whether the effective content changed.
+    /// Refresh only what the watcher fed into `events` reported (see [`DirEvents`]).
+    pub fn with_events(mut self, events: DirEvents) -> Self {
+        self.events = Some(events);
+        self
+    }
+
+    /// Re-read what changed in the directory: every entry, or with [`YamlDir::with_events`] only
+    /// the entries the watcher reported. `validate` checks each item; any error rejects the
+    /// whole file (its previous content stays). Returns whether the effective content changed.
     pub fn refresh(&mut self, validate: impl Fn(&T) -> Result<(), String>) -> bool {
-        let mut present = Vec::new();
+        let scope = match &self.events {
+            Some(events) => events.take(&self.dir),
+            None => Scope::Full,
+        };
+        match scope {
+            Scope::Full => self.refresh_all(&validate),
+            Scope::Paths(paths) => {
+                let mut changed = false;
+                for path in paths {
+                    changed |= self.refresh_path(path, &validate);
+                }
+                changed
+            }
+        }
+    }
+
+    fn refresh_all(&mut self, validate: &dyn Fn(&T) -> Result<(), String>) -> bool {
+        let mut present = BTreeSet::new();
         let mut changed = false;
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(e) => e,
@@ -329,92 +453,127 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
         };
         for entry in entries.flatten() {
             let path = entry.path();
-            let is_yaml = path.extension().is_some_and(|e| e == "yaml" || e == "yml");
             // Follows symlinks, like reading does.
             let Ok(meta) = std::fs::metadata(&path) else {
                 continue;
             };
-            if !is_yaml || !meta.is_file() {
+            if !is_yaml(&path) || !meta.is_file() {
                 continue;
             }
-            present.push(path.clone());
-            let stamp = Stamp::of(&meta);
-            let rejected = self.errors.contains_key(&path);
-            if !rejected
-                && let Some(f) = self.files.get(&path)
-                && f.stamp == stamp
-                && f.bytes.is_none()
-            {
-                continue; // Unchanged, and the stamp is old enough to be trusted.
-            }
-            let read_at = SystemTime::now();
-            let Ok(bytes) = std::fs::read(&path) else {
-                continue;
-            };
-            // The stamp of what was read (a write between stat and read changes it).
-            let stamp = std::fs::metadata(&path)
-                .map(|m| Stamp::of(&m))
-                .unwrap_or(stamp);
-            let keep = stamp.is_racy(read_at);
-            if !rejected
-                && let Some(f) = self.files.get_mut(&path)
-                && f.bytes.as_deref() == Some(bytes.as_slice())
-            {
-                f.stamp = stamp;
-                f.bytes = keep.then_some(bytes);
-                continue;
-            }
-            let shown = display_name(&self.dir, &path);
-            let parsed = std::str::from_utf8(&bytes)
-                .map_err(|_| format!("{shown}: not UTF-8"))
-                .and_then(|text| {
-                    resources::parse_documents::<T>(text, &shown).map_err(|e| e.to_string())
-                })
-                .and_then(|items| {
-                    for (i, item) in items.iter().enumerate() {
-                        validate(item).map_err(|e| format!("{shown}: document {}: {e}", i + 1))?;
-                    }
-                    Ok(items)
-                });
-            match parsed {
-                Ok(items) => {
-                    self.errors.remove(&path);
-                    let loaded = LoadedFile {
-                        stamp,
-                        bytes: keep.then_some(bytes),
-                        items,
-                    };
-                    let previous = self
-                        .files
-                        .insert(path.clone(), loaded)
-                        .map(|f| f.items)
-                        .unwrap_or_default();
-                    self.changed.entry(path).or_insert(previous);
-                    changed = true;
-                }
-                Err(error) => {
-                    if self.errors.get(&path) != Some(&error) {
-                        warn!(%error, "rejected file; keeping its last good content");
-                    }
-                    self.errors.insert(path, error);
-                }
-            }
+            present.insert(path.clone());
+            changed |= self.refresh_file(path, &meta, validate);
         }
         let gone: Vec<PathBuf> = self
             .files
             .keys()
-            .filter(|p| !present.contains(p))
+            .filter(|p| !present.contains(*p))
             .cloned()
             .collect();
         for p in gone {
-            if let Some(f) = self.files.remove(&p) {
-                self.changed.entry(p).or_insert(f.items);
-            }
-            changed = true;
+            changed |= self.forget(p);
         }
         self.errors
             .retain(|p, _| present.contains(p) || *p == self.dir);
         changed
+    }
+
+    /// Look at one entry the watcher reported: re-read it, or forget it when it is gone or not a
+    /// YAML file any more.
+    fn refresh_path(&mut self, path: PathBuf, validate: &dyn Fn(&T) -> Result<(), String>) -> bool {
+        match std::fs::metadata(&path) {
+            Ok(meta) if is_yaml(&path) && meta.is_file() => {
+                self.refresh_file(path, &meta, validate)
+            }
+            // Gone, not a file, or not YAML. One that cannot be stat'ed at all is forgotten too,
+            // as a full scan would.
+            _ => {
+                self.errors.remove(&path);
+                self.forget(path)
+            }
+        }
+    }
+
+    /// Drop a file that is gone; returns whether it had accepted content.
+    fn forget(&mut self, path: PathBuf) -> bool {
+        match self.files.remove(&path) {
+            Some(f) => {
+                self.changed.entry(path).or_insert(f.items);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Re-read one present file if its stamp says it may have changed; returns whether its
+    /// accepted content changed.
+    fn refresh_file(
+        &mut self,
+        path: PathBuf,
+        meta: &std::fs::Metadata,
+        validate: &dyn Fn(&T) -> Result<(), String>,
+    ) -> bool {
+        let stamp = Stamp::of(meta);
+        let rejected = self.errors.contains_key(&path);
+        if !rejected
+            && let Some(f) = self.files.get(&path)
+            && f.stamp == stamp
+            && f.bytes.is_none()
+        {
+            return false; // Unchanged, and the stamp is old enough to be trusted.
+        }
+        let read_at = SystemTime::now();
+        let Ok(bytes) = std::fs::read(&path) else {
+            return false;
+        };
+        // The stamp of what was read (a write between stat and read changes it).
+        let stamp = std::fs::metadata(&path)
+            .map(|m| Stamp::of(&m))
+            .unwrap_or(stamp);
+        let keep = stamp.is_racy(read_at);
+        if !rejected
+            && let Some(f) = self.files.get_mut(&path)
+            && f.bytes.as_deref() == Some(bytes.as_slice())
+        {
+            f.stamp = stamp;
+            f.bytes = keep.then_some(bytes);
+            return false;
+        }
+        let shown = display_name(&self.dir, &path);
+        let parsed = std::str::from_utf8(&bytes)
+            .map_err(|_| format!("{shown}: not UTF-8"))
+            .and_then(|text| {
+                resources::parse_documents::<T>(text, &shown).map_err(|e| e.to_string())
+            })
+            .and_then(|items| {
+                for (i, item) in items.iter().enumerate() {
+                    validate(item).map_err(|e| format!("{shown}: document {}: {e}", i + 1))?;
+                }
+                Ok(items)
+            });
+        match parsed {
+            Ok(items) => {
+                self.errors.remove(&path);
+                let loaded = LoadedFile {
+                    stamp,
+                    bytes: keep.then_some(bytes),
+                    items,
+                };
+                let previous = self
+                    .files
+                    .insert(path.clone(), loaded)
+                    .map(|f| f.items)
+                    .unwrap_or_default();
+                self.changed.entry(path).or_insert(previous);
+                true
+            }
+            Err(error) => {
+                if self.errors.get(&path) != Some(&error) {
+                    warn!(%error, "rejected file; keeping its last good content");
+                }
+                self.errors.insert(path, error);
+                false
+            }
+        }
     }
 
     /// The files whose accepted content changed since the previous call.
@@ -446,6 +605,10 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
     pub fn errors(&self) -> Vec<String> {
         self.errors.values().cloned().collect()
     }
+}
+
+fn is_yaml(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "yaml" || e == "yml")
 }
 
 fn display_name(dir: &Path, path: &Path) -> String {
@@ -522,15 +685,35 @@ pub fn spawn_dir_watcher(
     tx: mpsc::Sender<()>,
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    spawn_dir_watcher_with_events(dirs, poll, tx, cancel, DirEvents::default())
+}
+
+/// [`spawn_dir_watcher`], also recording in `events` which entries changed, so the
+/// [`YamlDir`]s of `dirs` (built [`YamlDir::with_events`]) look at those only. A rescan notice
+/// (the kernel's event queue overflowed), a watcher error and every poll tick ask for a full
+/// scan. Each change is recorded before the unit is sent, so the receiver always finds it.
+pub fn spawn_dir_watcher_with_events(
+    dirs: Vec<PathBuf>,
+    poll: Duration,
+    tx: mpsc::Sender<()>,
+    cancel: CancellationToken,
+    events: DirEvents,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let notify_tx = tx.clone();
+        // Until now nothing watched these: their first refresh after this is a full scan.
+        for d in &dirs {
+            events.watch(d);
+        }
+        let (notify_tx, log) = (tx.clone(), events.clone());
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            // Our own reads raise open/access events; reacting to them would re-read forever.
-            if let Ok(ev) = res
-                && !matches!(ev.kind, notify::EventKind::Access(_))
-            {
-                let _ = notify_tx.try_send(());
+            match res {
+                // Our own reads raise open/access events; reacting to them would re-read forever.
+                Ok(ev) if matches!(ev.kind, notify::EventKind::Access(_)) => return,
+                Ok(ev) if ev.need_rescan() => log.all_full(),
+                Ok(ev) => log.record(&ev.paths),
+                Err(_) => log.all_full(),
             }
+            let _ = notify_tx.try_send(());
         });
         let _watcher = match watcher {
             Ok(mut w) => {
@@ -546,12 +729,17 @@ pub fn spawn_dir_watcher(
                 None
             }
         };
+        // The first tick is immediate: one full scan once the watch is in place covers whatever
+        // changed before it.
         let mut tick = tokio::time::interval(poll);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tick.tick() => { let _ = tx.try_send(()); }
+                _ = tick.tick() => {
+                    events.all_full();
+                    let _ = tx.try_send(());
+                }
             }
         }
     })
@@ -850,6 +1038,152 @@ spec:
         assert_eq!(
             addresses(&catalog),
             vec![("one".to_string(), "10.0.0.2".to_string())]
+        );
+    }
+
+    /// A directory fed by `DirEvents`, as if watched: its first refresh is the full load.
+    fn watched(exports: &Path) -> (YamlDir<ServiceRecord>, DirEvents) {
+        let events = DirEvents::default();
+        events.watch(exports);
+        let yd = YamlDir::new(exports.to_path_buf()).with_events(events.clone());
+        (yd, events)
+    }
+
+    #[test]
+    fn watched_refresh_reads_only_the_reported_files_and_full_scans_on_request() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(&exports).expect("mkdir");
+        let write =
+            |file: &str, text: &str| std::fs::write(exports.join(file), text).expect("write");
+        write("a.yaml", &record("one", "10.0.0.1"));
+        write("b.yaml", &record("two", "10.0.0.2"));
+        let catalog = Catalog::new();
+        let (mut yd, events) = watched(&exports);
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(catalog.len(), 2);
+        assert_eq!(events.take(&exports), Scope::Paths(BTreeSet::new()));
+
+        // Both change on disk, only a.yaml is reported: only a.yaml is read.
+        write("a.yaml", &record("one", "10.1.1.1"));
+        write("b.yaml", &record("two", "10.2.2.2"));
+        events.record(&[exports.join("a.yaml")]);
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            [("one", "10.1.1.1"), ("two", "10.0.0.2")].map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+        // Nothing reported: nothing read.
+        assert!(!sync_exports(&catalog, "east", &mut yd));
+        // A rescan notice (or a poll tick) finds b.yaml.
+        events.all_full();
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog)[1],
+            ("two".to_string(), "10.2.2.2".to_string())
+        );
+
+        // A reported deletion removes exactly that file's records; a reported non-YAML file is
+        // ignored.
+        std::fs::remove_file(exports.join("a.yaml")).expect("rm");
+        write("notes.txt", "not yaml");
+        events.record(&[exports.join("a.yaml"), exports.join("notes.txt")]);
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            vec![("two".to_string(), "10.2.2.2".to_string())]
+        );
+
+        // An event on the directory itself, or on a path outside it, asks for a full scan.
+        events.record(std::slice::from_ref(&exports));
+        assert_eq!(events.take(&exports), Scope::Full);
+        events.record(&[dir.path().join("elsewhere.yaml")]);
+        assert_eq!(events.take(&exports), Scope::Full);
+        events.record(&[]);
+        assert_eq!(events.take(&exports), Scope::Full);
+        // Too many pending paths collapse into a full scan.
+        let many: Vec<PathBuf> = (0..=MAX_PENDING_PATHS)
+            .map(|i| exports.join(format!("f{i}.yaml")))
+            .collect();
+        events.record(&many);
+        assert_eq!(events.take(&exports), Scope::Full);
+        // A directory nobody watches is always scanned in full.
+        assert_eq!(events.take(dir.path()), Scope::Full);
+    }
+
+    #[test]
+    fn watched_refresh_keeps_per_file_guarantees() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(&exports).expect("mkdir");
+        let a = exports.join("a.yaml");
+        let b = exports.join("b.yaml");
+        std::fs::write(&a, record("one", "10.0.0.1")).expect("write");
+        let catalog = Catalog::new();
+        let (mut yd, events) = watched(&exports);
+        assert!(sync_exports(&catalog, "east", &mut yd));
+
+        // A malformed rewrite is rejected with the file's name; the last good content stays.
+        std::fs::write(
+            &a,
+            record("one", "10.0.0.1").replace("port: 443", "port: 70000"),
+        )
+        .expect("write");
+        events.record(std::slice::from_ref(&a));
+        assert!(!sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            vec![("one".to_string(), "10.0.0.1".to_string())]
+        );
+        let errors = yd.errors();
+        assert!(
+            errors.len() == 1 && errors[0].starts_with("exports/a.yaml"),
+            "{errors:?}"
+        );
+
+        // Fixed again, with a same-size rewrite in place and the mtime put back.
+        let mtime = std::fs::metadata(&a)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        std::fs::write(&a, record("one", "10.0.0.2")).expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&a)
+            .and_then(|f| f.set_modified(mtime))
+            .expect("set mtime");
+        events.record(std::slice::from_ref(&a));
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert!(yd.errors().is_empty());
+        let mtime = std::fs::metadata(&a)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        std::fs::write(&a, record("one", "10.0.0.3")).expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&a)
+            .and_then(|f| f.set_modified(mtime))
+            .expect("set mtime");
+        events.record(std::slice::from_ref(&a));
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            vec![("one".to_string(), "10.0.0.3".to_string())]
+        );
+
+        // A record defined in two files: the later file wins; deleting it falls back.
+        std::fs::write(&b, record("one", "10.9.9.9")).expect("write");
+        events.record(std::slice::from_ref(&b));
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            vec![("one".to_string(), "10.9.9.9".to_string())]
+        );
+        std::fs::remove_file(&b).expect("rm");
+        events.record(std::slice::from_ref(&b));
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            vec![("one".to_string(), "10.0.0.3".to_string())]
         );
     }
 }
