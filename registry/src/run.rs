@@ -594,8 +594,12 @@ impl Registry {
                     std::fs::create_dir_all(d)
                         .with_context(|| format!("creating {}", d.display()))?;
                 }
-                let mut exports = YamlDir::<ServiceRecord>::new(exports_dir.clone());
-                let mut remote_files = YamlDir::<RemoteRegistry>::new(remotes_dir.clone());
+                // The watcher reports which files changed; a refresh looks at those only.
+                let events = file::DirEvents::default();
+                let mut exports =
+                    YamlDir::<ServiceRecord>::new(exports_dir.clone()).with_events(events.clone());
+                let mut remote_files =
+                    YamlDir::<RemoteRegistry>::new(remotes_dir.clone()).with_events(events.clone());
                 // First load before serving readiness.
                 file::sync_exports(&catalog, &cluster, &mut exports);
                 remote_files.refresh(|rr| file::remote_spec(rr).map(|_| ()));
@@ -606,11 +610,12 @@ impl Registry {
                 health.set_ready(true);
 
                 let (tx, mut rx) = mpsc::channel(1);
-                let watcher = file::spawn_dir_watcher(
+                let watcher = file::spawn_dir_watcher_with_events(
                     vec![exports_dir, remotes_dir],
                     *poll,
                     tx,
                     cancel.clone(),
+                    events,
                 );
                 let (cat, cl, rem, errs, c) = (
                     catalog.clone(),
