@@ -5,7 +5,10 @@
 //! lock and learn of changes through two broadcast channels: full [`CatalogEvent`]s for watchers,
 //! and the FQDNs whose Hamlet view changed for Hamlet consumers.
 
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::BuildHasher;
 
 use std::fmt;
 use std::sync::{Arc, RwLock};
@@ -198,24 +201,121 @@ pub fn fqdn_has_suffix(fqdn: &str, suffix: &str) -> bool {
         && fqdn.as_bytes()[fqdn.len() - suffix.len() - 1] == b'.'
 }
 
-/// A small sorted set of keys: almost always one element, so a Vec beats a BTreeSet node.
-type Keys = Vec<ServiceKey>;
+/// An entry ordered and looked up by its key, so the key is stored once: in the entry.
+#[derive(Clone)]
+struct ByKey(Arc<ServiceEntry>);
 
-fn keys_insert(keys: &mut Keys, key: &ServiceKey) {
-    if let Err(at) = keys.binary_search(key) {
-        // `insert` would grow an empty Vec to 4 slots; almost every set holds one key.
-        keys.reserve_exact(1);
-        keys.insert(at, key.clone());
+impl PartialEq for ByKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.key == other.0.key
     }
 }
 
-fn keys_remove(index: &mut HashMap<String, Keys>, bucket: &str, key: &ServiceKey) {
-    if let Some(keys) = index.get_mut(bucket) {
-        if let Ok(at) = keys.binary_search(key) {
-            keys.remove(at);
+impl Eq for ByKey {}
+
+impl PartialOrd for ByKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.key.cmp(&other.0.key)
+    }
+}
+
+impl Borrow<ServiceKey> for ByKey {
+    fn borrow(&self) -> &ServiceKey {
+        &self.0.key
+    }
+}
+
+/// The entries of one index bucket, sorted by key. Almost always one, held inline.
+enum Bucket {
+    One(Arc<ServiceEntry>),
+    Many(Box<[Arc<ServiceEntry>]>),
+}
+
+impl Bucket {
+    fn as_slice(&self) -> &[Arc<ServiceEntry>] {
+        match self {
+            Bucket::One(e) => std::slice::from_ref(e),
+            Bucket::Many(v) => v,
         }
-        if keys.is_empty() {
-            index.remove(bucket);
+    }
+
+    /// Adds `e`, or replaces the entry with the same key.
+    fn insert(&mut self, e: &Arc<ServiceEntry>) {
+        let slice = self.as_slice();
+        match slice.binary_search_by(|x| x.key.cmp(&e.key)) {
+            Ok(at) => match self {
+                Bucket::One(x) => *x = e.clone(),
+                Bucket::Many(v) => v[at] = e.clone(),
+            },
+            Err(at) => {
+                let mut v = Vec::with_capacity(slice.len() + 1);
+                v.extend_from_slice(&slice[..at]);
+                v.push(e.clone());
+                v.extend_from_slice(&slice[at..]);
+                *self = Bucket::Many(v.into_boxed_slice());
+            }
+        }
+    }
+
+    /// Removes the entry with `key`; returns whether the bucket is now empty.
+    fn remove(&mut self, key: &ServiceKey) -> bool {
+        let slice = self.as_slice();
+        let Ok(at) = slice.binary_search_by(|x| x.key.cmp(key)) else {
+            return false;
+        };
+        if slice.len() == 1 {
+            return true;
+        }
+        let rest: Vec<Arc<ServiceEntry>> = slice
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != at)
+            .map(|(_, e)| e.clone())
+            .collect();
+        *self = match <[_; 1]>::try_from(rest) {
+            Ok([one]) => Bucket::One(one),
+            Err(rest) => Bucket::Many(rest.into_boxed_slice()),
+        };
+        false
+    }
+}
+
+/// Entries by a hash of one of their names (the FQDN, or the namespace and name): the name is
+/// not stored again, the entries hold it. Different names can share a bucket (a hash
+/// collision), so readers compare the name itself. The hash is keyed per catalog.
+#[derive(Default)]
+struct Index {
+    hasher: RandomState,
+    buckets: HashMap<u64, Bucket>,
+}
+
+impl Index {
+    fn hash(&self, name: impl std::hash::Hash) -> u64 {
+        self.hasher.hash_one(name)
+    }
+
+    fn get(&self, hash: u64) -> &[Arc<ServiceEntry>] {
+        self.buckets.get(&hash).map(Bucket::as_slice).unwrap_or(&[])
+    }
+
+    fn insert(&mut self, hash: u64, e: &Arc<ServiceEntry>) {
+        match self.buckets.get_mut(&hash) {
+            Some(bucket) => bucket.insert(e),
+            None => {
+                self.buckets.insert(hash, Bucket::One(e.clone()));
+            }
+        }
+    }
+
+    fn remove(&mut self, hash: u64, key: &ServiceKey) {
+        if self.buckets.get_mut(&hash).is_some_and(|b| b.remove(key)) {
+            self.buckets.remove(&hash);
         }
     }
 }
@@ -446,26 +546,43 @@ impl HamletView {
 
 #[derive(Default)]
 struct State {
-    entries: BTreeMap<ServiceKey, Arc<ServiceEntry>>,
-    /// Subtree entries (local exports and children's announcements) by FQDN: the Hamlet view
-    /// picks the lowest key of each set.
-    local_by_fqdn: HashMap<String, Keys>,
-    /// Every entry by FQDN, and by `namespace/name`: lookups without scanning.
-    by_fqdn: HashMap<String, Keys>,
-    by_name: HashMap<String, Keys>,
-    /// What Hamlet consumers are served: the winner of each `local_by_fqdn` set.
+    /// Every entry, in key order.
+    entries: BTreeSet<ByKey>,
+    /// Every entry by FQDN, and by namespace and name: lookups without scanning. The Hamlet
+    /// view serves the subtree entry (local export or child's announcement) with the lowest
+    /// key of each FQDN.
+    by_fqdn: Index,
+    by_name: Index,
+    /// What Hamlet consumers are served: the winner of each FQDN.
     hamlet_view: HamletView,
     revision: u64,
 }
 
-fn name_bucket(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
-}
-
 impl State {
+    fn get(&self, key: &ServiceKey) -> Option<&Arc<ServiceEntry>> {
+        self.entries.get(key).map(|e| &e.0)
+    }
+
+    fn fqdn_hash(&self, fqdn: &str) -> u64 {
+        self.by_fqdn.hash(fqdn)
+    }
+
+    fn name_hash(&self, key: &ServiceKey) -> u64 {
+        self.by_name.hash((&key.namespace, &key.name))
+    }
+
+    /// Every entry with this canonical FQDN, in key order.
+    fn with_fqdn<'a>(&'a self, fqdn: &'a str) -> impl Iterator<Item = &'a Arc<ServiceEntry>> {
+        self.by_fqdn
+            .get(self.fqdn_hash(fqdn))
+            .iter()
+            .filter(move |e| e.fqdn == fqdn)
+    }
+
     fn hamlet_winner(&self, fqdn: &str) -> Option<Arc<ServiceEntry>> {
-        let key = self.local_by_fqdn.get(fqdn)?.first()?;
-        self.entries.get(key).cloned()
+        self.with_fqdn(fqdn)
+            .find(|e| e.source.in_subtree())
+            .cloned()
     }
 
     /// Bring the Hamlet view of `fqdn` up to date; returns its interned key when the served
@@ -491,32 +608,31 @@ impl State {
         }
     }
 
-    fn index(&mut self, e: &ServiceEntry) {
-        keys_insert(self.by_fqdn.entry(e.fqdn.clone()).or_default(), &e.key);
-        keys_insert(
-            self.by_name
-                .entry(name_bucket(&e.key.namespace, &e.key.name))
-                .or_default(),
-            &e.key,
-        );
+    /// Stores `e` (replacing the entry with its key) in `entries` and both indexes. `previous`
+    /// is the entry it replaces.
+    fn store(&mut self, e: &Arc<ServiceEntry>, previous: Option<&Arc<ServiceEntry>>) {
+        if let Some(prev) = previous
+            && prev.fqdn != e.fqdn
+        {
+            let hash = self.fqdn_hash(&prev.fqdn);
+            self.by_fqdn.remove(hash, &prev.key);
+        }
+        let hash = self.fqdn_hash(&e.fqdn);
+        self.by_fqdn.insert(hash, e);
+        // Same key, same namespace and name: a replacement lands in the same bucket.
+        let hash = self.name_hash(&e.key);
+        self.by_name.insert(hash, e);
+        self.entries.replace(ByKey(e.clone()));
     }
 
-    fn unindex(&mut self, e: &ServiceEntry) {
-        keys_remove(&mut self.by_fqdn, &e.fqdn, &e.key);
-        keys_remove(
-            &mut self.by_name,
-            &name_bucket(&e.key.namespace, &e.key.name),
-            &e.key,
-        );
-    }
-
-    fn resolve(&self, keys: Option<&Keys>) -> Vec<Arc<ServiceEntry>> {
-        keys.map(|keys| {
-            keys.iter()
-                .filter_map(|k| self.entries.get(k).cloned())
-                .collect()
-        })
-        .unwrap_or_default()
+    /// Removes the entry with `key` from `entries` and both indexes.
+    fn take(&mut self, key: &ServiceKey) -> Option<Arc<ServiceEntry>> {
+        let removed = self.entries.take(key)?.0;
+        let hash = self.fqdn_hash(&removed.fqdn);
+        self.by_fqdn.remove(hash, key);
+        let hash = self.name_hash(key);
+        self.by_name.remove(hash, key);
+        Some(removed)
     }
 }
 
@@ -565,7 +681,7 @@ impl Catalog {
     }
 
     fn upsert_locked(&self, st: &mut State, mut entry: ServiceEntry) -> Option<u64> {
-        let previous = st.entries.get(&entry.key).cloned();
+        let previous = st.get(&entry.key).cloned();
         if let Some(prev) = &previous
             && prev.same_content(&entry)
         {
@@ -574,33 +690,23 @@ impl Catalog {
         st.revision += 1;
         entry.revision = st.revision;
         let entry = Arc::new(entry);
-        let mut changed_fqdns: Vec<String> = Vec::new();
-        if let Some(prev) = &previous {
-            st.unindex(prev);
-            if prev.source.in_subtree() {
-                remove_local_index(st, prev);
-                changed_fqdns.push(prev.fqdn.clone());
-            }
+        st.store(&entry, previous.as_ref());
+        let _ = self.events.send(CatalogEvent::Upsert(entry.clone()));
+        let mut changed_fqdns: Vec<&str> = Vec::new();
+        if let Some(prev) = &previous
+            && prev.source.in_subtree()
+        {
+            changed_fqdns.push(&prev.fqdn);
         }
-        st.index(&entry);
-        if entry.source.in_subtree() {
-            keys_insert(
-                st.local_by_fqdn.entry(entry.fqdn.clone()).or_default(),
-                &entry.key,
-            );
-            if !changed_fqdns.contains(&entry.fqdn) {
-                changed_fqdns.push(entry.fqdn.clone());
-            }
+        if entry.source.in_subtree() && !changed_fqdns.contains(&entry.fqdn.as_str()) {
+            changed_fqdns.push(&entry.fqdn);
         }
-        st.entries.insert(entry.key.clone(), entry.clone());
-        let rev = st.revision;
-        let _ = self.events.send(CatalogEvent::Upsert(entry));
         for fqdn in changed_fqdns {
-            if let Some(key) = st.refresh_view(&fqdn) {
+            if let Some(key) = st.refresh_view(fqdn) {
                 let _ = self.hamlet.send(key);
             }
         }
-        Some(rev)
+        Some(st.revision)
     }
 
     /// Removes `key`; returns the removed entry.
@@ -610,12 +716,8 @@ impl Catalog {
     }
 
     fn remove_locked(&self, st: &mut State, key: &ServiceKey) -> Option<Arc<ServiceEntry>> {
-        let removed = st.entries.remove(key)?;
+        let removed = st.take(key)?;
         st.revision += 1;
-        st.unindex(&removed);
-        if removed.source.in_subtree() {
-            remove_local_index(st, &removed);
-        }
         let _ = self.events.send(CatalogEvent::Delete(removed.clone()));
         if removed.source.in_subtree()
             && let Some(key) = st.refresh_view(&removed.fqdn)
@@ -633,9 +735,9 @@ impl Catalog {
         let keep: BTreeSet<ServiceKey> = entries.iter().map(|e| e.key.clone()).collect();
         let stale: Vec<ServiceKey> = st
             .entries
-            .values()
-            .filter(|e| e.source == *source && !keep.contains(&e.key))
-            .map(|e| e.key.clone())
+            .iter()
+            .filter(|e| e.0.source == *source && !keep.contains(&e.0.key))
+            .map(|e| e.0.key.clone())
             .collect();
         let mut upserted = 0;
         for mut entry in entries {
@@ -671,7 +773,7 @@ impl Catalog {
         }
         let mut removed = 0;
         for key in removals {
-            if st.entries.get(key).is_some_and(|e| e.source == *source) {
+            if st.get(key).is_some_and(|e| e.source == *source) {
                 self.remove_locked(&mut st, key);
                 removed += 1;
             }
@@ -680,28 +782,32 @@ impl Catalog {
     }
 
     pub fn get(&self, key: &ServiceKey) -> Option<Arc<ServiceEntry>> {
-        self.read().entries.get(key).cloned()
+        self.read().get(key).cloned()
     }
 
     /// Every entry with this canonical FQDN, in key order (indexed, no scan).
     pub fn by_fqdn(&self, fqdn: &str) -> Vec<Arc<ServiceEntry>> {
         let fqdn = fqdn.trim_end_matches('.').to_ascii_lowercase();
-        let st = self.read();
-        st.resolve(st.by_fqdn.get(&fqdn))
+        self.read().with_fqdn(&fqdn).cloned().collect()
     }
 
     /// Every entry named `namespace/name`, whichever cluster owns it, in key order (indexed).
     pub fn by_name(&self, namespace: &str, name: &str) -> Vec<Arc<ServiceEntry>> {
         let st = self.read();
-        st.resolve(st.by_name.get(&name_bucket(namespace, name)))
+        st.by_name
+            .get(st.by_name.hash((namespace, name)))
+            .iter()
+            .filter(|e| e.key.namespace == namespace && e.key.name == name)
+            .cloned()
+            .collect()
     }
 
     pub fn list(&self, filter: &ListFilter) -> Vec<Arc<ServiceEntry>> {
         self.read()
             .entries
-            .values()
-            .filter(|e| filter.matches(e))
-            .cloned()
+            .iter()
+            .filter(|e| filter.matches(&e.0))
+            .map(|e| e.0.clone())
             .collect()
     }
 
@@ -751,21 +857,23 @@ impl Catalog {
     pub fn hamlet_conflicts(&self) -> Vec<(ServiceKey, ServiceKey)> {
         let st = self.read();
         let mut out = Vec::new();
-        for keys in st.local_by_fqdn.values() {
-            let mut it = keys.iter();
-            if let Some(winner) = it.next() {
-                for loser in it {
-                    out.push((loser.clone(), winner.clone()));
+        for bucket in st.by_fqdn.buckets.values() {
+            let subtree: Vec<&Arc<ServiceEntry>> = bucket
+                .as_slice()
+                .iter()
+                .filter(|e| e.source.in_subtree())
+                .collect();
+            // In key order: the first entry of each FQDN wins (a bucket may, rarely, hold
+            // several FQDNs).
+            for (i, e) in subtree.iter().enumerate() {
+                if let Some(winner) = subtree[..i].iter().find(|w| w.fqdn == e.fqdn) {
+                    out.push((e.key.clone(), winner.key.clone()));
                 }
             }
         }
         out.sort();
         out
     }
-}
-
-fn remove_local_index(st: &mut State, entry: &ServiceEntry) {
-    keys_remove(&mut st.local_by_fqdn, &entry.fqdn, &entry.key);
 }
 
 #[cfg(test)]
@@ -1021,6 +1129,45 @@ mod tests {
             &announced,
             c.hamlet_view().key("s0001.xcc.test").expect("key")
         ));
+    }
+
+    #[test]
+    fn index_buckets_keep_key_order_and_tell_colliding_names_apart() {
+        let entry = |cluster: &str, fqdn: &str| {
+            let mut e = local("a", "web", fqdn, "10.0.0.1");
+            e.key.cluster = cluster.into();
+            Arc::new(e)
+        };
+        let mut st = State::default();
+        // Two FQDNs forced into one bucket, as a hash collision would put them.
+        for (cluster, fqdn) in [("c", "x.test"), ("a", "y.test"), ("b", "x.test")] {
+            st.by_fqdn.insert(7, &entry(cluster, fqdn));
+        }
+        let order: Vec<String> = st
+            .by_fqdn
+            .get(7)
+            .iter()
+            .map(|e| e.key.to_string())
+            .collect();
+        assert_eq!(order, ["a/a/web", "b/a/web", "c/a/web"]);
+        st.by_fqdn.remove(7, &ServiceKey::new("a", "a", "web"));
+        st.by_fqdn.remove(7, &ServiceKey::new("b", "a", "web"));
+        assert!(matches!(st.by_fqdn.buckets.get(&7), Some(Bucket::One(e)) if e.key.cluster == "c"));
+        st.by_fqdn.insert(7, &entry("c", "z.test"));
+        assert_eq!(st.by_fqdn.get(7)[0].fqdn, "z.test");
+        st.by_fqdn.remove(7, &ServiceKey::new("c", "a", "web"));
+        assert!(st.by_fqdn.buckets.is_empty());
+        // Readers compare the FQDN itself, not only its hash.
+        let c = Catalog::new();
+        c.upsert(local("a", "web", "x.test", "10.0.0.1"));
+        let mut st = c.write();
+        let h = st.fqdn_hash("x.test");
+        st.by_fqdn.insert(h, &entry("b", "other.test"));
+        assert_eq!(st.with_fqdn("x.test").count(), 1);
+        assert_eq!(
+            st.hamlet_winner("x.test").expect("served").key.cluster,
+            "east"
+        );
     }
 
     #[test]
