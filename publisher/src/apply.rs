@@ -97,11 +97,36 @@ fn precondition_failed(e: &kube::Error) -> bool {
 /// Bring the records of the source with uid `owner_uid` in `namespace` to `desired`.
 /// Idempotent and level-triggered: call it on every change of the source, its nodes or its
 /// records. NotFound on delete counts as done (the garbage collector may have been first).
+/// Lists the publisher's records in the namespace to find stale ones; a controller with a
+/// watch cache of them uses [`sync_source_known`] instead.
 pub async fn sync_source(
     client: &Client,
     namespace: &str,
     owner_uid: &str,
     desired: &Desired,
+) -> Result<Outcome, SyncError> {
+    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("{EXPORT_LABEL},{MANAGED_BY_LABEL}={PUBLISHER_MANAGER}");
+    let records = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_error("list", namespace, ""))?;
+    sync_source_known(client, namespace, owner_uid, desired, records.items.iter()).await
+}
+
+/// [`sync_source`] with the publisher's records in `namespace` given (from a watch cache), so
+/// a reconcile costs no list: the cost of a namespace with many exported sources stays
+/// constant per source. The desired record itself is still read from the API before it is
+/// written (a record someone else created a moment ago is never taken over), and each stale
+/// record is deleted with its uid as a precondition (a stale cache never removes a record
+/// re-created under the same name); a stale record the cache does not show yet is removed
+/// when its watch event re-triggers the owner.
+pub async fn sync_source_known<'a>(
+    client: &Client,
+    namespace: &str,
+    owner_uid: &str,
+    desired: &Desired,
+    known: impl IntoIterator<Item = &'a ServiceRecord>,
 ) -> Result<Outcome, SyncError> {
     let api: Api<ServiceRecord> = Api::namespaced(client.clone(), namespace);
     let mut outcome = Outcome {
@@ -110,11 +135,13 @@ pub async fn sync_source(
         conflict: None,
         removed: Vec::new(),
     };
-    let keep = match desired {
-        Desired::Skip(skip) => {
-            outcome.skipped = Some(skip.clone());
-            None
-        }
+    let keep = desired.record().map(|r| r.name_any());
+    let stale: Vec<(String, Option<String>)> = stale_records(owner_uid, keep.as_deref(), known)
+        .into_iter()
+        .map(|r| (r.name_any(), r.metadata.uid.clone()))
+        .collect();
+    match desired {
+        Desired::Skip(skip) => outcome.skipped = Some(skip.clone()),
         Desired::Publish(record) => {
             let name = record.name_any();
             let current = api
@@ -132,22 +159,21 @@ pub async fn sync_source(
                     .map_err(kube_error("apply", namespace, &name))?;
                 outcome.published = Some((name.clone(), true));
             }
-            Some(name)
         }
-    };
-    let selector = format!("{EXPORT_LABEL},{MANAGED_BY_LABEL}={PUBLISHER_MANAGER}");
-    let records = api
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(kube_error("list", namespace, ""))?;
-    for stale in stale_records(owner_uid, keep.as_deref(), records.items.iter()) {
-        let name = stale.name_any();
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(e) if not_found(&e) => {}
+    }
+    for (name, uid) in stale {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid,
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => outcome.removed.push(name),
+            Err(e) if not_found(&e) || precondition_failed(&e) => {}
             Err(e) => return Err(kube_error("delete", namespace, &name)(e)),
         }
-        outcome.removed.push(name);
     }
     Ok(outcome)
 }
@@ -179,12 +205,45 @@ pub async fn remove_source_records(
         .list(&ListParams::default().labels(&selector))
         .await
         .map_err(kube_error("list", namespace, ""))?;
+    remove_source_records_known(
+        client,
+        namespace,
+        api_version,
+        kind,
+        name,
+        records.items.iter(),
+    )
+    .await
+}
+
+/// [`remove_source_records`] with the publisher's records in `namespace` given (from a watch
+/// cache): no list per reconcile.
+pub async fn remove_source_records_known<'a>(
+    client: &Client,
+    namespace: &str,
+    api_version: &str,
+    kind: &str,
+    name: &str,
+    known: impl IntoIterator<Item = &'a ServiceRecord>,
+) -> Result<Removal, SyncError> {
+    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), namespace);
     let mut removal = Removal::default();
-    for record in records_of_source(api_version, kind, name, records.items.iter()) {
-        let record_name = record.name_any();
+    let found: Vec<(String, Option<String>, Option<String>)> =
+        records_of_source(api_version, kind, name, known)
+            .into_iter()
+            .map(|record| {
+                let owner = record
+                    .owner_references()
+                    .iter()
+                    .find(|o| o.controller == Some(true))
+                    .map(|o| o.uid.clone());
+                (record.name_any(), record.metadata.uid.clone(), owner)
+            })
+            .collect();
+    for (record_name, uid, owner) in found {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: record.metadata.uid.clone(),
+                uid,
                 resource_version: None,
             }),
             ..DeleteParams::default()
@@ -195,11 +254,7 @@ pub async fn remove_source_records(
             Err(e) => return Err(kube_error("delete", namespace, &record_name)(e)),
         }
         if removal.owner_uid.is_none() {
-            removal.owner_uid = record
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true))
-                .map(|o| o.uid.clone());
+            removal.owner_uid = owner;
         }
     }
     Ok(removal)

@@ -404,6 +404,15 @@ impl Shared {
         self.ingress.get(&ObjectRef::new(name).within(ns))
     }
 
+    /// The publisher's records in `namespace`, from the watch cache.
+    fn records_in(&self, namespace: &str) -> Vec<Arc<ServiceRecord>> {
+        self.records
+            .state()
+            .into_iter()
+            .filter(|r| r.metadata.namespace.as_deref() == Some(namespace))
+            .collect()
+    }
+
     fn nodes(&self) -> Vec<Node> {
         let mut nodes: Vec<Node> = self.nodes.state().iter().map(|n| (**n).clone()).collect();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -511,12 +520,14 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
     };
     let Some((uid, desired)) = present else {
         // Deleted, or no longer labelled for export: its records go.
-        let removal = apply::remove_source_records(
+        let known = shared.records_in(&key.namespace);
+        let removal = apply::remove_source_records_known(
             &shared.client,
             &key.namespace,
             key.kind.api_version(),
             key.kind.kind(),
             &key.name,
+            known.iter().map(|r| r.as_ref()),
         )
         .await?;
         shared.newly_reported(key, None);
@@ -540,7 +551,15 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
         }
         return Ok(());
     };
-    let outcome = apply::sync_source(&shared.client, &key.namespace, &uid, &desired).await?;
+    let known = shared.records_in(&key.namespace);
+    let outcome = apply::sync_source_known(
+        &shared.client,
+        &key.namespace,
+        &uid,
+        &desired,
+        known.iter().map(|r| r.as_ref()),
+    )
+    .await?;
     report(shared, key, &uid, &desired, &outcome).await;
     Ok(())
 }

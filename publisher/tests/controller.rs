@@ -541,8 +541,8 @@ async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() 
         before.metadata.resource_version
     );
     // PUB-08-like: the proxy loses its label; the foreign record stays.
-    set_label(&proxies, "test", false).await;
     let reconciles = running.ok_reconciles();
+    set_label(&proxies, "test", false).await;
     wait_for("the unlabelled proxy reconciled", || {
         let n = running.ok_reconciles();
         async move { (n > reconciles).then_some(()) }
