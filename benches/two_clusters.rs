@@ -148,10 +148,27 @@ async fn run(args: Args) {
     }
     let applied = started.elapsed();
     let want = args.records + args.samples;
+    // When each stage held every record: A's exported records (publisher), B's imported
+    // records (both registries), B's Services (binder).
+    let (mut exported_at, mut imported_at) = (None, None);
     wait_for(
         "every Service in B",
-        Duration::from_secs(600),
+        Duration::from_secs(900),
         || {
+            if exported_at.is_none()
+                && a.list(
+                    xcc_proto::names::API_VERSION,
+                    "servicerecords",
+                    Some("bench"),
+                )
+                .len()
+                    >= want
+            {
+                exported_at = Some(started.elapsed());
+            }
+            if imported_at.is_none() && b.imported().len() >= want {
+                imported_at = Some(started.elapsed());
+            }
             let n = b
                 .list("v1", "services", Some(NS))
                 .iter()
@@ -185,6 +202,11 @@ async fn run(args: Args) {
         ms(applied),
         want,
         ms(converged)
+    );
+    println!(
+        "   stages: all exported records in A after {} ms, all imported records in B after {} ms",
+        exported_at.map_or("-".into(), ms),
+        imported_at.map_or("-".into(), ms),
     );
     println!(
         "== steady state over {} s with {} imported records",
