@@ -31,6 +31,25 @@ pub async fn serve(
     on_scrape: Arc<dyn Fn() + Send + Sync>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
+    serve_with(
+        listener,
+        registry,
+        Arc::new(move || health.is_ready()),
+        on_scrape,
+        cancel,
+    )
+    .await
+}
+
+/// [`serve`] with readiness computed by `ready` (for components whose readiness lives elsewhere,
+/// e.g. the DNS server's published snapshot).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    on_scrape: Arc<dyn Fn() + Send + Sync>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
     use axum::http::{StatusCode, header};
     use axum::routing::get;
     let app = axum::Router::new()
@@ -38,7 +57,7 @@ pub async fn serve(
         .route(
             "/readyz",
             get(move || {
-                let ready = health.is_ready();
+                let ready = ready();
                 async move {
                     if ready {
                         (StatusCode::OK, "ready")

@@ -3,15 +3,12 @@
 //! endpoint carries no catalog data; every federation and admin API is mTLS-only.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum OpLabel {
@@ -122,78 +119,9 @@ impl Metrics {
     }
 }
 
-/// Liveness and readiness flags shared with the probe endpoint.
-#[derive(Clone, Default)]
-pub struct Health {
-    ready: Arc<AtomicBool>,
-}
-
-impl Health {
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Relaxed);
-    }
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
-    }
-}
-
-/// Serve `/metrics`, `/healthz` and `/readyz` until `cancel` fires.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    registry: Arc<Registry>,
-    health: Health,
-    on_scrape: Arc<dyn Fn() + Send + Sync>,
-    cancel: CancellationToken,
-) -> std::io::Result<()> {
-    use axum::http::{StatusCode, header};
-    use axum::routing::get;
-    let app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = health.is_ready();
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "not ready: first sync pending",
-                        )
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                on_scrape();
-                let mut body = String::new();
-                let result = prometheus_client::encoding::text::encode(&mut body, &registry);
-                async move {
-                    match result {
-                        Ok(()) => (
-                            StatusCode::OK,
-                            [(
-                                header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )],
-                            body,
-                        ),
-                        Err(_) => (
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            [(header::CONTENT_TYPE, "text/plain")],
-                            "encoding failed".to_string(),
-                        ),
-                    }
-                }
-            }),
-        );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await
-}
+/// Readiness flag shared with the probe endpoint, and the endpoint itself (`/healthz`,
+/// `/readyz`, `/metrics`): the same for every xcc process.
+pub use xcc_controller::probes::{Health, serve as serve_http};
 
 /// Bind helper that reports the bound address (port 0 picks a free one).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {

@@ -339,60 +339,22 @@ fn gauge_value(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Serve `/metrics`, `/healthz` and `/readyz` until `cancel` fires.
+/// Serve `/metrics`, `/healthz` and `/readyz` until `cancel` fires; ready once the index
+/// has published a snapshot built from every feed.
 pub async fn serve_http(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    use axum::http::{StatusCode, header};
-    use axum::routing::get;
-    let app = axum::Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let ready = snapshots.borrow().ready;
-                async move {
-                    if ready {
-                        (StatusCode::OK, "ready")
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "not ready: first sync pending",
-                        )
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let mut body = String::new();
-                let result = prometheus_client::encoding::text::encode(&mut body, &registry);
-                async move {
-                    match result {
-                        Ok(()) => (
-                            StatusCode::OK,
-                            [(
-                                header::CONTENT_TYPE,
-                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                            )],
-                            body,
-                        ),
-                        Err(_) => (
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            [(header::CONTENT_TYPE, "text/plain")],
-                            "encoding failed".to_string(),
-                        ),
-                    }
-                }
-            }),
-        );
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await
+    xcc_controller::probes::serve_with(
+        listener,
+        registry,
+        Arc::new(move || snapshots.borrow().ready),
+        Arc::new(|| {}),
+        cancel,
+    )
+    .await
 }
 
 #[cfg(test)]
