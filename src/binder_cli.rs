@@ -24,7 +24,7 @@ pub struct BinderArgs {
 
 pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
-    let stop = shutdown_signal()?;
+    let stop = crate::cli::shutdown_signal()?;
     let client = xcc_controller::client().await?;
 
     let mut registry = prometheus_client::registry::Registry::default();
@@ -91,25 +91,4 @@ pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
         }
     }
     result
-}
-
-/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        Ok(async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async move {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
 }

@@ -116,3 +116,26 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Bench(args) => crate::bench::run(args).await,
     }
 }
+
+/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either. Every
+/// long-running command shuts down gracefully on it.
+pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    #[cfg(unix)]
+    {
+        use anyhow::Context as _;
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        Ok(async move {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        Ok(async move {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+    }
+}

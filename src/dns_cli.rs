@@ -167,7 +167,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     };
     // Register the signal handlers before announcing readiness, so a SIGTERM that follows the
     // "serving" line is always handled gracefully.
-    let stop = shutdown_signal()?;
+    let stop = crate::cli::shutdown_signal()?;
     tracing::info!(
         udp = %server.udp_addr()?,
         tcp = %server.tcp_addr()?,
@@ -206,25 +206,4 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
 async fn ok(f: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     f.await;
     Ok(())
-}
-
-/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        Ok(async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async move {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
 }

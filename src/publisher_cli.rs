@@ -78,7 +78,7 @@ pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
         }));
     }
     // Register the handlers before starting work, so an early SIGTERM is handled gracefully.
-    let stop = shutdown_signal()?;
+    let stop = crate::cli::shutdown_signal()?;
     let signal = cancel.clone();
     tokio::spawn(async move {
         stop.await;
@@ -101,25 +101,4 @@ pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
             .context("metrics endpoint")?;
     }
     result
-}
-
-/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        Ok(async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async move {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
 }

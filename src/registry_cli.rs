@@ -137,7 +137,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
     };
     let cancel = CancellationToken::new();
     // Handlers first: a SIGTERM right after the "registry started" line must stop it gracefully.
-    let stop = shutdown_signal()?;
+    let stop = crate::cli::shutdown_signal()?;
     let registry = Registry::start(config, cancel.clone()).await?;
     tokio::spawn(async move {
         stop.await;
@@ -145,25 +145,4 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         cancel.cancel();
     });
     registry.run().await
-}
-
-/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either.
-fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        Ok(async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async move {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
 }
