@@ -5,8 +5,9 @@
 //! the label → gone in B; a labelled Service in A → its cluster IP in B; B's registry restarted
 //! while an export disappears → the stale import is removed, the rest keeps its identity
 //! (nothing lost, nothing duplicated); the RemoteRegistry switched to `CiliumGlobalService` →
-//! a global Service with the origin's name and namespace; the RemoteRegistry deleted → every
-//! import and what the binder made of it gone. Every step waits on API state, never on time.
+//! global Services with the origins' names and namespaces, removed with their export label and
+//! kept across another registry restart; the RemoteRegistry deleted → every import and what
+//! the binder made of it gone. Every step waits on API state, never on time.
 
 #![allow(clippy::unwrap_used)]
 
@@ -215,6 +216,67 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     )
     .await;
 
+    // The same journey in Cilium mode: cart is there too; its label removed in A → gone in B,
+    // api untouched.
+    let api_global_uid = global["metadata"]["uid"].clone();
+    wait_for(
+        "a Cilium global Service shop/cart in B",
+        WAIT,
+        || service(&b, "shop", "cart"),
+        || logs(&a, &b),
+    )
+    .await;
+    a.merge(
+        "v1",
+        "Service",
+        "services",
+        Some("shop"),
+        "cart",
+        json!({"metadata": {"labels": {EXPORT_LABEL: null}}}),
+    )
+    .await;
+    wait_for(
+        "shop/cart to leave B once its export label is removed in A",
+        WAIT,
+        || {
+            (service(&b, "shop", "cart").is_none() && !b.imported().contains_key(cart_fqdn))
+                .then_some(())
+        },
+        || logs(&a, &b),
+    )
+    .await;
+    assert_eq!(
+        service(&b, "shop", "api").unwrap()["metadata"]["uid"],
+        api_global_uid
+    );
+
+    // B's registry restarts in Cilium mode: a new export arrives, nothing else changes.
+    let registry = b.registry.take().unwrap();
+    assert!(
+        registry.terminate(),
+        "B's registry exits cleanly on SIGTERM"
+    );
+    b.start_registry(LOG);
+    a.apply("services", exported_service("shop", "orders", 7070))
+        .await;
+    wait_for(
+        "a Cilium global Service shop/orders in B after the restart",
+        WAIT,
+        || service(&b, "shop", "orders"),
+        || logs(&a, &b),
+    )
+    .await;
+    assert_eq!(
+        service(&b, "shop", "api").unwrap()["metadata"]["uid"],
+        api_global_uid,
+        "the api global Service survived the restart untouched"
+    );
+    assert_eq!(
+        b.imported().keys().collect::<Vec<_>>(),
+        [api_fqdn, "orders.shop.svc.clusterset.local"],
+        "exactly the current exports, none duplicated"
+    );
+
     // 6. Deleting the RemoteRegistry removes every import and what was made of it.
     b.delete(
         API_VERSION,
@@ -230,7 +292,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
         || {
             (b.imported().is_empty()
                 && service(&b, "shop", "api").is_none()
-                && service(&b, "shop", "cart").is_none())
+                && service(&b, "shop", "orders").is_none())
             .then_some(())
         },
         || logs(&a, &b),
