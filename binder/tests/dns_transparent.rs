@@ -32,9 +32,18 @@ const UPSTREAM_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 53);
 /// A stub upstream resolver on 127.0.0.1 (UDP and TCP, same port): answers every question with
 /// one A record and reports the exact bytes it received.
 async fn stub_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<Vec<u8>>) {
-    let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let addr = udp.local_addr().unwrap();
-    let tcp = TcpListener::bind(addr).await.unwrap();
+    // UDP and TCP on the same port: the port the kernel picks for UDP may be taken for TCP by
+    // another process, so pick again until both bind.
+    let mut attempt = 0;
+    let (udp, tcp, addr) = loop {
+        let udp = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = udp.local_addr().unwrap();
+        match TcpListener::bind(addr).await {
+            Ok(tcp) => break (udp, tcp, addr),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && attempt < 50 => attempt += 1,
+            Err(e) => panic!("binding TCP {addr}: {e}"),
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel();
     let reply = |bytes: &[u8]| {
         let q = Message::from_vec(bytes).unwrap();
