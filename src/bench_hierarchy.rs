@@ -183,7 +183,7 @@ fn service_name(i: usize) -> String {
 /// A service as a leaf exports it: one endpoint (unique per `seq`), one port, the service-port
 /// annotation, no allowed requesters.
 fn service_entry(cluster: &str, namespace: &str, name: &str, seq: usize) -> ServiceEntry {
-    let mut labels = std::collections::BTreeMap::new();
+    let mut labels = xcc_registry::catalog::Labels::new();
     labels.insert(
         xcc_proto::names::SERVICE_PORT_ANNOTATION.to_string(),
         "443".to_string(),

@@ -36,7 +36,7 @@ fn export_from(
     ips: &[&str],
     allowed: &[&str],
 ) -> ServiceEntry {
-    let mut labels = std::collections::BTreeMap::new();
+    let mut labels = xcc_registry::catalog::Labels::new();
     labels.insert(
         xcc_proto::names::SERVICE_PORT_ANNOTATION.to_string(),
         "443".to_string(),

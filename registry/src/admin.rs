@@ -120,7 +120,7 @@ pub fn to_api(e: &ServiceEntry) -> api::Service {
                 protocol: p.protocol.clone(),
             })
             .collect(),
-        labels: e.labels.clone(),
+        labels: e.labels.to_btree_map(),
         allowed_requesters: e.allowed_requesters.clone(),
         origin: e.origin.as_ref().map(|o| api::Origin {
             cluster: o.cluster.clone(),

@@ -494,7 +494,6 @@ pub fn admits(entry: &ServiceEntry, cluster: &str, service: &str) -> bool {
 mod tests {
     use super::*;
     use crate::catalog::{Endpoint, ServiceKey, Source};
-    use std::collections::BTreeMap;
 
     fn api(allowed: &[&str]) -> ServiceEntry {
         ServiceEntry {
@@ -506,7 +505,7 @@ mod tests {
                 port: 443,
             }],
             ports: vec![],
-            labels: BTreeMap::from([("tier".to_string(), "restricted".to_string())]),
+            labels: [("tier", "restricted")].into_iter().collect(),
             allowed_requesters: allowed.iter().map(|s| s.to_string()).collect(),
             origin: None,
             revision: 1,

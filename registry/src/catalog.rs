@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasher;
 
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use tokio::sync::broadcast;
 
@@ -97,6 +97,141 @@ pub struct Origin {
     pub kind: String,
 }
 
+/// Label keys every entry may carry, allocated once and shared by all entries that use them.
+/// A fixed list, so the set of shared keys cannot grow with input.
+fn shared_label_key(key: &str) -> Arc<str> {
+    static KNOWN: OnceLock<[Arc<str>; 4]> = OnceLock::new();
+    let known = KNOWN.get_or_init(|| {
+        [
+            Arc::from(xcc_proto::names::SERVICE_PORT_ANNOTATION),
+            Arc::from(xcc_proto::names::VIP_ANNOTATION),
+            Arc::from(xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION),
+            Arc::from(xcc_proto::mapping::ORIGIN_NAME_ANNOTATION),
+        ]
+    });
+    known
+        .iter()
+        .find(|k| ***k == *key)
+        .cloned()
+        .unwrap_or_else(|| Arc::from(key))
+}
+
+/// A service's pass-through labels, stored compactly: a boxed slice of `(key, value)` pairs
+/// sorted by key with unique keys (so iteration order is the same as a `BTreeMap`'s), the
+/// well-known annotation keys shared between entries. No labels allocate nothing.
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Labels(Box<[(Arc<str>, Box<str>)]>);
+
+impl Labels {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn position(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| (**k).cmp(key))
+    }
+
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.position(key).ok().map(|i| &*self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.position(key).is_ok()
+    }
+
+    /// Set `key` to `value`; returns the previous value, as `BTreeMap::insert` does.
+    pub fn insert(&mut self, key: String, value: String) -> Option<String> {
+        match self.position(&key) {
+            Ok(i) => {
+                Some(std::mem::replace(&mut self.0[i].1, value.into_boxed_str()).into_string())
+            }
+            Err(i) => {
+                let mut pairs = std::mem::take(&mut self.0).into_vec();
+                pairs.insert(i, (shared_label_key(&key), value.into_boxed_str()));
+                self.0 = pairs.into_boxed_slice();
+                None
+            }
+        }
+    }
+
+    /// The pairs in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.0.iter().map(|(k, v)| (&**k, &**v))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(|(k, _)| &**k)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn to_btree_map(&self) -> BTreeMap<String, String> {
+        self.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
+
+impl fmt::Debug for Labels {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Labels {
+    /// Sorted by key; of repeated keys the last value wins (as collecting into a `BTreeMap`).
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        let mut pairs: Vec<(Arc<str>, Box<str>)> = iter
+            .into_iter()
+            .map(|(k, v)| (shared_label_key(k.as_ref()), Box::from(v.as_ref())))
+            .collect();
+        // Stable sort keeps equal keys in input order; keep the last of each run.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut deduped: Vec<(Arc<str>, Box<str>)> = Vec::with_capacity(pairs.len());
+        for pair in pairs {
+            match deduped.last_mut() {
+                Some(last) if last.0 == pair.0 => *last = pair,
+                _ => deduped.push(pair),
+            }
+        }
+        Self(deduped.into_boxed_slice())
+    }
+}
+
+impl From<&BTreeMap<String, String>> for Labels {
+    fn from(map: &BTreeMap<String, String>) -> Self {
+        map.iter().collect()
+    }
+}
+
+impl From<BTreeMap<String, String>> for Labels {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        Self::from(&map)
+    }
+}
+
+impl From<&Labels> for BTreeMap<String, String> {
+    fn from(labels: &Labels) -> Self {
+        labels.to_btree_map()
+    }
+}
+
+impl PartialEq<BTreeMap<String, String>> for Labels {
+    fn eq(&self, other: &BTreeMap<String, String>) -> bool {
+        self.len() == other.len()
+            && self
+                .iter()
+                .zip(other.iter())
+                .all(|((a, b), (c, d))| a == c && b == d)
+    }
+}
+
 /// One service as the catalog holds it. `fqdn` is canonical (lowercase, no trailing dot).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceEntry {
@@ -106,7 +241,7 @@ pub struct ServiceEntry {
     pub endpoints: Vec<Endpoint>,
     pub ports: Vec<NamedPort>,
     /// Pass-through labels (XCC: the `connectivity.tanzu.vmware.com/` annotations).
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// Clusters allowed to see the service; empty = every authenticated cluster.
     pub allowed_requesters: Vec<String>,
     pub origin: Option<Origin>,
@@ -890,7 +1025,7 @@ mod tests {
                 port: 443,
             }],
             ports: vec![],
-            labels: BTreeMap::new(),
+            labels: Labels::new(),
             allowed_requesters: vec![],
             origin: None,
             revision: 0,
@@ -1199,5 +1334,28 @@ mod tests {
         );
         assert_eq!((up, rm), (0, 1));
         assert_eq!(c.hamlet_fqdns(), vec![Arc::<str>::from("web.xcc.test")]);
+    }
+
+    #[test]
+    fn labels_keep_key_order_last_value_wins_and_share_known_keys() {
+        let port = xcc_proto::names::SERVICE_PORT_ANNOTATION;
+        let mut l: Labels = [("b", "1"), ("a", "x"), ("b", "2")].into_iter().collect();
+        assert_eq!(l.iter().collect::<Vec<_>>(), vec![("a", "x"), ("b", "2")]);
+        assert_eq!(l.insert("c".into(), "3".into()), None);
+        assert_eq!(l.insert("a".into(), "y".into()), Some("x".to_string()));
+        assert_eq!(l.insert(port.into(), "443".into()), None);
+        assert_eq!(l.keys().collect::<Vec<_>>(), vec!["a", "b", "c", port]);
+        assert_eq!((l.get("a"), l.get("z")), (Some("y"), None));
+        assert!(l.contains_key(port) && !l.contains_key("d"));
+        let map = l.to_btree_map();
+        assert_eq!(l, map);
+        assert_eq!(Labels::from(&map), l);
+        assert_eq!(format!("{l:?}"), format!("{map:?}"));
+        assert!(Labels::new().is_empty() && l.len() == 4);
+        // The well-known key is one allocation for every entry that carries it.
+        let other: Labels = [(port, "80")].into_iter().collect();
+        assert!(Arc::ptr_eq(&l.0[3].0, &other.0[0].0));
+        let unknown: Labels = [("a", "1")].into_iter().collect();
+        assert!(!Arc::ptr_eq(&l.0[0].0, &unknown.0[0].0));
     }
 }

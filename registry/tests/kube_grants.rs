@@ -5,7 +5,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -435,7 +434,7 @@ fn entry() -> ServiceEntry {
             port: 443,
         }],
         ports: vec![],
-        labels: BTreeMap::new(),
+        labels: Default::default(),
         allowed_requesters: vec![],
         origin: None,
         revision: 1,

@@ -56,7 +56,7 @@ pub fn announcement(e: &ServiceEntry, deleted: bool) -> fed::ServiceAnnouncement
             })
             .collect(),
         revision: e.revision,
-        labels: e.labels.clone(),
+        labels: e.labels.to_btree_map(),
     }
 }
 
@@ -104,7 +104,7 @@ pub fn entry_from_announcement(
         fqdn,
         endpoints,
         ports,
-        labels: a.labels.clone(),
+        labels: (&a.labels).into(),
         allowed_requesters: allowed,
         origin: None,
         revision: 0,

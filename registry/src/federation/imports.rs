@@ -134,7 +134,7 @@ pub fn spawn(
                                 fqdn: e.fqdn.clone(),
                                 raw_fqdn: e.fqdn.clone(),
                                 endpoints: e.endpoints.clone(),
-                                labels: e.labels.clone(),
+                                labels: e.labels.to_btree_map(),
                             },
                         )
                     })

@@ -314,7 +314,7 @@ pub(crate) fn entry_for(remote: &str, imported: &Imported) -> ServiceEntry {
         fqdn: imported.fqdn.clone(),
         endpoints: imported.endpoints.clone(),
         ports: vec![],
-        labels: imported.labels.clone(),
+        labels: (&imported.labels).into(),
         allowed_requesters: vec![],
         origin: None,
         revision: 0,
@@ -336,7 +336,7 @@ fn current_imports(catalog: &Catalog, remote: &str) -> BTreeMap<String, Imported
                     fqdn: e.fqdn.clone(),
                     raw_fqdn: e.fqdn.clone(),
                     endpoints: e.endpoints.clone(),
-                    labels: e.labels.clone(),
+                    labels: e.labels.to_btree_map(),
                 },
             )
         })

@@ -476,7 +476,6 @@ impl ConsumerState {
 mod tests {
     use super::*;
     use crate::catalog::{Endpoint, ServiceKey, Source};
-    use std::collections::BTreeMap;
 
     fn entry(fqdn: &str, ip: &str, rev: u64) -> Arc<ServiceEntry> {
         Arc::new(ServiceEntry {
@@ -488,7 +487,7 @@ mod tests {
                 port: 443,
             }],
             ports: vec![],
-            labels: BTreeMap::new(),
+            labels: Default::default(),
             allowed_requesters: vec![],
             origin: None,
             revision: rev,

@@ -26,7 +26,7 @@ pub fn to_v1alpha1(e: &ServiceEntry) -> v1alpha1::FederatedService {
         name: e.fqdn.clone(),
         description: String::new(),
         tags: vec![],
-        labels: e.labels.clone(),
+        labels: e.labels.to_btree_map(),
         fqdn: e.fqdn.clone(),
         id: e.fqdn.clone(),
         san: String::new(),
@@ -47,13 +47,13 @@ pub fn to_v1alpha2(e: &ServiceEntry) -> v1alpha2::FederatedService {
     let mut metadata = BTreeMap::new();
     metadata.insert("SNI".to_string(), e.fqdn.clone());
     if let Some(port) = e.labels.get(SERVICE_PORT_ANNOTATION) {
-        metadata.insert("PORT".to_string(), port.clone());
+        metadata.insert("PORT".to_string(), port.to_string());
     }
     v1alpha2::FederatedService {
         name: e.fqdn.clone(),
         description: String::new(),
         tags: vec![],
-        labels: e.labels.clone(),
+        labels: e.labels.to_btree_map(),
         fqdn: e.fqdn.clone(),
         endpoints: e
             .endpoints
@@ -193,7 +193,7 @@ mod tests {
     use crate::catalog::{ServiceKey, Source};
 
     fn entry() -> ServiceEntry {
-        let mut labels = BTreeMap::new();
+        let mut labels = crate::catalog::Labels::new();
         labels.insert(SERVICE_PORT_ANNOTATION.to_string(), "443".to_string());
         ServiceEntry {
             key: ServiceKey::new("east", "default", "nginx.xcc.test"),

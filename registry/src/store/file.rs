@@ -26,7 +26,9 @@ use tracing::{info, warn};
 use xcc_proto::names;
 use xcc_proto::resources::{self, ObjectMeta, RemoteRegistry, ServiceRecord};
 
-use crate::catalog::{Catalog, Endpoint, NamedPort, Origin, ServiceEntry, ServiceKey, Source};
+use crate::catalog::{
+    Catalog, Endpoint, Labels, NamedPort, Origin, ServiceEntry, ServiceKey, Source,
+};
 use crate::hamlet::client::{ImportSink, RemoteSpec};
 use crate::hamlet::convert::{Imported, LABEL_PASSTHROUGH_PREFIX};
 
@@ -37,12 +39,11 @@ pub const IMPORTS_DIR: &str = "imports";
 /// Map a ServiceRecord to a catalog entry owned by `cluster`.
 pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, String> {
     let fqdn = names::canonical_fqdn(&sr.spec.fqdn).map_err(|e| format!("spec.fqdn: {e}"))?;
-    let labels: BTreeMap<String, String> = sr
+    let labels: Labels = sr
         .metadata
         .annotations
         .iter()
         .filter(|(k, _)| k.starts_with(LABEL_PASSTHROUGH_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     let mut allowed: Vec<String> = sr.spec.allowed_requesters.clone().unwrap_or_default();
     if allowed.is_empty()

@@ -80,7 +80,7 @@ pub fn export(cluster: &str, ns: &str, fqdn: &str, ip: &str) -> ServiceEntry {
             port: 443,
         }],
         ports: vec![],
-        labels,
+        labels: labels.into(),
         allowed_requesters: vec![],
         origin: None,
         revision: 0,
