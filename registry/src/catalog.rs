@@ -244,7 +244,8 @@ pub struct ServiceEntry {
     pub labels: Labels,
     /// Clusters allowed to see the service; empty = every authenticated cluster.
     pub allowed_requesters: Vec<String>,
-    pub origin: Option<Origin>,
+    /// Boxed: most entries have none, and an inline `Origin` would add 96 B to every entry.
+    pub origin: Option<Box<Origin>>,
     /// Catalog revision at which this content was stored (set by the catalog).
     pub revision: u64,
 }

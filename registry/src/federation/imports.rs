@@ -49,12 +49,12 @@ fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
             .collect(),
         labels: Default::default(),
         allowed_requesters: vec![],
-        origin: Some(crate::catalog::Origin {
+        origin: Some(Box::new(crate::catalog::Origin {
             cluster: a.owner_cluster.clone(),
             namespace: a.namespace.clone(),
             name: a.name.clone(),
             kind: String::new(),
-        }),
+        })),
         revision: 0,
     }
 }

@@ -90,11 +90,13 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, S
             .collect(),
         labels,
         allowed_requesters: allowed,
-        origin: sr.spec.origin.as_ref().map(|o| Origin {
-            cluster: o.cluster.clone().unwrap_or_else(|| cluster.to_string()),
-            namespace: o.namespace.clone(),
-            name: o.name.clone(),
-            kind: o.kind.clone().unwrap_or_default(),
+        origin: sr.spec.origin.as_ref().map(|o| {
+            Box::new(Origin {
+                cluster: o.cluster.clone().unwrap_or_else(|| cluster.to_string()),
+                namespace: o.namespace.clone(),
+                name: o.name.clone(),
+                kind: o.kind.clone().unwrap_or_default(),
+            })
         }),
         revision: 0,
     })
