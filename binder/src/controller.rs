@@ -29,8 +29,7 @@ pub mod queue;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
-use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -133,6 +132,11 @@ struct Ctx {
     warned: Mutex<HashMap<String, String>>,
     reconciles: AtomicU64,
     relists: AtomicU64,
+    /// Set once every store has listed (the first full sync starts then). Kept as a flag: polling
+    /// a store's readiness future from here would replace the waker of the task waiting for it
+    /// (kube-runtime's `wait_until_ready` wakes only its last poller), and that task would
+    /// never learn that the store became ready.
+    listed: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -211,6 +215,7 @@ impl Controller {
             warned: Mutex::default(),
             reconciles: AtomicU64::new(0),
             relists: AtomicU64::new(0),
+            listed: AtomicBool::new(false),
         });
         Self {
             ctx,
@@ -301,6 +306,7 @@ impl Controller {
             }
             r = listed => r.map_err(|_| anyhow::anyhow!("a watch of the binder stopped before listing"))?,
         }
+        ctx.listed.store(true, Ordering::SeqCst);
         let initial: HashSet<Key> = ctx.all_keys().into_iter().collect();
         tracing::info!(
             namespace = %ns,
@@ -531,11 +537,7 @@ fn object_ref<K: Resource<DynamicType = ()>>(o: &K) -> ObjectReference {
 impl Ctx {
     /// Whether the first full sync has started (keys are queued from then on).
     fn listed_before(&self) -> bool {
-        self.records.is_ready_now()
-            && self.registries.is_ready_now()
-            && self.services.is_ready_now()
-            && self.slices.is_ready_now()
-            && self.endpoints.is_ready_now()
+        self.listed.load(Ordering::SeqCst)
     }
 
     /// Every key the stores know of: those of the imported records and of managed objects.
@@ -995,20 +997,5 @@ impl Ctx {
         if let Err(e) = self.recorder.publish(&event, &regarding).await {
             tracing::warn!(reason, error = %e, "could not write an Event");
         }
-    }
-}
-
-/// Something the stores expose that the code above uses without waiting.
-trait ReadyNow {
-    fn is_ready_now(&self) -> bool;
-}
-
-impl<K> ReadyNow for Store<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + Hash + Clone,
-{
-    fn is_ready_now(&self) -> bool {
-        futures::FutureExt::now_or_never(self.wait_until_ready()).is_some_and(|r| r.is_ok())
     }
 }
