@@ -462,7 +462,7 @@ impl api::admin_server::Admin for AdminService {
                 let announced = self
                     .catalog
                     .list(&ListFilter {
-                        source: Some(crate::catalog::Source::Child(cluster.clone())),
+                        source: Some(crate::catalog::Source::Child(cluster.as_str().into())),
                         ..Default::default()
                     })
                     .len() as u64;

@@ -52,8 +52,9 @@ pub enum Source {
     Local,
     /// Imported through the RemoteRegistry of that name.
     Remote(String),
-    /// Announced by the direct child of that name (its subtree).
-    Child(String),
+    /// Announced by the direct child of that name (its subtree); the name is shared by all
+    /// of the child's entries.
+    Child(Arc<str>),
     /// Granted through the hierarchy (a query answered by an ancestor) via that parent link.
     Hierarchy(String),
 }
@@ -594,9 +595,15 @@ impl HamletView {
             (Some(Err(at)), Some(e)) => {
                 let chunks = Arc::make_mut(&mut self.chunks);
                 let chunk = Arc::make_mut(&mut chunks[idx]);
+                // Grow a full chunk straight to the size at which it splits, not by doubling
+                // (a doubled chunk keeps up to half its slots empty for good).
+                if chunk.len() == chunk.capacity() {
+                    chunk.reserve_exact((VIEW_CHUNK_MAX + 1).saturating_sub(chunk.len()).max(1));
+                }
                 chunk.insert(at, (Arc::from(fqdn), e));
                 if chunk.len() > VIEW_CHUNK_MAX {
                     let tail = chunk.split_off(chunk.len() / 2);
+                    chunk.shrink_to_fit();
                     chunks.insert(idx + 1, Arc::new(tail));
                 }
                 self.len += 1;

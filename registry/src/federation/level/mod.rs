@@ -138,7 +138,7 @@ impl SessionAnnouncements {
         }
         if let Some(e) = level.inner.catalog.get(&key)
             && e.revision <= self.since
-            && matches!(&e.source, Source::Child(c) if c == child)
+            && matches!(&e.source, Source::Child(c) if &**c == child)
         {
             self.older.insert(key);
         }
@@ -166,6 +166,9 @@ struct Inner {
     changes: watch::Sender<u64>,
     /// Applies the owner's side of a grant.
     grant_sink: RwLock<Arc<dyn super::grants::GrantSink>>,
+    /// One shared copy of each child's name: every entry a child announces names it as its
+    /// source, and at the root that is most entries (bounded by the authenticated children).
+    child_names: Mutex<std::collections::HashMap<String, Arc<str>>>,
 }
 
 /// Outbound-channel capacity per child session. A child that falls this far behind is cut and
@@ -204,6 +207,7 @@ impl Level {
                 policies,
                 changes: watch::Sender::new(0),
                 grant_sink: RwLock::new(Arc::new(super::grants::NoGrants)),
+                child_names: Mutex::default(),
             }),
         }
     }
@@ -257,6 +261,20 @@ impl Level {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The catalog source of entries announced by `child`, sharing one copy of its name.
+    fn child_source(&self, child: &str) -> Source {
+        let mut names = self
+            .inner
+            .child_names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let name = names
+            .entry(child.to_string())
+            .or_insert_with(|| Arc::from(child))
+            .clone();
+        Source::Child(name)
     }
 
     fn bump(&self) {
@@ -331,7 +349,7 @@ impl Level {
         let (_, removed) = self
             .inner
             .catalog
-            .replace_source(&Source::Child(child.to_string()), vec![]);
+            .replace_source(&self.child_source(child), vec![]);
         info!(child, removed, "child detached; its subtree was dropped");
         send_up(parent_tx, membership);
         self.bump();
@@ -354,7 +372,7 @@ impl Level {
             .inner
             .catalog
             .list(&crate::catalog::ListFilter {
-                source: Some(Source::Child(child.to_string())),
+                source: Some(self.child_source(child)),
                 ..Default::default()
             })
             .into_iter()
@@ -363,7 +381,7 @@ impl Level {
             .collect();
         self.inner
             .catalog
-            .replace_source(&Source::Child(child.to_string()), keep);
+            .replace_source(&self.child_source(child), keep);
         send_up(parent_tx, membership);
         self.bump();
         Ok(())
@@ -376,7 +394,7 @@ impl Level {
         ann: &fed::ServiceAnnouncement,
     ) -> Result<(), super::tree::TreeError> {
         self.lock().tree.check_claim(child, &ann.cluster)?;
-        let source = Source::Child(child.to_string());
+        let source = self.child_source(child);
         if ann.deleted {
             let key = ServiceKey::new(&ann.cluster, &ann.namespace, &ann.name);
             if self
@@ -431,7 +449,7 @@ impl Level {
     /// The child finished its snapshot: drop whatever of its subtree it did not announce in
     /// this session.
     pub fn child_snapshot_complete(&self, child: &str, announced: &SessionAnnouncements) {
-        let source = Source::Child(child.to_string());
+        let source = self.child_source(child);
         let keep: Vec<ServiceEntry> = self
             .inner
             .catalog
