@@ -18,6 +18,7 @@
 //! `Catalog::upsert` (the pure server path; no RSS). Consumers always live in this process, each
 //! with its own TLS connection, and ACK every response.
 
+use crate::bench_common::{Target, loadavg, targets_table};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -188,14 +189,6 @@ struct Cell {
     /// Server CPU use while the N consumers are synced and idle, % of one core (process mode).
     server_idle_cpu_pct: Option<f64>,
     wall_s: f64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-struct Target {
-    name: String,
-    limit: String,
-    measured: String,
-    pass: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -974,12 +967,6 @@ fn entry(sr: &ServiceRecord) -> anyhow::Result<ServiceEntry> {
         .map_err(|e| anyhow::anyhow!("{}: {e}", sr.metadata.name))
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 fn tail(path: &Path, lines: usize) -> String {
     match std::fs::read_to_string(path) {
         Ok(text) => {
@@ -1158,19 +1145,7 @@ fn render(r: &Report) -> String {
         );
     }
     let _ = writeln!(out, "\n== Targets");
-    let rows: Vec<Vec<String>> = r
-        .targets
-        .iter()
-        .map(|t| {
-            vec![
-                if t.pass { "PASS" } else { "MISS" }.to_string(),
-                t.name.clone(),
-                t.limit.clone(),
-                t.measured.clone(),
-            ]
-        })
-        .collect();
-    out.push_str(&table(&["", "TARGET", "LIMIT", "MEASURED"], &rows));
+    out.push_str(&targets_table(&r.targets));
     let _ = writeln!(
         out,
         "\nprocess: child `xcc registry --store file`; an update renames a new exports/hot.yaml into place, so its fan-out includes the file watcher and the export re-read.\n\

@@ -27,6 +27,8 @@
 //! Every setup wait is event-driven (the level's change feed and the catalog's events) and
 //! bounded by `--timeout-seconds`.
 
+// `Target` here is the federation lookup target; a benchmark target is a `Goal`.
+use crate::bench_common::{Target as Goal, loadavg, targets_table};
 use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -339,14 +341,6 @@ struct Memory {
     tree: Probe,
 }
 
-#[derive(Clone, Debug, Serialize)]
-struct Goal {
-    name: String,
-    limit: String,
-    measured: String,
-    pass: bool,
-}
-
 #[derive(Debug, Serialize)]
 struct Report {
     shape: Shape,
@@ -416,12 +410,6 @@ fn open_fds() -> Option<usize> {
 
 fn read_u64(path: &str) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "unknown".into())
 }
 
 fn progress(started: Instant, line: impl std::fmt::Display) {
@@ -1435,19 +1423,7 @@ fn render(r: &Report) -> String {
         &rows,
     ));
     let _ = writeln!(out, "\n== Targets");
-    let rows: Vec<Vec<String>> = r
-        .targets
-        .iter()
-        .map(|t| {
-            vec![
-                if t.pass { "PASS" } else { "MISS" }.to_string(),
-                t.name.clone(),
-                t.limit.clone(),
-                t.measured.clone(),
-            ]
-        })
-        .collect();
-    out.push_str(&table(&["", "TARGET", "LIMIT", "MEASURED"], &rows));
+    out.push_str(&targets_table(&r.targets));
     let _ = writeln!(
         out,
         "\nseed {}; load average {} at start, {} at end; total {:.1} s",

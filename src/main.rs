@@ -2,6 +2,7 @@
 
 mod admin_cli;
 mod bench;
+mod bench_common;
 mod bench_hierarchy;
 mod binder_cli;
 mod certs_cli;
