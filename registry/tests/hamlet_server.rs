@@ -331,3 +331,98 @@ async fn v1alpha2_upsert_delete_and_context() {
         .expect("response");
     assert_eq!(r.operation, rd2::stream_response::Operation::Delete as i32);
 }
+
+/// A consumer that reads but never ACKs is closed with `Unavailable` once its oldest response
+/// has waited the ACK timeout, and leaves the peer table and the stream gauge.
+#[tokio::test]
+async fn unacknowledged_stream_is_closed_after_the_ack_timeout() {
+    let pki = Pki::new("xcc.test");
+    let mut cfg = xcc_registry::RegistryConfig::loopback(pki.cluster("east"));
+    cfg.hamlet.ack_timeout = std::time::Duration::from_millis(300);
+    let (east, _c) = start_with(cfg).await;
+    east.catalog
+        .upsert(export("east", "a", "one.xcc.test", "10.0.0.1"));
+    let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
+    let mut c = Consumer::connect(&west, east.hamlet_addr, false)
+        .await
+        .expect("subscribe");
+    let first = c.next().await;
+    assert_eq!(first.op, Operation::Create);
+    let status = c
+        .next_or_status()
+        .await
+        .expect_err("the stream ends with a status");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert!(
+        status.message().starts_with("no ACK within 300ms"),
+        "{}",
+        status.message()
+    );
+    assert_eq!(east.metrics.hamlet_ack_timeouts.get(), 1);
+    let mut changes = east.peers.subscribe();
+    tokio::time::timeout(WAIT, async {
+        while east
+            .peers
+            .count(xcc_registry::peers::PeerKind::HamletConsumer)
+            != 0
+        {
+            changes.changed().await.expect("peer table");
+        }
+    })
+    .await
+    .expect("the closed stream leaves the peer table");
+    assert_eq!(streams(&east), 0);
+}
+
+fn streams(reg: &xcc_registry::Registry) -> i64 {
+    reg.metrics
+        .hamlet_streams
+        .get_or_create(&xcc_registry::metrics::ApiLabels {
+            api: xcc_registry::metrics::Api::V1alpha1,
+        })
+        .get()
+}
+
+/// A consumer that goes away is dropped from the peer table and the stream gauge; one that
+/// stays keeps its stream.
+#[tokio::test]
+async fn disconnected_consumer_leaves_the_peer_table() {
+    let pki = Pki::new("xcc.test");
+    let (east, _c) = start(pki.cluster("east")).await;
+    east.catalog
+        .upsert(export("east", "a", "one.xcc.test", "10.0.0.1"));
+    let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
+    let mut stays = Consumer::connect(&west, east.hamlet_addr, true)
+        .await
+        .expect("subscribe");
+    let mut leaves = Consumer::connect(&west, east.hamlet_addr, true)
+        .await
+        .expect("subscribe");
+    for c in [&mut stays, &mut leaves] {
+        c.next_acked().await;
+        c.next_acked().await; // marker
+    }
+    let consumers = || {
+        east.peers
+            .count(xcc_registry::peers::PeerKind::HamletConsumer)
+    };
+    assert_eq!(consumers(), 2);
+    drop(leaves);
+    let mut changes = east.peers.subscribe();
+    tokio::time::timeout(WAIT, async {
+        while consumers() != 1 {
+            changes.changed().await.expect("peer table");
+        }
+    })
+    .await
+    .expect("the departed consumer is dropped");
+    assert_eq!(streams(&east), 1);
+    // The remaining consumer is still served.
+    east.catalog
+        .upsert(export("east", "a", "two.xcc.test", "10.0.0.2"));
+    let s = stays.next_acked().await;
+    assert_eq!(
+        (s.op, s.fqdn.as_deref()),
+        (Operation::Create, Some("two.xcc.test"))
+    );
+}

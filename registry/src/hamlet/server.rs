@@ -1,20 +1,25 @@
 //! The Hamlet `DiscoveryService` (v1alpha1 and v1alpha2) over the catalog's local exports.
 //!
-//! One task per consumer stream drives a [`ConsumerState`]: the snapshot is computed from the
+//! Each consumer's response stream drives a [`ConsumerState`]: the snapshot is computed from the
 //! catalog at subscription time (no size cap), changes arrive as FQDNs on a broadcast channel and
 //! are coalesced, a window of unacknowledged responses keeps fast consumers busy and a consumer
 //! that never ACKs stalls only itself (and is closed with `Unavailable` after the ACK timeout).
 //! Every response carries a real nonce; the empty-nonce ACKs Go peers send are accepted.
 //! Only services whose allowed requesters admit the consumer's certificate identity are streamed.
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt as _};
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
+use futures::Stream;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::time::Sleep;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 use xcc_proto::federation::resourcediscovery::{v1alpha1 as rd1, v1alpha2 as rd2};
@@ -27,7 +32,7 @@ use super::consumer::{ConsumerState, Op, Outgoing, Reply};
 use super::convert;
 use crate::catalog::{Catalog, ServiceEntry};
 use crate::metrics::{Api, ApiLabels, Metrics, OpLabel};
-use crate::peers::{PeerKind, PeerState, PeerTable};
+use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
 
 /// Tunables of the Hamlet server.
 #[derive(Clone, Debug)]
@@ -54,12 +59,11 @@ impl Default for HamletConfig {
     }
 }
 
-/// Responses buffered between a consumer's task and its HTTP/2 stream. The window
-/// (unacknowledged responses) is separate and larger; this only keeps the encoder fed. Buffered
-/// responses are not yet rendered (a nonce and a shared entry each). The size bounds how much a
-/// stream pushes into the HTTP/2 and TLS layers at once: with 1,000 concurrent snapshots, 32
-/// left the server at 214 MiB RSS after the burst (10k services), 8 at about 165 MiB, at the
-/// price of slower concurrent snapshots (docs/benchmarks.md, Hamlet).
+/// Responses a stream hands to the encoder in one go before yielding (the encoder then passes
+/// what it has to HTTP/2). The window (unacknowledged responses) is separate and larger. The
+/// size bounds how much a stream pushes into the HTTP/2 and TLS layers at once: with 1,000
+/// concurrent snapshots, 32 left the server at 214 MiB RSS after the burst (10k services), 8 at
+/// about 165 MiB (docs/benchmarks.md, Hamlet).
 const RESPONSE_BUFFER: usize = 8;
 
 /// Shared state of both API versions.
@@ -296,21 +300,16 @@ async fn establish<W: Wire>(
             W::RESOURCE_URL
         )));
     }
-    let (tx, rx) = mpsc::channel(server.config.window.clamp(1, RESPONSE_BUFFER));
-    let task = ConsumerTask {
-        server: server.clone(),
-        identity: identity.clone(),
-        address: peer.remote_addr.to_string(),
-        marker,
-    };
     info!(consumer = %peer.identity, addr = %peer.remote_addr, api = ?W::API, marker, "hamlet consumer subscribed");
-    tokio::spawn(task.run::<W>(requests, tx));
-    // Render (and encode) each response only when the HTTP/2 stream takes it.
-    let responses = ReceiverStream::new(rx).map(move |item| match item {
-        Ok(out) => Ok(W::render(&out, &context)),
-        Err(status) => Err(*status),
-    });
-    let mut response = Response::new(Box::pin(responses) as BoxStream<W::Resp>);
+    let stream = ConsumerStream::<W>::new(
+        server.clone(),
+        identity,
+        peer.remote_addr.to_string(),
+        marker,
+        context,
+        requests,
+    );
+    let mut response = Response::new(Box::pin(stream) as BoxStream<W::Resp>);
     if marker {
         response.metadata_mut().insert(
             SNAPSHOT_MARKER_METADATA,
@@ -320,176 +319,287 @@ async fn establish<W: Wire>(
     Ok(response)
 }
 
-struct ConsumerTask {
+/// One consumer's stream: the response stream tonic sends from, which also reads the
+/// consumer's ACKs and NACKs, follows the catalog's changes and runs the ACK and retry timers.
+///
+/// It is polled by the HTTP/2 stream's own task (no task or channel of its own), so a change
+/// reaches the wire with one task wake-up per consumer and an ACK is handled with one more; a
+/// response is rendered only when HTTP/2 flow control has room for it. While the consumer's
+/// flow-control window is closed the stream is not polled at all: ACKs, retries and the ACK
+/// timeout wait until the consumer reads again. What such a consumer holds meanwhile is bounded
+/// by its window, and the HTTP/2 keepalive closes a connection whose peer is gone.
+struct ConsumerStream<W: Wire> {
     server: HamletServer,
     identity: String,
-    address: String,
-    marker: bool,
+    context: String,
+    requests: Streaming<W::Req>,
+    changes: BroadcastStream<Arc<str>>,
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    st: ConsumerState,
+    stats: Arc<PeerStats>,
+    stream_gauge: Gauge,
+    synced: bool,
+    ack_timer: Pin<Box<Sleep>>,
+    ack_armed: Option<Instant>,
+    retry_timer: Pin<Box<Sleep>>,
+    retry_armed: Option<Instant>,
+    /// Responses returned since the stream last yielded (see [`RESPONSE_BUFFER`]).
+    burst: usize,
+    /// Set once the stream has ended (an error was returned or the consumer went away).
+    done: bool,
+    /// Keeps the consumer listed in the peer table while the stream lives.
+    _guard: PeerGuard,
 }
 
-impl ConsumerTask {
-    async fn run<W: Wire>(
-        self,
-        mut requests: Streaming<W::Req>,
-        tx: mpsc::Sender<Result<Outgoing, Box<Status>>>,
-    ) {
-        let server = &self.server;
-        let catalog = &server.catalog;
-        let metrics = &server.metrics;
-        let stream_gauge = metrics
+impl<W: Wire> ConsumerStream<W> {
+    fn new(
+        server: HamletServer,
+        identity: String,
+        address: String,
+        marker: bool,
+        context: String,
+        requests: Streaming<W::Req>,
+    ) -> Self {
+        let stream_gauge = server
+            .metrics
             .hamlet_streams
             .get_or_create(&ApiLabels { api: W::API })
             .clone();
         stream_gauge.inc();
         let guard = server.peers.register(
             PeerKind::HamletConsumer,
-            format!("{}@{}", self.identity, self.address),
-            self.identity.clone(),
-            self.address.clone(),
+            format!("{identity}@{address}"),
+            identity.clone(),
+            address,
         );
         let stats = guard.stats.clone();
         stats.set_state(PeerState::Connected);
-
-        // Subscribe before listing so no change between the two is missed.
-        let mut changes = catalog.subscribe_hamlet();
-        let mut st = ConsumerState::for_requester(server.config.window, self.identity.clone());
-        st.start_snapshot(catalog.hamlet_view(), self.marker);
-        let identity = self.identity.clone();
-        let lookup = |fqdn: &str| -> Option<Arc<ServiceEntry>> {
-            catalog.hamlet_get(fqdn).filter(|e| e.admits(&identity))
-        };
-        let mut synced = st.snapshot_sent();
+        // Subscribe before taking the view so no change between the two is missed.
+        let changes = BroadcastStream::new(server.catalog.subscribe_hamlet());
+        let mut st = ConsumerState::for_requester(server.config.window, identity.clone());
+        st.start_snapshot(server.catalog.hamlet_view(), marker);
+        let synced = st.snapshot_sent();
         if synced {
             stats.mark_synced();
         }
-
-        // Two long-lived timers, re-armed only when a deadline moves earlier or one fires (a
-        // fired timer re-checks its condition), rather than a new timer per loop turn.
-        let ack_timeout = server.config.ack_timeout;
-        let ack_timer = tokio::time::sleep(Duration::ZERO);
-        let retry_timer = tokio::time::sleep(Duration::ZERO);
-        tokio::pin!(ack_timer, retry_timer);
-        let mut ack_armed: Option<Instant> = None;
-        let mut retry_armed: Option<Instant> = None;
-
-        let end: Result<(), Status> = loop {
-            match st.oldest_unacked().map(|t| t + ack_timeout) {
-                None => ack_armed = None,
-                Some(at) => {
-                    if ack_armed.is_none_or(|armed| at < armed) {
-                        ack_timer.as_mut().reset(at.into());
-                        ack_armed = Some(at);
-                    }
-                }
-            }
-            match st.next_retry_at() {
-                None => retry_armed = None,
-                Some(at) => {
-                    if retry_armed.is_none_or(|armed| at < armed) {
-                        retry_timer.as_mut().reset(at.into());
-                        retry_armed = Some(at);
-                    }
-                }
-            }
-            tokio::select! {
-                biased;
-                _ = server.cancel.cancelled() => {
-                    break Err(Status::unavailable("registry shutting down"));
-                }
-                msg = requests.message() => match msg {
-                    Ok(Some(req)) => match W::incoming(req) {
-                        Ok(Incoming::Reply { nonce, nack: None }) => match st.on_ack(&nonce) {
-                            Reply::UnknownNonce => {
-                                metrics.hamlet_unknown_nonces.inc();
-                                debug!(consumer = %self.identity, nonce, "ACK for no outstanding response");
-                            }
-                            _ => {
-                                metrics.hamlet_acks.inc();
-                                stats.acks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            }
-                        },
-                        Ok(Incoming::Reply { nonce, nack: Some(error) }) => {
-                            match st.on_nack(&nonce, Instant::now()) {
-                                Reply::UnknownNonce => {
-                                    metrics.hamlet_unknown_nonces.inc();
-                                }
-                                reply => {
-                                    metrics.hamlet_nacks.inc();
-                                    stats.nacks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                    stats.set_error(format!("NACK: {error}"));
-                                    warn!(consumer = %self.identity, nonce, error, ?reply, "consumer rejected a resource; resending after backoff");
-                                }
-                            }
-                        }
-                        Err(status) => break Err(status),
-                    },
-                    Ok(None) => break Ok(()),
-                    Err(status) => {
-                        debug!(consumer = %self.identity, %status, "consumer stream ended");
-                        break Ok(());
-                    }
-                },
-                change = changes.recv() => match change {
-                    Ok(fqdn) => {
-                        st.mark_dirty(fqdn);
-                        if st.wants_rebase() {
-                            st.rebase(catalog.hamlet_view());
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        metrics.hamlet_resyncs.inc();
-                        debug!(consumer = %self.identity, missed, "change feed lagged; resynchronising from current state");
-                        st.mark_all_dirty(&catalog.hamlet_view());
-                    }
-                    Err(broadcast::error::RecvError::Closed) => break Ok(()),
-                },
-                _ = &mut retry_timer, if retry_armed.is_some() => {
-                    retry_armed = None;
-                    st.run_due_retries(Instant::now());
-                }
-                _ = &mut ack_timer, if ack_armed.is_some() => {
-                    ack_armed = None;
-                    if st.oldest_unacked().is_some_and(|t| t + ack_timeout <= Instant::now()) {
-                        metrics.hamlet_ack_timeouts.inc();
-                        break Err(Status::unavailable(format!(
-                            "no ACK within {ack_timeout:?}; reconnect to resynchronise"
-                        )));
-                    }
-                }
-                permit = tx.reserve(), if st.can_send() => {
-                    let Ok(permit) = permit else { break Ok(()) };
-                    // Fill what the buffer has room for in one turn.
-                    let mut permit = Some(permit);
-                    while let Some(p) = permit.take() {
-                        let Some(out) = st.next(Instant::now(), lookup) else { break };
-                        metrics.response(match out.op {
-                            Op::Create => OpLabel::Create,
-                            Op::Update => OpLabel::Update,
-                            Op::Delete => OpLabel::Delete,
-                            Op::SnapshotComplete => OpLabel::Marker,
-                        });
-                        stats.sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        p.send(Ok(out));
-                        if st.can_send() {
-                            permit = tx.try_reserve().ok();
-                        }
-                    }
-                    stats.records.store(st.held() as u64, std::sync::atomic::Ordering::Relaxed);
-                    if !synced && st.snapshot_sent() {
-                        synced = true;
-                        stats.mark_synced();
-                    }
-                }
-            }
-        };
-        if let Err(status) = end {
-            info!(consumer = %self.identity, code = ?status.code(), message = status.message(), "closing hamlet stream");
-            let _ = tx.send(Err(Box::new(status))).await;
-        } else {
-            info!(consumer = %self.identity, "hamlet consumer disconnected");
+        let cancelled = Box::pin(server.cancel.clone().cancelled_owned());
+        Self {
+            identity,
+            context,
+            requests,
+            changes,
+            cancelled,
+            st,
+            stats,
+            stream_gauge,
+            synced,
+            ack_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            ack_armed: None,
+            retry_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            retry_armed: None,
+            burst: 0,
+            done: false,
+            _guard: guard,
+            server,
         }
-        stats.set_state(PeerState::Stopped);
-        stream_gauge.dec();
-        drop(guard);
+    }
+
+    /// End the stream: with `Err`, the consumer receives that status.
+    fn finish(&mut self, end: Result<(), Status>) -> Poll<Option<Result<W::Resp, Status>>> {
+        self.done = true;
+        self.stats.set_state(PeerState::Stopped);
+        match end {
+            Err(status) => {
+                info!(consumer = %self.identity, code = ?status.code(), message = status.message(), "closing hamlet stream");
+                Poll::Ready(Some(Err(status)))
+            }
+            Ok(()) => {
+                info!(consumer = %self.identity, "hamlet consumer disconnected");
+                Poll::Ready(None)
+            }
+        }
+    }
+
+    /// Handle one consumer message; `Err` ends the stream with that status.
+    fn on_request(&mut self, req: W::Req) -> Result<(), Status> {
+        let metrics = &self.server.metrics;
+        match W::incoming(req)? {
+            Incoming::Reply { nonce, nack: None } => match self.st.on_ack(&nonce) {
+                Reply::UnknownNonce => {
+                    metrics.hamlet_unknown_nonces.inc();
+                    debug!(consumer = %self.identity, nonce, "ACK for no outstanding response");
+                }
+                _ => {
+                    metrics.hamlet_acks.inc();
+                    self.stats.acks.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+            Incoming::Reply {
+                nonce,
+                nack: Some(error),
+            } => match self.st.on_nack(&nonce, Instant::now()) {
+                Reply::UnknownNonce => {
+                    metrics.hamlet_unknown_nonces.inc();
+                }
+                reply => {
+                    metrics.hamlet_nacks.inc();
+                    self.stats.nacks.fetch_add(1, Ordering::Relaxed);
+                    self.stats.set_error(format!("NACK: {error}"));
+                    warn!(consumer = %self.identity, nonce, error, ?reply, "consumer rejected a resource; resending after backoff");
+                }
+            },
+        }
+        Ok(())
+    }
+
+    /// The next response the consumer should get, if any is due and the window has room.
+    fn next_response(&mut self) -> Option<W::Resp> {
+        if !self.st.can_send() {
+            return None;
+        }
+        let catalog = &self.server.catalog;
+        let identity = &self.identity;
+        let lookup = |fqdn: &str| -> Option<Arc<ServiceEntry>> {
+            catalog.hamlet_get(fqdn).filter(|e| e.admits(identity))
+        };
+        let out = self.st.next(Instant::now(), lookup);
+        self.stats
+            .records
+            .store(self.st.held() as u64, Ordering::Relaxed);
+        if !self.synced && self.st.snapshot_sent() {
+            self.synced = true;
+            self.stats.mark_synced();
+        }
+        let out = out?;
+        self.server.metrics.response(match out.op {
+            Op::Create => OpLabel::Create,
+            Op::Update => OpLabel::Update,
+            Op::Delete => OpLabel::Delete,
+            Op::SnapshotComplete => OpLabel::Marker,
+        });
+        self.stats.sent.fetch_add(1, Ordering::Relaxed);
+        Some(W::render(&out, &self.context))
+    }
+
+    /// Move the timers to the state's current deadlines. True when a timer was re-armed (it
+    /// must be polled once to register for its new deadline).
+    fn arm_timers(&mut self) -> bool {
+        let mut rearmed = false;
+        match self
+            .st
+            .oldest_unacked()
+            .map(|t| t + self.server.config.ack_timeout)
+        {
+            None => self.ack_armed = None,
+            Some(at) => {
+                if self.ack_armed.is_none_or(|armed| at < armed) {
+                    self.ack_timer.as_mut().reset(at.into());
+                    self.ack_armed = Some(at);
+                    rearmed = true;
+                }
+            }
+        }
+        match self.st.next_retry_at() {
+            None => self.retry_armed = None,
+            Some(at) => {
+                if self.retry_armed.is_none_or(|armed| at < armed) {
+                    self.retry_timer.as_mut().reset(at.into());
+                    self.retry_armed = Some(at);
+                    rearmed = true;
+                }
+            }
+        }
+        rearmed
+    }
+}
+
+impl<W: Wire> Stream for ConsumerStream<W> {
+    type Item = Result<W::Resp, Status>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            if this.cancelled.as_mut().poll(cx).is_ready() {
+                return this.finish(Err(Status::unavailable("registry shutting down")));
+            }
+            // ACKs and NACKs first: they open the window.
+            loop {
+                match Pin::new(&mut this.requests).poll_next(cx) {
+                    Poll::Ready(Some(Ok(req))) => {
+                        if let Err(status) = this.on_request(req) {
+                            return this.finish(Err(status));
+                        }
+                    }
+                    Poll::Ready(Some(Err(status))) => {
+                        debug!(consumer = %this.identity, %status, "consumer stream ended");
+                        return this.finish(Ok(()));
+                    }
+                    Poll::Ready(None) => return this.finish(Ok(())),
+                    Poll::Pending => break,
+                }
+            }
+            loop {
+                match Pin::new(&mut this.changes).poll_next(cx) {
+                    Poll::Ready(Some(Ok(fqdn))) => {
+                        this.st.mark_dirty(fqdn);
+                        if this.st.wants_rebase() {
+                            this.st.rebase(this.server.catalog.hamlet_view());
+                        }
+                    }
+                    Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(missed)))) => {
+                        this.server.metrics.hamlet_resyncs.inc();
+                        debug!(consumer = %this.identity, missed, "change feed lagged; resynchronising from current state");
+                        this.st.mark_all_dirty(&this.server.catalog.hamlet_view());
+                    }
+                    Poll::Ready(None) => return this.finish(Ok(())),
+                    Poll::Pending => break,
+                }
+            }
+            if this.retry_armed.is_some() && this.retry_timer.as_mut().poll(cx).is_ready() {
+                this.retry_armed = None;
+                this.st.run_due_retries(Instant::now());
+            }
+            if this.ack_armed.is_some() && this.ack_timer.as_mut().poll(cx).is_ready() {
+                this.ack_armed = None;
+                let ack_timeout = this.server.config.ack_timeout;
+                if this
+                    .st
+                    .oldest_unacked()
+                    .is_some_and(|t| t + ack_timeout <= Instant::now())
+                {
+                    this.server.metrics.hamlet_ack_timeouts.inc();
+                    return this.finish(Err(Status::unavailable(format!(
+                        "no ACK within {ack_timeout:?}; reconnect to resynchronise"
+                    ))));
+                }
+            }
+            if this.burst >= RESPONSE_BUFFER && this.st.can_send() {
+                // Let the encoder flush what it has; poll again right after.
+                this.burst = 0;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            if let Some(resp) = this.next_response() {
+                this.burst += 1;
+                return Poll::Ready(Some(Ok(resp)));
+            }
+            this.burst = 0;
+            if !this.arm_timers() {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl<W: Wire> Drop for ConsumerStream<W> {
+    fn drop(&mut self) {
+        if !self.done {
+            info!(consumer = %self.identity, "hamlet consumer stream closed");
+            self.stats.set_state(PeerState::Stopped);
+        }
+        self.stream_gauge.dec();
     }
 }
