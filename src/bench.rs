@@ -6,9 +6,10 @@
 //! - snapshot time: from the subscription to the end-of-snapshot marker, for one consumer alone
 //!   (median of several runs) and for N consumers subscribing at once (p50/p99 over consumers and
 //!   the time until the last one finishes);
-//! - update fan-out: with N synced consumers, one service is changed K times (each change starts
-//!   after the previous one reached every consumer); a sample is the time from the change to one
-//!   consumer's receipt of that UPDATE;
+//! - update fan-out: with N synced consumers idle for two seconds, one service is changed K times
+//!   (each change starts after the previous one reached every consumer); a sample is the time
+//!   from the change to one consumer's receipt of that UPDATE. The first update, which wakes
+//!   every connection after the idle period, is reported apart from updates 2..K;
 //! - server RSS (child-process mode only): idle after loading, and with N idle synced consumers.
 //!
 //! Two server modes. `process`: `xcc registry --store file` runs as a child process (so its RSS
@@ -53,8 +54,6 @@ const HOT_FQDN: &str = "hot.bench.xcc.test";
 const HOT_PREFIX: &str = "10.250.";
 /// TLS handshakes in flight while connecting consumers.
 const CONNECT_PARALLELISM: usize = 64;
-/// Pause before reading RSS, so the server finishes the ACK traffic and frees transient buffers.
-const SETTLE: Duration = Duration::from_secs(2);
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -101,6 +100,10 @@ pub struct HamletArgs {
     /// Single-consumer snapshot runs per (mode, services); the median is reported.
     #[arg(long, default_value_t = 5)]
     pub snapshot_runs: usize,
+    /// Idle pause after the concurrent snapshot, before RSS is read and the first update is
+    /// made (lets the server finish the ACK traffic and free transient buffers).
+    #[arg(long, default_value_t = 2.0)]
+    pub idle_seconds: f64,
     /// Upper bound for any one phase (a concurrent snapshot, one update's fan-out).
     #[arg(long, default_value_t = 300)]
     pub timeout_seconds: u64,
@@ -172,7 +175,11 @@ struct Cell {
     connect_ms: f64,
     /// Per consumer: from the common start signal to its end-of-snapshot marker.
     snapshot: Stats,
-    /// Per (consumer, update): from the change to the receipt of the UPDATE.
+    /// Per consumer, for the first update, which follows the idle pause: from the change to
+    /// the receipt of the UPDATE.
+    first_update: Option<Stats>,
+    /// Per (consumer, update) for updates 2..=K, each started as soon as the previous one reached
+    /// every consumer: from the change to the receipt of the UPDATE.
     fanout: Option<Stats>,
     /// Server VmRSS after loading the exports, before the consumers connect (process mode).
     rss_idle_mib: Option<f64>,
@@ -191,9 +198,48 @@ struct Cell {
     wall_s: f64,
 }
 
+/// How this machine treats memory left untouched for a while: the time to read one byte of every
+/// page of a buffer right after writing it, and again after it sat idle.
+#[derive(Clone, Debug, Serialize)]
+struct IdleMemoryProbe {
+    mib: usize,
+    idle_s: f64,
+    warm_ms: f64,
+    after_idle_ms: f64,
+}
+
+/// Write every page of a `mib` MiB buffer, read it back (warm), leave it untouched for `idle`,
+/// read it again. On bare metal both reads take about the same time; on a VM whose host reclaims
+/// or re-maps idle guest memory the second can be many times slower, and so is the first update
+/// after an idle period, which touches every consumer's connection state.
+fn idle_memory_probe(mib: usize, idle: Duration) -> IdleMemoryProbe {
+    const PAGE: usize = 4096;
+    let mut buf = vec![0u8; mib << 20];
+    for b in buf.iter_mut().step_by(PAGE) {
+        *b = 1;
+    }
+    let read = |buf: &[u8]| {
+        let t = Instant::now();
+        let sum: u64 = buf.iter().step_by(PAGE).map(|&b| u64::from(b)).sum();
+        std::hint::black_box(sum);
+        ms(t.elapsed())
+    };
+    let warm_ms = read(std::hint::black_box(&buf));
+    std::thread::sleep(idle);
+    let after_idle_ms = read(std::hint::black_box(&buf));
+    IdleMemoryProbe {
+        mib,
+        idle_s: idle.as_secs_f64(),
+        warm_ms,
+        after_idle_ms,
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     updates: u32,
+    /// Idle pause before the first update, seconds.
+    idle_s: f64,
     snapshot_runs: usize,
     single: Vec<SingleSnapshot>,
     cells: Vec<Cell>,
@@ -201,6 +247,7 @@ struct Report {
     /// /proc/loadavg at the start and the end of the run (other load skews the numbers).
     loadavg_start: String,
     loadavg_end: String,
+    idle_memory: Option<IdleMemoryProbe>,
     total_s: f64,
 }
 
@@ -217,9 +264,16 @@ async fn hamlet(args: HamletArgs) -> anyhow::Result<()> {
     if args.updates > 60_000 {
         bail!("--updates is at most 60000 (the sequence is encoded in an IPv4 address)");
     }
+    if args.updates == 0 {
+        bail!("--updates must be at least 1");
+    }
     let max_consumers = args.consumers.iter().copied().max().unwrap_or(1);
     check_fd_limit(max_consumers)?;
     let timeout = Duration::from_secs(args.timeout_seconds.max(1));
+    let idle = Duration::try_from_secs_f64(args.idle_seconds)
+        .ok()
+        .filter(|d| *d <= Duration::from_secs(3600))
+        .context("--idle-seconds must be between 0 and 3600")?;
     let started = Instant::now();
     let loadavg_start = loadavg();
 
@@ -279,8 +333,11 @@ async fn hamlet(args: HamletArgs) -> anyhow::Result<()> {
                     mode,
                     services,
                     consumers,
-                    args.updates,
-                    timeout,
+                    Plan {
+                        updates: args.updates,
+                        idle,
+                        timeout,
+                    },
                 )
                 .await;
                 let stopped = server.stop().await;
@@ -304,14 +361,19 @@ async fn hamlet(args: HamletArgs) -> anyhow::Result<()> {
     }
 
     let targets = targets(&single, &cells);
+    let idle_memory = tokio::task::spawn_blocking(move || idle_memory_probe(64, idle))
+        .await
+        .ok();
     let report = Report {
         updates: args.updates,
+        idle_s: idle.as_secs_f64(),
         snapshot_runs: args.snapshot_runs,
         single,
         cells,
         targets,
         loadavg_start,
         loadavg_end: loadavg(),
+        idle_memory,
         total_s: started.elapsed().as_secs_f64(),
     };
     match args.output {
@@ -381,15 +443,27 @@ async fn single_snapshots(
     })
 }
 
+/// What a cell does after the snapshot: idle, then `updates` updates; `timeout` bounds each phase.
+#[derive(Clone, Copy)]
+struct Plan {
+    updates: u32,
+    idle: Duration,
+    timeout: Duration,
+}
+
 async fn run_cell(
     server: &mut Server,
     tls: &ReloadingTls,
     mode: Mode,
     services: usize,
     consumers: usize,
-    updates: u32,
-    timeout: Duration,
+    plan: Plan,
 ) -> anyhow::Result<Cell> {
+    let Plan {
+        updates,
+        idle,
+        timeout,
+    } = plan;
     let rss_idle = server.rss().map(|r| r.rss_mib);
     let cpu_before_snapshot = server.cpu_seconds();
 
@@ -444,15 +518,17 @@ async fn run_cell(
         let snapshot = Stats::of(snapshot_times).context("no snapshot samples")?;
 
         let idle_from = (Instant::now(), server.cpu_seconds());
-        tokio::time::sleep(SETTLE).await;
+        tokio::time::sleep(idle).await;
         let idle_cpu = server
             .cpu_seconds()
             .zip(idle_from.1)
-            .map(|(b, a)| (b - a) * 100.0 / idle_from.0.elapsed().as_secs_f64());
+            .zip(Some(idle_from.0.elapsed().as_secs_f64()).filter(|&s| s >= 0.5))
+            .map(|((b, a), secs)| (b - a) * 100.0 / secs);
         let rss_consumers = server.rss();
         let cpu_before_updates = server.cpu_seconds();
 
         let mut samples = Vec::with_capacity(consumers * updates as usize);
+        let mut first = None;
         for seq in 1..=updates {
             let t0 = server.update(seq).await?;
             let mut got = 0;
@@ -473,6 +549,9 @@ async fn run_cell(
                     Event::Failed { id, error } => bail!("consumer {id}: {error}"),
                 }
             }
+            if seq == 1 {
+                first = Stats::of(std::mem::take(&mut samples));
+            }
         }
         let rss_end = server.rss();
         let cpu_end = server.cpu_seconds();
@@ -485,6 +564,7 @@ async fn run_cell(
             consumers,
             connect_ms,
             snapshot,
+            first_update: first,
             fanout: Stats::of(samples),
             rss_idle_mib: rss_idle,
             rss_consumers_mib: rss_consumers.map(|r| r.rss_mib),
@@ -998,7 +1078,7 @@ fn targets(single: &[SingleSnapshot], cells: &[Cell]) -> Vec<Target> {
         if let Some(f) = &c.fanout {
             out.push(Target {
                 name: format!(
-                    "fan-out p99, 1000 consumers, {} services ({:?})",
+                    "fan-out p99 (updates 2..K), 1000 consumers, {} services ({:?})",
                     c.services, c.mode
                 ),
                 limit: format!("< {TARGET_FANOUT_P99_MS} ms"),
@@ -1061,8 +1141,8 @@ fn render(r: &Report) -> String {
     ));
     let _ = writeln!(
         out,
-        "\n== N consumers subscribe at once (SNAP: start -> marker, per consumer), then {} updates of one service (FANOUT: change -> UPDATE received, per consumer and update)",
-        r.updates
+        "\n== N consumers subscribe at once (SNAP: start -> marker, per consumer); after {:.1} s idle, {} updates of one service, each as soon as the previous one reached everyone (change -> UPDATE received, per consumer; FIRST: update 1, FANOUT: updates 2..{})",
+        r.idle_s, r.updates, r.updates
     );
     let rows: Vec<Vec<String>> = r
         .cells
@@ -1076,6 +1156,8 @@ fn render(r: &Report) -> String {
                 num(c.snapshot.p50_ms),
                 num(c.snapshot.p99_ms),
                 num(c.snapshot.max_ms),
+                f(c.first_update.as_ref().map(|x| x.p50_ms)),
+                f(c.first_update.as_ref().map(|x| x.max_ms)),
                 f(c.fanout.as_ref().map(|x| x.p50_ms)),
                 f(c.fanout.as_ref().map(|x| x.p99_ms)),
                 f(c.fanout.as_ref().map(|x| x.max_ms)),
@@ -1091,6 +1173,8 @@ fn render(r: &Report) -> String {
             "SNAP p50 ms",
             "SNAP p99 ms",
             "SNAP LAST ms",
+            "FIRST p50 ms",
+            "FIRST MAX ms",
             "FANOUT p50 ms",
             "FANOUT p99 ms",
             "FANOUT MAX ms",
@@ -1144,6 +1228,16 @@ fn render(r: &Report) -> String {
             "warning: the server used up to {busy:.0}% of a core while its consumers were idle; every process-mode number above shares the CPU with that work"
         );
     }
+    if let Some(p) = &r.idle_memory {
+        let _ = writeln!(
+            out,
+            "\nthis machine: reading one byte per page of {} MiB took {} ms warm and {} ms after {:.0} s untouched; FIRST pays that for every consumer's connection state",
+            p.mib,
+            num(p.warm_ms),
+            num(p.after_idle_ms),
+            p.idle_s
+        );
+    }
     let _ = writeln!(out, "\n== Targets");
     out.push_str(&targets_table(&r.targets));
     let _ = writeln!(
@@ -1162,6 +1256,14 @@ fn render(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn idle_memory_probe_reports_its_parameters() {
+        let p = idle_memory_probe(1, Duration::ZERO);
+        assert_eq!((p.mib, p.idle_s), (1, 0.0));
+        assert!(p.warm_ms.is_finite() && p.warm_ms >= 0.0);
+        assert!(p.after_idle_ms.is_finite() && p.after_idle_ms >= 0.0);
+    }
 
     #[test]
     fn percentiles_use_nearest_rank() {
