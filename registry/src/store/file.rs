@@ -11,7 +11,8 @@
 //! with its name and the offending field, and the last good content of that file stays in force,
 //! so a typo never wipes state.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -279,6 +280,40 @@ struct LoadedFile<T> {
     /// The bytes, kept only while the stamp is racy (see [`Stamp::is_racy`]).
     bytes: Option<Vec<u8>>,
     items: Vec<T>,
+    /// [`key_hash`] of every item, so a change can skip the files that cannot hold its keys.
+    keys: HashSet<u64>,
+}
+
+/// An object kept in a [`YamlDir`], identified by namespace and name.
+pub trait Named {
+    /// Namespace (`default` when unset) and name.
+    fn namespace_name(&self) -> (&str, &str);
+}
+
+impl Named for ServiceRecord {
+    fn namespace_name(&self) -> (&str, &str) {
+        (
+            self.metadata.namespace.as_deref().unwrap_or("default"),
+            self.metadata.name.as_str(),
+        )
+    }
+}
+
+impl Named for RemoteRegistry {
+    fn namespace_name(&self) -> (&str, &str) {
+        (
+            self.metadata.namespace.as_deref().unwrap_or("default"),
+            self.metadata.name.as_str(),
+        )
+    }
+}
+
+/// A fixed (unkeyed) hash of a namespace and name, for [`YamlDir::items_holding`]. Collisions
+/// only make a file a candidate; callers still compare the real keys.
+pub fn key_hash(namespace: &str, name: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    (namespace, name).hash(&mut h);
+    h.finish()
 }
 
 /// Which entries of the watched directories changed, as a directory watcher reported them, kept
@@ -405,7 +440,7 @@ pub struct DirChanges<T> {
     pub files: Vec<(PathBuf, Vec<T>)>,
 }
 
-impl<T: resources::ResourceKind + Clone> YamlDir<T> {
+impl<T: resources::ResourceKind + Named + Clone> YamlDir<T> {
     pub fn new(dir: PathBuf) -> Self {
         Self {
             dir,
@@ -556,10 +591,18 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
         match parsed {
             Ok(items) => {
                 self.errors.remove(&path);
+                let keys = items
+                    .iter()
+                    .map(|item| {
+                        let (namespace, name) = item.namespace_name();
+                        key_hash(namespace, name)
+                    })
+                    .collect();
                 let loaded = LoadedFile {
                     stamp,
                     bytes: keep.then_some(bytes),
                     items,
+                    keys,
                 };
                 let previous = self
                     .files
@@ -592,6 +635,15 @@ impl<T: resources::ResourceKind + Clone> YamlDir<T> {
     /// The items of one accepted file (empty when it has none or was removed).
     pub fn file_items(&self, path: &Path) -> &[T] {
         self.files.get(path).map_or(&[], |f| f.items.as_slice())
+    }
+
+    /// The items of the accepted files that may hold any of `keys` ([`key_hash`] values), in
+    /// file order; files that hold none of them are skipped without looking at their items.
+    pub fn items_holding<'a>(&'a self, keys: &'a HashSet<u64>) -> impl Iterator<Item = &'a T> {
+        self.files
+            .values()
+            .filter(move |f| !f.keys.is_disjoint(keys))
+            .flat_map(|f| f.items.iter())
     }
 
     /// Every item of every accepted file, in file order, without copying.
@@ -750,10 +802,7 @@ pub fn spawn_dir_watcher_with_events(
 
 /// Catalog key of an exported ServiceRecord (as [`export_entry`] derives it): namespace, name.
 fn export_key(sr: &ServiceRecord) -> (&str, &str) {
-    (
-        sr.metadata.namespace.as_deref().unwrap_or("default"),
-        sr.metadata.name.as_str(),
-    )
+    sr.namespace_name()
 }
 
 /// Load exports into the catalog; returns whether the local set changed.
@@ -797,9 +846,14 @@ pub fn sync_exports(
             touched.entry(name).or_default().insert(ns);
         }
     }
-    // Their effective records: the last one in file order.
+    // Their effective records: the last one in file order, looked for only in the files that
+    // hold one of those keys (not in every loaded record).
+    let hashes: HashSet<u64> = touched
+        .iter()
+        .flat_map(|(name, nss)| nss.iter().map(move |ns| key_hash(ns, name)))
+        .collect();
     let mut effective: BTreeMap<(&str, &str), &ServiceRecord> = BTreeMap::new();
-    for sr in exports.iter_items() {
+    for sr in exports.items_holding(&hashes) {
         let (ns, name) = export_key(sr);
         if touched.get(name).is_some_and(|nss| nss.contains(ns)) {
             effective.insert((ns, name), sr);
@@ -1014,6 +1068,41 @@ spec:
             addresses(&catalog),
             vec![("three".to_string(), "10.0.0.3".to_string())]
         );
+    }
+
+    #[test]
+    fn items_holding_reads_only_the_files_with_those_keys() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(&exports).expect("mkdir");
+        let write =
+            |file: &str, text: &str| std::fs::write(exports.join(file), text).expect("write");
+        write(
+            "a.yaml",
+            &format!(
+                "{}---\n{}",
+                record("one", "10.0.0.1"),
+                record("two", "10.0.0.2")
+            ),
+        );
+        write("b.yaml", &record("three", "10.0.0.3"));
+        write("c.yaml", &record("two", "10.0.0.4"));
+        let mut yd: YamlDir<ServiceRecord> = YamlDir::new(exports.clone());
+        yd.refresh(|_| Ok(()));
+        let names = |keys: &[&str]| -> Vec<String> {
+            let hashes: HashSet<u64> = keys.iter().map(|n| key_hash("shop", n)).collect();
+            yd.items_holding(&hashes)
+                .map(|sr| format!("{}={}", sr.metadata.name, sr.spec.endpoints[0].address))
+                .collect()
+        };
+        // Every item of each candidate file, in file order; b.yaml is skipped.
+        assert_eq!(
+            names(&["two"]),
+            ["one=10.0.0.1", "two=10.0.0.2", "two=10.0.0.4"]
+        );
+        assert_eq!(names(&["three"]), ["three=10.0.0.3"]);
+        assert!(names(&["four"]).is_empty());
+        assert!(names(&[]).is_empty());
     }
 
     #[test]
