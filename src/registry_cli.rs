@@ -58,6 +58,10 @@ pub struct RegistryArgs {
     /// Close a Hamlet stream whose oldest response is unacknowledged this long (seconds).
     #[arg(long, env = "XCC_ACK_TIMEOUT_SECONDS", default_value_t = 120)]
     pub ack_timeout_seconds: u64,
+    /// On shutdown, how long open streams and connections may take to finish before they are
+    /// dropped (seconds). Keep it below the pod's terminationGracePeriodSeconds.
+    #[arg(long, env = "XCC_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
+    pub shutdown_grace_seconds: u64,
     /// Responses in flight per Hamlet consumer.
     #[arg(long, env = "XCC_WINDOW", default_value_t = 128)]
     pub window: usize,
@@ -127,6 +131,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         },
         store,
         cert_poll: Duration::from_secs(30),
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
         federation: xcc_registry::run::FederationConfig {
             policy_dir: args.policy_dir,
             policy_configmap: Some(args.policy_configmap).filter(|n| !n.is_empty()),

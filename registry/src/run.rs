@@ -89,6 +89,8 @@ pub struct RegistryConfig {
     /// Fallback poll period for certificate files (filesystem events are used too).
     pub cert_poll: Duration,
     pub federation: FederationConfig,
+    /// How long shutdown waits for open streams and connections to finish before it drops them.
+    pub shutdown_grace: Duration,
 }
 
 impl RegistryConfig {
@@ -106,6 +108,7 @@ impl RegistryConfig {
             store: StoreConfig::Memory,
             cert_poll: Duration::from_secs(30),
             federation: FederationConfig::default(),
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -128,6 +131,7 @@ pub struct Registry {
     remotes: Remotes,
     cancel: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
+    shutdown_grace: Duration,
 }
 
 /// The managed clients, keyed by RemoteRegistry name.
@@ -680,6 +684,7 @@ impl Registry {
             remotes,
             cancel,
             tasks,
+            shutdown_grace: config.shutdown_grace,
         })
     }
 
@@ -693,7 +698,24 @@ impl Registry {
         self.cancel.cancel();
         self.stop_clients().await;
         let mut first_error = None;
-        while let Some(res) = self.tasks.join_next().await {
+        let deadline = tokio::time::Instant::now() + self.shutdown_grace;
+        loop {
+            let res = match tokio::time::timeout_at(deadline, self.tasks.join_next()).await {
+                Ok(Some(res)) => res,
+                Ok(None) => break,
+                Err(_) => {
+                    // A listener waits for its connections to close, and a stream whose consumer
+                    // stopped reading never does; do not let that hold the process.
+                    warn!(
+                        tasks = self.tasks.len(),
+                        grace = ?self.shutdown_grace,
+                        "open connections did not finish within the shutdown grace period; dropping them"
+                    );
+                    self.tasks.abort_all();
+                    while self.tasks.join_next().await.is_some() {}
+                    break;
+                }
+            };
             if let Ok(Err(e)) | Err(e) = res.map_err(anyhow::Error::from) {
                 first_error.get_or_insert(e);
             }

@@ -426,3 +426,47 @@ async fn disconnected_consumer_leaves_the_peer_table() {
         (Operation::Create, Some("two.xcc.test"))
     );
 }
+
+/// A consumer that stops reading (its HTTP/2 flow-control window fills) does not hold up the
+/// registry's shutdown past the grace period.
+#[tokio::test]
+async fn shutdown_is_bounded_by_a_consumer_that_stopped_reading() {
+    let pki = Pki::new("xcc.test");
+    let mut cfg = xcc_registry::RegistryConfig::loopback(pki.cluster("east"));
+    cfg.shutdown_grace = std::time::Duration::from_millis(300);
+    // A window of unacknowledged responses large enough that HTTP/2 flow control, not the
+    // window, stops the stream: 5,000 responses of 32 endpoints each are several MiB, more than
+    // the client's stream and connection windows (2 and 5 MiB).
+    cfg.hamlet.window = 100_000;
+    let (east, cancel) = start_with(cfg).await;
+    for i in 0..5_000 {
+        let mut e = export("east", "a", &format!("service-{i:04}.xcc.test"), "10.0.0.1");
+        e.endpoints = (0..32)
+            .map(|j| xcc_registry::catalog::Endpoint {
+                address: format!("10.1.{}.{j}", i % 250),
+                port: 443,
+            })
+            .collect();
+        east.catalog.upsert(e);
+    }
+    let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
+    let mut reader = Consumer::connect(&west, east.hamlet_addr, false)
+        .await
+        .expect("subscribe");
+    reader.next().await; // then never reads again
+    let metrics = east.metrics.clone();
+    cancel.cancel();
+    tokio::time::timeout(WAIT, east.shutdown())
+        .await
+        .expect("shutdown finishes within the grace period")
+        .expect("clean shutdown");
+    // Flow control had stopped the stream well before the end of the snapshot.
+    let sent = metrics
+        .hamlet_responses
+        .get_or_create(&xcc_registry::metrics::OpLabels {
+            op: xcc_registry::metrics::OpLabel::Create,
+        })
+        .get();
+    assert!(sent < 5_000, "{sent} responses sent");
+    drop(reader);
+}
