@@ -359,19 +359,25 @@ async fn unacknowledged_stream_is_closed_after_the_ack_timeout() {
         status.message()
     );
     assert_eq!(east.metrics.hamlet_ack_timeouts.get(), 1);
-    let mut changes = east.peers.subscribe();
+    wait_consumers(&east, 0, "the closed stream leaves the peer table").await;
+    assert_eq!(streams(&east), 0);
+}
+
+fn consumers(reg: &xcc_registry::Registry) -> usize {
+    reg.peers
+        .count(xcc_registry::peers::PeerKind::HamletConsumer)
+}
+
+/// Wait until `n` Hamlet consumers are listed, re-checking on every peer change.
+async fn wait_consumers(reg: &xcc_registry::Registry, n: usize, what: &str) {
+    let mut changes = reg.peers.subscribe();
     tokio::time::timeout(WAIT, async {
-        while east
-            .peers
-            .count(xcc_registry::peers::PeerKind::HamletConsumer)
-            != 0
-        {
+        while consumers(reg) != n {
             changes.changed().await.expect("peer table");
         }
     })
     .await
-    .expect("the closed stream leaves the peer table");
-    assert_eq!(streams(&east), 0);
+    .unwrap_or_else(|_| panic!("timed out: {what}"));
 }
 
 fn streams(reg: &xcc_registry::Registry) -> i64 {
@@ -402,20 +408,9 @@ async fn disconnected_consumer_leaves_the_peer_table() {
         c.next_acked().await;
         c.next_acked().await; // marker
     }
-    let consumers = || {
-        east.peers
-            .count(xcc_registry::peers::PeerKind::HamletConsumer)
-    };
-    assert_eq!(consumers(), 2);
+    assert_eq!(consumers(&east), 2);
     drop(leaves);
-    let mut changes = east.peers.subscribe();
-    tokio::time::timeout(WAIT, async {
-        while consumers() != 1 {
-            changes.changed().await.expect("peer table");
-        }
-    })
-    .await
-    .expect("the departed consumer is dropped");
+    wait_consumers(&east, 1, "the departed consumer is dropped").await;
     assert_eq!(streams(&east), 1);
     // The remaining consumer is still served.
     east.catalog
