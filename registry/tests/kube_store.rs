@@ -306,10 +306,16 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
     // Zero writes at steady state: count over a quiet period that spans many status resyncs
     // (100 ms) and a forced relist of both watches (410 Gone).
     let before = api.writes();
+    let st_before = rr_status(&api, NS, RR);
     api.compact();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let after = api.writes();
-    assert_eq!(after, before, "writes at steady state");
+    assert_eq!(
+        after,
+        before,
+        "writes at steady state; RemoteRegistry status before {st_before:#}, after {:#}",
+        rr_status(&api, NS, RR)
+    );
 
     let addr = west.metrics_addr.expect("metrics bound");
     assert!(http_get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));

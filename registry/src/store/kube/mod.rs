@@ -334,6 +334,10 @@ struct Controller {
     config: KubeConfig,
     /// RemoteRegistries by (namespace, name).
     rrs: BTreeMap<(String, String), RemoteRegistry>,
+    /// Statuses written whose own watch event has not arrived yet: the resourceVersion the write
+    /// returned, and what was written. Events older than it still carry an older status; they
+    /// must not make the next pass write the same status again.
+    written: BTreeMap<(String, String), (String, RemoteRegistryStatus)>,
     /// Owners whose imports the registry handles now (name → UID).
     handled: BTreeMap<String, String>,
     /// Removing some retired owner's imports failed: reconcile again on the next tick.
@@ -392,6 +396,7 @@ impl Controller {
             parts,
             config,
             rrs: BTreeMap::new(),
+            written: BTreeMap::new(),
             handled: BTreeMap::new(),
             retry: false,
         }
@@ -422,16 +427,28 @@ impl Controller {
                         }
                         Ok(Event::InitDone) => {
                             self.rrs = buffer.take().unwrap_or_default();
+                            // A fresh list is at least as new as every write that completed.
+                            self.written.clear();
                             listed = true;
                             specs_changed = true;
                         }
-                        Ok(Event::Apply(rr)) => {
-                            specs_changed = self.rrs.get(&key(&rr)).is_none_or(|old| {
+                        Ok(Event::Apply(mut rr)) => {
+                            let k = key(&rr);
+                            specs_changed = self.rrs.get(&k).is_none_or(|old| {
                                 old.spec != rr.spec || old.metadata.uid != rr.metadata.uid
                             });
-                            self.rrs.insert(key(&rr), rr);
+                            if let Some((rv, status)) = self.written.get(&k) {
+                                if rr.metadata.resource_version.as_ref() == Some(rv) {
+                                    self.written.remove(&k);
+                                } else {
+                                    // An event from before our last write: keep what we wrote.
+                                    rr.status = Some(status.clone());
+                                }
+                            }
+                            self.rrs.insert(k, rr);
                         }
                         Ok(Event::Delete(rr)) => {
+                            self.written.remove(&key(&rr));
                             self.rrs.remove(&key(&rr));
                             specs_changed = true;
                         }
@@ -679,13 +696,17 @@ impl Controller {
                 .reconciled(metrics::Target::RemoteRegistries, res.is_ok());
             match res {
                 // Until the watch delivers it, compare against what was written.
-                Ok(()) => {
+                Ok(rv) => {
                     self.parts.metrics.wrote(
                         metrics::Kind::RemoteRegistryStatus,
                         metrics::WriteVerb::Apply,
                     );
-                    if let Some(rr) = self.rrs.get_mut(&(ns.clone(), name.clone())) {
-                        rr.status = Some(want);
+                    let k = (ns.clone(), name.clone());
+                    if let Some(rr) = self.rrs.get_mut(&k) {
+                        rr.status = Some(want.clone());
+                    }
+                    if let Some(rv) = rv {
+                        self.written.insert(k, (rv, want));
                     }
                 }
                 Err(e) => {
@@ -705,7 +726,7 @@ impl Controller {
         ns: &str,
         name: &str,
         status: &RemoteRegistryStatus,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<String>> {
         let api: Api<RemoteRegistry> = Api::namespaced(self.config.client.clone(), ns);
         let body = serde_json::json!({
             "apiVersion": xcc_proto::names::API_VERSION,
@@ -713,14 +734,15 @@ impl Controller {
             "metadata": {"name": name, "namespace": ns},
             "status": status,
         });
-        api.patch_status(
-            name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .with_context(|| format!("writing the status of RemoteRegistry {ns}/{name}"))?;
-        Ok(())
+        let written = api
+            .patch_status(
+                name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .with_context(|| format!("writing the status of RemoteRegistry {ns}/{name}"))?;
+        Ok(written.metadata.resource_version)
     }
 }
 
