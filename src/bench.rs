@@ -6,10 +6,11 @@
 //! - snapshot time: from the subscription to the end-of-snapshot marker, for one consumer alone
 //!   (median of several runs) and for N consumers subscribing at once (p50/p99 over consumers and
 //!   the time until the last one finishes);
-//! - update fan-out: with N synced consumers idle for two seconds, one service is changed K times
-//!   (each change starts after the previous one reached every consumer); a sample is the time
-//!   from the change to one consumer's receipt of that UPDATE. The first update, which wakes
-//!   every connection after the idle period, is reported apart from updates 2..K;
+//! - update fan-out: after an idle pause (`--idle-seconds`, 2 s by default) with N synced
+//!   consumers, one service is changed K times (each change starts after the previous one
+//!   reached every consumer); a sample is the time from the change to one consumer's receipt of
+//!   that UPDATE. The first update, which wakes every connection after the pause, is reported
+//!   apart from updates 2..K;
 //! - server RSS (child-process mode only): idle after loading, and with N idle synced consumers.
 //!
 //! Two server modes. `process`: `xcc registry --store file` runs as a child process (so its RSS
