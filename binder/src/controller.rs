@@ -8,7 +8,7 @@
 //! its keys, so a record that changes mode is removed from one and added to the other. Five
 //! reflectors hold the state (imported records, RemoteRegistries, managed Services in every
 //! namespace, managed EndpointSlices and Endpoints in the namespace); reconciles read them and
-//! are level-triggered and idempotent. Keys go through a work queue ([`queue`]) with per-key
+//! are level-triggered and idempotent. Keys go through a work queue ([`xcc_controller::queue`]) with per-key
 //! exponential backoff; after every relist (410 Gone) and every `resync` period all keys are
 //! reconciled again — with no write when nothing differs (NEW-06).
 //!
@@ -25,7 +25,6 @@
 pub mod conditions;
 pub mod keys;
 pub mod metrics;
-pub mod queue;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
@@ -46,6 +45,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use xcc_controller::probes::Health;
+use xcc_controller::queue;
 use xcc_proto::crd::{
     BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
     MANAGED_BY_LABEL, Materialize, RemoteRegistry, ServiceRecord,

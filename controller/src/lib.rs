@@ -1,12 +1,13 @@
 //! Plumbing every xcc controller process shares: Lease-based leader election ([`leader`]),
-//! the `/healthz`, `/readyz` and `/metrics` endpoint ([`probes`]) and the Kubernetes client
-//! ([`client`]). Nothing here knows about ServiceRecords; the publisher, the binder and the
+//! the `/healthz`, `/readyz` and `/metrics` endpoint ([`probes`]), the work queue of reconcile
+//! keys ([`queue`]) and the Kubernetes client ([`client`]). Nothing here knows about ServiceRecords; the publisher, the binder and the
 //! registry's Kubernetes store build on it.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod leader;
 pub mod probes;
+pub mod queue;
 
 /// A Kubernetes client from the environment: `KUBECONFIG` / `~/.kube/config` when present,
 /// otherwise the in-cluster service account.

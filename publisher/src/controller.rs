@@ -19,7 +19,7 @@
 //! Clusters without Contour are normal: when the HTTPProxy API is not served, Services are
 //! still exported, and the API is looked up again every [`Settings::discovery_retry`].
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -37,10 +37,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use xcc_controller::probes::Health;
+use xcc_controller::queue::{Backoff, Queue};
 use xcc_proto::crd::{MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord};
 use xcc_proto::names::EXPORT_LABEL;
 
@@ -65,10 +65,8 @@ pub struct Settings {
     pub discovery_retry: Duration,
     /// Sources reconciled at the same time.
     pub workers: usize,
-    /// First retry delay of a failed reconcile; doubles per failure up to `max_backoff`.
-    pub min_backoff: Duration,
-    /// Longest retry delay.
-    pub max_backoff: Duration,
+    /// Retry delays of a failed reconcile: doubling per failure, up to a cap.
+    pub backoff: Backoff,
     /// Reporting instance of Events (the pod name).
     pub instance: Option<String>,
 }
@@ -80,8 +78,10 @@ impl Default for Settings {
             ingress_service: ("projectcontour".into(), "envoy".into()),
             discovery_retry: Duration::from_secs(30),
             workers: 4,
-            min_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(300),
+            backoff: Backoff {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(300),
+            },
             instance: None,
         }
     }
@@ -241,91 +241,6 @@ impl Metrics {
     }
 }
 
-/// Keys to reconcile: each at most once in the queue and at most once in flight.
-#[derive(Default)]
-struct Queue {
-    state: Mutex<QueueState>,
-    notify: Notify,
-    depth: Gauge,
-}
-
-#[derive(Default)]
-struct QueueState {
-    pending: VecDeque<SourceKey>,
-    queued: HashSet<SourceKey>,
-    active: HashSet<SourceKey>,
-    again: HashSet<SourceKey>,
-}
-
-impl Queue {
-    fn lock(&self) -> MutexGuard<'_, QueueState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn set_depth(&self, s: &QueueState) {
-        self.depth.set((s.pending.len() + s.active.len()) as i64);
-    }
-
-    fn add(&self, key: SourceKey) {
-        let mut s = self.lock();
-        if s.active.contains(&key) {
-            s.again.insert(key);
-        } else if s.queued.insert(key.clone()) {
-            s.pending.push_back(key);
-            self.set_depth(&s);
-            drop(s);
-            self.notify.notify_waiters();
-        }
-    }
-
-    fn add_all(&self, keys: impl IntoIterator<Item = SourceKey>) {
-        for key in keys {
-            self.add(key);
-        }
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.lock().pending.len()
-    }
-
-    /// The next key, marked in flight; `None` once `cancel` fires.
-    async fn next(&self, cancel: &CancellationToken) -> Option<SourceKey> {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            {
-                let mut s = self.lock();
-                if let Some(key) = s.pending.pop_front() {
-                    s.queued.remove(&key);
-                    s.active.insert(key.clone());
-                    return Some(key);
-                }
-            }
-            tokio::select! {
-                _ = &mut notified => {}
-                _ = cancel.cancelled() => return None,
-            }
-        }
-    }
-
-    /// `key` is no longer in flight; run it again if it was added meanwhile.
-    fn done(&self, key: &SourceKey) {
-        let mut s = self.lock();
-        s.active.remove(key);
-        let again = s.again.remove(key);
-        if again && s.queued.insert(key.clone()) {
-            s.pending.push_back(key.clone());
-        }
-        self.set_depth(&s);
-        drop(s);
-        if again {
-            self.notify.notify_waiters();
-        }
-    }
-}
-
 /// Whether the HTTPProxy API is served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ProxyApi {
@@ -350,14 +265,14 @@ struct Shared {
     settings: Settings,
     metrics: Metrics,
     reporter: Reporter,
-    queue: Queue,
+    /// Keys to reconcile: each at most once in the queue and at most once in flight.
+    queue: Arc<Queue<SourceKey>>,
     proxies: Store<HTTPProxy>,
     services: Store<Service>,
     ingress: Store<Service>,
     nodes: Store<Node>,
     records: Store<ServiceRecord>,
     proxy_api: tokio::sync::watch::Sender<ProxyApi>,
-    failures: Mutex<HashMap<SourceKey, u32>>,
     reported: Mutex<HashMap<SourceKey, Reported>>,
     /// Keys of the first full sync not reconciled yet; `None` once ready.
     initial: Mutex<Option<HashSet<SourceKey>>>,
@@ -627,42 +542,15 @@ async fn report(shared: &Shared, key: &SourceKey, uid: &str, desired: &Desired, 
     }
 }
 
-fn backoff(settings: &Settings, failures: u32) -> Duration {
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
-    settings
-        .min_backoff
-        .saturating_mul(factor)
-        .min(settings.max_backoff)
-}
-
 async fn worker(shared: Arc<Shared>, cancel: CancellationToken) {
     while let Some(key) = shared.queue.next(&cancel).await {
         let result = reconcile(&shared, &key).await;
         shared.reconciles.fetch_add(1, Ordering::Relaxed);
         shared.metrics.reconciled(result.is_ok());
-        match result {
-            Ok(()) => {
-                lock(&shared.failures).remove(&key);
-            }
-            Err(e) => {
-                let n = {
-                    let mut failures = lock(&shared.failures);
-                    let n = failures.entry(key.clone()).or_default();
-                    *n = n.saturating_add(1);
-                    *n
-                };
-                let delay = backoff(&shared.settings, n);
-                warn!(source = %key, error = %e, retry_in = ?delay, "reconcile failed");
-                let (s, k, c) = (shared.clone(), key.clone(), cancel.clone());
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = tokio::time::sleep(delay) => s.queue.add(k),
-                        _ = c.cancelled() => {}
-                    }
-                });
-            }
+        let retry_in = shared.queue.done(key.clone(), result.is_ok(), &cancel);
+        if let Err(e) = result {
+            warn!(source = %key, error = %e, ?retry_in, "reconcile failed");
         }
-        shared.queue.done(&key);
         shared.metrics.managed.set(shared.records.len() as i64);
         let ready_now = {
             let mut initial = lock(&shared.initial);
@@ -878,10 +766,10 @@ pub async fn run(
     let shared = Arc::new(Shared {
         reporter,
         client: client.clone(),
-        queue: Queue {
-            depth: metrics.queue_depth.clone(),
-            ..Queue::default()
-        },
+        queue: Arc::new(Queue::new(
+            settings.backoff,
+            Some(metrics.queue_depth.clone()),
+        )),
         metrics,
         proxies,
         services: services.clone(),
@@ -889,7 +777,6 @@ pub async fn run(
         nodes: nodes.clone(),
         records: records.clone(),
         proxy_api: tokio::sync::watch::Sender::new(ProxyApi::Unknown),
-        failures: Mutex::default(),
         reported: Mutex::default(),
         initial: Mutex::new(Some(HashSet::new())),
         health: health.clone(),
@@ -1117,11 +1004,11 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let s = Settings::default();
-        assert_eq!(backoff(&s, 1), Duration::from_millis(100));
-        assert_eq!(backoff(&s, 2), Duration::from_millis(200));
-        assert_eq!(backoff(&s, 4), Duration::from_millis(800));
-        assert_eq!(backoff(&s, 40), Duration::from_secs(300));
+        let b = Settings::default().backoff;
+        assert_eq!(b.delay(1), Duration::from_millis(100));
+        assert_eq!(b.delay(2), Duration::from_millis(200));
+        assert_eq!(b.delay(4), Duration::from_millis(800));
+        assert_eq!(b.delay(40), Duration::from_secs(300));
     }
 
     #[test]
@@ -1143,29 +1030,5 @@ mod tests {
                 name: "web".into()
             })
         );
-    }
-
-    #[tokio::test]
-    async fn queue_runs_a_key_once_at_a_time_and_again_when_re_added() {
-        let q = Queue::default();
-        let cancel = CancellationToken::new();
-        let k = SourceKey {
-            kind: SourceKind::Service,
-            namespace: "ns".into(),
-            name: "a".into(),
-        };
-        q.add(k.clone());
-        q.add(k.clone());
-        assert_eq!(q.len(), 1);
-        assert_eq!(q.next(&cancel).await, Some(k.clone()));
-        // Added while in flight: held back until done.
-        q.add(k.clone());
-        assert_eq!(q.len(), 0);
-        q.done(&k);
-        assert_eq!(q.len(), 1);
-        assert_eq!(q.next(&cancel).await, Some(k.clone()));
-        q.done(&k);
-        cancel.cancel();
-        assert_eq!(q.next(&cancel).await, None);
     }
 }

@@ -1,25 +1,40 @@
 //! A work queue of reconcile keys, in the manner of client-go's: a key is queued at most once,
 //! never handed to two workers at the same time (a key added while it is being worked on is
 //! queued again when that work is done), and failed keys come back after a per-key exponential
-//! backoff.
+//! backoff. Shared by the publisher and the binder.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// Delay before the first retry of a failed key; doubled per further failure.
-pub const BACKOFF_BASE: Duration = Duration::from_millis(250);
-/// Longest delay between retries.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Retry delays of failed keys: `base` after the first failure, doubled per further failure,
+/// at most `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
 
-/// Retry delay after `failures` consecutive failures (at least 1).
-pub fn backoff(failures: u32) -> Duration {
-    let exp = failures.saturating_sub(1).min(20);
-    BACKOFF_BASE.saturating_mul(1u32 << exp).min(BACKOFF_MAX)
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(250),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl Backoff {
+    /// Retry delay after `failures` consecutive failures (at least 1).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(20);
+        self.base.saturating_mul(1u32 << exp).min(self.max)
+    }
 }
 
 struct Inner<K> {
@@ -36,10 +51,20 @@ struct Inner<K> {
 pub struct Queue<K> {
     inner: Mutex<Inner<K>>,
     notify: Notify,
+    backoff: Backoff,
+    /// Keys queued or being worked on, when exported as a metric.
+    depth: Option<Gauge>,
 }
 
 impl<K: Clone + Eq + Hash> Default for Queue<K> {
     fn default() -> Self {
+        Self::new(Backoff::default(), None)
+    }
+}
+
+impl<K: Clone + Eq + Hash> Queue<K> {
+    /// A queue retrying failed keys after `backoff`, reporting its depth to `depth`.
+    pub fn new(backoff: Backoff, depth: Option<Gauge>) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 order: VecDeque::new(),
@@ -50,6 +75,8 @@ impl<K: Clone + Eq + Hash> Default for Queue<K> {
                 waiting: 0,
             }),
             notify: Notify::new(),
+            backoff,
+            depth,
         }
     }
 }
@@ -57,6 +84,12 @@ impl<K: Clone + Eq + Hash> Default for Queue<K> {
 impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     fn lock(&self) -> MutexGuard<'_, Inner<K>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_depth(&self, inner: &Inner<K>) {
+        if let Some(depth) = &self.depth {
+            depth.set((inner.order.len() + inner.active.len()) as i64);
+        }
     }
 
     /// Queue `key` unless it is queued already; a key being worked on is queued again once
@@ -72,6 +105,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         }
         inner.queued.insert(key.clone());
         inner.order.push_back(key);
+        self.set_depth(&inner);
         drop(inner);
         self.notify.notify_one();
     }
@@ -120,6 +154,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     ) -> Option<Duration> {
         let mut inner = self.lock();
         inner.active.remove(&key);
+        self.set_depth(&inner);
         let requeue = inner.dirty.remove(&key);
         let delay = if ok {
             inner.failures.remove(&key);
@@ -127,7 +162,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         } else {
             let n = inner.failures.entry(key.clone()).or_insert(0);
             *n = n.saturating_add(1);
-            Some(backoff(*n))
+            Some(self.backoff.delay(*n))
         };
         if delay.is_some() && !requeue {
             inner.waiting += 1;
@@ -201,18 +236,33 @@ mod tests {
         let cancel = CancellationToken::new();
         q.add("a");
         let key = q.next(&cancel).await.unwrap();
-        assert_eq!(q.done(key, false, &cancel), Some(BACKOFF_BASE));
+        let b = Backoff::default();
+        assert_eq!(q.done(key, false, &cancel), Some(b.base));
         assert!(!q.is_idle(), "a retry is pending");
-        assert_eq!(backoff(1), BACKOFF_BASE);
-        assert_eq!(backoff(2), BACKOFF_BASE * 2);
-        assert_eq!(backoff(3), BACKOFF_BASE * 4);
-        assert_eq!(backoff(30), BACKOFF_MAX);
+        assert_eq!(b.delay(1), Duration::from_millis(250));
+        assert_eq!(b.delay(2), b.base * 2);
+        assert_eq!(b.delay(3), b.base * 4);
+        assert_eq!(b.delay(30), Duration::from_secs(300));
         // A key added while active after a failure is queued at once.
         q.add("b");
         let key = q.next(&cancel).await.unwrap();
         q.add("b");
-        assert_eq!(q.done(key, false, &cancel), Some(BACKOFF_BASE));
+        assert_eq!(q.done(key, false, &cancel), Some(b.base));
         assert_eq!(q.len(), 1);
         cancel.cancel();
+    }
+
+    #[tokio::test]
+    async fn depth_counts_queued_and_active_keys() {
+        let depth = Gauge::default();
+        let q: Arc<Queue<&str>> = Arc::new(Queue::new(Backoff::default(), Some(depth.clone())));
+        let cancel = CancellationToken::new();
+        q.add("a");
+        q.add("b");
+        assert_eq!(depth.get(), 2);
+        let key = q.next(&cancel).await.unwrap();
+        assert_eq!(depth.get(), 2, "an active key still counts");
+        q.done(key, true, &cancel);
+        assert_eq!(depth.get(), 1);
     }
 }
