@@ -94,6 +94,28 @@ fn precondition_failed(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
+/// Delete the record `name` only if it is still the object with `uid`. True when it was deleted
+/// now; false when it is already gone or the name belongs to another object.
+async fn delete_if_same(
+    api: &Api<ServiceRecord>,
+    namespace: &str,
+    name: &str,
+    uid: Option<String>,
+) -> Result<bool, SyncError> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(e) if not_found(&e) || precondition_failed(&e) => Ok(false),
+        Err(e) => Err(kube_error("delete", namespace, name)(e)),
+    }
+}
+
 /// Bring the records of the source with uid `owner_uid` in `namespace` to `desired`.
 /// Idempotent and level-triggered: call it on every change of the source, its nodes or its
 /// records. NotFound on delete counts as done (the garbage collector may have been first).
@@ -162,17 +184,8 @@ pub async fn sync_source_known<'a>(
         }
     }
     for (name, uid) in stale {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid,
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&name, &params).await {
-            Ok(_) => outcome.removed.push(name),
-            Err(e) if not_found(&e) || precondition_failed(&e) => {}
-            Err(e) => return Err(kube_error("delete", namespace, &name)(e)),
+        if delete_if_same(&api, namespace, &name, uid).await? {
+            outcome.removed.push(name);
         }
     }
     Ok(outcome)
@@ -241,17 +254,8 @@ pub async fn remove_source_records_known<'a>(
             })
             .collect();
     for (record_name, uid, owner) in found {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid,
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&record_name, &params).await {
-            Ok(_) => removal.removed.push(record_name),
-            Err(e) if not_found(&e) || precondition_failed(&e) => {}
-            Err(e) => return Err(kube_error("delete", namespace, &record_name)(e)),
+        if delete_if_same(&api, namespace, &record_name, uid).await? {
+            removal.removed.push(record_name);
         }
         if removal.owner_uid.is_none() {
             removal.owner_uid = owner;
