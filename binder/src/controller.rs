@@ -644,12 +644,7 @@ impl Ctx {
             }
             Err(ApplyError::Api(e)) => return Err(e.into()),
             Err(e @ ApplyError::NotManaged { .. }) => {
-                let found = Found {
-                    reason: conditions::NOT_MANAGED,
-                    message: e.to_string(),
-                };
-                self.set_conflicts(&refs, Some(&found)).await?;
-                return Err(ReconcileError::NotManaged(e));
+                return Err(self.not_managed(&refs, e).await);
             }
         };
         self.set_conflicts(&refs, found.as_ref()).await
@@ -678,12 +673,7 @@ impl Ctx {
             }
             Err(ApplyError::Api(e)) => return Err(e.into()),
             Err(e @ ApplyError::NotManaged { .. }) => {
-                let found = Found {
-                    reason: conditions::NOT_MANAGED,
-                    message: e.to_string(),
-                };
-                self.set_conflicts(&refs, Some(&found)).await?;
-                return Err(ReconcileError::NotManaged(e));
+                return Err(self.not_managed(&refs, e).await);
             }
         };
         self.set_conflicts(&refs, found.as_ref()).await
@@ -854,6 +844,18 @@ impl Ctx {
 
     /// Write each record's `Conflict` condition where it changed; a Warning Event on each
     /// record whose condition becomes `True` or changes reason.
+    /// An object in the way is not ours: report it on the records, then fail the reconcile.
+    async fn not_managed(&self, records: &[&ServiceRecord], e: ApplyError) -> ReconcileError {
+        let found = Found {
+            reason: conditions::NOT_MANAGED,
+            message: e.to_string(),
+        };
+        match self.set_conflicts(records, Some(&found)).await {
+            Ok(()) => ReconcileError::NotManaged(e),
+            Err(reporting) => reporting,
+        }
+    }
+
     async fn set_conflicts(
         &self,
         records: &[&ServiceRecord],
