@@ -119,6 +119,18 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
 
 /// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either. Every
 /// long-running command shuts down gracefully on it.
+/// The `--metrics-listen` address; empty turns the endpoint off.
+pub fn metrics_listen(value: &str) -> anyhow::Result<Option<std::net::SocketAddr>> {
+    use anyhow::Context as _;
+    if value.is_empty() {
+        return Ok(None);
+    }
+    value
+        .parse()
+        .map(Some)
+        .with_context(|| format!("--metrics-listen {value:?}"))
+}
+
 pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
@@ -137,5 +149,21 @@ pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>
         Ok(async move {
             let _ = tokio::signal::ctrl_c().await;
         })
+    }
+}
+
+#[cfg(test)]
+mod metrics_listen_tests {
+    use super::metrics_listen;
+
+    #[test]
+    fn empty_turns_the_endpoint_off_and_bad_addresses_are_named() {
+        assert_eq!(metrics_listen("").expect("empty"), None);
+        assert_eq!(
+            metrics_listen("127.0.0.1:9090").expect("address"),
+            Some("127.0.0.1:9090".parse().expect("literal"))
+        );
+        let err = metrics_listen("localhost").expect_err("no port");
+        assert_eq!(err.to_string(), "--metrics-listen \"localhost\"");
     }
 }

@@ -123,11 +123,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     let server = DnsServer::bind(args.listen).await?;
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
-    if !args.metrics_listen.is_empty() {
-        let addr: SocketAddr = args
-            .metrics_listen
-            .parse()
-            .with_context(|| format!("--metrics-listen {:?}", args.metrics_listen))?;
+    if let Some(addr) = crate::cli::metrics_listen(&args.metrics_listen)? {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("binding --metrics-listen {addr}"))?;

@@ -2,7 +2,6 @@
 //! the probes/metrics endpoint and the controller under leader election, all under one
 //! cancellation token that SIGTERM and Ctrl-C fire.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
@@ -39,15 +38,7 @@ pub struct PublisherArgs {
 }
 
 pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
-    let metrics_addr: Option<SocketAddr> = if args.metrics_listen.is_empty() {
-        None
-    } else {
-        Some(
-            args.metrics_listen
-                .parse()
-                .with_context(|| format!("--metrics-listen {:?}", args.metrics_listen))?,
-        )
-    };
+    let metrics_addr = crate::cli::metrics_listen(&args.metrics_listen)?;
     let client = xcc_controller::client().await?;
     let leader = args
         .leader_elect

@@ -101,15 +101,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
             args.leader_elect,
         )),
     };
-    let metrics_listen = if args.metrics_listen.is_empty() {
-        None
-    } else {
-        Some(
-            args.metrics_listen
-                .parse()
-                .with_context(|| format!("--metrics-listen {:?}", args.metrics_listen))?,
-        )
-    };
+    let metrics_listen = crate::cli::metrics_listen(&args.metrics_listen)?;
     let config = RegistryConfig {
         tls: args.tls.files()?,
         namespace: args.namespace,
