@@ -113,10 +113,6 @@ impl Metrics {
             self.store_errors.clone(),
         );
     }
-
-    pub fn response(&self, op: OpLabel) {
-        self.hamlet_responses.get_or_create(&OpLabels { op }).inc();
-    }
 }
 
 /// Readiness flag shared with the probe endpoint, and the endpoint itself (`/healthz`,

@@ -462,6 +462,6 @@ async fn shutdown_is_bounded_by_a_consumer_that_stopped_reading() {
             op: xcc_registry::metrics::OpLabel::Create,
         })
         .get();
-    assert!(sent < 5_000, "{sent} responses sent");
+    assert!((1..5_000).contains(&sent), "{sent} responses sent");
     drop(reader);
 }

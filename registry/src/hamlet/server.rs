@@ -15,6 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::Stream;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::time::Sleep;
 use tokio_stream::wrappers::BroadcastStream;
@@ -31,7 +32,7 @@ use xcc_proto::{
 use super::consumer::{ConsumerState, Op, Outgoing, Reply};
 use super::convert;
 use crate::catalog::{Catalog, ServiceEntry};
-use crate::metrics::{Api, ApiLabels, Metrics, OpLabel};
+use crate::metrics::{Api, ApiLabels, Metrics, OpLabel, OpLabels};
 use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
 
 /// Tunables of the Hamlet server.
@@ -338,6 +339,8 @@ struct ConsumerStream<W: Wire> {
     st: ConsumerState,
     stats: Arc<PeerStats>,
     stream_gauge: Gauge,
+    /// `hamlet_responses` by operation, looked up once per stream rather than per response.
+    responses: [Counter; 4],
     synced: bool,
     ack_timer: Pin<Box<Sleep>>,
     ack_armed: Option<Instant>,
@@ -383,6 +386,19 @@ impl<W: Wire> ConsumerStream<W> {
             stats.mark_synced();
         }
         let cancelled = Box::pin(server.cancel.clone().cancelled_owned());
+        let responses = [
+            OpLabel::Create,
+            OpLabel::Update,
+            OpLabel::Delete,
+            OpLabel::Marker,
+        ]
+        .map(|op| {
+            server
+                .metrics
+                .hamlet_responses
+                .get_or_create(&OpLabels { op })
+                .clone()
+        });
         Self {
             identity,
             context,
@@ -392,6 +408,7 @@ impl<W: Wire> ConsumerStream<W> {
             st,
             stats,
             stream_gauge,
+            responses,
             synced,
             ack_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             ack_armed: None,
@@ -471,12 +488,13 @@ impl<W: Wire> ConsumerStream<W> {
             self.stats.mark_synced();
         }
         let out = out?;
-        self.server.metrics.response(match out.op {
-            Op::Create => OpLabel::Create,
-            Op::Update => OpLabel::Update,
-            Op::Delete => OpLabel::Delete,
-            Op::SnapshotComplete => OpLabel::Marker,
-        });
+        self.responses[match out.op {
+            Op::Create => 0,
+            Op::Update => 1,
+            Op::Delete => 2,
+            Op::SnapshotComplete => 3,
+        }]
+        .inc();
         self.stats.sent.fetch_add(1, Ordering::Relaxed);
         Some(W::render(&out, &self.context))
     }
