@@ -1,0 +1,595 @@
+//! A real Kubernetes control plane for tests: etcd, kube-apiserver (RBAC on, audit log of every
+//! ServiceAccount request) and kube-controller-manager (garbage collector, namespace deletion),
+//! started from the binaries in the directory named by `KUBEBUILDER_ASSETS` (envtest's
+//! convention: `etcd`, `kube-apiserver`, `kube-controller-manager`, optionally `kubectl`).
+//!
+//! [`shared`] starts one control plane per test binary, on first use; tests share it and each
+//! takes its own namespace ([`ControlPlane::namespace`]). [`ControlPlane::start`] starts a
+//! separate one (a second "cluster"). Without the variable a test prints a skip line and checks
+//! nothing, unless `XCC_REQUIRE_KUBE=1` (set by CI), which turns the skip into a failure.
+//!
+//! Every server runs under `sh` that kills it when its stdin — a pipe this process holds open
+//! until it exits — reaches end of file, so no server outlives the test binary, even when it
+//! is killed.
+//!
+//! [`ControlPlane::identity`] is how xcc runs in these tests: a ServiceAccount bound exactly
+//! to the RBAC that `kubectl kustomize` renders from a `deploy/` overlay, with a token from the
+//! TokenRequest API, as a kubeconfig file (for an `xcc` process) or a client (in-process).
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::Write as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde_json::{Value, json};
+
+/// The variable naming the directory with `etcd` and `kube-apiserver` (as envtest's).
+pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
+/// Set to `1` (CI does) to make a missing control plane a failure instead of a skip.
+pub const REQUIRE_ENV: &str = "XCC_REQUIRE_KUBE";
+/// The namespace the manifests in `deploy/` install xcc into.
+pub const DEPLOY_NS: &str = "cross-cluster-connectivity";
+/// Field manager of the harness's own writes.
+const MANAGER: &str = "testkube";
+/// Generous bound for the API server to become ready: 5-15 s on a quiet machine, more when
+/// other builds share the cores.
+const STARTUP: Duration = Duration::from_secs(120);
+
+/// One running control plane; its servers stop when this process exits.
+pub struct ControlPlane {
+    /// Removed by a wrapper once the servers are gone (etcd preallocates ~60 MB).
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    server: String,
+    ca_pem: String,
+    /// The servers' wrappers, whose stdin we hold open: they kill their server at end of file.
+    wrappers: Mutex<Vec<Child>>,
+}
+
+/// The shared control plane of this test binary, started on first use; `None` (after a skip
+/// line naming `test`) when `KUBEBUILDER_ASSETS` is unset and `XCC_REQUIRE_KUBE` is not `1`.
+pub fn shared(test: &str) -> Option<&'static ControlPlane> {
+    static SHARED: OnceLock<Option<ControlPlane>> = OnceLock::new();
+    let cp = SHARED.get_or_init(ControlPlane::start_quiet).as_ref();
+    if cp.is_none() {
+        skip(test);
+    }
+    cp
+}
+
+fn skip(test: &str) {
+    eprintln!(
+        "SKIP {test}: needs a real Kubernetes control plane; set {ASSETS_ENV} to a directory \
+         with etcd, kube-apiserver and kube-controller-manager (see README, \"Kubernetes tests\")"
+    );
+}
+
+/// The assets directory, or `None`; panics when required but missing.
+fn assets() -> Option<PathBuf> {
+    let dir = std::env::var_os(ASSETS_ENV).filter(|d| !d.is_empty());
+    let required = std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1");
+    match dir {
+        Some(d) => {
+            let d = PathBuf::from(d);
+            for bin in ["etcd", "kube-apiserver", "kube-controller-manager"] {
+                assert!(
+                    d.join(bin).is_file(),
+                    "{ASSETS_ENV}={}: no {bin} there",
+                    d.display()
+                );
+            }
+            Some(d)
+        }
+        None if required => panic!("{REQUIRE_ENV}=1 but {ASSETS_ENV} is not set"),
+        None => None,
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl ControlPlane {
+    /// A control plane of its own (e.g. a second cluster); `None` after a skip line when the
+    /// assets are not configured.
+    pub fn start(test: &str) -> Option<Self> {
+        let cp = Self::start_quiet();
+        if cp.is_none() {
+            skip(test);
+        }
+        cp
+    }
+
+    fn start_quiet() -> Option<Self> {
+        let bin = assets()?;
+        // Readiness is polled with a kube client, which needs a runtime; a thread of its own
+        // lets this run from inside any test's runtime.
+        Some(
+            std::thread::spawn(move || Self::boot(&bin))
+                .join()
+                .unwrap_or_else(|_| panic!("starting the control plane failed")),
+        )
+    }
+
+    fn boot(bin: &Path) -> Self {
+        xcc_certs::install_crypto_provider();
+        let dir = tempfile::Builder::new()
+            .prefix("testkube-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let d = dir.clone();
+        let ca = xcc_certs::pki::Ca::generate("testkube.local").unwrap();
+        let mut req = xcc_certs::pki::IssueRequest::cluster("kube-apiserver");
+        req.dns = vec!["localhost".into(), "kubernetes.default.svc".into()];
+        req.ips = vec![std::net::Ipv4Addr::LOCALHOST.into()];
+        let serving = ca.issue(&req).unwrap();
+        // ServiceAccount tokens are signed with this key (ES256) and checked with its public half.
+        let sa = rcgen::KeyPair::generate().unwrap();
+        let token = format!("{:032x}", rand::random::<u128>());
+        let files = [
+            ("ca.crt", ca.cert_pem().to_string()),
+            ("ca.key", ca.key_pem().to_string()),
+            ("apiserver.crt", serving.cert_pem.clone()),
+            ("apiserver.key", serving.key_pem.clone()),
+            ("sa.key", sa.serialize_pem()),
+            ("sa.pub", sa.public_key_pem()),
+            (
+                "tokens.csv",
+                format!("{token},admin,admin-uid,system:masters\n"),
+            ),
+            // Only ServiceAccounts (xcc under test) are audited: the log shows what they were
+            // refused and which User-Agent they sent.
+            (
+                "audit.yaml",
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
+                 rules:\n- level: Metadata\n  userGroups: [\"system:serviceaccounts\"]\n\
+                 - level: None\n"
+                    .to_string(),
+            ),
+        ];
+        for (name, text) in &files {
+            std::fs::write(d.join(name), text).unwrap();
+        }
+        let port = free_port();
+        let server = format!("https://127.0.0.1:{port}");
+        let kubeconfig = d.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &server, ca.cert_pem(), &token);
+        let cp = Self {
+            kubeconfig,
+            server,
+            ca_pem: ca.cert_pem().to_string(),
+            wrappers: Mutex::default(),
+            dir,
+        };
+        let p = |name: &str| d.join(name).display().to_string();
+        let etcd_port = free_port();
+        cp.spawn(
+            &bin.join("etcd"),
+            &[p("etcd"), etcd_port.to_string(), free_port().to_string()],
+            "etcd",
+        );
+        cp.spawn(
+            &bin.join("kube-apiserver"),
+            &[
+                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                "--endpoint-reconciler-type=none".into(),
+                "--authorization-mode=RBAC".into(),
+                format!("--tls-cert-file={}", p("apiserver.crt")),
+                format!("--tls-private-key-file={}", p("apiserver.key")),
+                format!("--client-ca-file={}", p("ca.crt")),
+                format!("--token-auth-file={}", p("tokens.csv")),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--allow-privileged=true".into(),
+                "--profiling=false".into(),
+                format!("--cert-dir={}", p("pki")),
+                format!("--audit-policy-file={}", p("audit.yaml")),
+                format!("--audit-log-path={}", p("audit.log")),
+                "--v=1".into(),
+            ],
+            "kube-apiserver",
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(cp.wait_ready());
+        cp.spawn(
+            &bin.join("kube-controller-manager"),
+            &[
+                format!("--kubeconfig={}", p("kubeconfig")),
+                "--controllers=*,-node-lifecycle-controller".into(),
+                format!("--service-account-private-key-file={}", p("sa.key")),
+                format!("--root-ca-file={}", p("ca.crt")),
+                format!("--cluster-signing-cert-file={}", p("ca.crt")),
+                format!("--cluster-signing-key-file={}", p("ca.key")),
+                "--use-service-account-credentials=false".into(),
+                "--leader-elect=false".into(),
+                "--secure-port=0".into(),
+                "--v=1".into(),
+            ],
+            "kube-controller-manager",
+        );
+        cp.cleanup();
+        cp
+    }
+
+    /// Once every server has stopped (after this process exits), remove the directory.
+    fn cleanup(&self) {
+        let pids: Vec<String> = self
+            .wrappers
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.id().to_string())
+            .collect();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(
+                r#"dir=$1; shift; cat >/dev/null
+                for p in "$@"; do while kill -0 "$p" 2>/dev/null; do sleep 0.2; done; done
+                rm -rf "$dir""#,
+            )
+            .arg("testkube-cleanup")
+            .arg(&self.dir)
+            .args(pids)
+            .stdin(Stdio::piped())
+            .spawn();
+        if let Ok(child) = child {
+            self.wrappers.lock().unwrap().push(child);
+        }
+    }
+
+    /// Start `bin args` under a wrapper that kills it when our end of its stdin closes.
+    fn spawn(&self, bin: &Path, args: &[String], log: &str) {
+        let out = std::fs::File::create(self.dir.as_path().join(format!("{log}.log"))).unwrap();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(r#""$@" & child=$!; cat >/dev/null; kill "$child"; wait "$child""#)
+            .arg("testkube-guard")
+            .arg(bin)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        self.wrappers.lock().unwrap().push(child);
+    }
+
+    async fn wait_ready(&self) {
+        let client = self.client().await;
+        let deadline = Instant::now() + STARTUP;
+        loop {
+            let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
+            if client.request_text(req).await.is_ok_and(|t| t == "ok") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kube-apiserver not ready after {STARTUP:?}; logs in {}",
+                self.dir.as_path().display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The admin (system:masters) kubeconfig.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// A scratch directory that lives as long as the control plane.
+    pub fn dir(&self) -> &Path {
+        self.dir.as_path()
+    }
+
+    /// An admin client (build one per test: a client belongs to the runtime that made it).
+    pub async fn client(&self) -> kube::Client {
+        client_from(&self.kubeconfig).await
+    }
+
+    /// `kubectl` (from the assets directory, else `PATH`) with the admin kubeconfig.
+    pub fn kubectl(&self) -> Command {
+        let mut cmd = kubectl();
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig);
+        cmd
+    }
+
+    /// A fresh namespace named `<prefix>-<n>`.
+    pub async fn namespace(&self, prefix: &str) -> String {
+        let api: Api<DynamicObject> =
+            Api::all_with(self.client().await, &ar("v1", "Namespace", "namespaces"));
+        let ns: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"generateName": format!("{prefix}-")},
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &ns).await.unwrap();
+        created.metadata.name.unwrap()
+    }
+
+    /// Server-side apply every document of `docs` (any kind the server knows), as `kubectl
+    /// apply --server-side` would; CRDs are waited for until established.
+    pub async fn apply(&self, docs: &[Value]) {
+        let client = self.client().await;
+        for doc in docs {
+            apply(&client, doc).await;
+        }
+    }
+
+    /// Apply the YAML files under `dir` (e.g. upstream CRDs), then wait for the CRDs to serve.
+    pub async fn apply_dir(&self, dir: &Path) {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+            .collect();
+        files.sort();
+        let docs: Vec<Value> = files
+            .iter()
+            .flat_map(|f| yaml_docs(&std::fs::read_to_string(f).unwrap()))
+            .collect();
+        self.apply(&docs).await;
+    }
+
+    /// A ServiceAccount `account` in `ns`, bound to exactly the RBAC of `overlay` (a directory
+    /// under `deploy/`, rendered by `kubectl kustomize`), moved into `ns`: Roles and bindings
+    /// in the xcc namespace go to `ns`; cluster-scoped ones get `-<ns>` appended so tests do
+    /// not share them. Returns its kubeconfig (token from the TokenRequest API).
+    pub async fn identity(&self, ns: &str, overlay: &str, account: &str) -> Identity {
+        let client = self.client().await;
+        let docs = rbac_for(&render(overlay), ns);
+        assert!(
+            docs.iter()
+                .any(|d| d["kind"] == "ServiceAccount" && d["metadata"]["name"] == account),
+            "deploy/{overlay} has no ServiceAccount {account}"
+        );
+        for doc in &docs {
+            apply(&client, doc).await;
+        }
+        let api: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client, ns);
+        let request = k8s_openapi::api::authentication::v1::TokenRequest {
+            spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                // One hour outlives every test; the API server's minimum is ten minutes.
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let issued: k8s_openapi::api::authentication::v1::TokenRequest = api
+            .create_subresource("token", account, &PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("TokenRequest for {ns}/{account}: {e}"));
+        let token = issued.status.unwrap().token;
+        let kubeconfig = self
+            .dir
+            .as_path()
+            .join(format!("kubeconfig-{ns}-{account}"));
+        write_kubeconfig(&kubeconfig, &self.server, &self.ca_pem, &token);
+        Identity {
+            kubeconfig,
+            user: format!("system:serviceaccount:{ns}:{account}"),
+        }
+    }
+
+    /// Audit events (level Metadata) of ServiceAccount requests so far.
+    pub fn audit(&self) -> Vec<Value> {
+        let text =
+            std::fs::read_to_string(self.dir.as_path().join("audit.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Requests of `user` the API server refused with 403 Forbidden: `verb resource
+    /// namespace` for each.
+    pub fn forbidden(&self, user: &str) -> Vec<String> {
+        self.audit()
+            .iter()
+            .filter(|e| e["user"]["username"] == user && e["responseStatus"]["code"] == 403)
+            .map(|e| {
+                let o = &e["objectRef"];
+                format!(
+                    "{} {}/{} in {:?}",
+                    e["verb"].as_str().unwrap_or_default(),
+                    o["apiGroup"].as_str().unwrap_or_default(),
+                    o["resource"].as_str().unwrap_or_default(),
+                    o["namespace"].as_str().unwrap_or("(cluster)"),
+                )
+            })
+            .collect()
+    }
+}
+
+/// How xcc is run in a test: a ServiceAccount's kubeconfig.
+pub struct Identity {
+    /// A kubeconfig with the ServiceAccount's token (for `KUBECONFIG`).
+    pub kubeconfig: PathBuf,
+    /// `system:serviceaccount:<ns>:<name>`, as the audit log names it.
+    pub user: String,
+}
+
+impl Identity {
+    /// A client acting as this ServiceAccount.
+    pub async fn client(&self) -> kube::Client {
+        client_from(&self.kubeconfig).await
+    }
+}
+
+async fn client_from(kubeconfig: &Path) -> kube::Client {
+    let config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(kubeconfig).unwrap(),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+fn write_kubeconfig(path: &Path, server: &str, ca_pem: &str, token: &str) {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"{server}\", \
+         certificate-authority-data: {ca}}}\nusers:\n- name: user\n  user: {{token: {token}}}\n\
+         contexts:\n- name: test\n  context: {{cluster: test, user: user}}\ncurrent-context: test\n"
+    );
+    let mut f = std::fs::File::create(path).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
+
+/// `kubectl`: from the assets directory when it has one (envtest ships it), else `PATH`.
+pub fn kubectl() -> Command {
+    match std::env::var_os(ASSETS_ENV).map(|d| PathBuf::from(d).join("kubectl")) {
+        Some(k) if k.is_file() => Command::new(k),
+        _ => Command::new("kubectl"),
+    }
+}
+
+/// The repository's `deploy/` directory.
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// `kubectl kustomize deploy/<overlay>` as JSON documents.
+pub fn render(overlay: &str) -> Vec<Value> {
+    let dir = deploy_dir().join(overlay);
+    let out = kubectl()
+        .arg("kustomize")
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running kubectl (install it, e.g. Debian's kubectl): {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_docs(&String::from_utf8(out.stdout).unwrap())
+}
+
+/// The documents of a multi-document YAML text.
+pub fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|d| {
+            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
+            serde_json::to_value(v).unwrap()
+        })
+        .filter(|v| v.is_object())
+        .collect()
+}
+
+/// The ServiceAccounts and RBAC objects of `docs`, moved from the xcc namespace into `ns`.
+fn rbac_for(docs: &[Value], ns: &str) -> Vec<Value> {
+    let kinds = [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    ];
+    docs.iter()
+        .filter(|d| kinds.iter().any(|k| d["kind"] == *k))
+        .cloned()
+        .map(|mut d| {
+            let meta = &mut d["metadata"];
+            if meta["namespace"] == DEPLOY_NS {
+                meta["namespace"] = json!(ns);
+            }
+            if d["kind"].as_str().is_some_and(|k| k.starts_with("Cluster")) {
+                let name = format!("{}-{ns}", d["metadata"]["name"].as_str().unwrap());
+                d["metadata"]["name"] = json!(name);
+            }
+            if d["roleRef"]["kind"] == "ClusterRole" {
+                let name = format!("{}-{ns}", d["roleRef"]["name"].as_str().unwrap());
+                d["roleRef"]["name"] = json!(name);
+            }
+            if let Some(subjects) = d.get_mut("subjects").and_then(Value::as_array_mut) {
+                for s in subjects {
+                    if s["namespace"] == DEPLOY_NS {
+                        s["namespace"] = json!(ns);
+                    }
+                }
+            }
+            d
+        })
+        .collect()
+}
+
+fn ar(api_version: &str, kind: &str, plural: &str) -> kube::api::ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    kube::api::ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: api_version.into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// The API of `doc`'s kind (discovered: CRDs just created may take a moment to serve).
+pub async fn api_for(client: &kube::Client, doc: &Value) -> Api<DynamicObject> {
+    let api_version = doc["apiVersion"].as_str().unwrap();
+    let kind = doc["kind"].as_str().unwrap();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (resource, caps) = loop {
+        match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok(found) => break found,
+            Err(e) if Instant::now() >= deadline => panic!("discovering {api_version} {kind}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    match (caps.scope, doc["metadata"]["namespace"].as_str()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => {
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    }
+}
+
+async fn apply(client: &kube::Client, doc: &Value) {
+    let api = api_for(client, doc).await;
+    let name = doc["metadata"]["name"].as_str().unwrap();
+    api.patch(
+        name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(doc),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply {} {name}: {e}", doc["kind"]));
+    if doc["kind"] == "CustomResourceDefinition" {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let crd = api.get(name).await.unwrap();
+            let established = crd.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Established" && c["status"] == "True");
+            if established {
+                break;
+            }
+            assert!(Instant::now() < deadline, "CRD {name} not established");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
