@@ -992,7 +992,7 @@ impl Ctx {
         let event = Event {
             type_,
             reason: reason.to_string(),
-            note: Some(note),
+            note: Some(xcc_controller::event_note(note)),
             action: action.to_string(),
             secondary: None,
         };

@@ -358,7 +358,7 @@ impl Shared {
         let ev = KubeEvent {
             type_,
             reason: reason.into(),
-            note: Some(note),
+            note: Some(xcc_controller::event_note(note)),
             action: "Publish".into(),
             secondary,
         };
