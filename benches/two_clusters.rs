@@ -6,16 +6,17 @@
 //! cargo bench --bench two_clusters -- --samples 100 --records 1000 --steady-seconds 60
 //! ```
 //!
-//! Setup (tests/common/clusters.rs): fake API servers A and B in this process; `xcc registry
-//! --store kube` and `xcc publisher` against A, `xcc registry --store kube` and `xcc binder`
-//! against B, as child processes (release build), real mTLS between the registries.
+//! Setup (tests/common/clusters.rs): real control planes A and B (etcd + kube-apiserver +
+//! kube-controller-manager from `KUBEBUILDER_ASSETS`); `xcc registry --store kube` and `xcc
+//! publisher` against A, `xcc registry --store kube` and `xcc binder` against B, as child
+//! processes (release build) under the RBAC of `deploy/`, real mTLS between the registries.
 //!
 //! 1. Latency: one Service at a time is labelled for export in A (server-side apply); the clock
 //!    starts before the apply and stops when B's API server holds an EndpointSlice with its cluster IP. p50/p90/p99/max.
 //! 2. Bulk: `--records` Services exported at once (16 applies in flight); time until B holds a
 //!    Service for each.
-//! 3. Steady state: counters reset, nothing changes for `--steady-seconds`; mutating requests
-//!    and actual writes per resource on both API servers, per minute. Lease renewals (leader
+//! 3. Steady state: nothing changes for `--steady-seconds`; the API servers' audit logs give the
+//!    xcc processes' requests per verb and resource, per minute. Lease renewals (leader
 //!    election) are reported separately: they are the only writes expected.
 
 #![allow(clippy::unwrap_used)]
@@ -26,7 +27,6 @@ mod clusters;
 use std::time::{Duration, Instant};
 
 use clusters::{NS, World, exported_service, remote_registry, slice_addresses, wait_for};
-use xcc_kube_fake::Verb;
 use xcc_proto::names::service_name;
 
 const LOG: &str = "warn";
@@ -86,12 +86,19 @@ fn main() {
 
 async fn run(args: Args) {
     let world = World::new();
-    let mut a = world.cluster("cluster-a", &["bench"]).await;
-    let mut b = world.cluster("cluster-b", &[]).await;
-    a.start_registry(LOG);
-    a.start_publisher(LOG);
-    b.start_registry(LOG);
-    b.start_binder(LOG);
+    let Some(mut a) = world
+        .cluster("cluster-a", &["bench"], "overlays/exporter")
+        .await
+    else {
+        return;
+    };
+    let Some(mut b) = world.cluster("cluster-b", &[], "overlays/importer").await else {
+        return;
+    };
+    a.start_registry(LOG).await;
+    a.start_publisher(LOG).await;
+    b.start_registry(LOG).await;
+    b.start_binder(LOG).await;
     b.apply(
         "remoteregistries",
         remote_registry(&world, "cluster-a", &a, None),
@@ -110,8 +117,9 @@ async fn run(args: Args) {
         let ip = wait_for(
             "a cluster IP",
             Duration::from_secs(10),
-            || {
+            async || {
                 a.get("v1", "services", Some("bench"), &name)
+                    .await
                     .and_then(|s| s["spec"]["clusterIP"].as_str().map(str::to_string))
             },
             logs,
@@ -121,7 +129,7 @@ async fn run(args: Args) {
         wait_for(
             "the EndpointSlice in B",
             Duration::from_secs(60),
-            || (slice_addresses(&b, NS, &svc) == [ip.clone()]).then_some(()),
+            async || (slice_addresses(&b, NS, &svc).await == [ip.clone()]).then_some(()),
             logs,
         )
         .await;
@@ -154,23 +162,25 @@ async fn run(args: Args) {
     wait_for(
         "every Service in B",
         Duration::from_secs(900),
-        || {
+        async || {
             if exported_at.is_none()
                 && a.list(
                     xcc_proto::names::API_VERSION,
                     "servicerecords",
                     Some("bench"),
                 )
+                .await
                 .len()
                     >= want
             {
                 exported_at = Some(started.elapsed());
             }
-            if imported_at.is_none() && b.imported().len() >= want {
+            if imported_at.is_none() && b.imported().await.len() >= want {
                 imported_at = Some(started.elapsed());
             }
             let n = b
                 .list("v1", "services", Some(NS))
+                .await
                 .iter()
                 .filter(|s| s["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "xcc-binder")
                 .count();
@@ -182,11 +192,9 @@ async fn run(args: Args) {
     let converged = started.elapsed();
 
     // 3. Steady state.
-    a.api.reset_counters();
-    b.api.reset_counters();
+    let marks = (a.cp.audit().len(), b.cp.audit().len());
     tokio::time::sleep(Duration::from_secs(args.steady_seconds)).await;
     let minutes = args.steady_seconds as f64 / 60.0;
-
     println!("== two clusters: export -> EndpointSlice in the other cluster");
     println!(
         "samples {}  p50 {} ms  p90 {} ms  p99 {} ms  max {} ms",
@@ -209,41 +217,46 @@ async fn run(args: Args) {
         imported_at.map_or("-".into(), ms),
     );
     println!(
-        "== steady state over {} s with {} imported records",
+        "== steady state over {} s with {} imported records (API server audit logs)",
         args.steady_seconds, want
     );
-    for (cluster, api) in [("A", &a.api), ("B", &b.api)] {
-        let requests = api.requests();
-        let writes = api.writes();
-        let mutating: u64 = requests
-            .iter()
-            .filter(|(_, v, _)| v.is_mutating())
-            .map(|(_, _, n)| n)
-            .sum();
-        let lease_req: u64 = requests
-            .iter()
-            .filter(|(r, v, _)| v.is_mutating() && r.starts_with("leases"))
-            .map(|(_, _, n)| n)
-            .sum();
-        let lease_writes: u64 = writes
-            .iter()
-            .filter(|(r, _, _)| r.starts_with("leases"))
-            .map(|(_, _, n)| n)
-            .sum();
+    for (cluster, c, mark) in [("A", &a, marks.0), ("B", &b, marks.1)] {
+        let events = c.cp.audit();
+        let mut per: std::collections::BTreeMap<(String, String), u64> = Default::default();
+        for e in &events[mark.min(events.len())..] {
+            let verb = e["verb"].as_str().unwrap_or_default().to_string();
+            let resource = e["objectRef"]["resource"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            *per.entry((verb, resource)).or_default() += 1;
+        }
+        let mutating = |v: &str| {
+            matches!(
+                v,
+                "create" | "update" | "patch" | "delete" | "deletecollection"
+            )
+        };
+        let sum = |f: &dyn Fn(&str, &str) -> bool| -> u64 {
+            per.iter()
+                .filter(|((v, r), _)| f(v, r))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let writes = sum(&|v, _| mutating(v));
+        let lease = sum(&|v, r| mutating(v) && r == "leases");
         println!(
-            "cluster {cluster}: mutating requests {:.1}/min (Lease {:.1}/min), writes {:.1}/min (Lease {:.1}/min), reads: get {} list {} watch {}",
-            mutating as f64 / minutes,
-            lease_req as f64 / minutes,
-            writes.total() as f64 / minutes,
-            lease_writes as f64 / minutes,
-            requests.for_verb(Verb::Get),
-            requests.for_verb(Verb::List),
-            requests.for_verb(Verb::Watch),
+            "cluster {cluster}: writes {:.1}/min (Lease {:.1}/min); reads: get {} list {} watch {}",
+            writes as f64 / minutes,
+            lease as f64 / minutes,
+            sum(&|v, _| v == "get"),
+            sum(&|v, _| v == "list"),
+            sum(&|v, _| v == "watch"),
         );
-        let other: Vec<String> = writes
+        let other: Vec<String> = per
             .iter()
-            .filter(|(r, _, _)| !r.starts_with("leases"))
-            .map(|(r, v, n)| format!("{v} {r}: {n}"))
+            .filter(|((v, r), _)| mutating(v) && r != "leases")
+            .map(|((v, r), n)| format!("{v} {r}: {n}"))
             .collect();
         println!(
             "  writes other than Leases: {}",

@@ -1,5 +1,7 @@
-//! Two clusters end to end: fake API servers A and B, the real `xcc` binary as processes
-//! (A: registry + publisher; B: registry + binder), real mTLS between the registries.
+//! Two clusters end to end: real control planes A and B (`xcc_testkube`), the real `xcc` binary
+//! as processes (A: registry + publisher under `deploy/overlays/exporter`'s RBAC; B: registry +
+//! binder under `deploy/overlays/importer`'s, then `overlays/cilium`'s for the Cilium steps),
+//! real mTLS between the registries.
 //!
 //! Label an HTTPProxy in A → a Service with EndpointSlices at A's node addresses in B; remove
 //! the label → gone in B; a labelled Service in A → its cluster IP in B; B's registry restarted
@@ -7,7 +9,9 @@
 //! (nothing lost, nothing duplicated); the RemoteRegistry switched to `CiliumGlobalService` →
 //! global Services with the origins' names and namespaces, removed with their export label and
 //! kept across another registry restart; the RemoteRegistry deleted → every import and what
-//! the binder made of it gone. Every step waits on API state, never on time.
+//! the binder made of it gone (owner references, collected by the real garbage collector). At
+//! the end no request of any xcc process was refused (403) and each sent an `xcc/` User-Agent.
+//! Every step waits on API state, never on time.
 
 #![allow(clippy::unwrap_used)]
 
@@ -29,22 +33,29 @@ fn logs(a: &Cluster, b: &Cluster) -> String {
     format!("== cluster a\n{}== cluster b\n{}", a.logs(), b.logs())
 }
 
-fn service(cluster: &Cluster, ns: &str, name: &str) -> Option<Value> {
-    cluster.get("v1", "services", Some(ns), name)
+async fn service(cluster: &Cluster, ns: &str, name: &str) -> Option<Value> {
+    cluster.get("v1", "services", Some(ns), name).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_in_a_is_reachable_by_name_in_b() {
     let world = World::new();
-    let mut a = world.cluster("cluster-a", &["web", "shop"]).await;
-    let mut b = world.cluster("cluster-b", &[]).await;
-    a.put(node("node-1", "10.0.0.1"));
-    a.put(node("node-2", "10.0.0.2"));
+    let Some(mut a) = world
+        .cluster("cluster-a", &["web", "shop"], "overlays/exporter")
+        .await
+    else {
+        return;
+    };
+    let Some(mut b) = world.cluster("cluster-b", &[], "overlays/importer").await else {
+        return;
+    };
+    a.create("nodes", node("node-1", "10.0.0.1")).await;
+    a.create("nodes", node("node-2", "10.0.0.2")).await;
 
-    a.start_registry(LOG);
-    a.start_publisher(LOG);
-    b.start_registry(LOG);
-    b.start_binder(LOG);
+    a.start_registry(LOG).await;
+    a.start_publisher(LOG).await;
+    b.start_registry(LOG).await;
+    b.start_binder(LOG).await;
     b.apply(
         "remoteregistries",
         remote_registry(&world, "cluster-a", &a, None),
@@ -59,22 +70,22 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "the HTTPProxy's Service and EndpointSlices in B",
         WAIT,
-        || {
-            (service(&b, NS, &svc).is_some()
-                && slice_addresses(&b, NS, &svc) == ["10.0.0.1", "10.0.0.2"]
-                && slice_ports(&b, NS, &svc) == [443])
+        async || {
+            (service(&b, NS, &svc).await.is_some()
+                && slice_addresses(&b, NS, &svc).await == ["10.0.0.1", "10.0.0.2"]
+                && slice_ports(&b, NS, &svc).await == [443])
             .then_some(())
         },
         || logs(&a, &b),
     )
     .await;
-    let s = service(&b, NS, &svc).unwrap();
+    let s = service(&b, NS, &svc).await.unwrap();
     assert_eq!(
         s["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
         fqdn
     );
     assert!(s["spec"].get("selector").is_none(), "selector-less: {s}");
-    assert_eq!(b.imported().keys().collect::<Vec<_>>(), [fqdn]);
+    assert_eq!(b.imported().await.keys().collect::<Vec<_>>(), [fqdn]);
 
     // 2. Removing the label removes it from B.
     a.merge(
@@ -89,11 +100,13 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "the Service to leave B after the label was removed",
         WAIT,
-        || (service(&b, NS, &svc).is_none() && b.imported().is_empty()).then_some(()),
+        async || {
+            (service(&b, NS, &svc).await.is_none() && b.imported().await.is_empty()).then_some(())
+        },
         || logs(&a, &b),
     )
     .await;
-    assert!(slice_addresses(&b, NS, &svc).is_empty());
+    assert!(slice_addresses(&b, NS, &svc).await.is_empty());
 
     // 3. Label it again, and export a plain Service too.
     a.apply("httpproxies", httpproxy("web", "nginx", fqdn, true))
@@ -105,8 +118,9 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     let cluster_ip = wait_for(
         "A's api Service to get a cluster IP",
         WAIT,
-        || {
+        async || {
             service(&a, "shop", "api")
+                .await
                 .and_then(|s| s["spec"]["clusterIP"].as_str().map(str::to_string))
         },
         || logs(&a, &b),
@@ -115,10 +129,10 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "both exports in B",
         WAIT,
-        || {
-            (service(&b, NS, &svc).is_some()
-                && slice_addresses(&b, NS, &api_svc) == [cluster_ip.clone()]
-                && slice_ports(&b, NS, &api_svc) == [8080])
+        async || {
+            (service(&b, NS, &svc).await.is_some()
+                && slice_addresses(&b, NS, &api_svc).await == [cluster_ip.clone()]
+                && slice_ports(&b, NS, &api_svc).await == [8080])
             .then_some(())
         },
         || logs(&a, &b),
@@ -126,8 +140,8 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     .await;
 
     // 4. B's registry restarts; while it is down the HTTPProxy stops being exported.
-    let before = b.imported();
-    let api_service_uid = service(&b, NS, &api_svc).unwrap()["metadata"]["uid"].clone();
+    let before = b.imported().await;
+    let api_service_uid = service(&b, NS, &api_svc).await.unwrap()["metadata"]["uid"].clone();
     let registry = b.registry.take().unwrap();
     assert!(
         registry.terminate(),
@@ -145,29 +159,30 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "A's exported record for the proxy to be removed",
         WAIT,
-        || {
+        async || {
             a.list(API_VERSION, "servicerecords", Some("web"))
+                .await
                 .is_empty()
                 .then_some(())
         },
         || logs(&a, &b),
     )
     .await;
-    b.start_registry(LOG);
+    b.start_registry(LOG).await;
     a.apply("services", exported_service("shop", "cart", 9090))
         .await;
     let cart_fqdn = "cart.shop.svc.clusterset.local";
     wait_for(
         "B to import cart and drop the stale nginx import after its restart",
         WAIT,
-        || {
-            let now = b.imported();
+        async || {
+            let now = b.imported().await;
             (now.contains_key(cart_fqdn) && !now.contains_key(fqdn)).then_some(())
         },
         || logs(&a, &b),
     )
     .await;
-    let after = b.imported();
+    let after = b.imported().await;
     assert_eq!(
         after.keys().collect::<Vec<_>>(),
         [api_fqdn, cart_fqdn],
@@ -180,17 +195,19 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "the binder to drop the stale Service",
         WAIT,
-        || service(&b, NS, &svc).is_none().then_some(()),
+        async || service(&b, NS, &svc).await.is_none().then_some(()),
         || logs(&a, &b),
     )
     .await;
     assert_eq!(
-        service(&b, NS, &api_svc).unwrap()["metadata"]["uid"],
+        service(&b, NS, &api_svc).await.unwrap()["metadata"]["uid"],
         api_service_uid,
         "the api Service was not recreated"
     );
 
-    // 5. Cilium global services: the same remote, materialised with the origin's name.
+    // 5. Cilium global services: the same remote, materialised with the origin's name, once
+    // B has the Cilium overlay's RBAC.
+    b.switch_overlay("overlays/cilium").await;
     b.apply(
         "remoteregistries",
         remote_registry(&world, "cluster-a", &a, Some("CiliumGlobalService")),
@@ -199,7 +216,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     let global = wait_for(
         "a Cilium global Service shop/api in B",
         WAIT,
-        || service(&b, "shop", "api"),
+        async || service(&b, "shop", "api").await,
         || logs(&a, &b),
     )
     .await;
@@ -211,7 +228,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "the Service-mode objects to go once the remote is materialised by Cilium",
         WAIT,
-        || service(&b, NS, &api_svc).is_none().then_some(()),
+        async || service(&b, NS, &api_svc).await.is_none().then_some(()),
         || logs(&a, &b),
     )
     .await;
@@ -222,7 +239,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "a Cilium global Service shop/cart in B",
         WAIT,
-        || service(&b, "shop", "cart"),
+        async || service(&b, "shop", "cart").await,
         || logs(&a, &b),
     )
     .await;
@@ -238,15 +255,16 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "shop/cart to leave B once its export label is removed in A",
         WAIT,
-        || {
-            (service(&b, "shop", "cart").is_none() && !b.imported().contains_key(cart_fqdn))
-                .then_some(())
+        async || {
+            (service(&b, "shop", "cart").await.is_none()
+                && !b.imported().await.contains_key(cart_fqdn))
+            .then_some(())
         },
         || logs(&a, &b),
     )
     .await;
     assert_eq!(
-        service(&b, "shop", "api").unwrap()["metadata"]["uid"],
+        service(&b, "shop", "api").await.unwrap()["metadata"]["uid"],
         api_global_uid
     );
 
@@ -256,23 +274,23 @@ async fn export_in_a_is_reachable_by_name_in_b() {
         registry.terminate(),
         "B's registry exits cleanly on SIGTERM"
     );
-    b.start_registry(LOG);
+    b.start_registry(LOG).await;
     a.apply("services", exported_service("shop", "orders", 7070))
         .await;
     wait_for(
         "a Cilium global Service shop/orders in B after the restart",
         WAIT,
-        || service(&b, "shop", "orders"),
+        async || service(&b, "shop", "orders").await,
         || logs(&a, &b),
     )
     .await;
     assert_eq!(
-        service(&b, "shop", "api").unwrap()["metadata"]["uid"],
+        service(&b, "shop", "api").await.unwrap()["metadata"]["uid"],
         api_global_uid,
         "the api global Service survived the restart untouched"
     );
     assert_eq!(
-        b.imported().keys().collect::<Vec<_>>(),
+        b.imported().await.keys().collect::<Vec<_>>(),
         [api_fqdn, "orders.shop.svc.clusterset.local"],
         "exactly the current exports, none duplicated"
     );
@@ -289,10 +307,10 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "imports and their Services to leave B",
         WAIT,
-        || {
-            (b.imported().is_empty()
-                && service(&b, "shop", "api").is_none()
-                && service(&b, "shop", "orders").is_none())
+        async || {
+            (b.imported().await.is_empty()
+                && service(&b, "shop", "api").await.is_none()
+                && service(&b, "shop", "orders").await.is_none())
             .then_some(())
         },
         || logs(&a, &b),
@@ -310,5 +328,17 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     {
         let name = p.name.clone();
         assert!(p.terminate(), "{name} exits cleanly on SIGTERM");
+    }
+
+    // Everything above ran under the RBAC of deploy/: nothing was refused, and every request
+    // said who made it.
+    for c in [&a, &b] {
+        assert_eq!(c.refused(), Vec::<String>::new(), "{}: 403s", c.name);
+        let agents = c.user_agents();
+        assert!(
+            !agents.is_empty() && agents.iter().all(|ua| ua.starts_with("xcc/")),
+            "{}: User-Agents {agents:?}",
+            c.name
+        );
     }
 }

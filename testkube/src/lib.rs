@@ -33,6 +33,8 @@ use serde_json::{Value, json};
 pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
 /// Set to `1` (CI does) to make a missing control plane a failure instead of a skip.
 pub const REQUIRE_ENV: &str = "XCC_REQUIRE_KUBE";
+/// The variable naming a directory of upstream CRDs (see [`upstream_crds`]).
+pub const UPSTREAM_CRDS_ENV: &str = "XCC_UPSTREAM_CRDS";
 /// The namespace the manifests in `deploy/` install xcc into.
 pub const DEPLOY_NS: &str = "cross-cluster-connectivity";
 /// Field manager of the harness's own writes.
@@ -466,6 +468,20 @@ pub fn kubectl() -> Command {
 /// The repository's `deploy/` directory.
 pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Upstream CRDs of the APIs xcc reads or writes (Contour HTTPProxy, Istio, Gateway API,
+/// Cilium, ...): `XCC_UPSTREAM_CRDS`, else `shared/kube/crds` beside the repository (CI's layout).
+pub fn upstream_crds() -> PathBuf {
+    let dir = std::env::var_os(UPSTREAM_CRDS_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/kube/crds"));
+    assert!(
+        dir.is_dir(),
+        "no upstream CRDs at {}: set {UPSTREAM_CRDS_ENV} to a directory of CRD YAML files",
+        dir.display()
+    );
+    dir
 }
 
 /// `kubectl kustomize deploy/<overlay>` as JSON documents.

@@ -1,7 +1,9 @@
-//! Two (or more) fake Kubernetes clusters driven by the real `xcc` binary: an in-process fake
-//! API server per cluster, `xcc registry --store kube`, `xcc publisher` and `xcc binder` as child
-//! processes pointed at it through a kubeconfig, and real mTLS between the registries. Shared by
-//! `tests/two_clusters.rs` and `benches/two_clusters.rs`.
+//! Two (or more) Kubernetes clusters driven by the real `xcc` binary: a real control plane per
+//! cluster (etcd, kube-apiserver, kube-controller-manager; `xcc_testkube`), `xcc registry --store
+//! kube`, `xcc publisher` and `xcc binder` as child processes, each with the token of its own
+//! ServiceAccount bound to exactly the RBAC that `deploy/` renders for the cluster's overlay,
+//! and real mTLS between the registries. Shared by `tests/two_clusters.rs` and
+//! `benches/two_clusters.rs`.
 
 #![allow(dead_code, clippy::unwrap_used)]
 
@@ -16,11 +18,10 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{Value, json};
 use xcc_certs::pki::{self, IssueRequest};
-use xcc_kube_fake::{FakeApiServer, crds};
+use xcc_testkube::{ControlPlane, Identity};
 
 /// The namespace the xcc components run in.
 pub const NS: &str = "cross-cluster-connectivity";
-
 /// A child process whose stderr is kept (the last lines are printed if a wait fails).
 pub struct Proc {
     pub name: String,
@@ -72,11 +73,15 @@ impl Drop for Proc {
     }
 }
 
-/// One fake cluster: its API server, kubeconfig and the processes running against it.
+/// One cluster: its control plane, an admin client and the processes running against it.
 pub struct Cluster {
     pub name: String,
-    pub api: FakeApiServer,
-    pub kubeconfig: PathBuf,
+    pub cp: ControlPlane,
+    client: kube::Client,
+    /// The `deploy/` directory whose RBAC the processes run under.
+    overlay: String,
+    /// The identities the processes ran as (for the audit log).
+    users: Mutex<Vec<String>>,
     pub tls: PathBuf,
     pub hamlet: SocketAddr,
     pub admin: SocketAddr,
@@ -106,36 +111,39 @@ impl World {
         Self { dir, ca, ca_pem }
     }
 
-    /// A fake cluster named `name` with the xcc CRDs, the xcc namespace and `namespaces`.
-    pub async fn cluster(&self, name: &str, namespaces: &[&str]) -> Cluster {
-        let mut builder = FakeApiServer::builder().namespace(NS);
-        for ns in namespaces {
-            builder = builder.namespace(ns);
-        }
-        for spec in crds::all() {
-            builder = builder.resource(spec);
-        }
-        let api = builder.start().await;
+    /// A cluster named `name` (a control plane of its own) with the xcc CRDs, the upstream CRDs
+    /// (HTTPProxy, ...), the xcc namespace and `namespaces`; its processes run under the RBAC of
+    /// `deploy/<overlay>`. `None` (after a skip line) without a control plane.
+    pub async fn cluster(&self, name: &str, namespaces: &[&str], overlay: &str) -> Option<Cluster> {
+        let cp = ControlPlane::start(name)?;
+        let client = cp.client().await;
+        cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+        cp.apply_dir(&xcc_testkube::upstream_crds()).await;
+        let namespaces: Vec<Value> = std::iter::once(&NS)
+            .chain(namespaces)
+            .map(|ns| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+            .collect();
+        cp.apply(&namespaces).await;
         let root = self.dir.path().join(name);
         std::fs::create_dir_all(&root).unwrap();
-        let kubeconfig = root.join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig).unwrap();
         let mut req = IssueRequest::cluster(name);
         req.dns = vec!["localhost".into()];
         req.ips = vec![std::net::Ipv4Addr::LOCALHOST.into()];
         let tls = root.join("tls");
         pki::write_issued(&tls, &self.ca, &self.ca.issue(&req).unwrap()).unwrap();
-        Cluster {
+        Some(Cluster {
             name: name.to_string(),
-            api,
-            kubeconfig,
+            cp,
+            client,
+            overlay: overlay.to_string(),
+            users: Mutex::default(),
             tls,
             hamlet: free_port(),
             admin: free_port(),
             registry: None,
             publisher: None,
             binder: None,
-        }
+        })
     }
 
     /// The base64 CA bundle for `spec.tlsConfig.serverCA`.
@@ -175,10 +183,18 @@ fn spawn(name: String, kubeconfig: &Path, args: &[String], log_filter: &str) -> 
 
 impl Cluster {
     pub fn client(&self) -> kube::Client {
-        self.api.client()
+        self.client.clone()
     }
 
-    pub fn start_registry(&mut self, log: &str) {
+    /// The ServiceAccount `account` of the overlay, with a fresh token.
+    async fn identity(&self, account: &str) -> Identity {
+        let id = self.cp.identity(NS, &self.overlay, account).await;
+        self.users.lock().unwrap().push(id.user.clone());
+        id
+    }
+
+    pub async fn start_registry(&mut self, log: &str) {
+        let id = self.identity("xcc-registry").await;
         let args = vec![
             "registry".to_string(),
             "--store".into(),
@@ -194,13 +210,14 @@ impl Cluster {
         ];
         self.registry = Some(spawn(
             format!("{}/registry", self.name),
-            &self.kubeconfig,
+            &id.kubeconfig,
             &args,
             log,
         ));
     }
 
-    pub fn start_publisher(&mut self, log: &str) {
+    pub async fn start_publisher(&mut self, log: &str) {
+        let id = self.identity("xcc-publisher").await;
         let args = vec![
             "publisher".to_string(),
             "--cluster".into(),
@@ -208,19 +225,50 @@ impl Cluster {
         ];
         self.publisher = Some(spawn(
             format!("{}/publisher", self.name),
-            &self.kubeconfig,
+            &id.kubeconfig,
             &args,
             log,
         ));
     }
 
-    pub fn start_binder(&mut self, log: &str) {
+    pub async fn start_binder(&mut self, log: &str) {
+        let id = self.identity("xcc-binder").await;
         self.binder = Some(spawn(
             format!("{}/binder", self.name),
-            &self.kubeconfig,
+            &id.kubeconfig,
             &["binder".to_string()],
             log,
         ));
+    }
+
+    /// Switch to the RBAC of `deploy/<overlay>`, as an operator applying it would (the running
+    /// processes keep their tokens; their rights change at once).
+    pub async fn switch_overlay(&mut self, overlay: &str) {
+        self.overlay = overlay.to_string();
+        for account in ["xcc-registry", "xcc-binder"] {
+            self.identity(account).await;
+        }
+    }
+
+    /// Requests of this cluster's xcc processes that the API server refused (403).
+    pub fn refused(&self) -> Vec<String> {
+        let users = self.users.lock().unwrap().clone();
+        users.iter().flat_map(|u| self.cp.forbidden(u)).collect()
+    }
+
+    /// The User-Agents this cluster's xcc processes sent (deduplicated).
+    pub fn user_agents(&self) -> Vec<String> {
+        let users = self.users.lock().unwrap().clone();
+        let mut out: Vec<String> = self
+            .cp
+            .audit()
+            .iter()
+            .filter(|e| users.iter().any(|u| e["user"]["username"] == *u))
+            .map(|e| e["userAgent"].as_str().unwrap_or_default().to_string())
+            .collect();
+        out.sort();
+        out.dedup();
+        out
     }
 
     /// Logs of every process of this cluster (for failure messages).
@@ -241,25 +289,47 @@ impl Cluster {
         out
     }
 
-    /// Store an object through the fake (create or replace).
-    pub fn put(&self, object: Value) -> Value {
-        self.api
-            .put_raw(object)
-            .unwrap_or_else(|e| panic!("{}: put_raw: {e:?}", self.name))
+    /// Create `object` as an administrator would (status included where the API allows it on
+    /// create, as for Nodes).
+    pub async fn create(&self, plural: &str, object: Value) {
+        let api = dynamic_api(
+            self.client(),
+            object["apiVersion"].as_str().unwrap(),
+            object["kind"].as_str().unwrap(),
+            plural,
+            object["metadata"]["namespace"].as_str(),
+        );
+        let obj: kube::api::DynamicObject = serde_json::from_value(object).unwrap();
+        api.create(&kube::api::PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("{}: create: {e}", self.name));
     }
 
-    pub fn get(
+    pub async fn get(
         &self,
         api_version: &str,
         plural: &str,
         ns: Option<&str>,
         name: &str,
     ) -> Option<Value> {
-        self.api.get(api_version, plural, ns, name)
+        let api = dynamic_api(self.client(), api_version, "", plural, ns);
+        let found = api
+            .get_opt(name)
+            .await
+            .unwrap_or_else(|e| panic!("{}: get {plural} {name}: {e}", self.name));
+        found.map(|o| serde_json::to_value(o).unwrap())
     }
 
-    pub fn list(&self, api_version: &str, plural: &str, ns: Option<&str>) -> Vec<Value> {
-        self.api.list(api_version, plural, ns)
+    pub async fn list(&self, api_version: &str, plural: &str, ns: Option<&str>) -> Vec<Value> {
+        let api = dynamic_api(self.client(), api_version, "", plural, ns);
+        let list = api
+            .list(&kube::api::ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("{}: list {plural}: {e}", self.name));
+        list.items
+            .into_iter()
+            .map(|o| serde_json::to_value(o).unwrap())
+            .collect()
     }
 }
 
@@ -315,12 +385,12 @@ pub fn remote_registry(
 pub async fn wait_for<T>(
     what: &str,
     timeout: Duration,
-    mut check: impl FnMut() -> Option<T>,
+    mut check: impl AsyncFnMut() -> Option<T>,
     context: impl Fn() -> String,
 ) -> T {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Some(v) = check() {
+        if let Some(v) = check().await {
             return v;
         }
         if Instant::now() >= deadline {
@@ -353,9 +423,10 @@ pub fn uids(objects: &[Value]) -> BTreeMap<String, String> {
 }
 
 /// Addresses of every endpoint of the EndpointSlices labelled for `service` in `ns`, sorted.
-pub fn slice_addresses(cluster: &Cluster, ns: &str, service: &str) -> Vec<String> {
+pub async fn slice_addresses(cluster: &Cluster, ns: &str, service: &str) -> Vec<String> {
     let mut out: Vec<String> = cluster
         .list("discovery.k8s.io/v1", "endpointslices", Some(ns))
+        .await
         .iter()
         .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == service)
         .flat_map(|s| {
@@ -374,9 +445,10 @@ pub fn slice_addresses(cluster: &Cluster, ns: &str, service: &str) -> Vec<String
 }
 
 /// Ports of the EndpointSlices labelled for `service` in `ns` (sorted, deduplicated).
-pub fn slice_ports(cluster: &Cluster, ns: &str, service: &str) -> Vec<i64> {
+pub async fn slice_ports(cluster: &Cluster, ns: &str, service: &str) -> Vec<i64> {
     let mut out: Vec<i64> = cluster
         .list("discovery.k8s.io/v1", "endpointslices", Some(ns))
+        .await
         .iter()
         .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == service)
         .flat_map(|s| {
@@ -423,8 +495,7 @@ fn dynamic_api(
 }
 
 impl Cluster {
-    /// Server-side apply `object` as a user would (`kubectl apply --server-side`): defaulting
-    /// and validation of the fake apply.
+    /// Server-side apply `object` as a user would (`kubectl apply --server-side`).
     pub async fn apply(&self, plural: &str, object: Value) {
         let api_version = object["apiVersion"].as_str().unwrap().to_string();
         let kind = object["kind"].as_str().unwrap().to_string();
@@ -476,8 +547,9 @@ impl Cluster {
     }
 
     /// Imported ServiceRecords in the xcc namespace: `spec.fqdn → (name, uid)`.
-    pub fn imported(&self) -> BTreeMap<String, (String, String)> {
+    pub async fn imported(&self) -> BTreeMap<String, (String, String)> {
         self.list(xcc_proto::names::API_VERSION, "servicerecords", Some(NS))
+            .await
             .iter()
             .filter(|r| {
                 r["metadata"]["labels"]
