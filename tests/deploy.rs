@@ -4,8 +4,12 @@
 //! rules: probes on the metrics port, non-root read-only containers without capabilities,
 //! least-privilege RBAC that names only objects that exist.
 //!
-//! Needs `kubectl` (with its built-in kustomize); without it the test prints a notice and
-//! checks nothing.
+//! On a real API server (`xcc_testkube`, with the upstream CRDs installed), every target is
+//! applied with `--dry-run=server` (`kubectl apply -f deploy/crds/` for real), and every grant
+//! object the registry writes (Istio, Gateway API, Cilium) is accepted by the upstream schemas.
+//!
+//! Needs `kubectl` (with its built-in kustomize); without it the tests print a notice and check
+//! nothing, unless `XCC_REQUIRE_KUBE=1` (CI), which makes that a failure.
 
 #![allow(clippy::unwrap_used)]
 
@@ -318,6 +322,11 @@ fn kustomizations_render_valid_objects() {
     let mut checked = 0;
     for target in TARGETS {
         let Some(docs) = kustomize(&deploy.join(target)) else {
+            assert!(
+                std::env::var(xcc_testkube::REQUIRE_ENV).as_deref() != Ok("1"),
+                "kubectl not found and {}=1",
+                xcc_testkube::REQUIRE_ENV
+            );
             eprintln!(
                 "NOTICE: kubectl not found; deploy/ manifests were not checked (install kubectl)"
             );
@@ -426,4 +435,94 @@ fn lost_fields_finds_unknown_keys() {
     let mut lost = Vec::new();
     lost_fields(&doc, &serde_json::to_value(&sa).unwrap(), "", &mut lost);
     assert_eq!(lost, [".metadata.lables"]);
+}
+
+/// `kubectl --kubeconfig <admin> args`; panics with its output unless it succeeds.
+fn kubectl_ok(cp: &xcc_testkube::ControlPlane, args: &[&str]) -> String {
+    let out = cp.kubectl().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {}:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn every_manifest_and_grant_object_is_accepted_by_a_real_api_server() {
+    let test = "every_manifest_and_grant_object_is_accepted_by_a_real_api_server";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    cp.apply_dir(&xcc_testkube::upstream_crds()).await;
+    let deploy = deploy_dir();
+    let crds = deploy.join("crds");
+    // The README's two ways to install the CRDs (the examples need them for real).
+    kubectl_ok(&cp, &["apply", "-f", crds.to_str().unwrap()]);
+    kubectl_ok(
+        &cp,
+        &["apply", "--dry-run=server", "-k", crds.to_str().unwrap()],
+    );
+    // Namespaces the manifests put objects into exist, as they would in a cluster.
+    let mut namespaces = BTreeSet::new();
+    for target in TARGETS {
+        for doc in xcc_testkube::render(target) {
+            if let Some(ns) = doc["metadata"]["namespace"].as_str() {
+                namespaces.insert(ns.to_string());
+            }
+        }
+    }
+    let ns_docs: Vec<Value> = namespaces
+        .iter()
+        .map(|ns| serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+        .collect();
+    cp.apply(&ns_docs).await;
+    for target in TARGETS {
+        let dir = deploy.join(target);
+        let out = kubectl_ok(
+            &cp,
+            &["apply", "--dry-run=server", "-k", dir.to_str().unwrap()],
+        );
+        assert!(out.contains("(server dry run)"), "{target}: {out}");
+    }
+
+    // What the registry writes per grant mode, in the namespace of the granted service.
+    let client = cp.client().await;
+    let shop = cp.namespace("grants").await;
+    let route = xcc_registry::federation::level::OwnerRoute {
+        target_namespace: shop.clone(),
+        target_service: "api".into(),
+        caller_cluster: "cluster-b".into(),
+        caller_service: "web".into(),
+        resolver_cluster: "cluster-b".into(),
+        since: std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
+        applied: vec![],
+    };
+    use xcc_registry::federation::grants::GrantMode;
+    let mut kinds = Vec::new();
+    for mode in [GrantMode::Istio, GrantMode::Gateway, GrantMode::Cilium] {
+        let objects = xcc_registry::federation::kube_grants::desired_objects(mode, &route);
+        assert!(!objects.is_empty(), "{mode:?} writes nothing");
+        for object in objects {
+            let api = xcc_testkube::api_for(&client, &object).await;
+            let obj: kube::api::DynamicObject = serde_json::from_value(object.clone()).unwrap();
+            let pp = kube::api::PostParams {
+                dry_run: true,
+                field_manager: None,
+            };
+            api.create(&pp, &obj)
+                .await
+                .unwrap_or_else(|e| panic!("{mode:?}: {e}\n{object:#}"));
+            kinds.push(object["kind"].as_str().unwrap().to_string());
+        }
+    }
+    kinds.sort();
+    kinds.dedup();
+    assert_eq!(
+        kinds,
+        ["AuthorizationPolicy", "CiliumNetworkPolicy", "HTTPRoute"],
+        "the grant kinds checked"
+    );
 }

@@ -308,8 +308,10 @@ impl RemoteRegistrySpec {
 pub struct TlsConfig {
     /// PEM bundle of the CA(s) that sign the remote server's certificate, base64-encoded.
     /// Empty: use this registry's own CA bundle.
+    // Not `format: byte` (XCC v1's schema): the API server refuses "" as a byte string, so the
+    // empty value could not be written. The registry decodes it and reports a bad value in the
+    // `Valid` condition.
     #[serde(rename = "serverCA")]
-    #[schemars(extend("format" = "byte"))]
     pub server_ca: String,
     /// Name sent as SNI and checked against the server certificate.
     #[serde(rename = "serverName")]

@@ -176,7 +176,13 @@ fn remote_registry_schema_keeps_xcc_types_and_adds_enums() {
     assert_eq!(spec["required"], json!(["address", "tlsConfig"]));
     let tls = at(spec, &["properties", "tlsConfig"]);
     assert_eq!(tls["required"], json!(["serverCA", "serverName"]));
-    assert_eq!(at(tls, &["properties", "serverCA", "format"]), "byte");
+    // A plain string, not XCC v1's `format: byte`, which refuses the documented empty value.
+    assert_eq!(
+        at(tls, &["properties", "serverCA"]).get("format"),
+        None,
+        "{tls}"
+    );
+    assert_eq!(at(tls, &["properties", "serverCA", "type"]), "string");
     assert_eq!(
         at(spec, &["properties", "allowedDomains", "items", "type"]),
         "string"
