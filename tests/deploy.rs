@@ -460,9 +460,9 @@ async fn every_manifest_and_grant_object_is_accepted_by_a_real_api_server() {
     let deploy = deploy_dir();
     let crds = deploy.join("crds");
     // The README's two ways to install the CRDs (the examples need them for real).
-    kubectl_ok(&cp, &["apply", "-f", crds.to_str().unwrap()]);
+    kubectl_ok(cp, &["apply", "-f", crds.to_str().unwrap()]);
     kubectl_ok(
-        &cp,
+        cp,
         &["apply", "--dry-run=server", "-k", crds.to_str().unwrap()],
     );
     // Namespaces the manifests put objects into exist, as they would in a cluster.
@@ -482,7 +482,7 @@ async fn every_manifest_and_grant_object_is_accepted_by_a_real_api_server() {
     for target in TARGETS {
         let dir = deploy.join(target);
         let out = kubectl_ok(
-            &cp,
+            cp,
             &["apply", "--dry-run=server", "-k", dir.to_str().unwrap()],
         );
         assert!(out.contains("(server dry run)"), "{target}: {out}");
