@@ -248,7 +248,7 @@ impl KubeImportSink {
         let event = Event {
             type_: EventType::Warning,
             reason: reason.to_string(),
-            note: Some(note),
+            note: Some(xcc_controller::event_note(note)),
             action: "Import".to_string(),
             secondary: None,
         };
