@@ -364,3 +364,72 @@ async fn snapshot_of_4096_from_go_server() {
     let sink = xcc_registry::store::file::FileImportSink::new(state.path(), "ns").expect("sink");
     assert_eq!(sink.load("go").expect("load").len(), N);
 }
+
+/// Bounded staleness with the real server: a stale import (persisted by an earlier run) goes
+/// away while the Go server keeps publishing changes faster than the quiet period, because the
+/// sweep is due at most `max_sweep_delay` after connecting. (The full 60 s rule is a unit test
+/// of `hamlet::sweep`.)
+#[tokio::test]
+async fn stale_import_removed_under_continuous_churn() {
+    let Some(dir) = reference_dir("stale_import_removed_under_continuous_churn") else {
+        return;
+    };
+    let pki = Pki::new("xcc.test");
+    let work = tempfile::tempdir().expect("tempdir");
+    let file = work.path().join("services.json");
+    std::fs::write(&file, services_json(&[svc("a.go.test", "10.3.0.0")])).expect("write");
+    let port = free_port();
+    let server = go_server(&dir, &pki.cluster("go-peer"), &file, port).await;
+
+    let state = tempfile::tempdir().expect("tempdir");
+    let sink = xcc_registry::store::file::FileImportSink::new(state.path(), "ns").expect("sink");
+    let stale = xcc_registry::hamlet::convert::import_v1alpha1(&prost_types::Any {
+        type_url: xcc_proto::FEDERATED_SERVICE_V1ALPHA1_URL.into(),
+        value: prost::Message::encode_to_vec(&fs("z.go.test", "10.3.9.9")),
+    })
+    .expect("valid");
+    let m = std::collections::BTreeMap::from([(stale.fqdn.clone(), stale)]);
+    xcc_registry::hamlet::client::ImportSink::persist(&sink, "go", &m)
+        .await
+        .expect("persist");
+    drop(sink);
+    std::fs::create_dir_all(state.path().join("remotes")).expect("mkdir");
+    std::fs::write(
+        state.path().join("remotes/go.yaml"),
+        format!(
+            "apiVersion: connectivity.tanzu.vmware.com/v1alpha1\nkind: RemoteRegistry\nmetadata:\n  name: go\nspec:\n  address: \"127.0.0.1:{port}\"\n  tlsConfig:\n    serverCA: \"\"\n    serverName: localhost\n"
+        ),
+    )
+    .expect("write remote");
+    let mut cfg = xcc_registry::RegistryConfig::loopback(pki.cluster("west"));
+    // A change every 200 ms never leaves the stream quiet for 1 s; the cap is 2 s.
+    cfg.client.quiet_period = Duration::from_secs(1);
+    cfg.client.max_sweep_delay = Duration::from_secs(2);
+    cfg.store = xcc_registry::StoreConfig::File {
+        state_dir: state.path().to_path_buf(),
+        poll: Duration::from_secs(60),
+    };
+    let (west, _wc) = start_with(cfg).await;
+    assert_eq!(
+        imported_fqdns(&west.catalog, "go"),
+        ["z.go.test"],
+        "loaded from disk"
+    );
+
+    let churn = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        for n in 1u32.. {
+            tick.tick().await;
+            let ip = format!("10.3.0.{}", n % 250);
+            std::fs::write(&file, services_json(&[svc("a.go.test", &ip)])).expect("write");
+            server.signal("-HUP");
+        }
+    };
+    tokio::select! {
+        _ = churn => unreachable!("the churn never ends"),
+        _ = wait_catalog(&west.catalog, "stale import swept during churn", |c| {
+            imported_fqdns(c, "go") == ["a.go.test"]
+        }) => {}
+    }
+    assert_eq!(west.metrics.client_stale_removed.get(), 1);
+}

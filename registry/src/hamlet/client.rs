@@ -8,7 +8,7 @@
 //! marker when the server offers it, else after a quiet period — touching only this remote's
 //! records.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -27,6 +27,7 @@ use xcc_proto::google::rpc::Status as RpcStatus;
 use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, SNAPSHOT_COMPLETE_URL, SNAPSHOT_MARKER_METADATA};
 
 use super::convert::{self, Imported};
+use super::sweep::{SweepClock, SweepRule};
 use crate::catalog::{Catalog, ServiceEntry, ServiceKey, Source};
 use crate::metrics::Metrics;
 use crate::peers::{PeerKind, PeerState, PeerStats, PeerTable};
@@ -65,8 +66,11 @@ impl PartialEq for RemoteSpec {
 pub struct ClientConfig {
     pub backoff: Backoff,
     /// With a plain Hamlet server (no end-of-snapshot marker): remove stale imports once the
-    /// stream has been quiet this long after connecting.
+    /// stream has been quiet this long after the last ACK ([`SweepRule`]).
     pub quiet_period: Duration,
+    /// ... or at the latest this long after connecting, once the server's snapshot is over,
+    /// even if changes keep the stream from ever being quiet ([`SweepRule`]).
+    pub max_sweep_delay: Duration,
     /// Largest response accepted from the remote.
     pub max_response_bytes: usize,
     /// Responses applied (and persisted) together before their ACKs are sent.
@@ -78,6 +82,9 @@ impl Default for ClientConfig {
         Self {
             backoff: Backoff::default(),
             quiet_period: Duration::from_secs(10),
+            // Bounds staleness under churn; three quiet periods, so a snapshot the server sends
+            // in bursts still has time to finish (XCC v1 waited 300 s after the first record).
+            max_sweep_delay: Duration::from_secs(30),
             // 4 MiB: a FederatedService is a few hundred bytes; this is gRPC's usual default.
             max_response_bytes: 4 * 1024 * 1024,
             max_batch: 512,
@@ -119,14 +126,27 @@ impl Backoff {
     }
 }
 
-/// Where imports are kept durably. `persist` receives the complete set of this remote's imports
-/// after a batch; it returns once they are stored.
+/// Where imports are kept durably.
 pub trait ImportSink: Send + Sync + 'static {
+    /// Store the complete set of this remote's imports; returns once they are stored.
     fn persist<'a>(
         &'a self,
         remote: &'a str,
         imports: &'a BTreeMap<String, Imported>,
     ) -> BoxFuture<'a, anyhow::Result<()>>;
+
+    /// Store a batch: `changed` names the FQDNs that were upserted (present in `imports`) or
+    /// removed (absent) since the previous call. A sink that can write only the change does so
+    /// (its cost is the batch's, not the whole set's); the default rewrites everything.
+    fn persist_changes<'a>(
+        &'a self,
+        remote: &'a str,
+        imports: &'a BTreeMap<String, Imported>,
+        changed: &'a BTreeSet<String>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        let _ = changed;
+        self.persist(remote, imports)
+    }
 }
 
 /// A sink that keeps nothing beyond the catalog (tests, ephemeral registries).
@@ -405,13 +425,15 @@ async fn stream_once(
     let mut seen: HashSet<String> = HashSet::new();
     let mut swept = false;
     let mut healthy = false;
-    let quiet = ctx.config.quiet_period;
-    let mut quiet_deadline = tokio::time::Instant::now() + quiet;
+    let mut clock = SweepClock::new(
+        SweepRule::new(ctx.config.quiet_period, ctx.config.max_sweep_delay),
+        tokio::time::Instant::now(),
+    );
 
     loop {
         let first = tokio::select! {
             m = stream.message() => m,
-            _ = tokio::time::sleep_until(quiet_deadline), if !marker && !swept => {
+            _ = tokio::time::sleep_until(clock.deadline()), if !marker && !swept => {
                 swept = true;
                 healthy = true;
                 if let Err(e) = sweep(ctx, spec, &mut imports, &seen, stats).await {
@@ -436,10 +458,10 @@ async fn stream_once(
                 _ => break,
             }
         }
-        quiet_deadline = tokio::time::Instant::now() + quiet;
+        clock.on_message(tokio::time::Instant::now());
 
         let mut replies = Vec::with_capacity(batch.len());
-        let mut changed = false;
+        let mut changed: BTreeSet<String> = BTreeSet::new();
         let mut marker_seen = false;
         for resp in batch {
             let op = rd1::stream_response::Operation::try_from(resp.operation)
@@ -472,24 +494,30 @@ async fn stream_once(
             let allowed = xcc_proto::domains::fqdn_allowed(&imported.fqdn, &spec.allowed_domains);
             match op {
                 rd1::stream_response::Operation::Delete => {
-                    changed |= imports.remove(&imported.fqdn).is_some();
+                    if imports.remove(&imported.fqdn).is_some() {
+                        changed.insert(imported.fqdn.clone());
+                    }
                     seen.remove(&imported.fqdn);
                 }
                 _ if !allowed => {
                     debug!(remote = %spec.name, fqdn = %imported.fqdn, "not in allowedDomains; not imported");
-                    changed |= imports.remove(&imported.fqdn).is_some();
+                    if imports.remove(&imported.fqdn).is_some() {
+                        changed.insert(imported.fqdn.clone());
+                    }
                 }
                 _ => {
                     seen.insert(imported.fqdn.clone());
                     if imports.get(&imported.fqdn) != Some(&imported) {
+                        changed.insert(imported.fqdn.clone());
                         imports.insert(imported.fqdn.clone(), imported);
-                        changed = true;
                     }
                 }
             }
             replies.push(ack(resp.nonce));
         }
-        if changed && let Err(e) = apply(ctx, spec, &imports, stats).await {
+        if !changed.is_empty()
+            && let Err(e) = apply(ctx, spec, &imports, &changed, stats).await
+        {
             // Nothing was ACKed: the server keeps these responses outstanding, so reconnecting
             // (and re-reading the snapshot) loses nothing.
             return End::Retry { error: e, healthy };
@@ -512,24 +540,34 @@ async fn stream_once(
                 };
             }
         }
+        clock.on_answered(tokio::time::Instant::now());
     }
 }
 
-/// Persist, then mirror into the catalog.
+/// Persist the batch, then mirror it into the catalog. Both cost the size of `changed` (the
+/// FQDNs upserted, when in `imports`, or removed), not the size of `imports`.
 async fn apply(
     ctx: &ClientContext,
     spec: &RemoteSpec,
     imports: &BTreeMap<String, Imported>,
+    changed: &BTreeSet<String>,
     stats: &PeerStats,
 ) -> Result<(), String> {
-    if let Err(e) = ctx.sink.persist(&spec.name, imports).await {
+    if let Err(e) = ctx.sink.persist_changes(&spec.name, imports, changed).await {
         ctx.metrics.store_errors.inc();
         return Err(format!("persisting imports: {e:#}"));
     }
-    let entries = imports.values().map(|i| entry_for(&spec.name, i)).collect();
-    let (up, rm) = ctx
-        .catalog
-        .replace_source(&Source::Remote(spec.name.clone()), entries);
+    let mut upserts = Vec::new();
+    let mut removals = Vec::new();
+    for fqdn in changed {
+        match imports.get(fqdn) {
+            Some(i) => upserts.push(entry_for(&spec.name, i)),
+            None => removals.push(ServiceKey::new(&spec.name, "", fqdn.clone())),
+        }
+    }
+    let (up, rm) =
+        ctx.catalog
+            .update_source(&Source::Remote(spec.name.clone()), upserts, &removals);
     ctx.metrics.client_imports_applied.inc_by((up + rm) as u64);
     stats.records.store(imports.len() as u64, Ordering::Relaxed);
     Ok(())
@@ -542,13 +580,16 @@ async fn sweep(
     seen: &HashSet<String>,
     stats: &PeerStats,
 ) -> Result<(), String> {
-    let before = imports.len();
-    imports.retain(|fqdn, _| seen.contains(fqdn));
-    let removed = before - imports.len();
-    if removed > 0 {
-        info!(remote = %spec.name, removed, "removing imports the remote no longer exports");
-        ctx.metrics.client_stale_removed.inc_by(removed as u64);
-        apply(ctx, spec, imports, stats).await?;
+    let stale: BTreeSet<String> = imports
+        .keys()
+        .filter(|fqdn| !seen.contains(*fqdn))
+        .cloned()
+        .collect();
+    if !stale.is_empty() {
+        imports.retain(|fqdn, _| seen.contains(fqdn));
+        info!(remote = %spec.name, removed = stale.len(), "removing imports the remote no longer exports");
+        ctx.metrics.client_stale_removed.inc_by(stale.len() as u64);
+        apply(ctx, spec, imports, &stale, stats).await?;
     }
     Ok(())
 }
