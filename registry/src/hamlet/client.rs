@@ -425,6 +425,7 @@ async fn stream_once(
     let mut seen: HashSet<String> = HashSet::new();
     let mut swept = false;
     let mut healthy = false;
+    let mut rng = rand::rngs::StdRng::from_os_rng();
     let mut clock = SweepClock::new(
         SweepRule::new(ctx.config.quiet_period, ctx.config.max_sweep_delay),
         tokio::time::Instant::now(),
@@ -436,9 +437,7 @@ async fn stream_once(
             _ = tokio::time::sleep_until(clock.deadline()), if !marker && !swept => {
                 swept = true;
                 healthy = true;
-                if let Err(e) = sweep(ctx, spec, &mut imports, &seen, stats).await {
-                    return End::Retry { error: e, healthy };
-                }
+                sweep(ctx, spec, &mut imports, &seen, stats, &mut rng).await;
                 continue;
             }
         };
@@ -515,18 +514,12 @@ async fn stream_once(
             }
             replies.push(ack(resp.nonce));
         }
-        if !changed.is_empty()
-            && let Err(e) = apply(ctx, spec, &imports, &changed, stats).await
-        {
-            // Nothing was ACKed: the server keeps these responses outstanding, so reconnecting
-            // (and re-reading the snapshot) loses nothing.
-            return End::Retry { error: e, healthy };
+        if !changed.is_empty() {
+            apply_until_stored(ctx, spec, &imports, &changed, stats, &mut rng).await;
         }
         if marker_seen && !swept {
             swept = true;
-            if let Err(e) = sweep(ctx, spec, &mut imports, &seen, stats).await {
-                return End::Retry { error: e, healthy };
-            }
+            sweep(ctx, spec, &mut imports, &seen, stats, &mut rng).await;
         }
         if marker_seen || swept {
             healthy = true;
@@ -573,13 +566,40 @@ async fn apply(
     Ok(())
 }
 
+/// [`apply`] until the store takes the batch. The ACKs wait meanwhile (retried with the client's
+/// backoff, logged at WARN): a full disk neither drops the stream nor makes the client download
+/// the remote's snapshot again; the server holds the unacknowledged responses (or ends the stream
+/// on its ACK timeout, after which the client reconnects as usual).
+async fn apply_until_stored(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    imports: &BTreeMap<String, Imported>,
+    changed: &BTreeSet<String>,
+    stats: &PeerStats,
+    rng: &mut impl Rng,
+) {
+    let mut attempt = 0u32;
+    while let Err(error) = apply(ctx, spec, imports, changed, stats).await {
+        let delay = ctx.config.backoff.delay(attempt, rng);
+        attempt = attempt.saturating_add(1);
+        stats.set_error(error.clone());
+        warn!(remote = %spec.name, %error, ?delay, attempt, "cannot store imports; holding the ACKs and retrying");
+        tokio::time::sleep(delay).await;
+    }
+    if attempt > 0 {
+        stats.set_error("");
+        info!(remote = %spec.name, attempt, "imports stored after retrying");
+    }
+}
+
 async fn sweep(
     ctx: &ClientContext,
     spec: &RemoteSpec,
     imports: &mut BTreeMap<String, Imported>,
     seen: &HashSet<String>,
     stats: &PeerStats,
-) -> Result<(), String> {
+    rng: &mut impl Rng,
+) {
     let stale: BTreeSet<String> = imports
         .keys()
         .filter(|fqdn| !seen.contains(*fqdn))
@@ -589,9 +609,8 @@ async fn sweep(
         imports.retain(|fqdn, _| seen.contains(fqdn));
         info!(remote = %spec.name, removed = stale.len(), "removing imports the remote no longer exports");
         ctx.metrics.client_stale_removed.inc_by(stale.len() as u64);
-        apply(ctx, spec, imports, &stale, stats).await?;
+        apply_until_stored(ctx, spec, imports, &stale, stats, rng).await;
     }
-    Ok(())
 }
 
 fn end_for(status: tonic::Status, healthy: bool) -> End {

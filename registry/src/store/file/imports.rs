@@ -21,7 +21,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::FutureExt;
@@ -60,23 +60,12 @@ pub struct FileImportSink {
 
 /// One remote's open journal and the sizes that decide when to compact.
 struct Journal {
-    file: std::fs::File,
+    /// Shared so a flush can run without holding the lock (appends go on meanwhile).
+    file: Arc<std::fs::File>,
     bytes: u64,
     base_bytes: u64,
-    /// Everything appended so far has been flushed to stable storage.
-    synced: bool,
-    last_sync: Instant,
-}
-
-impl Journal {
-    fn flush_now(&mut self) -> std::io::Result<()> {
-        if !self.synced {
-            self.file.sync_data()?;
-            self.synced = true;
-        }
-        self.last_sync = Instant::now();
-        Ok(())
-    }
+    /// A flush is scheduled and will cover everything appended before it starts.
+    flush_pending: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -228,11 +217,10 @@ impl FileImportSink {
             .map(|m| m.len())
             .unwrap_or(0);
         let j = Arc::new(Mutex::new(Journal {
-            file,
+            file: Arc::new(file),
             bytes,
             base_bytes,
-            synced: true,
-            last_sync: Instant::now(),
+            flush_pending: false,
         }));
         all.insert(remote.to_string(), j.clone());
         Ok(j)
@@ -275,8 +263,6 @@ impl FileImportSink {
             j.file.sync_all()?;
             j.bytes = 0;
             j.base_bytes = text.len() as u64;
-            j.synced = true;
-            j.last_sync = Instant::now();
             written.fetch_add(text.len() as u64, Ordering::Relaxed);
             Ok(())
         })
@@ -389,38 +375,44 @@ impl ImportSink for FileImportSink {
             if compact {
                 return self.compact(remote, imports).await;
             }
-            let written = self.written.clone();
-            let j2 = journal.clone();
-            let schedule_flush = tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
-                let mut j = lock(&j2);
-                j.file.write_all(lines.as_bytes())?;
+            // A few hundred bytes per change into the page cache: microseconds, so written here
+            // rather than on a blocking thread (a thread hop per lock-step response costs more).
+            let schedule_flush = {
+                let mut j = lock(&journal);
+                (&*j.file).write_all(lines.as_bytes()).with_context(|| {
+                    format!("appending to {}", self.journal_path_for(remote).display())
+                })?;
                 j.bytes += lines.len() as u64;
-                written.fetch_add(lines.len() as u64, Ordering::Relaxed);
-                let was_synced = j.synced;
-                j.synced = false;
-                if j.last_sync.elapsed() >= SYNC_INTERVAL {
-                    j.flush_now()?;
-                    return Ok(false);
-                }
-                // A flush is already scheduled unless this write is the first since the last.
-                Ok(was_synced)
-            })
-            .await
-            .context("writer task failed")??;
+                self.written
+                    .fetch_add(lines.len() as u64, Ordering::Relaxed);
+                !std::mem::replace(&mut j.flush_pending, true)
+            };
             if schedule_flush {
-                tokio::spawn(async move {
-                    tokio::time::sleep(SYNC_INTERVAL).await;
-                    let _ = tokio::task::spawn_blocking(move || {
-                        if let Err(e) = lock(&journal).flush_now() {
-                            warn!(error = %e, "cannot flush the imports journal");
-                        }
-                    })
-                    .await;
-                });
+                tokio::spawn(flush_later(journal, self.journal_path_for(remote)));
             }
             Ok(())
         }
         .boxed()
+    }
+}
+
+/// Flush a journal to stable storage [`SYNC_INTERVAL`] after its first unflushed append; the
+/// appends made meanwhile ride along. The lock is not held during the flush.
+async fn flush_later(journal: Arc<Mutex<Journal>>, path: PathBuf) {
+    tokio::time::sleep(SYNC_INTERVAL).await;
+    let res = tokio::task::spawn_blocking(move || {
+        let file = {
+            let mut j = lock(&journal);
+            j.flush_pending = false;
+            j.file.clone()
+        };
+        file.sync_data()
+    })
+    .await;
+    match res {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(file = %path.display(), error = %e, "cannot flush the imports journal"),
+        Err(e) => warn!(file = %path.display(), error = %e, "journal flush task failed"),
     }
 }
 
