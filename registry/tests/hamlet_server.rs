@@ -177,7 +177,8 @@ async fn never_acking_consumer_does_not_delay_others() {
     );
 }
 
-/// A NACK is counted and the current resource is sent again after the backoff.
+/// A NACK is counted and the current resource is sent again after the backoff — as a CREATE,
+/// since the consumer never accepted it.
 #[tokio::test]
 async fn nack_is_counted_and_resent() {
     let pki = Pki::new("xcc.test");
@@ -193,7 +194,7 @@ async fn nack_is_counted_and_resent() {
     let again = c.next().await;
     assert_eq!(
         (again.op, again.fqdn.as_deref()),
-        (Operation::Update, Some("one.xcc.test"))
+        (Operation::Create, Some("one.xcc.test"))
     );
     assert_ne!(again.nonce, s.nonce);
     c.ack(&again.nonce).await;
