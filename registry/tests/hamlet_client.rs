@@ -431,3 +431,50 @@ async fn store_failure_holds_the_ack_and_retries_without_redownloading() {
         );
     }
 }
+
+/// Issue 10: an oversized resource costs only itself — NACKed with RESOURCE_EXHAUSTED and a
+/// reason — and the records after it still arrive on the same stream.
+#[tokio::test]
+async fn oversized_resource_is_nacked_and_the_rest_imported() {
+    let pki = Pki::new("xcc.test");
+    let server = GoLikeServer::default();
+    let mut big = fs("big.some.domain", "10.0.0.9");
+    // 5 MiB: over the 4 MiB entry limit, within the 16 MiB the transport still reads.
+    big.description = "x".repeat(5 * 1024 * 1024);
+    *server.state.lock().expect("lock") = vec![
+        fs("a.some.domain", "10.0.0.1"),
+        big,
+        fs("b.some.domain", "10.0.0.2"),
+    ];
+    let (addr, _sc) = serve_go_like(server.clone(), pki.cluster("go-peer")).await;
+    let (west, _wc) = start(pki.cluster("west")).await;
+    west.set_remotes(vec![remote("go", addr, &[])]).await;
+    wait_catalog(&west.catalog, "the two normal records", |c| {
+        imported_fqdns(c, "go") == ["a.some.domain", "b.some.domain"]
+    })
+    .await;
+    server.wait_requests(4).await;
+    let reqs = server.requests.lock().expect("lock").clone();
+    let codes: Vec<Option<i32>> = reqs[1..]
+        .iter()
+        .map(|r| r.status.as_ref().map(|s| s.code))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            Some(0),
+            Some(tonic::Code::ResourceExhausted as i32),
+            Some(0)
+        ]
+    );
+    let reason = &reqs[2].status.as_ref().expect("status").message;
+    assert!(
+        reason.contains("exceeds the 4194304-byte limit"),
+        "{reason}"
+    );
+    assert_eq!(
+        server.calls.load(Ordering::SeqCst),
+        1,
+        "the stream survived"
+    );
+}

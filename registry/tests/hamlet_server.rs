@@ -466,3 +466,25 @@ async fn shutdown_is_bounded_by_a_consumer_that_stopped_reading() {
     assert!((1..5_000).contains(&sent), "{sent} responses sent");
     drop(reader);
 }
+
+/// Issue 10: a consumer message over the size limit ends its stream with RESOURCE_EXHAUSTED,
+/// never with a silent OK.
+#[tokio::test]
+async fn oversized_request_ends_the_stream_with_resource_exhausted() {
+    let pki = Pki::new("xcc.test");
+    let (east, _c) = start(pki.cluster("east")).await;
+    east.catalog
+        .upsert(export("east", "a", "one.xcc.test", "10.0.0.1"));
+    let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
+    let mut c = Consumer::connect(&west, east.hamlet_addr, false)
+        .await
+        .expect("subscribe");
+    let s = c.next().await;
+    assert_eq!(s.fqdn.as_deref(), Some("one.xcc.test"));
+    c.ack(&"9".repeat(5 * 1024 * 1024)).await;
+    let end = c
+        .next_or_status()
+        .await
+        .expect_err("the stream ends with a status");
+    assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
+}

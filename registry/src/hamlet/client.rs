@@ -71,7 +71,9 @@ pub struct ClientConfig {
     /// ... or at the latest this long after connecting, once the server's snapshot is over,
     /// even if changes keep the stream from ever being quiet ([`SweepRule`]).
     pub max_sweep_delay: Duration,
-    /// Largest response accepted from the remote.
+    /// Largest resource accepted from the remote; a larger one is NACKed with
+    /// `RESOURCE_EXHAUSTED` and costs only itself. Messages up to [`TRANSPORT_SLACK`] times this
+    /// are still read off the wire so that they can be NACKed; beyond that the stream ends.
     pub max_response_bytes: usize,
     /// Responses applied (and persisted) together before their ACKs are sent.
     pub max_batch: usize,
@@ -91,6 +93,10 @@ impl Default for ClientConfig {
         }
     }
 }
+
+/// How much larger than `max_response_bytes` a message may be and still be read (and NACKed)
+/// rather than end the stream: bounds the memory one response can take at 4x the entry limit.
+pub const TRANSPORT_SLACK: usize = 4;
 
 /// Jittered exponential backoff: attempt n waits a random time in
 /// `[max(min, d/2), d]` with `d = min(max, min * 2^n)`; never below `min`.
@@ -403,7 +409,11 @@ async fn stream_once(
         tonic::metadata::MetadataValue::from_static("1"),
     );
     let mut client = rd1::discovery_service_client::DiscoveryServiceClient::new(channel)
-        .max_decoding_message_size(ctx.config.max_response_bytes);
+        .max_decoding_message_size(
+            ctx.config
+                .max_response_bytes
+                .saturating_mul(TRANSPORT_SLACK),
+        );
     let response = match client.establish_stream(request).await {
         Ok(r) => r,
         Err(status) => return end_for(status, false),
@@ -473,6 +483,17 @@ async fn stream_once(
                 ));
                 continue;
             };
+            if any.value.len() > ctx.config.max_response_bytes {
+                ctx.metrics.client_imports_rejected.inc();
+                let error = format!(
+                    "resource of {} bytes exceeds the {}-byte limit",
+                    any.value.len(),
+                    ctx.config.max_response_bytes
+                );
+                warn!(remote = %spec.name, %error, "rejecting an oversized resource");
+                replies.push(nack(resp.nonce, Code::ResourceExhausted, error));
+                continue;
+            }
             if op == rd1::stream_response::Operation::Unknown {
                 // The marker, or an operation we do not know: ACK without applying (as Go does).
                 if any.type_url == SNAPSHOT_COMPLETE_URL {
@@ -614,7 +635,12 @@ async fn sweep(
 }
 
 fn end_for(status: tonic::Status, healthy: bool) -> End {
-    let error = format!("{:?}: {}", status.code(), status.message());
+    // tonic reports a message over the decoding limit as OUT_OF_RANGE; it is a size limit.
+    let code = match status.code() {
+        Code::OutOfRange if status.message().contains("too large") => Code::ResourceExhausted,
+        c => c,
+    };
+    let error = format!("{code:?}: {}", status.message());
     match status.code() {
         Code::Unauthenticated => End::Fatal(error),
         _ => End::Retry { error, healthy },
