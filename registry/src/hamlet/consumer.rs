@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::convert;
 use crate::catalog::{HamletView, ServiceEntry, ViewPos};
 
 /// Operation of one response.
@@ -142,6 +143,7 @@ impl ConsumerState {
     }
 
     fn visible<'a>(&self, e: Option<&'a Arc<ServiceEntry>>) -> Option<&'a Arc<ServiceEntry>> {
+        let e = e.filter(|e| convert::fits_on_the_wire(e));
         match &self.requester {
             Some(r) => e.filter(|e| e.admits(r)),
             None => e,
@@ -291,6 +293,8 @@ impl ConsumerState {
         if self.inflight.len() >= self.window {
             return None;
         }
+        // An entry no peer could decode is never sent (for this consumer it does not exist).
+        let lookup = |fqdn: &str| lookup(fqdn).filter(|e| convert::fits_on_the_wire(e));
         if let Some(out) = self.next_snapshot(now, &lookup) {
             return Some(out);
         }
@@ -624,6 +628,28 @@ mod tests {
         st.on_nack(&update.nonce, t0);
         st.run_due_retries(t0 + Duration::from_secs(60));
         assert_eq!(st.next(t0, view(&v2)).expect("resent").op, Op::Update);
+    }
+
+    #[test]
+    fn an_entry_too_large_for_the_wire_is_never_sent_and_the_rest_goes_on() {
+        let t0 = Instant::now();
+        let mut st = ConsumerState::new(4);
+        let mut huge = (*entry("b.x", "10.0.0.2", 2)).clone();
+        huge.labels.insert(
+            "connectivity.tanzu.vmware.com/blob".into(),
+            "x".repeat(convert::MAX_WIRE_RESOURCE_BYTES),
+        );
+        let v = vec![
+            entry("a.x", "10.0.0.1", 1),
+            Arc::new(huge),
+            entry("c.x", "10.0.0.3", 3),
+        ];
+        st.start_snapshot(snap(&v), false);
+        let sent: Vec<String> = drain(&mut st, &v, t0)
+            .into_iter()
+            .filter_map(|(_, _, f)| f)
+            .collect();
+        assert_eq!(sent, ["a.x", "c.x"]);
     }
 
     #[test]

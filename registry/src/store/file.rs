@@ -59,7 +59,7 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, S
     }
     allowed.sort();
     allowed.dedup();
-    Ok(ServiceEntry {
+    let entry = ServiceEntry {
         key: ServiceKey::new(
             cluster,
             sr.metadata
@@ -101,7 +101,16 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, S
             })
         }),
         revision: 0,
-    })
+    };
+    // Reported here, per record, rather than found out by a peer that cannot decode it.
+    let size = crate::hamlet::convert::wire_size_bound(&entry);
+    if size > crate::hamlet::convert::MAX_WIRE_RESOURCE_BYTES {
+        return Err(format!(
+            "too large for Hamlet: about {size} bytes, the limit is {} bytes",
+            crate::hamlet::convert::MAX_WIRE_RESOURCE_BYTES
+        ));
+    }
+    Ok(entry)
 }
 
 /// The imported ServiceRecord as XCC names and labels it (reference §3.4.3), with the canonical
@@ -846,6 +855,21 @@ spec:
         assert!(sync_exports(&catalog, "east", &mut yd));
         assert!(catalog.is_empty());
         assert!(yd.errors().is_empty());
+    }
+
+    #[test]
+    fn an_export_too_large_for_hamlet_is_rejected_with_its_size() {
+        let mut sr = ServiceRecord::default();
+        sr.metadata.name = "big".into();
+        sr.spec.fqdn = "big.xcc.test".into();
+        sr.metadata.annotations.insert(
+            "connectivity.tanzu.vmware.com/blob".into(),
+            "x".repeat(5 * 1024 * 1024),
+        );
+        let err = export_entry("east", &sr).expect_err("too large");
+        assert!(err.starts_with("too large for Hamlet: about "), "{err}");
+        sr.metadata.annotations.clear();
+        assert!(export_entry("east", &sr).is_ok());
     }
 
     fn record(name: &str, ip: &str) -> String {
