@@ -68,6 +68,9 @@ struct Row {
     bytes_written: u64,
     /// Size of the import files at the end (snapshot + journal), median run.
     bytes_on_disk: u64,
+    /// `go` rows: the Go reference client's own time for the same snapshot from the same server
+    /// (its `SNAPSHOT … elapsed_ms`, median of `--runs`), the baseline on this machine.
+    go_client_ms: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -140,8 +143,15 @@ pub async fn run(args: ImportArgs) -> anyhow::Result<()> {
                         .await?,
                     );
                 }
+                let mut baseline = Vec::new();
+                for _ in 0..runs {
+                    baseline.push(go_client_ms(dir, &pki.client, &addr, n, timeout).await?);
+                }
+                baseline.sort_by(f64::total_cmp);
                 server.child.kill().await.ok();
-                rows.push(row("go", n, samples));
+                let mut r = row("go", n, samples);
+                r.go_client_ms = baseline.get(baseline.len() / 2).copied();
+                rows.push(r);
                 eprintln!("go {n}: done");
             }
         }
@@ -230,7 +240,51 @@ fn row(source: &'static str, services: usize, mut samples: Vec<Sample>) -> Row {
         us_per_service: median.as_secs_f64() * 1e6 / services.max(1) as f64,
         bytes_written: written,
         bytes_on_disk: on_disk,
+        go_client_ms: None,
     }
+}
+
+/// The Go reference client's time to hold `n` services from `addr` (TLS included).
+async fn go_client_ms(
+    dir: &Path,
+    files: &TlsFiles,
+    addr: &str,
+    n: usize,
+    timeout: Duration,
+) -> anyhow::Result<f64> {
+    let program = dir.join("hamlet-go-jsonclient");
+    let out = tokio::process::Command::new(&program)
+        .arg("-addr")
+        .arg(addr)
+        .arg("-ca")
+        .arg(&files.ca)
+        .arg("-cert")
+        .arg(&files.cert)
+        .arg("-key")
+        .arg(&files.key)
+        .arg("-server-name")
+        .arg("localhost")
+        .arg("-count")
+        .arg(n.to_string())
+        .arg("-timeout")
+        .arg(format!("{}s", timeout.as_secs()))
+        .arg("-quiet")
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .with_context(|| format!("running {}", program.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("SNAPSHOT ")?
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix("elapsed_ms="))?
+                .parse()
+                .ok()
+        })
+        .with_context(|| format!("the Go client did not report a snapshot: {stdout}"))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -312,6 +366,9 @@ fn print_table(report: &Report) {
                     "{:.2}",
                     r.bytes_written as f64 / r.bytes_on_disk.max(1) as f64
                 ),
+                r.go_client_ms
+                    .map(|m| format!("{m:.1}"))
+                    .unwrap_or_else(|| "-".into()),
             ]
         })
         .collect();
@@ -326,7 +383,8 @@ fn print_table(report: &Report) {
                 "US/SERVICE",
                 "BYTES WRITTEN",
                 "BYTES ON DISK",
-                "RATIO"
+                "RATIO",
+                "GO CLIENT MS"
             ],
             &rows
         )

@@ -1,8 +1,8 @@
 //! The managed Hamlet client: one long-lived task and one gRPC channel per remote registry.
 //!
-//! It subscribes to `federation.types.v1alpha1.FederatedService`, applies what it receives to the
-//! import sink (durably) and to the catalog, and only then sends exactly one ACK (or NACK) per
-//! response, as Go servers require. Reconnects use jittered exponential backoff (floor 1 s, cap
+//! It subscribes to `federation.types.v1alpha1.FederatedService`, writes what it receives to the
+//! import sink (one batch at a time, costing what changed), only then sends exactly one ACK (or
+//! NACK) per response, as Go servers require, and then mirrors the batch into the catalog. Reconnects use jittered exponential backoff (floor 1 s, cap
 //! configurable); `Unauthenticated` is not retried. After every (re)connect the remote's snapshot
 //! is applied again and imports the remote no longer has are removed — after the end-of-snapshot
 //! marker when the server offers it, else after a quiet period — touching only this remote's
@@ -535,16 +535,10 @@ async fn stream_once(
             }
             replies.push(ack(resp.nonce));
         }
+        // Stored, then ACKed, then mirrored into the catalog: a lock-step server prepares its
+        // next response while the catalog is updated.
         if !changed.is_empty() {
-            apply_until_stored(ctx, spec, &imports, &changed, stats, &mut rng).await;
-        }
-        if marker_seen && !swept {
-            swept = true;
-            sweep(ctx, spec, &mut imports, &seen, stats, &mut rng).await;
-        }
-        if marker_seen || swept {
-            healthy = true;
-            stats.mark_synced();
+            store_until_stored(ctx, spec, &imports, &changed, stats, &mut rng).await;
         }
         for reply in replies {
             if req_tx.send(reply).await.is_err() {
@@ -554,23 +548,46 @@ async fn stream_once(
                 };
             }
         }
+        if !changed.is_empty() {
+            mirror(ctx, spec, &imports, &changed, stats);
+        }
+        if marker_seen && !swept {
+            swept = true;
+            sweep(ctx, spec, &mut imports, &seen, stats, &mut rng).await;
+        }
+        if marker_seen || swept {
+            healthy = true;
+            stats.mark_synced();
+        }
         clock.on_answered(tokio::time::Instant::now());
     }
 }
 
-/// Persist the batch, then mirror it into the catalog. Both cost the size of `changed` (the
-/// FQDNs upserted, when in `imports`, or removed), not the size of `imports`.
-async fn apply(
+/// Persist a batch. This and [`mirror`] cost the size of `changed` (the FQDNs upserted, when in
+/// `imports`, or removed), not the size of `imports`.
+async fn store(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    imports: &BTreeMap<String, Imported>,
+    changed: &BTreeSet<String>,
+) -> Result<(), String> {
+    ctx.sink
+        .persist_changes(&spec.name, imports, changed)
+        .await
+        .map_err(|e| {
+            ctx.metrics.store_errors.inc();
+            format!("persisting imports: {e:#}")
+        })
+}
+
+/// Mirror a stored batch into the catalog.
+fn mirror(
     ctx: &ClientContext,
     spec: &RemoteSpec,
     imports: &BTreeMap<String, Imported>,
     changed: &BTreeSet<String>,
     stats: &PeerStats,
-) -> Result<(), String> {
-    if let Err(e) = ctx.sink.persist_changes(&spec.name, imports, changed).await {
-        ctx.metrics.store_errors.inc();
-        return Err(format!("persisting imports: {e:#}"));
-    }
+) {
     let mut upserts = Vec::new();
     let mut removals = Vec::new();
     for fqdn in changed {
@@ -584,14 +601,13 @@ async fn apply(
             .update_source(&Source::Remote(spec.name.clone()), upserts, &removals);
     ctx.metrics.client_imports_applied.inc_by((up + rm) as u64);
     stats.records.store(imports.len() as u64, Ordering::Relaxed);
-    Ok(())
 }
 
-/// [`apply`] until the store takes the batch. The ACKs wait meanwhile (retried with the client's
+/// [`store`] until the store takes the batch. The ACKs wait meanwhile (retried with the client's
 /// backoff, logged at WARN): a full disk neither drops the stream nor makes the client download
 /// the remote's snapshot again; the server holds the unacknowledged responses (or ends the stream
 /// on its ACK timeout, after which the client reconnects as usual).
-async fn apply_until_stored(
+async fn store_until_stored(
     ctx: &ClientContext,
     spec: &RemoteSpec,
     imports: &BTreeMap<String, Imported>,
@@ -600,7 +616,7 @@ async fn apply_until_stored(
     rng: &mut impl Rng,
 ) {
     let mut attempt = 0u32;
-    while let Err(error) = apply(ctx, spec, imports, changed, stats).await {
+    while let Err(error) = store(ctx, spec, imports, changed).await {
         let delay = ctx.config.backoff.delay(attempt, rng);
         attempt = attempt.saturating_add(1);
         stats.set_error(error.clone());
@@ -630,7 +646,8 @@ async fn sweep(
         imports.retain(|fqdn, _| seen.contains(fqdn));
         info!(remote = %spec.name, removed = stale.len(), "removing imports the remote no longer exports");
         ctx.metrics.client_stale_removed.inc_by(stale.len() as u64);
-        apply_until_stored(ctx, spec, imports, &stale, stats, rng).await;
+        store_until_stored(ctx, spec, imports, &stale, stats, rng).await;
+        mirror(ctx, spec, imports, &stale, stats);
     }
 }
 
