@@ -68,6 +68,9 @@ pub enum BenchCommand {
     Hamlet(HamletArgs),
     /// A 3-level tree of registries: propagation, cold and cached lookups, routes, root memory.
     Hierarchy(crate::bench_hierarchy::HierarchyArgs),
+    /// One managed Hamlet client importing N services (from xcc and the Go reference server):
+    /// time and bytes written.
+    Import(crate::bench_import::ImportArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
@@ -119,6 +122,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Hamlet(args) => hamlet(args).await,
         BenchCommand::Hierarchy(args) => crate::bench_hierarchy::run(args).await,
+        BenchCommand::Import(args) => crate::bench_import::run(args).await,
     }
 }
 

@@ -4,6 +4,7 @@ mod admin_cli;
 mod bench;
 mod bench_common;
 mod bench_hierarchy;
+mod bench_import;
 mod binder_cli;
 mod certs_cli;
 mod cli;

@@ -52,6 +52,10 @@ pub struct RegistryArgs {
     /// stream has been quiet this long (seconds).
     #[arg(long, env = "XCC_QUIET_PERIOD_SECONDS", default_value_t = 10)]
     pub quiet_period_seconds: u64,
+    /// ... or, when changes never leave the stream quiet, at the latest this long after
+    /// connecting, once the peer's snapshot is over (seconds; at least the quiet period).
+    #[arg(long, env = "XCC_MAX_SWEEP_DELAY_SECONDS", default_value_t = 30)]
+    pub max_sweep_delay_seconds: u64,
     /// Reconnect backoff cap (seconds); the floor is 1 s.
     #[arg(long, env = "XCC_BACKOFF_MAX_SECONDS", default_value_t = 120)]
     pub backoff_max_seconds: u64,
@@ -119,6 +123,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
                 max: Duration::from_secs(args.backoff_max_seconds.max(1)),
             },
             quiet_period: Duration::from_secs(args.quiet_period_seconds),
+            max_sweep_delay: Duration::from_secs(args.max_sweep_delay_seconds),
             ..ClientConfig::default()
         },
         store,

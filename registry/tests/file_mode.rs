@@ -8,8 +8,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use xcc_proto::resources::{self, ServiceRecord};
+use xcc_proto::resources::ServiceRecord;
 use xcc_registry::StoreConfig;
+use xcc_registry::store::file::FileImportSink;
 
 fn file_config(files: xcc_certs::reload::TlsFiles, dir: &Path) -> xcc_registry::RegistryConfig {
     let mut cfg = xcc_registry::RegistryConfig::loopback(files);
@@ -70,9 +71,10 @@ async fn imported_records(west_dir: &Path, west: &xcc_registry::Registry) -> Vec
         imported_fqdns(c, "shared-services-cls") == ["foobar.some.domain"]
     })
     .await;
-    let text = std::fs::read_to_string(west_dir.join("imports/shared-services-cls.yaml"))
-        .expect("import file written before the catalog is updated");
-    resources::parse_documents(&text, "imports").expect("valid YAML")
+    // The import files (snapshot + journal) are written before the catalog is updated.
+    FileImportSink::reader(west_dir, "cross-cluster-connectivity")
+        .records("shared-services-cls")
+        .expect("import files readable")
 }
 
 /// P-01, P-02, P-03 in one run: the exporter's annotations change, the importer's record follows.
@@ -148,9 +150,9 @@ async fn p01_p02_p03_imported_record_shape() {
             .any(|e| e.labels.contains_key("connectivity.tanzu.vmware.com/vip"))
     })
     .await;
-    let text = std::fs::read_to_string(west_dir.path().join("imports/shared-services-cls.yaml"))
+    let records = FileImportSink::reader(west_dir.path(), "cross-cluster-connectivity")
+        .records("shared-services-cls")
         .expect("read");
-    let records: Vec<ServiceRecord> = resources::parse_documents(&text, "imports").expect("parse");
     assert_eq!(
         records[0].metadata.annotations,
         BTreeMap::from([
@@ -230,12 +232,12 @@ async fn malformed_files_lose_nothing_and_removal_cleans_up() {
         imported_fqdns(c, "shared-services-cls").is_empty()
     })
     .await;
-    assert!(
-        !west_dir
-            .path()
-            .join("imports/shared-services-cls.yaml")
-            .exists()
-    );
+    for file in ["shared-services-cls.yaml", "shared-services-cls.journal"] {
+        assert!(
+            !west_dir.path().join("imports").join(file).exists(),
+            "{file}"
+        );
+    }
 }
 
 /// Restarting the importer loses nothing: imports come back from disk immediately and are

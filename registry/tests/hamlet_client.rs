@@ -351,3 +351,130 @@ async fn constructing_a_connector_contacts_no_server() {
         "no connection may be opened before the first call"
     );
 }
+
+/// A sink that fails its first `failures` writes (a full disk), then keeps everything in memory.
+struct FlakySink {
+    failures: std::sync::atomic::AtomicUsize,
+}
+
+impl xcc_registry::hamlet::client::ImportSink for FlakySink {
+    fn persist<'a>(
+        &'a self,
+        _remote: &'a str,
+        _imports: &'a std::collections::BTreeMap<String, xcc_registry::hamlet::convert::Imported>,
+    ) -> futures::future::BoxFuture<'a, anyhow::Result<()>> {
+        let failing = self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        Box::pin(async move {
+            if failing {
+                anyhow::bail!("No space left on device (os error 28)")
+            }
+            Ok(())
+        })
+    }
+}
+
+/// Issue 10: a store that cannot write (disk full) holds the ACK and retries with backoff on the
+/// same stream — no reconnect, no second download of the snapshot, nothing ACKed before stored.
+#[tokio::test]
+async fn store_failure_holds_the_ack_and_retries_without_redownloading() {
+    let pki = Pki::new("xcc.test");
+    let server = GoLikeServer::default();
+    *server.state.lock().expect("lock") = vec![
+        fs("x.some.domain", "10.0.0.1"),
+        fs("y.some.domain", "10.0.0.2"),
+    ];
+    let (addr, _sc) = serve_go_like(server.clone(), pki.cluster("go-peer")).await;
+    let catalog = xcc_registry::Catalog::new();
+    let metrics = xcc_registry::metrics::Metrics::default();
+    let ctx = xcc_registry::hamlet::client::ClientContext {
+        catalog: catalog.clone(),
+        peers: Default::default(),
+        metrics: metrics.clone(),
+        tls: xcc_certs::reload::ReloadingTls::load(pki.cluster("west")).expect("tls"),
+        sink: std::sync::Arc::new(FlakySink { failures: 3.into() }),
+        config: xcc_registry::hamlet::client::ClientConfig {
+            backoff: Backoff {
+                min: Duration::from_millis(10),
+                max: Duration::from_millis(40),
+            },
+            ..Default::default()
+        },
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let handle = xcc_registry::hamlet::client::spawn(ctx, remote("go", addr, &[]), cancel);
+    wait_catalog(&catalog, "both imports", |c| {
+        imported_fqdns(c, "go") == ["x.some.domain", "y.some.domain"]
+    })
+    .await;
+    server.wait_requests(3).await;
+    handle.stop().await;
+    assert_eq!(metrics.store_errors.get(), 3);
+    assert_eq!(
+        server.calls.load(Ordering::SeqCst),
+        1,
+        "one stream, one snapshot"
+    );
+    let reqs = server.requests.lock().expect("lock").clone();
+    assert_eq!(
+        reqs.len(),
+        3,
+        "subscription + one ACK per response: {reqs:?}"
+    );
+    for ack in &reqs[1..] {
+        assert_eq!(
+            ack.status.as_ref().map(|s| s.code),
+            Some(0),
+            "ACK, not NACK"
+        );
+    }
+}
+
+/// Issue 10: an oversized resource costs only itself — NACKed with RESOURCE_EXHAUSTED and a
+/// reason — and the records after it still arrive on the same stream.
+#[tokio::test]
+async fn oversized_resource_is_nacked_and_the_rest_imported() {
+    let pki = Pki::new("xcc.test");
+    let server = GoLikeServer::default();
+    let mut big = fs("big.some.domain", "10.0.0.9");
+    // 5 MiB: over the 4 MiB entry limit, within the 16 MiB the transport still reads.
+    big.description = "x".repeat(5 * 1024 * 1024);
+    *server.state.lock().expect("lock") = vec![
+        fs("a.some.domain", "10.0.0.1"),
+        big,
+        fs("b.some.domain", "10.0.0.2"),
+    ];
+    let (addr, _sc) = serve_go_like(server.clone(), pki.cluster("go-peer")).await;
+    let (west, _wc) = start(pki.cluster("west")).await;
+    west.set_remotes(vec![remote("go", addr, &[])]).await;
+    wait_catalog(&west.catalog, "the two normal records", |c| {
+        imported_fqdns(c, "go") == ["a.some.domain", "b.some.domain"]
+    })
+    .await;
+    server.wait_requests(4).await;
+    let reqs = server.requests.lock().expect("lock").clone();
+    let codes: Vec<Option<i32>> = reqs[1..]
+        .iter()
+        .map(|r| r.status.as_ref().map(|s| s.code))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            Some(0),
+            Some(tonic::Code::ResourceExhausted as i32),
+            Some(0)
+        ]
+    );
+    let reason = &reqs[2].status.as_ref().expect("status").message;
+    assert!(
+        reason.contains("exceeds the 4194304-byte limit"),
+        "{reason}"
+    );
+    assert_eq!(
+        server.calls.load(Ordering::SeqCst),
+        1,
+        "the stream survived"
+    );
+}

@@ -177,7 +177,8 @@ async fn never_acking_consumer_does_not_delay_others() {
     );
 }
 
-/// A NACK is counted and the current resource is sent again after the backoff.
+/// A NACK is counted and the current resource is sent again after the backoff — as a CREATE,
+/// since the consumer never accepted it.
 #[tokio::test]
 async fn nack_is_counted_and_resent() {
     let pki = Pki::new("xcc.test");
@@ -193,7 +194,7 @@ async fn nack_is_counted_and_resent() {
     let again = c.next().await;
     assert_eq!(
         (again.op, again.fqdn.as_deref()),
-        (Operation::Update, Some("one.xcc.test"))
+        (Operation::Create, Some("one.xcc.test"))
     );
     assert_ne!(again.nonce, s.nonce);
     c.ack(&again.nonce).await;
@@ -464,4 +465,26 @@ async fn shutdown_is_bounded_by_a_consumer_that_stopped_reading() {
         .get();
     assert!((1..5_000).contains(&sent), "{sent} responses sent");
     drop(reader);
+}
+
+/// Issue 10: a consumer message over the size limit ends its stream with RESOURCE_EXHAUSTED,
+/// never with a silent OK.
+#[tokio::test]
+async fn oversized_request_ends_the_stream_with_resource_exhausted() {
+    let pki = Pki::new("xcc.test");
+    let (east, _c) = start(pki.cluster("east")).await;
+    east.catalog
+        .upsert(export("east", "a", "one.xcc.test", "10.0.0.1"));
+    let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
+    let mut c = Consumer::connect(&west, east.hamlet_addr, false)
+        .await
+        .expect("subscribe");
+    let s = c.next().await;
+    assert_eq!(s.fqdn.as_deref(), Some("one.xcc.test"));
+    c.ack(&"9".repeat(5 * 1024 * 1024)).await;
+    let end = c
+        .next_or_status()
+        .await
+        .expect_err("the stream ends with a status");
+    assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
 }

@@ -1,14 +1,14 @@
 //! The managed Hamlet client: one long-lived task and one gRPC channel per remote registry.
 //!
-//! It subscribes to `federation.types.v1alpha1.FederatedService`, applies what it receives to the
-//! import sink (durably) and to the catalog, and only then sends exactly one ACK (or NACK) per
-//! response, as Go servers require. Reconnects use jittered exponential backoff (floor 1 s, cap
+//! It subscribes to `federation.types.v1alpha1.FederatedService`, writes what it receives to the
+//! import sink (one batch at a time, costing what changed), only then sends exactly one ACK (or
+//! NACK) per response, as Go servers require, and then mirrors the batch into the catalog. Reconnects use jittered exponential backoff (floor 1 s, cap
 //! configurable); `Unauthenticated` is not retried. After every (re)connect the remote's snapshot
 //! is applied again and imports the remote no longer has are removed — after the end-of-snapshot
 //! marker when the server offers it, else after a quiet period — touching only this remote's
 //! records.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -27,6 +27,7 @@ use xcc_proto::google::rpc::Status as RpcStatus;
 use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, SNAPSHOT_COMPLETE_URL, SNAPSHOT_MARKER_METADATA};
 
 use super::convert::{self, Imported};
+use super::sweep::{SweepClock, SweepRule};
 use crate::catalog::{Catalog, ServiceEntry, ServiceKey, Source};
 use crate::metrics::Metrics;
 use crate::peers::{PeerKind, PeerState, PeerStats, PeerTable};
@@ -65,9 +66,14 @@ impl PartialEq for RemoteSpec {
 pub struct ClientConfig {
     pub backoff: Backoff,
     /// With a plain Hamlet server (no end-of-snapshot marker): remove stale imports once the
-    /// stream has been quiet this long after connecting.
+    /// stream has been quiet this long after the last ACK ([`SweepRule`]).
     pub quiet_period: Duration,
-    /// Largest response accepted from the remote.
+    /// ... or at the latest this long after connecting, once the server's snapshot is over,
+    /// even if changes keep the stream from ever being quiet ([`SweepRule`]).
+    pub max_sweep_delay: Duration,
+    /// Largest resource accepted from the remote; a larger one is NACKed with
+    /// `RESOURCE_EXHAUSTED` and costs only itself. Messages up to [`TRANSPORT_SLACK`] times this
+    /// are still read off the wire so that they can be NACKed; beyond that the stream ends.
     pub max_response_bytes: usize,
     /// Responses applied (and persisted) together before their ACKs are sent.
     pub max_batch: usize,
@@ -78,12 +84,19 @@ impl Default for ClientConfig {
         Self {
             backoff: Backoff::default(),
             quiet_period: Duration::from_secs(10),
+            // Bounds staleness under churn; three quiet periods, so a snapshot the server sends
+            // in bursts still has time to finish (XCC v1 waited 300 s after the first record).
+            max_sweep_delay: Duration::from_secs(30),
             // 4 MiB: a FederatedService is a few hundred bytes; this is gRPC's usual default.
             max_response_bytes: 4 * 1024 * 1024,
             max_batch: 512,
         }
     }
 }
+
+/// How much larger than `max_response_bytes` a message may be and still be read (and NACKed)
+/// rather than end the stream: bounds the memory one response can take at 4x the entry limit.
+pub const TRANSPORT_SLACK: usize = 4;
 
 /// Jittered exponential backoff: attempt n waits a random time in
 /// `[max(min, d/2), d]` with `d = min(max, min * 2^n)`; never below `min`.
@@ -119,14 +132,27 @@ impl Backoff {
     }
 }
 
-/// Where imports are kept durably. `persist` receives the complete set of this remote's imports
-/// after a batch; it returns once they are stored.
+/// Where imports are kept durably.
 pub trait ImportSink: Send + Sync + 'static {
+    /// Store the complete set of this remote's imports; returns once they are stored.
     fn persist<'a>(
         &'a self,
         remote: &'a str,
         imports: &'a BTreeMap<String, Imported>,
     ) -> BoxFuture<'a, anyhow::Result<()>>;
+
+    /// Store a batch: `changed` names the FQDNs that were upserted (present in `imports`) or
+    /// removed (absent) since the previous call. A sink that can write only the change does so
+    /// (its cost is the batch's, not the whole set's); the default rewrites everything.
+    fn persist_changes<'a>(
+        &'a self,
+        remote: &'a str,
+        imports: &'a BTreeMap<String, Imported>,
+        changed: &'a BTreeSet<String>,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        let _ = changed;
+        self.persist(remote, imports)
+    }
 }
 
 /// A sink that keeps nothing beyond the catalog (tests, ephemeral registries).
@@ -383,7 +409,11 @@ async fn stream_once(
         tonic::metadata::MetadataValue::from_static("1"),
     );
     let mut client = rd1::discovery_service_client::DiscoveryServiceClient::new(channel)
-        .max_decoding_message_size(ctx.config.max_response_bytes);
+        .max_decoding_message_size(
+            ctx.config
+                .max_response_bytes
+                .saturating_mul(TRANSPORT_SLACK),
+        );
     let response = match client.establish_stream(request).await {
         Ok(r) => r,
         Err(status) => return end_for(status, false),
@@ -405,18 +435,19 @@ async fn stream_once(
     let mut seen: HashSet<String> = HashSet::new();
     let mut swept = false;
     let mut healthy = false;
-    let quiet = ctx.config.quiet_period;
-    let mut quiet_deadline = tokio::time::Instant::now() + quiet;
+    let mut rng = rand::rngs::StdRng::from_os_rng();
+    let mut clock = SweepClock::new(
+        SweepRule::new(ctx.config.quiet_period, ctx.config.max_sweep_delay),
+        tokio::time::Instant::now(),
+    );
 
     loop {
         let first = tokio::select! {
             m = stream.message() => m,
-            _ = tokio::time::sleep_until(quiet_deadline), if !marker && !swept => {
+            _ = tokio::time::sleep_until(clock.deadline()), if !marker && !swept => {
                 swept = true;
                 healthy = true;
-                if let Err(e) = sweep(ctx, spec, &mut imports, &seen, stats).await {
-                    return End::Retry { error: e, healthy };
-                }
+                sweep(ctx, spec, &mut imports, &seen, stats, &mut rng).await;
                 continue;
             }
         };
@@ -436,10 +467,10 @@ async fn stream_once(
                 _ => break,
             }
         }
-        quiet_deadline = tokio::time::Instant::now() + quiet;
+        clock.on_message(tokio::time::Instant::now());
 
         let mut replies = Vec::with_capacity(batch.len());
-        let mut changed = false;
+        let mut changed: BTreeSet<String> = BTreeSet::new();
         let mut marker_seen = false;
         for resp in batch {
             let op = rd1::stream_response::Operation::try_from(resp.operation)
@@ -452,6 +483,17 @@ async fn stream_once(
                 ));
                 continue;
             };
+            if any.value.len() > ctx.config.max_response_bytes {
+                ctx.metrics.client_imports_rejected.inc();
+                let error = format!(
+                    "resource of {} bytes exceeds the {}-byte limit",
+                    any.value.len(),
+                    ctx.config.max_response_bytes
+                );
+                warn!(remote = %spec.name, %error, "rejecting an oversized resource");
+                replies.push(nack(resp.nonce, Code::ResourceExhausted, error));
+                continue;
+            }
             if op == rd1::stream_response::Operation::Unknown {
                 // The marker, or an operation we do not know: ACK without applying (as Go does).
                 if any.type_url == SNAPSHOT_COMPLETE_URL {
@@ -472,37 +514,31 @@ async fn stream_once(
             let allowed = xcc_proto::domains::fqdn_allowed(&imported.fqdn, &spec.allowed_domains);
             match op {
                 rd1::stream_response::Operation::Delete => {
-                    changed |= imports.remove(&imported.fqdn).is_some();
+                    if imports.remove(&imported.fqdn).is_some() {
+                        changed.insert(imported.fqdn.clone());
+                    }
                     seen.remove(&imported.fqdn);
                 }
                 _ if !allowed => {
                     debug!(remote = %spec.name, fqdn = %imported.fqdn, "not in allowedDomains; not imported");
-                    changed |= imports.remove(&imported.fqdn).is_some();
+                    if imports.remove(&imported.fqdn).is_some() {
+                        changed.insert(imported.fqdn.clone());
+                    }
                 }
                 _ => {
                     seen.insert(imported.fqdn.clone());
                     if imports.get(&imported.fqdn) != Some(&imported) {
+                        changed.insert(imported.fqdn.clone());
                         imports.insert(imported.fqdn.clone(), imported);
-                        changed = true;
                     }
                 }
             }
             replies.push(ack(resp.nonce));
         }
-        if changed && let Err(e) = apply(ctx, spec, &imports, stats).await {
-            // Nothing was ACKed: the server keeps these responses outstanding, so reconnecting
-            // (and re-reading the snapshot) loses nothing.
-            return End::Retry { error: e, healthy };
-        }
-        if marker_seen && !swept {
-            swept = true;
-            if let Err(e) = sweep(ctx, spec, &mut imports, &seen, stats).await {
-                return End::Retry { error: e, healthy };
-            }
-        }
-        if marker_seen || swept {
-            healthy = true;
-            stats.mark_synced();
+        // Stored, then ACKed, then mirrored into the catalog: a lock-step server prepares its
+        // next response while the catalog is updated.
+        if !changed.is_empty() {
+            store_until_stored(ctx, spec, &imports, &changed, stats, &mut rng).await;
         }
         for reply in replies {
             if req_tx.send(reply).await.is_err() {
@@ -512,27 +548,85 @@ async fn stream_once(
                 };
             }
         }
+        if !changed.is_empty() {
+            mirror(ctx, spec, &imports, &changed, stats);
+        }
+        if marker_seen && !swept {
+            swept = true;
+            sweep(ctx, spec, &mut imports, &seen, stats, &mut rng).await;
+        }
+        if marker_seen || swept {
+            healthy = true;
+            stats.mark_synced();
+        }
+        clock.on_answered(tokio::time::Instant::now());
     }
 }
 
-/// Persist, then mirror into the catalog.
-async fn apply(
+/// Persist a batch. This and [`mirror`] cost the size of `changed` (the FQDNs upserted, when in
+/// `imports`, or removed), not the size of `imports`.
+async fn store(
     ctx: &ClientContext,
     spec: &RemoteSpec,
     imports: &BTreeMap<String, Imported>,
-    stats: &PeerStats,
+    changed: &BTreeSet<String>,
 ) -> Result<(), String> {
-    if let Err(e) = ctx.sink.persist(&spec.name, imports).await {
-        ctx.metrics.store_errors.inc();
-        return Err(format!("persisting imports: {e:#}"));
+    ctx.sink
+        .persist_changes(&spec.name, imports, changed)
+        .await
+        .map_err(|e| {
+            ctx.metrics.store_errors.inc();
+            format!("persisting imports: {e:#}")
+        })
+}
+
+/// Mirror a stored batch into the catalog.
+fn mirror(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    imports: &BTreeMap<String, Imported>,
+    changed: &BTreeSet<String>,
+    stats: &PeerStats,
+) {
+    let mut upserts = Vec::new();
+    let mut removals = Vec::new();
+    for fqdn in changed {
+        match imports.get(fqdn) {
+            Some(i) => upserts.push(entry_for(&spec.name, i)),
+            None => removals.push(ServiceKey::new(&spec.name, "", fqdn.clone())),
+        }
     }
-    let entries = imports.values().map(|i| entry_for(&spec.name, i)).collect();
-    let (up, rm) = ctx
-        .catalog
-        .replace_source(&Source::Remote(spec.name.clone()), entries);
+    let (up, rm) =
+        ctx.catalog
+            .update_source(&Source::Remote(spec.name.clone()), upserts, &removals);
     ctx.metrics.client_imports_applied.inc_by((up + rm) as u64);
     stats.records.store(imports.len() as u64, Ordering::Relaxed);
-    Ok(())
+}
+
+/// [`store`] until the store takes the batch. The ACKs wait meanwhile (retried with the client's
+/// backoff, logged at WARN): a full disk neither drops the stream nor makes the client download
+/// the remote's snapshot again; the server holds the unacknowledged responses (or ends the stream
+/// on its ACK timeout, after which the client reconnects as usual).
+async fn store_until_stored(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    imports: &BTreeMap<String, Imported>,
+    changed: &BTreeSet<String>,
+    stats: &PeerStats,
+    rng: &mut impl Rng,
+) {
+    let mut attempt = 0u32;
+    while let Err(error) = store(ctx, spec, imports, changed).await {
+        let delay = ctx.config.backoff.delay(attempt, rng);
+        attempt = attempt.saturating_add(1);
+        stats.set_error(error.clone());
+        warn!(remote = %spec.name, %error, ?delay, attempt, "cannot store imports; holding the ACKs and retrying");
+        tokio::time::sleep(delay).await;
+    }
+    if attempt > 0 {
+        stats.set_error("");
+        info!(remote = %spec.name, attempt, "imports stored after retrying");
+    }
 }
 
 async fn sweep(
@@ -541,20 +635,29 @@ async fn sweep(
     imports: &mut BTreeMap<String, Imported>,
     seen: &HashSet<String>,
     stats: &PeerStats,
-) -> Result<(), String> {
-    let before = imports.len();
-    imports.retain(|fqdn, _| seen.contains(fqdn));
-    let removed = before - imports.len();
-    if removed > 0 {
-        info!(remote = %spec.name, removed, "removing imports the remote no longer exports");
-        ctx.metrics.client_stale_removed.inc_by(removed as u64);
-        apply(ctx, spec, imports, stats).await?;
+    rng: &mut impl Rng,
+) {
+    let stale: BTreeSet<String> = imports
+        .keys()
+        .filter(|fqdn| !seen.contains(*fqdn))
+        .cloned()
+        .collect();
+    if !stale.is_empty() {
+        imports.retain(|fqdn, _| seen.contains(fqdn));
+        info!(remote = %spec.name, removed = stale.len(), "removing imports the remote no longer exports");
+        ctx.metrics.client_stale_removed.inc_by(stale.len() as u64);
+        store_until_stored(ctx, spec, imports, &stale, stats, rng).await;
+        mirror(ctx, spec, imports, &stale, stats);
     }
-    Ok(())
 }
 
 fn end_for(status: tonic::Status, healthy: bool) -> End {
-    let error = format!("{:?}: {}", status.code(), status.message());
+    // tonic reports a message over the decoding limit as OUT_OF_RANGE; it is a size limit.
+    let code = match status.code() {
+        Code::OutOfRange if status.message().contains("too large") => Code::ResourceExhausted,
+        c => c,
+    };
+    let error = format!("{code:?}: {}", status.message());
     match status.code() {
         Code::Unauthenticated => End::Fatal(error),
         _ => End::Retry { error, healthy },

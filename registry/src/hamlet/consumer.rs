@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::convert;
 use crate::catalog::{HamletView, ServiceEntry, ViewPos};
 
 /// Operation of one response.
@@ -142,6 +143,7 @@ impl ConsumerState {
     }
 
     fn visible<'a>(&self, e: Option<&'a Arc<ServiceEntry>>) -> Option<&'a Arc<ServiceEntry>> {
+        let e = e.filter(|e| convert::fits_on_the_wire(e));
         match &self.requester {
             Some(r) => e.filter(|e| e.admits(r)),
             None => e,
@@ -291,6 +293,8 @@ impl ConsumerState {
         if self.inflight.len() >= self.window {
             return None;
         }
+        // An entry no peer could decode is never sent (for this consumer it does not exist).
+        let lookup = |fqdn: &str| lookup(fqdn).filter(|e| convert::fits_on_the_wire(e));
         if let Some(out) = self.next_snapshot(now, &lookup) {
             return Some(out);
         }
@@ -441,6 +445,11 @@ impl ConsumerState {
         {
             // The consumer still holds it: make the retry send DELETE again.
             self.set_holds(&fqdn, Some(prev));
+        } else if inflight.op == Op::Create && self.holds(&fqdn).is_some() {
+            // The consumer refused the object, so it holds none: the retry is a CREATE again (a
+            // strict consumer rejects an UPDATE of an object it never accepted). An UPDATE sent
+            // meanwhile and NACKed in turn is then resent as a CREATE too.
+            self.set_holds(&fqdn, None);
         }
         self.forced.insert(fqdn.clone());
         self.retries.insert((now + retry_in, inflight.nonce), fqdn);
@@ -596,17 +605,74 @@ mod tests {
         assert!(st.next(t0, view(&v)).is_none());
         st.run_due_retries(t0 + Duration::from_secs(1));
         let again = st.next(t0, view(&v)).expect("resent");
-        assert_eq!(again.op, Op::Update);
+        assert_eq!(again.op, Op::Create, "never accepted: CREATE again");
         assert_eq!(again.nonce, "2");
         // Second NACK doubles the delay.
         assert_eq!(
             st.on_nack("2", t0),
             Reply::Nacked {
-                op: Op::Update,
+                op: Op::Create,
                 retry_in: Duration::from_secs(2)
             }
         );
         assert_eq!(st.next_retry_at(), Some(t0 + Duration::from_secs(2)));
+        // Once accepted, a NACKed change is resent as what it is: an UPDATE.
+        st.run_due_retries(t0 + Duration::from_secs(2));
+        let third = st.next(t0, view(&v)).expect("resent");
+        assert_eq!(third.op, Op::Create);
+        assert_eq!(st.on_ack(&third.nonce), Reply::Acked(Op::Create));
+        let v2 = vec![entry("a.x", "10.0.0.2", 2)];
+        st.mark_dirty("a.x".into());
+        let update = st.next(t0, view(&v2)).expect("update");
+        assert_eq!(update.op, Op::Update);
+        st.on_nack(&update.nonce, t0);
+        st.run_due_retries(t0 + Duration::from_secs(60));
+        assert_eq!(st.next(t0, view(&v2)).expect("resent").op, Op::Update);
+    }
+
+    #[test]
+    fn an_entry_too_large_for_the_wire_is_never_sent_and_the_rest_goes_on() {
+        let t0 = Instant::now();
+        let mut st = ConsumerState::new(4);
+        let mut huge = (*entry("b.x", "10.0.0.2", 2)).clone();
+        huge.labels.insert(
+            "connectivity.tanzu.vmware.com/blob".into(),
+            "x".repeat(convert::MAX_WIRE_RESOURCE_BYTES),
+        );
+        let v = vec![
+            entry("a.x", "10.0.0.1", 1),
+            Arc::new(huge),
+            entry("c.x", "10.0.0.3", 3),
+        ];
+        st.start_snapshot(snap(&v), false);
+        let sent: Vec<String> = drain(&mut st, &v, t0)
+            .into_iter()
+            .filter_map(|(_, _, f)| f)
+            .collect();
+        assert_eq!(sent, ["a.x", "c.x"]);
+    }
+
+    #[test]
+    fn create_and_update_in_flight_both_nacked_resend_a_create() {
+        let t0 = Instant::now();
+        let mut st = ConsumerState::new(4);
+        let v = vec![entry("a.x", "10.0.0.1", 1)];
+        st.start_snapshot(snap(&v), false);
+        let create = st.next(t0, view(&v)).expect("create");
+        let v2 = vec![entry("a.x", "10.0.0.2", 2)];
+        st.mark_dirty("a.x".into());
+        let update = st.next(t0, view(&v2)).expect("update in the window");
+        assert_eq!(update.op, Op::Update);
+        st.on_nack(&create.nonce, t0);
+        st.on_nack(&update.nonce, t0);
+        st.run_due_retries(t0 + Duration::from_secs(60));
+        let again = st.next(t0, view(&v2)).expect("resent");
+        assert_eq!(again.op, Op::Create);
+        assert_eq!(
+            again.entry.expect("current").endpoints[0].address,
+            "10.0.0.2"
+        );
+        assert!(st.next(t0, view(&v2)).is_none(), "sent once");
     }
 
     #[test]

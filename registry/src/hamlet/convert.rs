@@ -19,6 +19,38 @@ pub use xcc_proto::names::{SERVICE_PORT_ANNOTATION, VIP_ANNOTATION};
 /// Prefix of the annotations that travel as FederatedService labels (S7: with the slash).
 pub const LABEL_PASSTHROUGH_PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
+/// Largest resource the server sends: 4 MiB (gRPC's default receive limit, what Go peers and
+/// xcc accept) less 64 KiB for the response around it. An entry beyond it is not served: a peer
+/// could not decode it, and in a lock-step stream it would block everything sorted after it.
+pub const MAX_WIRE_RESOURCE_BYTES: usize = 4 * 1024 * 1024 - 64 * 1024;
+
+/// An upper bound of the encoded size of `e` as either FederatedService version: the FQDN is
+/// carried three times (name, fqdn, id), every string with up to 16 bytes of tag and length.
+pub fn wire_size_bound(e: &ServiceEntry) -> usize {
+    const FIELD: usize = 16;
+    let labels: usize = e
+        .labels
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + 2 * FIELD)
+        .sum();
+    let endpoints: usize = e
+        .endpoints
+        .iter()
+        .map(|ep| ep.address.len() + 2 * FIELD)
+        .sum();
+    let ports: usize = e
+        .ports
+        .iter()
+        .map(|p| p.name.len() + p.protocol.len() + 3 * FIELD)
+        .sum();
+    3 * (e.fqdn.len() + FIELD) + labels + endpoints + ports + 16 * FIELD
+}
+
+/// Whether `e` can be sent to a Hamlet peer ([`MAX_WIRE_RESOURCE_BYTES`]).
+pub fn fits_on_the_wire(e: &ServiceEntry) -> bool {
+    wire_size_bound(e) <= MAX_WIRE_RESOURCE_BYTES
+}
+
 /// The v1alpha1 payload exactly as the XCC registry server fills it: name = id = fqdn,
 /// protocols `["https"]`, labels = the pass-through annotations, endpoints in order.
 pub fn to_v1alpha1(e: &ServiceEntry) -> v1alpha1::FederatedService {

@@ -4,3 +4,4 @@ pub mod client;
 pub mod consumer;
 pub mod convert;
 pub mod server;
+pub mod sweep;

@@ -21,7 +21,7 @@ use tokio::time::Sleep;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 use xcc_proto::federation::resourcediscovery::{v1alpha1 as rd1, v1alpha2 as rd2};
 use xcc_proto::{
@@ -246,6 +246,20 @@ fn reply(nonce: String, status: Option<xcc_proto::google::rpc::Status>) -> Incom
         }
     });
     Incoming::Reply { nonce, nack }
+}
+
+/// The status that ends a stream whose consumer sent something unreadable: an oversized message
+/// is `RESOURCE_EXHAUSTED` (tonic says OUT_OF_RANGE), undecodable bytes `INVALID_ARGUMENT`.
+fn inbound_error(status: Status) -> Status {
+    match status.code() {
+        Code::OutOfRange if status.message().contains("too large") => {
+            Status::resource_exhausted(format!("request too large: {}", status.message()))
+        }
+        Code::Internal if status.message().contains("decode") => {
+            Status::invalid_argument(format!("malformed request: {}", status.message()))
+        }
+        _ => status,
+    }
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -552,8 +566,9 @@ impl<W: Wire> Stream for ConsumerStream<W> {
                         }
                     }
                     Poll::Ready(Some(Err(status))) => {
-                        debug!(consumer = %this.identity, %status, "consumer stream ended");
-                        return this.finish(Ok(()));
+                        // Never a silent OK: the consumer learns why its stream ended.
+                        debug!(consumer = %this.identity, %status, "consumer stream failed");
+                        return this.finish(Err(inbound_error(status)));
                     }
                     Poll::Ready(None) => return this.finish(Ok(())),
                     Poll::Pending => break,

@@ -4,6 +4,7 @@
 //! <state-dir>/exports/*.yaml   ServiceRecords to export (written by the operator; watched)
 //! <state-dir>/remotes/*.yaml   RemoteRegistries to import from (written by the operator; watched)
 //! <state-dir>/imports/<remote>.yaml   imported ServiceRecords (written by xcc, atomically)
+//! <state-dir>/imports/<remote>.journal   changes since that file was written ([`imports`])
 //! ```
 //!
 //! Files are re-read when they change (filesystem events, plus a periodic poll for filesystems
@@ -17,9 +18,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context as _;
-use futures::FutureExt;
-use futures::future::BoxFuture;
 use notify::Watcher as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -30,8 +28,11 @@ use xcc_proto::resources::{self, ObjectMeta, RemoteRegistry, ServiceRecord};
 use crate::catalog::{
     Catalog, Endpoint, Labels, NamedPort, Origin, ServiceEntry, ServiceKey, Source,
 };
-use crate::hamlet::client::{ImportSink, RemoteSpec};
+use crate::hamlet::client::RemoteSpec;
 use crate::hamlet::convert::{Imported, LABEL_PASSTHROUGH_PREFIX};
+
+mod imports;
+pub use imports::{FileImportSink, SYNC_INTERVAL};
 
 pub const EXPORTS_DIR: &str = "exports";
 pub const REMOTES_DIR: &str = "remotes";
@@ -58,7 +59,7 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, S
     }
     allowed.sort();
     allowed.dedup();
-    Ok(ServiceEntry {
+    let entry = ServiceEntry {
         key: ServiceKey::new(
             cluster,
             sr.metadata
@@ -100,7 +101,16 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, S
             })
         }),
         revision: 0,
-    })
+    };
+    // Reported here, per record, rather than found out by a peer that cannot decode it.
+    let size = crate::hamlet::convert::wire_size_bound(&entry);
+    if size > crate::hamlet::convert::MAX_WIRE_RESOURCE_BYTES {
+        return Err(format!(
+            "too large for Hamlet: about {size} bytes, the limit is {} bytes",
+            crate::hamlet::convert::MAX_WIRE_RESOURCE_BYTES
+        ));
+    }
+    Ok(entry)
 }
 
 /// The imported ServiceRecord as XCC names and labels it (reference §3.4.3), with the canonical
@@ -137,102 +147,6 @@ pub fn imported_record(
             ..Default::default()
         },
     })
-}
-
-/// Persists each remote's imports to `imports/<remote>.yaml` (write to a temporary file, fsync,
-/// rename: readers see the old or the new file, never half of one).
-pub struct FileImportSink {
-    dir: PathBuf,
-    namespace: String,
-}
-
-impl FileImportSink {
-    pub fn new(state_dir: &Path, namespace: impl Into<String>) -> std::io::Result<Self> {
-        let dir = state_dir.join(IMPORTS_DIR);
-        std::fs::create_dir_all(&dir)?;
-        Ok(Self {
-            dir,
-            namespace: namespace.into(),
-        })
-    }
-
-    pub fn path_for(&self, remote: &str) -> PathBuf {
-        self.dir.join(format!("{remote}.yaml"))
-    }
-
-    /// Remove a remote's import file (the remote was removed from configuration).
-    pub fn forget(&self, remote: &str) -> std::io::Result<()> {
-        match std::fs::remove_file(self.path_for(remote)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        }
-    }
-
-    /// Load a remote's persisted imports (start-up).
-    pub fn load(&self, remote: &str) -> anyhow::Result<Vec<Imported>> {
-        let path = self.path_for(remote);
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-        };
-        let records: Vec<ServiceRecord> =
-            resources::parse_documents(&text, &path.display().to_string())?;
-        Ok(records
-            .into_iter()
-            .map(|sr| Imported {
-                fqdn: sr.spec.fqdn.clone(),
-                raw_fqdn: sr.spec.fqdn,
-                endpoints: sr
-                    .spec
-                    .endpoints
-                    .into_iter()
-                    .map(|e| Endpoint {
-                        address: e.address,
-                        port: e.port,
-                    })
-                    .collect(),
-                labels: sr.metadata.annotations,
-            })
-            .collect())
-    }
-}
-
-impl ImportSink for FileImportSink {
-    fn persist<'a>(
-        &'a self,
-        remote: &'a str,
-        imports: &'a BTreeMap<String, Imported>,
-    ) -> BoxFuture<'a, anyhow::Result<()>> {
-        async move {
-            let mut records = Vec::with_capacity(imports.len());
-            for i in imports.values() {
-                match imported_record(remote, &self.namespace, i) {
-                    Ok(r) => records.push(r),
-                    Err(e) => warn!(remote, fqdn = %i.fqdn, error = %e, "import has no valid record name; not persisted"),
-                }
-            }
-            let text = resources::to_yaml_documents(&records)?;
-            let dir = self.dir.clone();
-            let path = self.path_for(remote);
-            tokio::task::spawn_blocking(move || write_atomic(&dir, &path, text.as_bytes()))
-                .await
-                .context("writer task failed")??;
-            Ok(())
-        }
-        .boxed()
-    }
-}
-
-fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path)
-        .with_context(|| format!("replacing {}", path.display()))?;
-    Ok(())
 }
 
 /// What identifies one version of a file without reading it: size, modification and change
@@ -943,56 +857,21 @@ spec:
         assert!(yd.errors().is_empty());
     }
 
-    #[tokio::test]
-    async fn imports_are_written_atomically_and_read_back() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let sink = FileImportSink::new(dir.path(), "cross-cluster-connectivity").expect("sink");
-        let mut imports = BTreeMap::new();
-        let mut labels = BTreeMap::new();
-        labels.insert(
-            names::SERVICE_PORT_ANNOTATION.to_string(),
-            "443".to_string(),
+    #[test]
+    fn an_export_too_large_for_hamlet_is_rejected_with_its_size() {
+        let mut sr = ServiceRecord::default();
+        sr.metadata.name = "big".into();
+        sr.spec.fqdn = "big.xcc.test".into();
+        sr.metadata.annotations.insert(
+            "connectivity.tanzu.vmware.com/blob".into(),
+            "x".repeat(5 * 1024 * 1024),
         );
-        imports.insert(
-            "foobar.some.domain".to_string(),
-            Imported {
-                fqdn: "foobar.some.domain".into(),
-                raw_fqdn: "foobar.some.domain".into(),
-                endpoints: vec![Endpoint {
-                    address: "10.0.0.1".into(),
-                    port: 443,
-                }],
-                labels,
-            },
-        );
-        sink.persist("shared-services-cls", &imports)
-            .await
-            .expect("persist");
-        let text = std::fs::read_to_string(sink.path_for("shared-services-cls")).expect("read");
-        let records: Vec<ServiceRecord> = resources::parse_documents(&text, "x").expect("parse");
-        assert_eq!(records.len(), 1);
-        let r = &records[0];
-        // P-01's expected object, in file form.
-        assert_eq!(r.metadata.name, "foobar.some.domain-6068d556");
-        assert_eq!(
-            r.metadata.namespace.as_deref(),
-            Some("cross-cluster-connectivity")
-        );
-        assert_eq!(
-            r.metadata.labels,
-            BTreeMap::from([
-                (names::IMPORTED_LABEL.to_string(), String::new()),
-                (
-                    names::REMOTE_REGISTRY_LABEL.to_string(),
-                    "shared-services-cls".to_string()
-                ),
-            ])
-        );
-        assert_eq!(r.spec.fqdn, "foobar.some.domain");
-        assert_eq!(sink.load("shared-services-cls").expect("load").len(), 1);
-        sink.forget("shared-services-cls").expect("forget");
-        assert!(sink.load("shared-services-cls").expect("load").is_empty());
+        let err = export_entry("east", &sr).expect_err("too large");
+        assert!(err.starts_with("too large for Hamlet: about "), "{err}");
+        sr.metadata.annotations.clear();
+        assert!(export_entry("east", &sr).is_ok());
     }
+
     fn record(name: &str, ip: &str) -> String {
         format!(
             "apiVersion: connectivity.tanzu.vmware.com/v1alpha1\nkind: ServiceRecord\nmetadata:\n  name: {name}\n  namespace: shop\nspec:\n  fqdn: {name}.xcc.test\n  endpoints:\n  - address: {ip}\n    port: 443\n"
