@@ -10,12 +10,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
-use xcc_binder::dns::answer::{DEFAULT_TTL, Settings};
-use xcc_binder::dns::index::{DnsFeed, DnsIndex, FeedSource};
-use xcc_binder::dns::kube_feed::{self, KubeFeedConfig};
-use xcc_binder::dns::metrics::{self, DnsMetrics};
-use xcc_binder::dns::server::{DnsServer, ServerConfig};
-use xcc_binder::dns::static_records;
+use xcc_dns::answer::{DEFAULT_TTL, Settings};
+use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
+use xcc_dns::kube_feed::{self, KubeFeedConfig};
+use xcc_dns::metrics::{self, DnsMetrics};
+use xcc_dns::server::{DnsServer, ServerConfig};
+use xcc_dns::static_records;
 
 /// Where names come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -362,7 +362,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::dns::zone::{ServiceInfo, ServiceKey, ZoneSet};
+    use crate::zone::{ServiceInfo, ServiceKey, ZoneSet};
 
     fn svc(ns: &str, fqdn: &str) -> ServiceInfo {
         ServiceInfo {

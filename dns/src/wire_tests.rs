@@ -7,7 +7,7 @@ use hickory_proto::rr::{Name, RecordType};
 use xcc_proto::names::FQDN_ANNOTATION;
 
 use super::*;
-use crate::dns::zone::{ServiceInfo, ServiceKey, ZoneSet};
+use crate::zone::{ServiceInfo, ServiceKey, ZoneSet};
 
 fn source() -> IpAddr {
     "127.0.0.1".parse().unwrap()

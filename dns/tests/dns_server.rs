@@ -12,14 +12,14 @@ use hickory_proto::op::{Edns, Message, ResponseCode};
 use hickory_proto::rr::{DNSClass, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use xcc_binder::dns::answer::Settings;
-use xcc_binder::dns::index::{DnsFeed, DnsIndex, FeedSource};
-use xcc_binder::dns::metrics::{self, DnsMetrics};
-use xcc_binder::dns::server::ServerConfig;
-use xcc_binder::dns::wire::Transport;
-use xcc_binder::dns::zone::ServiceKey;
+use xcc_dns::answer::Settings;
+use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
+use xcc_dns::metrics::{self, DnsMetrics};
+use xcc_dns::server::ServerConfig;
+use xcc_dns::wire::Transport;
+use xcc_dns::zone::ServiceKey;
 
-fn services() -> Vec<xcc_binder::dns::zone::ServiceInfo> {
+fn services() -> Vec<xcc_dns::zone::ServiceInfo> {
     vec![
         fqdn_svc("some-service", "some-service.some.domain", &["1.2.3.4"]),
         fqdn_svc(

@@ -10,7 +10,7 @@
 # Needs: dnsperf, knotd and kdig (Debian: apt-get install dnsperf knot knot-dnsutils) and a
 # release build of xcc (cargo build --release --bin xcc).
 #
-# Usage: binder/bench/dnsperf.sh [-n NAMES] [-l SECONDS] [-c CLIENTS] [-q OUTSTANDING]
+# Usage: dns/bench/dnsperf.sh [-n NAMES] [-l SECONDS] [-c CLIENTS] [-q OUTSTANDING]
 #                                [-m MIX] [-r ROUNDS] [-x XCC_BINARY]
 #   MIX: "hit" (default: A queries for existing names, in random order) or
 #        "mixed" (80% A hits, 10% AAAA NODATA, 10% NXDOMAIN).

@@ -8,7 +8,7 @@ use xcc_proto::mapping::{
 use xcc_proto::names::FQDN_ANNOTATION;
 
 use super::*;
-use crate::dns::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
+use crate::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
 
 const POD_FOO: &str = "192.168.1.10";
 const POD_BAZ: &str = "192.168.1.20";
