@@ -75,9 +75,12 @@ pub struct DnsArgs {
     /// Close TCP connections idle this long (seconds).
     #[arg(long, env = "XCC_DNS_TCP_IDLE_SECONDS", default_value_t = 10)]
     pub tcp_idle_seconds: u64,
-    /// Open TCP connections at most.
+    /// Open TCP connections at most (lowered to fit under the open-file limit).
     #[arg(long, env = "XCC_DNS_MAX_TCP_CONNECTIONS", default_value_t = 1024)]
     pub max_tcp_connections: usize,
+    /// Open TCP connections from one source address at most (RFC 7766 §10).
+    #[arg(long, env = "XCC_DNS_MAX_TCP_PER_CLIENT", default_value_t = ServerConfig::default().max_tcp_per_client)]
+    pub max_tcp_per_client: usize,
     /// Answer SERVFAIL when the upstream has not answered within this many milliseconds.
     #[arg(long, env = "XCC_DNS_FORWARD_TIMEOUT_MS", default_value_t = 2000)]
     pub forward_timeout_ms: u64,
@@ -158,6 +161,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         }),
         tcp_idle_timeout: Duration::from_secs(args.tcp_idle_seconds.max(1)),
         max_tcp_connections: args.max_tcp_connections,
+        max_tcp_per_client: args.max_tcp_per_client,
         forward_timeout: Duration::from_millis(args.forward_timeout_ms.max(1)),
         ..ServerConfig::default()
     };

@@ -158,3 +158,121 @@ fn inconsistent_flags_are_refused() {
         assert!(stderr.contains(expected), "{extra:?}: {stderr}");
     }
 }
+
+/// A child process killed when the test ends, also when it fails.
+struct Killed(Option<std::process::Child>);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Start `xcc dns` serving `records` with `extra` flags, through `sh -c` so the child can run
+/// under a lower open-file limit (`ulimit -n`) than this test process. Returns the child, its
+/// stderr reader and the UDP/TCP address from the "serving" line.
+fn spawn_dns(
+    records: &std::path::Path,
+    ulimit: Option<u32>,
+    extra: &[&str],
+) -> (Killed, BufReader<std::process::ChildStderr>, SocketAddr) {
+    let prefix = ulimit.map_or(String::new(), |n| format!("ulimit -n {n} && "));
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{prefix}exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_xcc"))
+        .args(["dns", "--listen", "127.0.0.1:0", "--zone", "xcc.test"])
+        .args(["--feed", "static", "--metrics-listen", ""])
+        .arg("--static-records")
+        .arg(records)
+        .args(extra)
+        .env("XCC_LOG", "info")
+        .env_remove("XCC_LOG_JSON")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run xcc dns");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let child = Killed(Some(child));
+    let mut log = String::new();
+    let addr = loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "xcc dns exited:\n{log}"
+        );
+        log.push_str(&line);
+        if line.contains("xcc dns serving") {
+            let udp = line.split("udp=").nth(1).unwrap();
+            break udp.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    };
+    (child, stderr, addr)
+}
+
+fn stop(mut running: Killed) {
+    let mut child = running.0.take().unwrap();
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn more_idle_clients_than_open_files_are_refused_not_left_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = dir.path().join("records.yaml");
+    std::fs::write(&records, "- fqdn: web.xcc.test\n  addresses: [10.0.0.1]\n").unwrap();
+    // 64 open files, the default 1,024 TCP connections and no per-source limit to speak of:
+    // without the budget the server accepts until EMFILE and the rest wait in the backlog.
+    let (child, _stderr, addr) = spawn_dns(
+        &records,
+        Some(64),
+        &["--tcp-idle-seconds", "60", "--max-tcp-per-client", "1000"],
+    );
+    // 80 idle clients (bounded; loopback): more than the child has descriptors for.
+    let clients: Vec<TcpStream> = (0..80)
+        .map(|_| {
+            let c = TcpStream::connect(addr).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            c
+        })
+        .collect();
+    // The last one is closed by the server (EOF or reset), not left without an answer.
+    let mut last = clients.last().unwrap();
+    let mut byte = [0u8; 1];
+    match last.read(&mut byte) {
+        Ok(0) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+        other => panic!("expected the server to close the 80th connection, got {other:?}"),
+    }
+    // The first is still served, and so is UDP.
+    let mut first = &clients[0];
+    let q = query("web.xcc.test.", RecordType::A);
+    first.write_all(&(q.len() as u16).to_be_bytes()).unwrap();
+    first.write_all(&q).unwrap();
+    let mut len = [0u8; 2];
+    first.read_exact(&mut len).unwrap();
+    let mut reply = vec![0u8; u16::from_be_bytes(len) as usize];
+    first.read_exact(&mut reply).unwrap();
+    assert_eq!(
+        answers(&reply).1,
+        vec!["web.xcc.test. A 10.0.0.1".to_string()]
+    );
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    udp.send_to(&q, addr).unwrap();
+    let mut buf = [0u8; 512];
+    let n = udp.recv(&mut buf).unwrap();
+    assert_eq!(
+        answers(&buf[..n]).1,
+        vec!["web.xcc.test. A 10.0.0.1".to_string()]
+    );
+    drop(clients);
+    stop(child);
+}
