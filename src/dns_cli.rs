@@ -40,6 +40,14 @@ pub struct DnsArgs {
         required = true
     )]
     pub zones: Vec<String>,
+    /// Address of this server, served for the NS target `ns.dns.<zone>` (repeat for several;
+    /// default: the --listen address unless it is a wildcard).
+    #[arg(
+        long = "ns-address",
+        env = "XCC_DNS_NS_ADDRESSES",
+        value_delimiter = ','
+    )]
+    pub ns_addresses: Vec<std::net::IpAddr>,
     /// TTL of every record, and the negative-caching TTL (seconds).
     #[arg(long, env = "XCC_DNS_TTL", default_value_t = DEFAULT_TTL)]
     pub ttl: u32,
@@ -154,6 +162,11 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         settings: Settings {
             ttl: args.ttl,
             transparent: args.transparent,
+            ns_addresses: if args.ns_addresses.is_empty() && !args.listen.ip().is_unspecified() {
+                vec![args.listen.ip()]
+            } else {
+                args.ns_addresses.clone()
+            },
         },
         upstream: args.upstream,
         udp_workers: args.udp_workers.unwrap_or_else(|| {
