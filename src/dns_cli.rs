@@ -1,5 +1,5 @@
-//! `xcc dns`: wiring only. Flags → a [`DnsIndex`] fed by Kubernetes watches and/or a static
-//! records file → the UDP/TCP server, the metrics endpoint and the snapshot observer, all under
+//! `xcc dns`: wiring only. Flags → a [`DnsIndex`] fed by Kubernetes watches, a file-mode
+//! registry's imports directory and/or a static records file → the UDP/TCP server, the metrics endpoint and the snapshot observer, all under
 //! one cancellation token; if the server or a feed stops on its own, the process exits non-zero.
 
 use std::net::SocketAddr;
@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
 use xcc_dns::answer::{DEFAULT_TTL, Settings};
+use xcc_dns::imports_feed;
 use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
 use xcc_dns::kube_feed::{self, KubeFeedConfig};
 use xcc_dns::metrics::{self, DnsMetrics};
@@ -25,6 +26,9 @@ pub enum Feed {
     Kube,
     /// Only the --static-records file (no cluster access).
     Static,
+    /// What a file-mode registry imported: the ServiceRecords in --imports-dir (its
+    /// `<state-dir>/imports`), followed as they change (no cluster access).
+    Imports,
 }
 
 #[derive(Args, Debug)]
@@ -68,6 +72,9 @@ pub struct DnsArgs {
     /// YAML or JSON list of `{fqdn, addresses, ports}` to serve.
     #[arg(long, env = "XCC_DNS_STATIC_RECORDS")]
     pub static_records: Option<PathBuf>,
+    /// The imports directory of `xcc registry --store file` (`<state-dir>/imports`).
+    #[arg(long, env = "XCC_DNS_IMPORTS_DIR")]
+    pub imports_dir: Option<PathBuf>,
     /// Watch Services in this namespace only (default: all namespaces).
     #[arg(long, env = "XCC_DNS_SERVICE_NAMESPACE")]
     pub service_namespace: Option<String>,
@@ -106,12 +113,16 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     if args.feed == Feed::Static && args.static_records.is_none() {
         anyhow::bail!("--feed static needs --static-records FILE");
     }
+    if (args.feed == Feed::Imports) != args.imports_dir.is_some() {
+        anyhow::bail!("--feed imports and --imports-dir DIR go together");
+    }
     let kube_config = KubeFeedConfig {
         service_namespace: args.service_namespace.clone(),
         pods_and_namespaces: args.transparent || args.namespace_mapping,
     };
     let mut required = match args.feed {
         Feed::Kube => kube_config.required_sources(),
+        Feed::Imports => vec![FeedSource::Services],
         Feed::Static => Vec::new(),
     };
     if args.static_records.is_some() {
@@ -125,7 +136,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     }
     let client = match args.feed {
         Feed::Kube => Some(kube_feed::client(args.kubeconfig.as_deref()).await?),
-        Feed::Static => None,
+        Feed::Static | Feed::Imports => None,
     };
 
     let metrics = DnsMetrics::default();
@@ -155,6 +166,14 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
             client,
             feed.clone(),
             kube_config,
+            cancel.clone(),
+        )));
+    }
+    if let Some(dir) = args.imports_dir.clone() {
+        tasks.spawn(ok(imports_feed::run(
+            dir,
+            feed.clone(),
+            imports_feed::POLL,
             cancel.clone(),
         )));
     }

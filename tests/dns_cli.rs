@@ -126,7 +126,7 @@ fn inconsistent_flags_are_refused() {
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "- fqdn: a_b.xcc.test\n  addresses: [10.0.0.1]\n").unwrap();
     let bad = bad.to_string_lossy().to_string();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--transparent"], "--transparent needs --upstream"),
         (
             &["--feed", "static"],
@@ -137,6 +137,10 @@ fn inconsistent_flags_are_refused() {
             "entry 0: invalid FQDN \"a_b.xcc.test\"",
         ),
         (&["--zone=bad_zone.test"], "--zone \"bad_zone.test\""),
+        (
+            &["--feed", "imports"],
+            "--feed imports and --imports-dir DIR go together",
+        ),
     ];
     for (extra, expected) in cases {
         let out = Command::new(env!("CARGO_BIN_EXE_xcc"))
@@ -171,13 +175,12 @@ impl Drop for Killed {
     }
 }
 
-/// Start `xcc dns` serving `records` with `extra` flags, through `sh -c` so the child can run
+/// Start `xcc dns` for zone `xcc.test` with `extra` flags, through `sh -c` so the child can run
 /// under a lower open-file limit (`ulimit -n`) than this test process. Returns the child, its
 /// stderr reader and the UDP/TCP address from the "serving" line.
 fn spawn_dns(
-    records: &std::path::Path,
     ulimit: Option<u32>,
-    extra: &[&str],
+    extra: &[&std::ffi::OsStr],
 ) -> (Killed, BufReader<std::process::ChildStderr>, SocketAddr) {
     let prefix = ulimit.map_or(String::new(), |n| format!("ulimit -n {n} && "));
     let mut child = Command::new("sh")
@@ -185,9 +188,7 @@ fn spawn_dns(
         .arg(format!("{prefix}exec \"$0\" \"$@\""))
         .arg(env!("CARGO_BIN_EXE_xcc"))
         .args(["dns", "--listen", "127.0.0.1:0", "--zone", "xcc.test"])
-        .args(["--feed", "static", "--metrics-listen", ""])
-        .arg("--static-records")
-        .arg(records)
+        .args(["--metrics-listen", ""])
         .args(extra)
         .env("XCC_LOG", "info")
         .env_remove("XCC_LOG_JSON")
@@ -230,11 +231,18 @@ fn more_idle_clients_than_open_files_are_refused_not_left_hanging() {
     std::fs::write(&records, "- fqdn: web.xcc.test\n  addresses: [10.0.0.1]\n").unwrap();
     // 64 open files, the default 1,024 TCP connections and no per-source limit to speak of:
     // without the budget the server accepts until EMFILE and the rest wait in the backlog.
-    let (child, _stderr, addr) = spawn_dns(
-        &records,
-        Some(64),
-        &["--tcp-idle-seconds", "60", "--max-tcp-per-client", "1000"],
-    );
+    let flags = [
+        "--feed",
+        "static",
+        "--tcp-idle-seconds",
+        "60",
+        "--max-tcp-per-client",
+        "1000",
+        "--static-records",
+    ];
+    let mut args: Vec<&std::ffi::OsStr> = flags.iter().map(std::ffi::OsStr::new).collect();
+    args.push(records.as_os_str());
+    let (child, _stderr, addr) = spawn_dns(Some(64), &args);
     // 80 idle clients (bounded; loopback): more than the child has descriptors for.
     let clients: Vec<TcpStream> = (0..80)
         .map(|_| {
@@ -274,5 +282,84 @@ fn more_idle_clients_than_open_files_are_refused_not_left_hanging() {
         vec!["web.xcc.test. A 10.0.0.1".to_string()]
     );
     drop(clients);
+    stop(child);
+}
+
+/// A ServiceRecord as `xcc registry --store file` writes it to `imports/<remote>.yaml`.
+fn imported(name: &str, fqdn: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: connectivity.tanzu.vmware.com/v1alpha1\nkind: ServiceRecord\nmetadata:\n  name: {name}\n  namespace: xcc\n  labels:\n    connectivity.tanzu.vmware.com/imported: \"\"\n  annotations:\n    connectivity.tanzu.vmware.com/origin-namespace: shop\n    connectivity.tanzu.vmware.com/origin-name: {name}\nspec:\n  fqdn: {fqdn}\n  endpoints:\n  - address: {ip}\n    port: 443\n"
+    )
+}
+
+/// Replace `path` as the registry does: a temporary file renamed over it.
+fn write_atomic(path: &std::path::Path, text: &str) {
+    let tmp = path.with_file_name(".writing");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Ask over UDP until `want` holds for (rcode, answers), within 10 s.
+fn until_udp(addr: SocketAddr, name: &str, want: impl Fn(&(ResponseCode, Vec<String>)) -> bool) {
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        udp.send_to(&query(name, RecordType::A), addr).unwrap();
+        let mut buf = [0u8; 1500];
+        let n = udp.recv(&mut buf).unwrap();
+        let got = answers(&buf[..n]);
+        if want(&got) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name}: still {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn serves_a_file_mode_registrys_imports_as_they_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let imports = dir.path().join("imports");
+    std::fs::create_dir(&imports).unwrap();
+    let east = imports.join("east.yaml");
+    write_atomic(&east, &imported("web", "web.shop.xcc.test", "10.0.1.10"));
+    let flags = [
+        "--zone",
+        "clusterset.local",
+        "--feed",
+        "imports",
+        "--imports-dir",
+    ];
+    let mut args: Vec<&std::ffi::OsStr> = flags.iter().map(std::ffi::OsStr::new).collect();
+    args.push(imports.as_os_str());
+    let (child, _stderr, addr) = spawn_dns(None, &args);
+    let a = |name: &str, ip: &str| vec![format!("{name} A {ip}")];
+    for name in ["web.shop.xcc.test.", "web.shop.svc.clusterset.local."] {
+        until_udp(addr, name, |got| {
+            *got == (ResponseCode::NoError, a(name, "10.0.1.10"))
+        });
+    }
+    // The registry rewrites the file: the new address is served.
+    write_atomic(&east, &imported("web", "web.shop.xcc.test", "10.0.1.11"));
+    until_udp(addr, "web.shop.xcc.test.", |got| {
+        got.1 == a("web.shop.xcc.test.", "10.0.1.11")
+    });
+    // A broken file keeps its last good content; another remote's file is still read.
+    write_atomic(&east, "kind: [");
+    let north = imports.join("north.yaml");
+    write_atomic(&north, &imported("api", "api.xcc.test", "10.0.2.20"));
+    until_udp(addr, "api.xcc.test.", |got| {
+        got.1 == a("api.xcc.test.", "10.0.2.20")
+    });
+    until_udp(addr, "web.shop.xcc.test.", |got| {
+        *got == (ResponseCode::NoError, a("web.shop.xcc.test.", "10.0.1.11"))
+    });
+    // A removed file takes its names with it.
+    std::fs::remove_file(&north).unwrap();
+    until_udp(addr, "api.xcc.test.", |got| got.0 == ResponseCode::NXDomain);
     stop(child);
 }
