@@ -1,6 +1,7 @@
 //! `xcc dns`: wiring only. Flags → a [`DnsIndex`] fed by Kubernetes watches, a file-mode
-//! registry's imports directory and/or a static records file → the UDP/TCP server, the metrics endpoint and the snapshot observer, all under
-//! one cancellation token; if the server or a feed stops on its own, the process exits non-zero.
+//! registry's imports directory and/or a static records file → the UDP/TCP server, the metrics
+//! endpoint and the snapshot observer, all under one cancellation token; if the server or a feed
+//! stops on its own, the process exits non-zero.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -94,7 +95,11 @@ pub struct DnsArgs {
     #[arg(long, env = "XCC_DNS_MAX_TCP_CONNECTIONS", default_value_t = 1024)]
     pub max_tcp_connections: usize,
     /// Open TCP connections from one source address at most (RFC 7766 §10).
-    #[arg(long, env = "XCC_DNS_MAX_TCP_PER_CLIENT", default_value_t = ServerConfig::default().max_tcp_per_client)]
+    #[arg(
+        long,
+        env = "XCC_DNS_MAX_TCP_PER_CLIENT",
+        default_value_t = ServerConfig::default().max_tcp_per_client
+    )]
     pub max_tcp_per_client: usize,
     /// Answer SERVFAIL when the upstream has not answered within this many milliseconds.
     #[arg(long, env = "XCC_DNS_FORWARD_TIMEOUT_MS", default_value_t = 2000)]

@@ -248,7 +248,12 @@ pub fn load_once(dir: &mut ImportsDir, feed: &DnsFeed, first: bool) {
     }
     let (services, skipped) = services_from_records(&dir.records());
     for s in &skipped {
-        tracing::warn!(file = %s.file, record = %s.record, reason = %s.reason, "imported record not served");
+        tracing::warn!(
+            file = %s.file,
+            record = %s.record,
+            reason = %s.reason,
+            "imported record not served"
+        );
     }
     tracing::info!(names = services.len(), "imports loaded");
     feed.reset_services(services);
