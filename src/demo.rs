@@ -4,19 +4,33 @@
 //!    in B1: web resolves it through the tree, a caller in C1 is told why it is denied, and the
 //!    route notification reaches B2.
 //! 2. Flat Hamlet (XCC v1): "east" exports three services (one only for cluster "north"),
-//!    "west" imports from east; what west got and what it was not given is read back.
+//!    "west" imports from east; what west got and what it was not given is read back. West runs
+//!    with the file store, and an `xcc dns` server fed by its imports directory answers a real
+//!    UDP query for an imported FQDN and for its `svc.clusterset.local` name.
 //!
-//! Everything printed is read through the admin API.
+//! Everything printed is read through the admin API, and the DNS answers are asked over UDP.
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use hickory_proto::op::{Message, MessageType, OpCode, Query};
+use hickory_proto::rr::{Name, RData, RecordType};
 use tokio_util::sync::CancellationToken;
 use xcc_certs::pki::{self, IssueRequest};
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
+use xcc_dns::imports_feed;
+use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
+use xcc_dns::metrics::DnsMetrics;
+use xcc_dns::server::{DnsServer, ServerConfig};
+use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
+use xcc_proto::names::CLUSTERSET_ZONE;
+use xcc_proto::resources::{ObjectMeta, RemoteRegistry, RemoteRegistrySpec, RemoteTlsConfig};
 use xcc_proto::xcc::admin::v1 as api;
 use xcc_registry::catalog::{Endpoint, ServiceEntry, ServiceKey, Source};
-use xcc_registry::hamlet::client::RemoteSpec;
+use xcc_registry::run::StoreConfig;
+use xcc_registry::store::file::{IMPORTS_DIR, REMOTES_DIR};
 use xcc_registry::{Registry, RegistryConfig};
 
 use crate::admin_cli::{
@@ -274,19 +288,39 @@ async fn flat(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
     let west_files = pki.issue("west", false)?;
     let cancel = CancellationToken::new();
     let east = Registry::start(RegistryConfig::loopback(east_files), cancel.clone()).await?;
-    let west = Registry::start(RegistryConfig::loopback(west_files), cancel.clone()).await?;
+    // West keeps its state in files, as `xcc registry --store file` does: east is named in
+    // remotes/, and what west imports lands in imports/, where `xcc dns` reads it.
+    let west_state = pki.dir.path().join("west-state");
+    write_remote(&west_state, "east", &east.hamlet_addr.to_string())?;
+    let west = Registry::start(
+        RegistryConfig {
+            store: StoreConfig::File {
+                state_dir: west_state.clone(),
+                poll: Duration::from_secs(1),
+            },
+            ..RegistryConfig::loopback(west_files)
+        },
+        cancel.clone(),
+    )
+    .await?;
     println!(
         "east: hamlet {} admin {}\nwest: hamlet {} admin {}\n",
         east.hamlet_addr, east.admin_addr, west.hamlet_addr, west.admin_addr
     );
 
-    east.catalog.upsert(export(
+    let mut web = export(
         "shop",
         "web.shop.xcc.test",
         "web.shop.xcc.test",
         &["10.0.1.10", "10.0.1.11"],
         &[],
-    ));
+    );
+    // The exported object's clusterset identity, which gives importers its MCS name.
+    web.labels
+        .insert(ORIGIN_NAMESPACE_ANNOTATION.to_string(), "shop".to_string());
+    web.labels
+        .insert(ORIGIN_NAME_ANNOTATION.to_string(), "web".to_string());
+    east.catalog.upsert(web);
     east.catalog.upsert(export(
         "shop",
         "api.shop.xcc.test",
@@ -301,15 +335,6 @@ async fn flat(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
         &["10.0.2.30"],
         &["north"],
     ));
-    west.set_remotes(vec![RemoteSpec {
-        name: "east".into(),
-        address: east.hamlet_addr.to_string(),
-        server_name: "localhost".into(),
-        roots: None,
-        allowed_domains: vec![],
-    }])
-    .await;
-
     let mut east_admin =
         xcc_registry::admin::connect(admin_tls.clone(), &east.admin_addr.to_string(), None).await?;
     let mut west_admin =
@@ -377,9 +402,110 @@ async fn flat(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
         .peers;
     print_peers(&peers, Output::Table);
 
-    let ok = imported.len() == 2 && withheld.len() == 1;
+    let dns_ok = dns_step(&west_state.join(IMPORTS_DIR)).await?;
+    let ok = imported.len() == 2 && withheld.len() == 1 && dns_ok;
     cancel.cancel();
     east.shutdown().await?;
     west.shutdown().await?;
     Ok(ok)
+}
+
+/// Name `remote` at `address` in `<state_dir>/remotes/`, verified with this registry's own CA.
+fn write_remote(state_dir: &Path, remote: &str, address: &str) -> anyhow::Result<()> {
+    let rr = RemoteRegistry {
+        api_version: xcc_proto::names::API_VERSION.to_string(),
+        kind: "RemoteRegistry".to_string(),
+        metadata: ObjectMeta {
+            name: remote.to_string(),
+            ..Default::default()
+        },
+        spec: RemoteRegistrySpec {
+            address: address.to_string(),
+            tls_config: RemoteTlsConfig {
+                server_ca: String::new(),
+                server_name: "localhost".to_string(),
+            },
+            ..Default::default()
+        },
+        status: None,
+    };
+    let dir = state_dir.join(REMOTES_DIR);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{remote}.yaml"));
+    std::fs::write(&path, xcc_proto::resources::to_yaml_documents(&[rr])?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// `xcc dns` fed by west's imports directory (no Kubernetes), asked over UDP on loopback.
+async fn dns_step(imports: &Path) -> anyhow::Result<bool> {
+    let cancel = CancellationToken::new();
+    let zones = vec!["xcc.test".to_string(), CLUSTERSET_ZONE.to_string()];
+    let feed = DnsFeed::new(DnsIndex::new(zones, [FeedSource::Services]));
+    let server = DnsServer::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    let addr = server.udp_addr()?;
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(imports_feed::run(
+        imports.to_path_buf(),
+        feed.clone(),
+        imports_feed::POLL,
+        cancel.clone(),
+    ));
+    let (snapshots, c) = (feed.subscribe(), cancel.clone());
+    tasks.spawn(async move {
+        if let Err(e) = server
+            .run(snapshots, ServerConfig::default(), DnsMetrics::default(), c)
+            .await
+        {
+            tracing::warn!(error = %e, "demo DNS server failed");
+        }
+    });
+    println!("\n== xcc dns fed by west's imports directory, asked over UDP at {addr}");
+    let want = ["10.0.1.10", "10.0.1.11"];
+    let mut rows = Vec::new();
+    let mut ok = true;
+    for name in ["web.shop.xcc.test.", "web.shop.svc.clusterset.local."] {
+        // West writes its imports file after the sync; ask until the name is served (bounded).
+        let got = until(
+            &format!("xcc dns to serve {name}"),
+            || ask_a(addr, name),
+            |(rcode, ips)| rcode == "NOERROR" && !ips.is_empty(),
+        )
+        .await?;
+        ok &= got.1 == want;
+        rows.push(vec![
+            name.to_string(),
+            "A".to_string(),
+            got.0,
+            got.1.join(", "),
+        ]);
+    }
+    print!("{}", table(&["NAME", "TYPE", "RCODE", "ANSWER"], &rows));
+    cancel.cancel();
+    while tasks.join_next().await.is_some() {}
+    Ok(ok)
+}
+
+/// One A query over UDP: the response code and the addresses answered, sorted.
+async fn ask_a(server: SocketAddr, name: &str) -> anyhow::Result<(String, Vec<String>)> {
+    let mut query = Message::new(1, MessageType::Query, OpCode::Query);
+    query.add_query(Query::query(Name::from_ascii(name)?, RecordType::A));
+    let socket = tokio::net::UdpSocket::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    socket.send_to(&query.to_vec()?, server).await?;
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), socket.recv(&mut buf))
+        .await
+        .context("no DNS answer within 5 s")??;
+    let reply = Message::from_vec(&buf[..n])?;
+    let mut ips: Vec<String> = reply
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.0.to_string()),
+            _ => None,
+        })
+        .collect();
+    ips.sort();
+    // Response codes as dig prints them.
+    let rcode = format!("{:?}", reply.metadata.response_code).to_uppercase();
+    Ok((rcode, ips))
 }

@@ -1,6 +1,7 @@
-//! `xcc dns`: wiring only. Flags → a [`DnsIndex`] fed by Kubernetes watches and/or a static
-//! records file → the UDP/TCP server, the metrics endpoint and the snapshot observer, all under
-//! one cancellation token; if the server or a feed stops on its own, the process exits non-zero.
+//! `xcc dns`: wiring only. Flags → a [`DnsIndex`] fed by Kubernetes watches, a file-mode
+//! registry's imports directory and/or a static records file → the UDP/TCP server, the metrics
+//! endpoint and the snapshot observer, all under one cancellation token; if the server or a feed
+//! stops on its own, the process exits non-zero.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,12 +11,13 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
-use xcc_binder::dns::answer::{DEFAULT_TTL, Settings};
-use xcc_binder::dns::index::{DnsFeed, DnsIndex, FeedSource};
-use xcc_binder::dns::kube_feed::{self, KubeFeedConfig};
-use xcc_binder::dns::metrics::{self, DnsMetrics};
-use xcc_binder::dns::server::{DnsServer, ServerConfig};
-use xcc_binder::dns::static_records;
+use xcc_dns::answer::{DEFAULT_TTL, Settings};
+use xcc_dns::imports_feed;
+use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
+use xcc_dns::kube_feed::{self, KubeFeedConfig};
+use xcc_dns::metrics::{self, DnsMetrics};
+use xcc_dns::server::{DnsServer, ServerConfig};
+use xcc_dns::static_records;
 
 /// Where names come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -25,6 +27,9 @@ pub enum Feed {
     Kube,
     /// Only the --static-records file (no cluster access).
     Static,
+    /// What a file-mode registry imported: the ServiceRecords in --imports-dir (its
+    /// `<state-dir>/imports`), followed as they change (no cluster access).
+    Imports,
 }
 
 #[derive(Args, Debug)]
@@ -40,6 +45,14 @@ pub struct DnsArgs {
         required = true
     )]
     pub zones: Vec<String>,
+    /// Address of this server, served for the NS target `ns.dns.<zone>` (repeat for several;
+    /// default: the --listen address unless it is a wildcard).
+    #[arg(
+        long = "ns-address",
+        env = "XCC_DNS_NS_ADDRESSES",
+        value_delimiter = ','
+    )]
+    pub ns_addresses: Vec<std::net::IpAddr>,
     /// TTL of every record, and the negative-caching TTL (seconds).
     #[arg(long, env = "XCC_DNS_TTL", default_value_t = DEFAULT_TTL)]
     pub ttl: u32,
@@ -60,6 +73,9 @@ pub struct DnsArgs {
     /// YAML or JSON list of `{fqdn, addresses, ports}` to serve.
     #[arg(long, env = "XCC_DNS_STATIC_RECORDS")]
     pub static_records: Option<PathBuf>,
+    /// The imports directory of `xcc registry --store file` (`<state-dir>/imports`).
+    #[arg(long, env = "XCC_DNS_IMPORTS_DIR")]
+    pub imports_dir: Option<PathBuf>,
     /// Watch Services in this namespace only (default: all namespaces).
     #[arg(long, env = "XCC_DNS_SERVICE_NAMESPACE")]
     pub service_namespace: Option<String>,
@@ -75,9 +91,16 @@ pub struct DnsArgs {
     /// Close TCP connections idle this long (seconds).
     #[arg(long, env = "XCC_DNS_TCP_IDLE_SECONDS", default_value_t = 10)]
     pub tcp_idle_seconds: u64,
-    /// Open TCP connections at most.
+    /// Open TCP connections at most (lowered to fit under the open-file limit).
     #[arg(long, env = "XCC_DNS_MAX_TCP_CONNECTIONS", default_value_t = 1024)]
     pub max_tcp_connections: usize,
+    /// Open TCP connections from one source address at most (RFC 7766 §10).
+    #[arg(
+        long,
+        env = "XCC_DNS_MAX_TCP_PER_CLIENT",
+        default_value_t = ServerConfig::default().max_tcp_per_client
+    )]
+    pub max_tcp_per_client: usize,
     /// Answer SERVFAIL when the upstream has not answered within this many milliseconds.
     #[arg(long, env = "XCC_DNS_FORWARD_TIMEOUT_MS", default_value_t = 2000)]
     pub forward_timeout_ms: u64,
@@ -95,12 +118,16 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     if args.feed == Feed::Static && args.static_records.is_none() {
         anyhow::bail!("--feed static needs --static-records FILE");
     }
+    if (args.feed == Feed::Imports) != args.imports_dir.is_some() {
+        anyhow::bail!("--feed imports and --imports-dir DIR go together");
+    }
     let kube_config = KubeFeedConfig {
         service_namespace: args.service_namespace.clone(),
         pods_and_namespaces: args.transparent || args.namespace_mapping,
     };
     let mut required = match args.feed {
         Feed::Kube => kube_config.required_sources(),
+        Feed::Imports => vec![FeedSource::Services],
         Feed::Static => Vec::new(),
     };
     if args.static_records.is_some() {
@@ -114,7 +141,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     }
     let client = match args.feed {
         Feed::Kube => Some(kube_feed::client(args.kubeconfig.as_deref()).await?),
-        Feed::Static => None,
+        Feed::Static | Feed::Imports => None,
     };
 
     let metrics = DnsMetrics::default();
@@ -147,10 +174,23 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
             cancel.clone(),
         )));
     }
+    if let Some(dir) = args.imports_dir.clone() {
+        tasks.spawn(ok(imports_feed::run(
+            dir,
+            feed.clone(),
+            imports_feed::POLL,
+            cancel.clone(),
+        )));
+    }
     let config = ServerConfig {
         settings: Settings {
             ttl: args.ttl,
             transparent: args.transparent,
+            ns_addresses: if args.ns_addresses.is_empty() && !args.listen.ip().is_unspecified() {
+                vec![args.listen.ip()]
+            } else {
+                args.ns_addresses.clone()
+            },
         },
         upstream: args.upstream,
         udp_workers: args.udp_workers.unwrap_or_else(|| {
@@ -158,6 +198,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         }),
         tcp_idle_timeout: Duration::from_secs(args.tcp_idle_seconds.max(1)),
         max_tcp_connections: args.max_tcp_connections,
+        max_tcp_per_client: args.max_tcp_per_client,
         forward_timeout: Duration::from_millis(args.forward_timeout_ms.max(1)),
         ..ServerConfig::default()
     };

@@ -32,6 +32,35 @@ fn demo_prints_imports_and_withheld_services_and_exits_zero() {
     );
     assert_eq!(section("== not given to west"), ["payments.xcc.test"]);
     assert!(stdout.contains("allowed requesters are [north]; west is not one of them"));
+    // xcc dns, fed by west's imports directory, answers a real UDP query for the imported FQDN
+    // and for its clusterset name with both of east's addresses.
+    let dns: Vec<Vec<String>> = stdout
+        .split("\n\n")
+        .find(|block| block.starts_with("== xcc dns fed by west's imports directory"))
+        .unwrap_or_else(|| panic!("no DNS section in:\n{stdout}"))
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    assert_eq!(
+        dns,
+        [
+            [
+                "web.shop.xcc.test.",
+                "A",
+                "NOERROR",
+                "10.0.1.10,",
+                "10.0.1.11"
+            ],
+            [
+                "web.shop.svc.clusterset.local.",
+                "A",
+                "NOERROR",
+                "10.0.1.10,",
+                "10.0.1.11"
+            ],
+        ]
+    );
     // The hierarchy part: every announcement reached the root; web is granted by b; batch in
     // c1 is refused with the callee's reason; the owner b2 holds the route.
     assert_eq!(

@@ -1,4 +1,4 @@
-//! xcc binder: turns imported ServiceRecords into Services, and serves them over DNS.
+//! xcc binder: turns imported ServiceRecords into Services (the `xcc-dns` crate serves their names).
 
 // Tests state their expectations with unwrap; the lint guards input handling in library code.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
@@ -6,4 +6,3 @@
 pub mod apply;
 pub mod controller;
 pub mod desired;
-pub mod dns;

@@ -141,8 +141,10 @@ pub struct DnsMetrics {
     pub forward_failures: Counter,
     /// Messages dropped without a reply (too short, or responses).
     pub dropped: Counter,
-    /// TCP connections closed at once because the connection limit was reached.
+    /// TCP connections closed at once because the total or per-source limit was reached.
     pub tcp_rejected: Counter,
+    /// TCP connections closed because the client did not read an answer in time.
+    pub tcp_write_timeouts: Counter,
     /// Names with records in the current snapshot.
     pub names: Gauge,
     /// Names claimed by more than one Service.
@@ -176,6 +178,7 @@ impl Default for DnsMetrics {
             forward_failures: Counter::default(),
             dropped: Counter::default(),
             tcp_rejected: Counter::default(),
+            tcp_write_timeouts: Counter::default(),
             names: Gauge::default(),
             conflicts: Gauge::default(),
             rejected: Gauge::default(),
@@ -210,8 +213,13 @@ impl DnsMetrics {
         );
         r.register(
             "tcp_rejected",
-            "TCP connections closed because the connection limit was reached",
+            "TCP connections closed because the total or per-source connection limit was reached",
             self.tcp_rejected.clone(),
+        );
+        r.register(
+            "tcp_write_timeouts",
+            "TCP connections closed because the client did not read an answer within the idle timeout",
+            self.tcp_write_timeouts.clone(),
         );
         r.register("names", "Names with records", self.names.clone());
         r.register(
@@ -362,7 +370,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::dns::zone::{ServiceInfo, ServiceKey, ZoneSet};
+    use crate::zone::{ServiceInfo, ServiceKey, ZoneSet};
 
     fn svc(ns: &str, fqdn: &str) -> ServiceInfo {
         ServiceInfo {

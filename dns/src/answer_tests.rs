@@ -8,7 +8,7 @@ use xcc_proto::mapping::{
 use xcc_proto::names::FQDN_ANNOTATION;
 
 use super::*;
-use crate::dns::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
+use crate::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
 
 const POD_FOO: &str = "192.168.1.10";
 const POD_BAZ: &str = "192.168.1.20";
@@ -425,4 +425,45 @@ fn transparent_answers_srv_and_nodata_without_soa() {
         &transparent(),
     );
     assert_eq!(a, Answer::Forward);
+}
+
+#[test]
+fn zone_transfers_are_refused() {
+    let snap = snapshot();
+    for qtype in [RecordType::AXFR, RecordType::IXFR] {
+        for name in ["xcc.test.", "dual.xcc.test.", "example.com."] {
+            let r = ask(&snap, name, qtype);
+            assert_eq!(r.rcode, ResponseCode::Refused, "{qtype} {name}");
+            assert!(r.answers.is_empty() && r.authorities.is_empty());
+        }
+    }
+}
+
+#[test]
+fn the_ns_target_has_the_servers_addresses() {
+    let snap = snapshot();
+    let s = Settings {
+        ns_addresses: vec![ip("127.0.0.53"), ip("::1")],
+        ..Settings::default()
+    };
+    let ask_s = |name: &str, qtype| response(ask_from(&snap, name, qtype, NOT_A_POD, &s));
+    let r = ask_s("NS.dns.xcc.test.", RecordType::A);
+    assert_eq!((r.rcode, r.authoritative), (ResponseCode::NoError, true));
+    assert_eq!(lines(&r.answers), vec!["NS.dns.xcc.test. 5 A 127.0.0.53"]);
+    let r = ask_s("ns.dns.xcc.test.", RecordType::AAAA);
+    assert_eq!(lines(&r.answers), vec!["ns.dns.xcc.test. 5 AAAA ::1"]);
+    let r = ask_s("xcc.test.", RecordType::NS);
+    assert_eq!(lines(&r.answers), vec!["xcc.test. 5 NS ns.dns.xcc.test."]);
+    assert_eq!(
+        lines(&r.additionals),
+        vec![
+            "ns.dns.xcc.test. 5 A 127.0.0.53",
+            "ns.dns.xcc.test. 5 AAAA ::1"
+        ]
+    );
+    // Without configured addresses the name exists but has no records: NODATA, not NXDOMAIN.
+    let r = ask(&snap, "ns.dns.xcc.test.", RecordType::A);
+    assert_eq!(r.rcode, ResponseCode::NoError);
+    assert!(r.answers.is_empty());
+    assert_eq!(lines(&r.authorities), vec![soa_line("xcc.test.", 5)]);
 }

@@ -6,8 +6,10 @@
 //! - Undecodable → FORMERR echoing the id and opcode; opcode other than QUERY → NOTIMP;
 //!   not exactly one question → FORMERR; EDNS version above 0 → BADVERS (RFC 6891).
 //! - Otherwise [`answer`] decides. A request with EDNS gets an OPT record back, advertising
-//!   [`EDNS_PAYLOAD`]. Over UDP a response larger than the client's limit (512 without EDNS,
-//!   else its advertised size capped at [`EDNS_PAYLOAD`]) is replaced by an empty one with TC=1
+//!   [`EDNS_PAYLOAD`] and echoing the DO bit (RFC 3225). Over UDP a response larger than the
+//!   client's limit (512 without EDNS, else its advertised size capped at [`EDNS_PAYLOAD`]) first
+//!   loses its additional section, which a client can do without (RFC 2181 §9: no TC for that);
+//!   only if the answer and authority still do not fit is it replaced by an empty one with TC=1
 //!   so the client retries over TCP.
 
 use std::net::IpAddr;
@@ -77,10 +79,8 @@ pub fn handle(
     if let Some(q) = request.queries.first() {
         response.add_query(q.clone());
     }
-    if request.edns.is_some() {
-        let mut edns = Edns::new();
-        edns.set_max_payload(EDNS_PAYLOAD);
-        response.set_edns(edns);
+    if let Some(asked) = &request.edns {
+        response.set_edns(our_edns(asked));
     }
     let rcode = if meta.op_code != OpCode::Query {
         ResponseCode::NotImp
@@ -107,6 +107,14 @@ pub fn handle(
     encode(response, limit(&request, transport))
 }
 
+/// Our OPT record for a request that carried `asked`.
+fn our_edns(asked: &Edns) -> Edns {
+    let mut edns = Edns::new();
+    edns.set_max_payload(EDNS_PAYLOAD);
+    edns.set_dnssec_ok(asked.flags().dnssec_ok);
+    edns
+}
+
 fn fill(message: &mut Message, r: Response) -> ResponseCode {
     message.metadata.authoritative = r.authoritative;
     message.insert_answers(r.answers);
@@ -126,10 +134,14 @@ fn limit(request: &Message, transport: Transport) -> usize {
     }
 }
 
-fn encode(response: Message, limit: usize) -> Outcome {
+fn encode(mut response: Message, limit: usize) -> Outcome {
     let rcode = response.metadata.response_code;
     let bytes = match response.to_vec() {
         Ok(b) if b.len() <= limit => b,
+        Ok(_) if !response.additionals.is_empty() => {
+            response.additionals.clear();
+            return encode(response, limit);
+        }
         Ok(_) => match response.truncate().to_vec() {
             Ok(b) => b,
             Err(_) => return servfail(&response.metadata),
@@ -151,10 +163,8 @@ pub fn error_reply(query: &[u8], rcode: ResponseCode) -> Option<Vec<u8>> {
     m.metadata = Metadata::response_from_request(&request.metadata);
     m.metadata.response_code = rcode;
     m.add_queries(request.queries);
-    if request.edns.is_some() {
-        let mut edns = Edns::new();
-        edns.set_max_payload(EDNS_PAYLOAD);
-        m.set_edns(edns);
+    if let Some(asked) = &request.edns {
+        m.set_edns(our_edns(asked));
     }
     m.to_vec().ok()
 }

@@ -12,14 +12,14 @@ use hickory_proto::op::{Edns, Message, ResponseCode};
 use hickory_proto::rr::{DNSClass, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
-use xcc_binder::dns::answer::Settings;
-use xcc_binder::dns::index::{DnsFeed, DnsIndex, FeedSource};
-use xcc_binder::dns::metrics::{self, DnsMetrics};
-use xcc_binder::dns::server::ServerConfig;
-use xcc_binder::dns::wire::Transport;
-use xcc_binder::dns::zone::ServiceKey;
+use xcc_dns::answer::Settings;
+use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
+use xcc_dns::metrics::{self, DnsMetrics};
+use xcc_dns::server::ServerConfig;
+use xcc_dns::wire::Transport;
+use xcc_dns::zone::ServiceKey;
 
-fn services() -> Vec<xcc_binder::dns::zone::ServiceInfo> {
+fn services() -> Vec<xcc_dns::zone::ServiceInfo> {
     vec![
         fqdn_svc("some-service", "some-service.some.domain", &["1.2.3.4"]),
         fqdn_svc(
@@ -392,4 +392,113 @@ async fn metrics_register_and_count() {
     assert!(out.contains("xcc_dns_queries_total{rcode=\"refused\",transport=\"tcp\"} 1"));
     assert!(out.contains("xcc_dns_forwarded_total{transport=\"udp\"} 1"));
     assert_eq!(metrics.forwarded_with(Transport::Udp), 1);
+}
+
+/// One query over a new TCP connection: `Some(reply)`, or `None` when the server closed the
+/// connection without answering (it was refused).
+async fn try_tcp(server: std::net::SocketAddr, from: &str) -> Option<Message> {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(std::net::SocketAddr::new(ip(from), 0)).unwrap();
+    let mut stream = sock.connect(server).await.unwrap();
+    exchange(&mut stream).await
+}
+
+/// Ask `dual.xcc.test. A` on an open connection; `None` if the server closed it instead.
+async fn exchange(stream: &mut tokio::net::TcpStream) -> Option<Message> {
+    let q = query(9, "dual.xcc.test.", RecordType::A).to_vec().unwrap();
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&q);
+    // A refused connection may already be reset when we write.
+    stream.write_all(&framed).await.ok()?;
+    let mut len = [0u8; 2];
+    match tokio::time::timeout(GUARD, stream.read_exact(&mut len))
+        .await
+        .expect("the server neither answered nor closed the connection")
+    {
+        Ok(_) => {}
+        Err(_) => return None,
+    }
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    stream.read_exact(&mut buf).await.ok()?;
+    Some(Message::from_vec(&buf).unwrap())
+}
+
+/// Poll (bounded by `GUARD`) until a new TCP connection from 127.0.0.1 is answered.
+async fn until_tcp_answered(server: std::net::SocketAddr) -> Message {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        if let Some(m) = try_tcp(server, "127.0.0.1").await {
+            return m;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no TCP connection was answered within {GUARD:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_loses_its_connection() {
+    // Answers of ~1 kB (60 addresses) fill the hostile client's small receive window and the
+    // server's send buffer after a few thousand queries.
+    let many: Vec<String> = (1..=60).map(|i| format!("10.0.1.{i}")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let mut svcs = services();
+    svcs.push(fqdn_svc("many", "many.xcc.test", &many));
+    let config = ServerConfig {
+        max_tcp_connections: 1,
+        tcp_idle_timeout: std::time::Duration::from_millis(300),
+        ..ServerConfig::default()
+    };
+    let h = start(ready_feed(&["xcc.test"], svcs), config).await;
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut hostile = sock.connect(h.addr).await.unwrap();
+    // The only slot is taken once this connection has been answered once.
+    assert!(exchange(&mut hostile).await.is_some());
+    let q = query(1, "many.xcc.test.", RecordType::A).to_vec().unwrap();
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&q);
+    // Queries, never reading an answer: at most 50,000 (~2 MB out, ~50 MB of answers due).
+    let writer = tokio::spawn(async move {
+        for _ in 0..50_000 {
+            if hostile.write_all(&framed).await.is_err() {
+                return;
+            }
+        }
+        std::future::pending::<()>().await;
+    });
+    let m = until_tcp_answered(h.addr).await;
+    assert_eq!(lines(&m.answers), vec!["dual.xcc.test. 5 A 10.0.0.1"]);
+    assert_eq!(h.metrics.tcp_write_timeouts.get(), 1);
+    writer.abort();
+}
+
+#[tokio::test]
+async fn one_source_cannot_take_every_tcp_slot() {
+    let config = ServerConfig {
+        max_tcp_connections: 8,
+        max_tcp_per_client: 2,
+        tcp_idle_timeout: std::time::Duration::from_secs(60),
+        ..ServerConfig::default()
+    };
+    let h = start(ready_feed(&["xcc.test"], services()), config).await;
+    let connect = || async {
+        let mut s = tokio::net::TcpStream::connect(h.addr).await.unwrap();
+        assert!(exchange(&mut s).await.is_some(), "first two are served");
+        s
+    };
+    let first = connect().await;
+    let _second = connect().await;
+    assert!(
+        try_tcp(h.addr, "127.0.0.1").await.is_none(),
+        "a third connection from 127.0.0.1 is refused"
+    );
+    assert_eq!(h.metrics.tcp_rejected.get(), 1);
+    // Another source still gets in: the total limit is not what refused the third.
+    assert!(try_tcp(h.addr, "127.0.0.2").await.is_some());
+    // The slot comes back when a connection closes.
+    drop(first);
+    until_tcp_answered(h.addr).await;
 }

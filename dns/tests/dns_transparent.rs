@@ -16,10 +16,10 @@ use hickory_proto::rr::{RData, Record, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, UdpSocket};
 use tokio::sync::mpsc;
-use xcc_binder::dns::answer::Settings;
-use xcc_binder::dns::index::{DnsFeed, DnsIndex, FeedSource};
-use xcc_binder::dns::server::ServerConfig;
-use xcc_binder::dns::wire::Transport;
+use xcc_dns::answer::Settings;
+use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
+use xcc_dns::server::ServerConfig;
+use xcc_dns::wire::Transport;
 use xcc_proto::mapping::NAMESPACE_ANNOTATION;
 
 /// Source addresses of the asking pods (loopback aliases).

@@ -16,11 +16,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use xcc_binder::dns::answer::{Settings, Snapshot};
-use xcc_binder::dns::index::{DnsFeed, DnsIndex};
-use xcc_binder::dns::kube_feed::{self, KubeFeedConfig};
-use xcc_binder::dns::server::ServerConfig;
-use xcc_binder::dns::zone::fqdn_name;
+use xcc_dns::answer::{Settings, Snapshot};
+use xcc_dns::index::{DnsFeed, DnsIndex};
+use xcc_dns::kube_feed::{self, KubeFeedConfig};
+use xcc_dns::server::ServerConfig;
+use xcc_dns::zone::fqdn_name;
 use xcc_kube_fake::FakeApiServer;
 use xcc_proto::mapping::{
     NAMESPACE_ANNOTATION, ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION,

@@ -138,7 +138,7 @@ pub fn load(path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dns::zone::PortProtocol;
+    use crate::zone::PortProtocol;
 
     fn p() -> &'static Path {
         Path::new("records.yaml")

@@ -6,16 +6,21 @@
 //! loop per worker on a shared UDP socket, with no task spawned per packet and no per-query log
 //! line, and the snapshot is re-read only when the `watch` says it changed. hickory-proto does
 //! every encode and decode. TCP takes one task per connection (RFC 7766 framing, pipelined
-//! queries answered in order), a connection limit and an idle timeout. Relayed queries run in
+//! queries answered in order) with three limits against clients that hold connections open: a total
+//! (clamped below the process's open-file limit, so a flood is refused rather than left in the
+//! accept backlog), one per source address (RFC 7766 §10), and an idle timeout that bounds both
+//! waiting for a query and writing an answer to a client that stopped reading. An accept error
+//! (EMFILE) pauses the accept loop briefly instead of spinning on it. Relayed queries run in
 //! their own tasks, bounded by a permit count; when none is free, or the upstream fails or times
 //! out, the client gets SERVFAIL.
 //!
 //! Shutdown: when the token fires the listeners stop, open connections close after their current
 //! query, and [`DnsServer::run`] returns once relayed queries have finished.
 
+use std::collections::HashMap;
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hickory_proto::op::ResponseCode;
@@ -35,6 +40,13 @@ use super::wire::{self, Outcome, Transport};
 const MAX_MESSAGE: usize = 65535;
 /// Attempts at finding a port free for both UDP and TCP when binding port 0.
 const BIND_ATTEMPTS: usize = 20;
+/// Pause after a failed accept: long enough that a full file table (EMFILE) costs no CPU, short
+/// enough that service resumes promptly once descriptors free up (hyper pauses for 1 s; a DNS
+/// client retries sooner than that).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// Open files kept out of the TCP connection budget: stdio, the listeners and UDP socket, the
+/// runtime's epoll and wake-up descriptors, the metrics listener and a feed's file watch.
+const FD_RESERVE: usize = 32;
 
 /// Server errors.
 #[derive(Debug, Error)]
@@ -76,8 +88,11 @@ pub struct ServerConfig {
     pub udp_workers: usize,
     /// A TCP connection idle this long is closed (RFC 7766 suggests seconds).
     pub tcp_idle_timeout: Duration,
-    /// Open TCP connections at most; further ones are closed at once.
+    /// Open TCP connections at most; further ones are closed at once. Lowered at run time to
+    /// fit under the process's open-file limit.
     pub max_tcp_connections: usize,
+    /// Open TCP connections from one source address at most (RFC 7766 §10).
+    pub max_tcp_per_client: usize,
     /// A relayed query unanswered this long gets SERVFAIL.
     pub forward_timeout: Duration,
     /// Relayed queries in flight at most; beyond it, SERVFAIL.
@@ -92,6 +107,9 @@ impl Default for ServerConfig {
             udp_workers: 1,
             tcp_idle_timeout: Duration::from_secs(10),
             max_tcp_connections: 1024,
+            // A node-local cache or a NAT gateway may carry many clients on one address; 64
+            // leaves them room while 16 such sources are needed to fill the default total.
+            max_tcp_per_client: 64,
             forward_timeout: Duration::from_secs(2),
             max_forwards: 1024,
         }
@@ -159,9 +177,18 @@ impl DnsServer {
         metrics: DnsMetrics,
         cancel: CancellationToken,
     ) -> Result<(), ServerError> {
+        let max_tcp = tcp_budget(config.max_tcp_connections, open_files_limit());
+        if max_tcp < config.max_tcp_connections {
+            tracing::warn!(
+                asked = config.max_tcp_connections,
+                allowed = max_tcp,
+                "the open-file limit is too low for the TCP connection limit; lowering it"
+            );
+        }
         let ctx = Arc::new(Context {
             forwards: Arc::new(Semaphore::new(config.max_forwards.max(1))),
-            connections: Arc::new(Semaphore::new(config.max_tcp_connections.max(1))),
+            connections: Arc::new(Semaphore::new(max_tcp)),
+            per_client: Mutex::default(),
             tracker: TaskTracker::new(),
             config,
             metrics,
@@ -183,8 +210,75 @@ struct Context {
     metrics: DnsMetrics,
     forwards: Arc<Semaphore>,
     connections: Arc<Semaphore>,
+    /// Open TCP connections per source address (entries removed at zero).
+    per_client: Mutex<HashMap<IpAddr, usize>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
+}
+
+impl Context {
+    /// Count a connection from `ip`, unless that source is at its limit.
+    fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientSlot> {
+        let mut open = self.per_client.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(ip).or_insert(0);
+        if *n >= self.config.max_tcp_per_client.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            ctx: self.clone(),
+            ip,
+        })
+    }
+}
+
+/// One source address's share of the TCP connections, given back on drop.
+struct ClientSlot {
+    ctx: Arc<Context>,
+    ip: IpAddr,
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .ctx
+            .per_client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// TCP connections allowed: `asked`, but no more than the open-file limit minus [`FD_RESERVE`]
+/// (accepting past the limit fails with EMFILE and leaves clients hanging in the backlog, where
+/// a refusal at least tells them to go elsewhere); at least one.
+pub fn tcp_budget(asked: usize, open_files: Option<u64>) -> usize {
+    let cap = open_files
+        .and_then(|n| usize::try_from(n).ok())
+        .map_or(usize::MAX, |n| n.saturating_sub(FD_RESERVE));
+    asked.min(cap).max(1)
+}
+
+/// The soft open-file limit of this process (`/proc/self/limits`; `None` where there is none or
+/// it is unlimited).
+pub fn open_files_limit() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    parse_open_files_limit(&text)
+}
+
+/// The soft value of the `Max open files` row of a `/proc/<pid>/limits` text.
+pub fn parse_open_files_limit(limits: &str) -> Option<u64> {
+    let row = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    row["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The latest snapshot, refreshed only when the watch has a new one (an atomic load per query).
@@ -363,7 +457,12 @@ async fn tcp_accept(
             Ok(a) => a,
             Err(e) => {
                 // Typically EMFILE or a connection reset before accept; the listener survives.
+                // Retrying at once would spin: the pending connection stays in the backlog.
                 tracing::debug!(error = %e, "DNS TCP accept error");
+                tokio::select! {
+                    _ = ctx.cancel.cancelled() => return,
+                    _ = tokio::time::sleep(ACCEPT_BACKOFF) => {}
+                }
                 continue;
             }
         };
@@ -371,9 +470,13 @@ async fn tcp_accept(
             ctx.metrics.tcp_rejected.inc();
             continue;
         };
+        let Some(slot) = ctx.admit(peer.ip()) else {
+            ctx.metrics.tcp_rejected.inc();
+            continue;
+        };
         let (rx, conn_ctx) = (snapshots.clone(), ctx.clone());
         ctx.tracker.spawn(async move {
-            let _permit = permit;
+            let _permit = (permit, slot);
             tcp_connection(stream, peer, rx, conn_ctx).await;
         });
     }
@@ -418,8 +521,20 @@ async fn tcp_connection(
                 continue;
             }
         };
-        if write_framed(&mut stream, &reply).await.is_err() {
-            return;
+        // A client that stops reading must not hold the connection: the write gets the same
+        // bound as the wait for a query.
+        let written = tokio::select! {
+            biased;
+            _ = ctx.cancel.cancelled() => return,
+            w = timeout(idle, write_framed(&mut stream, &reply)) => w,
+        };
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
+            Err(_) => {
+                ctx.metrics.tcp_write_timeouts.inc();
+                return;
+            }
         }
     }
 }
@@ -447,5 +562,28 @@ async fn forward_tcp(query: &[u8], id: u16, ctx: &Context) -> Option<Vec<u8>> {
             ctx.metrics.query(Transport::Tcp, ResponseCode::ServFail);
             wire::error_reply(query, ResponseCode::ServFail)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tcp_budget_stays_under_the_open_file_limit() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max processes             63432                63432                processes \n\
+                      Max open files            1024                 524288               files     \n";
+        assert_eq!(parse_open_files_limit(limits), Some(1024));
+        assert_eq!(
+            parse_open_files_limit(
+                "Max open files            unlimited            unlimited            files\n"
+            ),
+            None
+        );
+        assert_eq!(tcp_budget(1024, Some(1024)), 1024 - FD_RESERVE);
+        assert_eq!(tcp_budget(100, Some(1024)), 100);
+        assert_eq!(tcp_budget(1024, None), 1024);
+        assert_eq!(tcp_budget(1024, Some(10)), 1, "always at least one");
     }
 }

@@ -10,10 +10,13 @@
 # Needs: dnsperf, knotd and kdig (Debian: apt-get install dnsperf knot knot-dnsutils) and a
 # release build of xcc (cargo build --release --bin xcc).
 #
-# Usage: binder/bench/dnsperf.sh [-n NAMES] [-l SECONDS] [-c CLIENTS] [-q OUTSTANDING]
-#                                [-m MIX] [-r ROUNDS] [-x XCC_BINARY]
+# Usage: dns/bench/dnsperf.sh [-n NAMES] [-l SECONDS] [-c CLIENTS] [-q OUTSTANDING]
+#                                [-m MIX] [-r ROUNDS] [-t udp|tcp] [-Q QPS] [-x XCC_BINARY]
 #   MIX: "hit" (default: A queries for existing names, in random order) or
 #        "mixed" (80% A hits, 10% AAAA NODATA, 10% NXDOMAIN).
+#   -t: transport dnsperf uses (default udp). -Q: a fixed query rate; the rows then also carry
+#   the p50 and p99 latency, from dnsperf's per-query report (-v).
+# Each server's resident memory (VmRSS) is printed once its zone is loaded and after the runs.
 set -euo pipefail
 
 NAMES=10000
@@ -22,9 +25,11 @@ CLIENTS=4
 OUTSTANDING=100
 MIX=hit
 ROUNDS=3
+TRANSPORT=udp
+RATE=
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 XCC="${CARGO_TARGET_DIR:-$ROOT/target}/release/xcc"
-while getopts "n:l:c:q:m:r:x:" opt; do
+while getopts "n:l:c:q:m:r:t:Q:x:" opt; do
   case "$opt" in
     n) NAMES=$OPTARG ;;
     l) SECONDS_PER_RUN=$OPTARG ;;
@@ -32,8 +37,10 @@ while getopts "n:l:c:q:m:r:x:" opt; do
     q) OUTSTANDING=$OPTARG ;;
     m) MIX=$OPTARG ;;
     r) ROUNDS=$OPTARG ;;
+    t) TRANSPORT=$OPTARG ;;
+    Q) RATE=$OPTARG ;;
     x) XCC=$OPTARG ;;
-    *) sed -n '2,18p' "$0"; exit 2 ;;
+    *) sed -n '2,22p' "$0"; exit 2 ;;
   esac
 done
 for tool in dnsperf knotd kdig; do
@@ -128,6 +135,8 @@ ready() {
 }
 ready "$KNOT_PORT"
 ready "$XCC_PORT"
+rss() { awk '/^VmRSS:/ { printf "%.1f MB", $2 / 1024 }' "/proc/$1/status"; }
+echo "resident after loading $NAMES names: knotd $(rss "$KNOT_PID"), xcc dns $(rss "$XCC_PID")"
 
 # --- runs -------------------------------------------------------------------------------------
 # Rounds alternate knot and xcc dns so both see the same background load; the summary takes the
@@ -138,18 +147,24 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 run() { # name port pid
   local out="$WORK/$1.out" c0 c1
   c0=$(cpu_ticks "$3")
-  dnsperf -s 127.0.0.1 -p "$2" -d "$WORK/queries.txt" -l "$SECONDS_PER_RUN" \
-    -c "$CLIENTS" -q "$OUTSTANDING" >"$out" 2>&1
+  local extra=()
+  [ -n "$RATE" ] && extra=(-Q "$RATE" -v)
+  dnsperf -s 127.0.0.1 -p "$2" -m "$TRANSPORT" -d "$WORK/queries.txt" -l "$SECONDS_PER_RUN" \
+    -c "$CLIENTS" -q "$OUTSTANDING" "${extra[@]}" >"$out" 2>&1
   c1=$(cpu_ticks "$3")
-  awk -v name="$1" -v ticks=$((c1 - c0)) -v tick_us="$TICK_US" -v load="$(cut -d' ' -f1 /proc/loadavg)" '
+  # Per-query lines of -v end with the latency in seconds; p50 and p99 in ms (0 without -Q).
+  local pct
+  pct=$(awk '/^> / { print $NF * 1000 }' "$out" | sort -g |
+    awk '{ v[NR] = $1 } END { if (NR) printf "%.3f %.3f", v[int(NR * 0.5) + 1], v[int(NR * 0.99) + 1]; else print "0 0" }')
+  awk -v name="$1" -v ticks=$((c1 - c0)) -v tick_us="$TICK_US" -v load="$(cut -d' ' -f1 /proc/loadavg)" -v pct="$pct" '
     /Queries completed:/ { done = $3 }
     /Queries lost:/ { lost = $3 }
     /Queries per second:/ { qps = $4 }
     /Average Latency/ { gsub(/[(),]/, ""); avg = $4 * 1000; min = $6 * 1000; max = $8 * 1000 }
     /Latency StdDev/ { sd = $4 * 1000 }
     END {
-      printf "%-8s %11.0f %9.3f %9.3f %9.3f %9.3f %7d %12.2f %6s\n", name, qps, avg, min, max, sd, lost,
-        ticks * tick_us / done, load
+      printf "%-8s %11.0f %9.3f %9.3f %9.3f %9.3f %7d %12.2f %6s %s\n", name, qps, avg, min, max, sd, lost,
+        ticks * tick_us / done, load, pct
     }' "$out" | tee -a "$WORK/rows"
 }
 median() { # name column
@@ -157,9 +172,9 @@ median() { # name column
     awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-echo "names=$NAMES mix=$MIX rounds=$ROUNDS duration=${SECONDS_PER_RUN}s clients=$CLIENTS outstanding=$OUTSTANDING cpus=$(nproc)"
+echo "names=$NAMES mix=$MIX transport=$TRANSPORT rate=${RATE:-unlimited} rounds=$ROUNDS duration=${SECONDS_PER_RUN}s clients=$CLIENTS outstanding=$OUTSTANDING cpus=$(nproc)"
 echo "knotd: $(knotd --version | head -1 | tr -d '\n'); dnsperf: $(dnsperf -h 2>&1 | grep -m1 Version | tr -d '\n')"
-HEADER=$(printf "%-8s %11s %9s %9s %9s %9s %7s %12s %6s" server "queries/s" "avg ms" "min ms" "max ms" "sd ms" lost "cpu us/query" load)
+HEADER=$(printf "%-8s %11s %9s %9s %9s %9s %7s %12s %6s %s" server "queries/s" "avg ms" "min ms" "max ms" "sd ms" lost "cpu us/query" load "p50 p99 ms")
 echo "$HEADER"
 for _ in $(seq 1 "$ROUNDS"); do
   run knot "$KNOT_PORT" "$KNOT_PID"
@@ -169,8 +184,9 @@ echo
 echo "median of $ROUNDS rounds:"
 echo "$HEADER" | cut -c1-62
 for name in knot xcc-dns; do
-  printf "%-8s %11.0f %9.3f %9.3f %9.3f %9.3f\n" "$name" "$(median $name 2)" "$(median $name 3)" \
-    "$(median $name 4)" "$(median $name 5)" "$(median $name 6)"
+  printf "%-8s %11.0f %9.3f %9.3f %9.3f %9.3f  p99 %s ms\n" "$name" "$(median $name 2)" "$(median $name 3)" \
+    "$(median $name 4)" "$(median $name 5)" "$(median $name 6)" "$(median $name 11)"
 done
+echo "resident after the runs: knotd $(rss "$KNOT_PID"), xcc dns $(rss "$XCC_PID")"
 awk -v x="$(median xcc-dns 2)" -v k="$(median knot 2)" -v xc="$(median xcc-dns 8)" -v kc="$(median knot 8)" \
   'BEGIN { printf "xcc dns / knot: throughput %.0f%%, server CPU per query %.2f us vs %.2f us\n", 100 * x / k, xc, kc }'

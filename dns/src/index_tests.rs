@@ -9,7 +9,7 @@ use xcc_proto::mapping::NAMESPACE_ANNOTATION;
 use xcc_proto::names::FQDN_ANNOTATION;
 
 use super::*;
-use crate::dns::zone::fqdn_name;
+use crate::zone::fqdn_name;
 
 fn svc(name: &str, fqdn: Option<&str>, ip: &str) -> ServiceInfo {
     ServiceInfo {

@@ -7,7 +7,7 @@ use hickory_proto::rr::{Name, RecordType};
 use xcc_proto::names::FQDN_ANNOTATION;
 
 use super::*;
-use crate::dns::zone::{ServiceInfo, ServiceKey, ZoneSet};
+use crate::zone::{ServiceInfo, ServiceKey, ZoneSet};
 
 fn source() -> IpAddr {
     "127.0.0.1".parse().unwrap()
@@ -21,6 +21,16 @@ fn snapshot() -> Snapshot {
             annotations: BTreeMap::from([(FQDN_ANNOTATION.into(), "one.xcc.test".into())]),
             cluster_ips: vec!["10.0.0.1".parse().unwrap()],
             ports: Vec::new(),
+        },
+        ServiceInfo {
+            key: ServiceKey::new("ns", "srv"),
+            annotations: BTreeMap::from([(FQDN_ANNOTATION.into(), "srv.xcc.test".into())]),
+            cluster_ips: (1..=60).map(|i| IpAddr::from([10, 0, 2, i])).collect(),
+            ports: vec![crate::zone::NamedPort {
+                name: Some("http".into()),
+                port: 80,
+                protocol: crate::zone::PortProtocol::Tcp,
+            }],
         },
         ServiceInfo {
             key: ServiceKey::new("ns", "many"),
@@ -219,4 +229,32 @@ fn malformed_input_never_panics() {
             let _ = error_reply(&bytes, ResponseCode::ServFail);
         }
     }
+}
+
+#[test]
+fn the_do_bit_is_echoed() {
+    for dnssec_ok in [true, false] {
+        let mut q = query(3, "one.xcc.test.", RecordType::A);
+        let mut edns = Edns::new();
+        edns.set_dnssec_ok(dnssec_ok);
+        q.set_edns(edns);
+        let (m, _) = reply(run(&q, Transport::Udp, &Settings::default()));
+        assert_eq!(m.edns.unwrap().flags().dnssec_ok, dnssec_ok);
+    }
+}
+
+#[test]
+fn only_additionals_overflowing_are_dropped_without_tc() {
+    // One SRV answer fits in 512 bytes; the 60 addresses of its target do not.
+    let q = query(5, "_http._tcp.srv.xcc.test.", RecordType::SRV);
+    let (m, rcode) = reply(run(&q, Transport::Udp, &Settings::default()));
+    assert_eq!(rcode, ResponseCode::NoError);
+    assert!(
+        !m.metadata.truncation,
+        "RFC 2181 section 9: no TC for additionals"
+    );
+    assert_eq!(m.answers.len(), 1);
+    assert!(m.additionals.is_empty());
+    let (m, _) = reply(run(&q, Transport::Tcp, &Settings::default()));
+    assert_eq!((m.answers.len(), m.additionals.len()), (1, 60));
 }

@@ -4,12 +4,15 @@
 //! Rules, in order:
 //! 1. Not ready (first full sync pending, fix D4) → SERVFAIL, for every question: resolvers
 //!    retry or try another server and do not take it as a negative answer.
-//! 2. Class other than IN (or ANY) → REFUSED.
+//! 2. Class other than IN (or ANY) → REFUSED. Zone transfers (AXFR, IXFR) → REFUSED on either
+//!    transport (RFC 5936 §4.2: a server that does not transfer the zone refuses): there is
+//!    nothing to transfer to, as every server builds its zones from the same feed.
 //! 3. Inside a configured zone → authoritative (AA): records of the asked type with the owner
 //!    name echoed as asked (DNS-03); A / AAAA from cluster IPs, SRV at `_<port>._<proto>.<name>`,
 //!    SOA and NS at the apex, ANY = all of them. An existing name without records of that type →
 //!    NODATA: NOERROR, no answers, SOA in authority (fix D3). A missing name → NXDOMAIN with
-//!    the SOA in authority. Namespace mapping (seed 003): a pod in a mapped namespace `foo`
+//!    the SOA in authority. The NS target `ns.dns.<zone>` answers with [`Settings::ns_addresses`]
+//!    (NODATA without them). Namespace mapping (seed 003): a pod in a mapped namespace `foo`
 //!    asking `<svc>.foo.svc.clusterset.local` gets `<svc>.<mapped>.svc.clusterset.local`.
 //! 4. Outside every zone, with transparent resolution off → REFUSED (fix D5: no SERVFAIL).
 //! 5. Transparent resolution on: `<svc>` (relative to the asking pod's namespace, mapped) and
@@ -47,6 +50,8 @@ pub struct Settings {
     pub ttl: u32,
     /// Answer `<svc>` and `<svc>.<ns>` and forward everything else (seed 003).
     pub transparent: bool,
+    /// Addresses of this server, served for the NS target `ns.dns.<zone>` of every zone.
+    pub ns_addresses: Vec<IpAddr>,
 }
 
 impl Default for Settings {
@@ -54,6 +59,7 @@ impl Default for Settings {
         Self {
             ttl: DEFAULT_TTL,
             transparent: false,
+            ns_addresses: Vec::new(),
         }
     }
 }
@@ -122,6 +128,9 @@ pub fn answer(
     if qclass != DNSClass::IN && qclass != DNSClass::ANY {
         return Answer::Response(Response::error(ResponseCode::Refused));
     }
+    if matches!(qtype, RecordType::AXFR | RecordType::IXFR) {
+        return Answer::Response(Response::error(ResponseCode::Refused));
+    }
     let zones = &snapshot.zones;
     let pod_ns = snapshot.pods.namespace_of(source);
     if let Some(zone) = zones.find_zone(name) {
@@ -169,7 +178,11 @@ fn authoritative(
             Vec::new()
         }
     };
+    let ns_name = nameserver(zone);
     let Some(node) = zone.node(lookup) else {
+        if *lookup == ns_name {
+            return nameserver_response(zone, asked, qtype, settings, with_soa);
+        }
         return Response {
             rcode: ResponseCode::NXDomain,
             authoritative: true,
@@ -189,8 +202,17 @@ fn authoritative(
         answers.push(Record::from_rdata(
             asked.clone(),
             ttl,
-            RData::NS(NS(nameserver(zone))),
+            RData::NS(NS(ns_name.clone())),
         ));
+        if zone.node(&ns_name).is_none() {
+            push_addresses(
+                &mut additionals,
+                &settings.ns_addresses,
+                &ns_name,
+                RecordType::ANY,
+                ttl,
+            );
+        }
     }
     if want(RecordType::A) {
         push_v4(&mut answers, node, asked, ttl);
@@ -222,6 +244,55 @@ fn authoritative(
         answers,
         authorities,
         additionals,
+    }
+}
+
+/// A and/or AAAA records for `ips` owned by `owner`, as `qtype` asks.
+fn push_addresses(
+    out: &mut Vec<Record>,
+    ips: &[IpAddr],
+    owner: &Name,
+    qtype: RecordType,
+    ttl: u32,
+) {
+    let any = qtype == RecordType::ANY;
+    for ip in ips {
+        let rdata = match ip {
+            IpAddr::V4(v4) if any || qtype == RecordType::A => RData::A(A(*v4)),
+            IpAddr::V6(v6) if any || qtype == RecordType::AAAA => RData::AAAA(AAAA(*v6)),
+            _ => continue,
+        };
+        out.push(Record::from_rdata(owner.clone(), ttl, rdata));
+    }
+}
+
+/// The answer for the NS target when no Service owns that name: this server's addresses.
+fn nameserver_response(
+    zone: &Zone,
+    asked: &Name,
+    qtype: RecordType,
+    settings: &Settings,
+    with_soa: bool,
+) -> Response {
+    let mut answers = Vec::new();
+    push_addresses(
+        &mut answers,
+        &settings.ns_addresses,
+        asked,
+        qtype,
+        settings.ttl,
+    );
+    let authorities = if answers.is_empty() && with_soa {
+        vec![soa_record(zone, zone.apex().clone(), settings.ttl)]
+    } else {
+        Vec::new()
+    };
+    Response {
+        rcode: ResponseCode::NoError,
+        authoritative: true,
+        answers,
+        authorities,
+        additionals: Vec::new(),
     }
 }
 

@@ -14,10 +14,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, UdpSocket};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use xcc_binder::dns::index::{DnsFeed, DnsIndex, FeedSource};
-use xcc_binder::dns::metrics::DnsMetrics;
-use xcc_binder::dns::server::{DnsServer, ServerConfig, ServerError};
-use xcc_binder::dns::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
+use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
+use xcc_dns::metrics::DnsMetrics;
+use xcc_dns::server::{DnsServer, ServerConfig, ServerError};
+use xcc_dns::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::FQDN_ANNOTATION;
 

@@ -1,0 +1,113 @@
+use super::*;
+
+fn record(ns: &str, name: &str, fqdn: &str, ips: &[&str], origin: Option<(&str, &str)>) -> String {
+    let mut annotations = String::new();
+    if let Some((ons, oname)) = origin {
+        annotations = format!(
+            "  annotations:\n    {ORIGIN_NAMESPACE_ANNOTATION}: {ons}\n    {ORIGIN_NAME_ANNOTATION}: {oname}\n"
+        );
+    }
+    let endpoints: String = ips
+        .iter()
+        .map(|ip| format!("  - address: \"{ip}\"\n    port: 443\n"))
+        .collect();
+    format!(
+        "apiVersion: {}\nkind: ServiceRecord\nmetadata:\n  name: {name}\n  namespace: {ns}\n{annotations}spec:\n  fqdn: {fqdn}\n  endpoints:\n{endpoints}",
+        xcc_proto::names::API_VERSION
+    )
+}
+
+fn parse(text: &str) -> Vec<ServiceRecord> {
+    resources::parse_documents(text, "test").unwrap()
+}
+
+#[test]
+fn records_become_names_with_endpoint_addresses_and_mcs_names() {
+    let east = parse(&format!(
+        "{}---\n{}",
+        record(
+            "xcc",
+            "web-east",
+            "WEB.shop.xcc.test",
+            &["10.0.1.10", "fd00::1"],
+            Some(("shop", "web"))
+        ),
+        record("xcc", "bad-east", "a_b.xcc.test", &["10.0.0.1"], None),
+    ));
+    let north = parse(&record(
+        "xcc",
+        "web-north",
+        "web.shop.xcc.test",
+        &["10.0.1.10", "10.0.9.9", "web.example"],
+        None,
+    ));
+    let dns_only = parse(&record(
+        "xcc",
+        "named-north",
+        "named.xcc.test",
+        &["web.example"],
+        None,
+    ));
+    let files = BTreeMap::from([
+        ("east.yaml".to_string(), east),
+        ("north.yaml".to_string(), [north, dns_only].concat()),
+    ]);
+    let (services, skipped) = services_from_records(&files);
+    assert_eq!(
+        services,
+        vec![ServiceInfo {
+            key: ServiceKey::new("xcc", "web-east"),
+            annotations: BTreeMap::from([
+                (FQDN_ANNOTATION.to_string(), "web.shop.xcc.test".to_string()),
+                (ORIGIN_NAMESPACE_ANNOTATION.to_string(), "shop".to_string()),
+                (ORIGIN_NAME_ANNOTATION.to_string(), "web".to_string()),
+            ]),
+            cluster_ips: ["10.0.1.10", "10.0.9.9", "fd00::1"]
+                .iter()
+                .map(|s| s.parse().unwrap())
+                .collect(),
+            ports: Vec::new(),
+        }]
+    );
+    let reasons: Vec<(String, String)> = skipped
+        .iter()
+        .map(|s| (s.record.clone(), s.reason.clone()))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{skipped:?}");
+    assert_eq!(reasons[0].0, "xcc/bad-east");
+    assert!(reasons[0].1.starts_with("spec.fqdn: "), "{reasons:?}");
+    assert_eq!(
+        reasons[1],
+        (
+            "xcc/named-north".to_string(),
+            "no endpoint is an IP address".to_string()
+        )
+    );
+}
+
+#[test]
+fn a_broken_file_keeps_its_last_good_content_and_a_removed_file_its_names_go() {
+    let dir = tempfile::tempdir().unwrap();
+    let east = dir.path().join("east.yaml");
+    std::fs::write(
+        &east,
+        record("xcc", "web-east", "web.xcc.test", &["10.0.0.1"], None),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join(".tmp123"), "not yaml: [").unwrap();
+    let mut state = ImportsDir::new(dir.path());
+    assert_eq!(state.rescan(), (true, vec![]));
+    assert_eq!(state.records()["east.yaml"].len(), 1);
+    assert_eq!(state.rescan(), (false, vec![]), "nothing changed");
+
+    std::fs::write(&east, "kind: [").unwrap();
+    let (changed, errors) = state.rescan();
+    assert!(!changed);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("east.yaml"), "{errors:?}");
+    assert_eq!(state.records()["east.yaml"][0].spec.fqdn, "web.xcc.test");
+
+    std::fs::remove_file(&east).unwrap();
+    assert_eq!(state.rescan(), (true, vec![]));
+    assert!(state.records().is_empty());
+}
