@@ -147,3 +147,37 @@ fn a_hostile_revocation_removes_nothing_outside_grants() {
         "keep"
     );
 }
+
+/// A child's announcement carries the key of the entry a parent stores (and later routes grants
+/// for): each part must be the Kubernetes name it stands for.
+#[test]
+fn announcements_with_path_like_names_are_refused() {
+    use xcc_registry::federation::convert::entry_from_announcement;
+    let good = fed::ServiceAnnouncement {
+        cluster: "b1".into(),
+        namespace: "shop".into(),
+        name: "api".into(),
+        endpoints: vec!["10.0.0.1:443".into()],
+        ..Default::default()
+    };
+    let source = || Source::Child("b1".into());
+    assert!(entry_from_announcement(&good, source()).is_ok());
+    let with = |f: &dyn Fn(&mut fed::ServiceAnnouncement)| {
+        let mut a = good.clone();
+        f(&mut a);
+        entry_from_announcement(&a, source())
+    };
+    assert_eq!(
+        with(&|a| a.namespace = "../../x".into()).err().as_deref(),
+        Some(r#"namespace "../../x" is not a namespace name (DNS-1123 label)"#)
+    );
+    assert_eq!(
+        with(&|a| a.name = "/etc/passwd".into()).err().as_deref(),
+        Some(r#"name "/etc/passwd" is not an object name (DNS-1123 subdomain)"#)
+    );
+    assert_eq!(
+        with(&|a| a.cluster = "b1/../b2".into()).err().as_deref(),
+        Some(r#"cluster "b1/../b2" is not a cluster name (DNS-1123 label)"#)
+    );
+    assert!(with(&|a| a.namespace = String::new()).is_err());
+}
