@@ -45,6 +45,41 @@ use crate::{ALPN_H2, provider};
 /// a single symlink swap and needs no such grace).
 const DEBOUNCE: Duration = Duration::from_millis(200);
 
+/// Longest advance warning of an expiring certificate: a month gives an operator time to act on
+/// a certificate that is not renewed automatically.
+const MAX_EXPIRY_WARNING: time::Duration = time::Duration::days(30);
+
+/// How close a certificate is to its expiry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expiry {
+    /// More than the warning period left.
+    Valid,
+    /// Within the warning period: less than a third of its lifetime left (the point where
+    /// cert-manager, by default, renews a certificate, so one this close should already have
+    /// been replaced), or less than 30 days, whichever is shorter.
+    Soon,
+    /// Past `notAfter`: peers refuse it.
+    Expired,
+}
+
+/// Where a certificate valid from `not_before` to `not_after` stands at `now`.
+pub fn expiry_at(
+    not_before: time::OffsetDateTime,
+    not_after: time::OffsetDateTime,
+    now: time::OffsetDateTime,
+) -> Expiry {
+    if now >= not_after {
+        return Expiry::Expired;
+    }
+    let lifetime: time::Duration = not_after - not_before;
+    let warning = (lifetime / 3_u32).min(MAX_EXPIRY_WARNING);
+    if not_after - now <= warning {
+        Expiry::Soon
+    } else {
+        Expiry::Valid
+    }
+}
+
 /// Where the PEM files live. Same layout as a cert-manager Secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -77,6 +112,8 @@ pub struct TlsMaterial {
     pub ca_certs: Vec<CertificateDer<'static>>,
     /// Our certificate chain and signing key.
     pub certified_key: Arc<CertifiedKey>,
+    /// Start of the leaf certificate's validity.
+    pub not_before: time::OffsetDateTime,
     /// Expiry of the leaf certificate.
     pub not_after: time::OffsetDateTime,
     /// Starts at 1 for the initial load and increases by one with every successful reload.
@@ -129,6 +166,9 @@ struct Inner {
     last_failure: Mutex<Option<Failure>>,
     builders: Builders,
     metrics: Metrics,
+    /// The last expiry state logged, with the generation it was about: each state of each
+    /// generation is reported once, not on every poll.
+    expiry_reported: Mutex<Option<(u64, Expiry)>>,
 }
 
 /// What the last failed reload saw: the contents (if they could be read) and the error text.
@@ -226,15 +266,56 @@ impl ReloadingTls {
             "loaded TLS material"
         );
         let (tx, _rx) = watch::channel(Arc::new(material));
-        Ok(Self {
+        let tls = Self {
             inner: Arc::new(Inner {
                 files,
                 tx,
                 last_failure: Mutex::new(None),
                 builders,
                 metrics,
+                expiry_reported: Mutex::new(None),
             }),
-        })
+        };
+        tls.check_expiry(time::OffsetDateTime::now_utc());
+        Ok(tls)
+    }
+
+    /// Logs the expiry of the certificate in service when it is close (a warning) or past (an
+    /// error), once per state and generation: called at load, after every reload and on every
+    /// poll of the watcher, so a certificate that expires while in service is reported too.
+    /// Returns the state when it was logged now.
+    pub fn check_expiry(&self, now: time::OffsetDateTime) -> Option<Expiry> {
+        let material = self.current();
+        let state = expiry_at(material.not_before, material.not_after, now);
+        let mut reported = self
+            .inner
+            .expiry_reported
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let this = (material.generation, state);
+        if state == Expiry::Valid || *reported == Some(this) {
+            return None;
+        }
+        *reported = Some(this);
+        let cert = display(&self.inner.files.cert);
+        let remaining = material.not_after - now;
+        if state == Expiry::Soon {
+            tracing::warn!(
+                identity = %material.identity,
+                not_after = %material.not_after,
+                hours_left = remaining.whole_hours(),
+                %cert,
+                "the serving certificate expires soon; renew it (it is reloaded from disk)"
+            );
+        } else {
+            tracing::error!(
+                identity = %material.identity,
+                not_after = %material.not_after,
+                %cert,
+                "the serving certificate has expired; peers refuse it until it is renewed"
+            );
+        }
+        Some(state)
     }
 
     /// The files this instance follows.
@@ -323,6 +404,7 @@ impl ReloadingTls {
                     "reloaded TLS material"
                 );
                 inner.tx.send_replace(Arc::new(material));
+                self.check_expiry(time::OffsetDateTime::now_utc());
                 Ok(true)
             }
             Err((contents, e)) => {
@@ -402,6 +484,7 @@ impl ReloadingTls {
             if let Err(e) = tokio::task::spawn_blocking(move || tls.reload_if_changed()).await {
                 tracing::warn!(error = %e, "certificate reload task failed");
             }
+            self.check_expiry(time::OffsetDateTime::now_utc());
         }
     }
 
@@ -548,6 +631,7 @@ fn build_material(
             file: cert_file.clone(),
             detail: e.to_string(),
         })?;
+    let not_before = x509.validity().not_before.to_datetime();
     let not_after = x509.validity().not_after.to_datetime();
 
     let mut server_config = builders
@@ -563,6 +647,7 @@ fn build_material(
         roots,
         ca_certs,
         certified_key,
+        not_before,
         not_after,
         generation,
         server_config: Arc::new(server_config),
@@ -705,5 +790,56 @@ mod tests {
         ));
         assert_eq!(errors(&tls), 4);
         assert_eq!(tls.current().generation, 1);
+    }
+
+    #[test]
+    fn expiry_warns_within_a_third_of_the_lifetime_capped_at_30_days() {
+        let t0 = time::OffsetDateTime::UNIX_EPOCH;
+        let day = time::Duration::days(1);
+        // A 90-day certificate: warned 30 days ahead (a third), expired at notAfter.
+        let (from, to) = (t0, t0 + day * 90);
+        assert_eq!(expiry_at(from, to, t0 + day * 59), Expiry::Valid);
+        assert_eq!(expiry_at(from, to, t0 + day * 60), Expiry::Soon);
+        assert_eq!(
+            expiry_at(from, to, to - time::Duration::SECOND),
+            Expiry::Soon
+        );
+        assert_eq!(expiry_at(from, to, to), Expiry::Expired);
+        // A year: the warning is capped at 30 days.
+        let to = t0 + day * 365;
+        assert_eq!(expiry_at(t0, to, to - day * 31), Expiry::Valid);
+        assert_eq!(expiry_at(t0, to, to - day * 30), Expiry::Soon);
+        // A 24-hour certificate: 8 hours ahead.
+        let to = t0 + day;
+        assert_eq!(
+            expiry_at(t0, to, t0 + time::Duration::hours(15)),
+            Expiry::Valid
+        );
+        assert_eq!(
+            expiry_at(t0, to, t0 + time::Duration::hours(16)),
+            Expiry::Soon
+        );
+    }
+
+    #[test]
+    fn expiry_is_reported_at_load_and_once_per_state() {
+        let dir = tempfile::TempDir::new().expect("temp dir");
+        let ca = Ca::generate("xcc.test").expect("CA");
+        let now = time::OffsetDateTime::now_utc();
+        let mut req = IssueRequest::cluster("west");
+        req.not_before = Some(now - time::Duration::hours(10));
+        req.not_after = Some(now + time::Duration::hours(1));
+        let issued = ca.issue(&req).expect("issue");
+        let files = write_issued(dir.path(), &ca, &issued).expect("write");
+        let tls = ReloadingTls::load(files).expect("load");
+        // Reported by load already (Soon); not again for the same generation and state.
+        assert_eq!(tls.check_expiry(now), None);
+        assert_eq!(
+            *tls.inner.expiry_reported.lock().expect("lock"),
+            Some((1, Expiry::Soon))
+        );
+        let later = now + time::Duration::hours(2);
+        assert_eq!(tls.check_expiry(later), Some(Expiry::Expired));
+        assert_eq!(tls.check_expiry(later), None);
     }
 }

@@ -64,6 +64,49 @@ pub const MAX_LABEL_LEN: usize = 63;
 /// DNS-1035 label limit (ADR 0007).
 pub const SERVICE_NAME_BASE_LEN: usize = 54;
 
+/// Whether `name` is a Kubernetes DNS-1123 label (the rule for namespace and cluster names):
+/// 1 to 63 characters of `[a-z0-9-]`, starting and ending with a letter or digit. No dot and no
+/// slash, so a label is always one safe path component.
+pub fn is_dns1123_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    (1..=MAX_LABEL_LEN).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// Whether `name` is a Kubernetes DNS-1123 subdomain (the rule for most object names, e.g. a
+/// ServiceRecord or a service account): at most 253 characters, dot-separated
+/// [labels](is_dns1123_label) of `[a-z0-9-]`. Parts are never empty, so `.` and `..` are not
+/// subdomains and a subdomain is always one safe path component.
+pub fn is_dns1123_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_FQDN_LEN
+        && name.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        })
+}
+
+/// Whether `value` is a valid Kubernetes label value: at most 63 characters of
+/// `[A-Za-z0-9-_.]`, empty or starting and ending with a letter or digit.
+pub fn is_label_value(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    bytes.is_empty()
+        || (bytes.len() <= MAX_LABEL_LEN
+            && bytes
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+            && bytes.last().is_some_and(u8::is_ascii_alphanumeric))
+}
+
 /// Why an FQDN was rejected. Every message quotes the input as given.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum FqdnError {

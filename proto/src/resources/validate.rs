@@ -9,7 +9,7 @@ use super::{
     ROLE_PARENT, ROLE_PEER, RemoteRegistry, ResourceError, ServiceRecord,
 };
 use crate::domains::allowed_domain_errors;
-use crate::names::{MAX_FQDN_LEN, REMOTE_REGISTRY_KIND, SERVICE_RECORD_KIND, canonical_fqdn};
+use crate::names::{REMOTE_REGISTRY_KIND, SERVICE_RECORD_KIND, canonical_fqdn, is_dns1123_label};
 
 /// Longest IANA service name (a Kubernetes port name).
 const MAX_PORT_NAME_LEN: usize = 15;
@@ -44,22 +44,21 @@ impl Violations {
     }
 }
 
-/// Whether `name` is a Kubernetes DNS-1123 subdomain: at most 253 characters of `[a-z0-9-.]`,
-/// dot-separated parts that start and end with a letter or digit.
-pub fn is_dns1123_subdomain(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_FQDN_LEN
-        && name.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        })
-}
+pub use crate::names::is_dns1123_subdomain;
 
 fn check_name(meta: &ObjectMeta, v: &mut Violations) {
+    // The namespace becomes part of object names, file names and keys downstream: it must be a
+    // namespace name, never a path (`../x`, `/etc`) or an empty string.
+    if let Some(ns) = &meta.namespace
+        && !is_dns1123_label(ns)
+    {
+        v.add(
+            "metadata.namespace",
+            format!(
+                "{ns:?} is not a valid namespace name (a DNS-1123 label: 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit)"
+            ),
+        );
+    }
     if meta.name.is_empty() {
         v.add("metadata.name", "must not be empty");
     } else if !is_dns1123_subdomain(&meta.name) {
@@ -158,9 +157,33 @@ impl ServiceRecord {
         if let Some(origin) = &spec.origin {
             if origin.namespace.is_empty() {
                 v.add("spec.origin.namespace", "must not be empty");
+            } else if !is_dns1123_label(&origin.namespace) {
+                v.add(
+                    "spec.origin.namespace",
+                    format!(
+                        "{:?} is not a valid namespace name (a DNS-1123 label)",
+                        origin.namespace
+                    ),
+                );
             }
             if origin.name.is_empty() {
                 v.add("spec.origin.name", "must not be empty");
+            } else if !is_dns1123_subdomain(&origin.name) {
+                v.add(
+                    "spec.origin.name",
+                    format!(
+                        "{:?} is not a valid object name (a DNS-1123 subdomain)",
+                        origin.name
+                    ),
+                );
+            }
+            if let Some(cluster) = &origin.cluster
+                && !is_dns1123_label(cluster)
+            {
+                v.add(
+                    "spec.origin.cluster",
+                    format!("{cluster:?} is not a valid cluster name (a DNS-1123 label)"),
+                );
             }
         }
         v.into_result(SERVICE_RECORD_KIND, &self.metadata)
@@ -260,5 +283,60 @@ impl RemoteRegistry {
             }
         }
         v.into_result(REMOTE_REGISTRY_KIND, &self.metadata)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Endpoint, Origin, ServiceRecordSpec};
+    use super::*;
+
+    fn record(namespace: &str) -> ServiceRecord {
+        ServiceRecord::new(
+            ObjectMeta {
+                name: "api".into(),
+                namespace: Some(namespace.into()),
+                ..Default::default()
+            },
+            ServiceRecordSpec {
+                fqdn: "api.shop.example".into(),
+                endpoints: vec![Endpoint {
+                    address: "10.0.0.1".into(),
+                    port: 443,
+                }],
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Issue 10: an export whose namespace is a path reached file names downstream.
+    #[test]
+    fn a_namespace_must_be_a_dns1123_label() {
+        assert_eq!(record("shop").validate().ok(), Some(()));
+        assert_eq!(
+            record("../../x").validate().unwrap_err().to_string(),
+            r#"invalid ServiceRecord "../../x/api": metadata.namespace: "../../x" is not a valid namespace name (a DNS-1123 label: 1-63 lowercase letters, digits and '-', starting and ending with a letter or digit)"#
+        );
+        for bad in ["/etc", "..", "", "a.b", "Shop", "a/b", &"a".repeat(64)] {
+            assert!(record(bad).validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn origin_names_follow_their_rules() {
+        let with = |cluster: Option<&str>, namespace: &str, name: &str| {
+            let mut r = record("shop");
+            r.spec.origin = Some(Origin {
+                cluster: cluster.map(str::to_string),
+                namespace: namespace.into(),
+                name: name.into(),
+                kind: None,
+            });
+            r.validate().map_err(|e| e.to_string())
+        };
+        assert_eq!(with(Some("west"), "shop", "api.v1"), Ok(()));
+        assert!(with(None, "../x", "api").is_err());
+        assert!(with(None, "shop", "a/b").is_err());
+        assert!(with(Some("west/x"), "shop", "api").is_err());
     }
 }

@@ -67,6 +67,26 @@ pub fn entry_from_announcement(
     if a.cluster.is_empty() || a.name.is_empty() {
         return Err("announcement without cluster or name".into());
     }
+    // The key's parts reach object names, label values and file names downstream (grants,
+    // imports): each must be the Kubernetes name it stands for, never a path.
+    if !xcc_proto::names::is_dns1123_label(&a.cluster) {
+        return Err(format!(
+            "cluster {:?} is not a cluster name (DNS-1123 label)",
+            a.cluster
+        ));
+    }
+    if !xcc_proto::names::is_dns1123_label(&a.namespace) {
+        return Err(format!(
+            "namespace {:?} is not a namespace name (DNS-1123 label)",
+            a.namespace
+        ));
+    }
+    if !xcc_proto::names::is_dns1123_subdomain(&a.name) {
+        return Err(format!(
+            "name {:?} is not an object name (DNS-1123 subdomain)",
+            a.name
+        ));
+    }
     // Entries built here are what a parent stores for every service of its subtree, so every
     // buffer gets exactly the capacity it needs (a collected or pushed Vec starts at 4 slots).
     let mut fqdn = if a.fqdn.is_empty() {

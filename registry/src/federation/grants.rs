@@ -6,11 +6,19 @@
 //! service's name in a label for discoverability.
 //!
 //! Generation is pure; [`GrantSink`] applies or removes the objects (files in file mode).
+//!
+//! Every field of a route comes from the wire (a route notification relayed by the parent), so
+//! [`check_route`] holds each one to the Kubernetes rule of what it names before it reaches an
+//! object, a label or a file name, and [`FileGrants`] checks again that each file it writes or
+//! removes is a plain file name directly under `grants/`. Which services may be granted at all
+//! (only this cluster's own exports) is decided by the caller of the sink, the federation level.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use xcc_proto::names::policy_object_name;
+use xcc_proto::names::{
+    is_dns1123_label, is_dns1123_subdomain, is_label_value, policy_object_name,
+};
 
 use super::level::OwnerRoute;
 
@@ -110,6 +118,64 @@ pub fn objects(mode: GrantMode, r: &OwnerRoute) -> Vec<Value> {
     }
 }
 
+/// Check every name of a route against the Kubernetes rule of what it names, before any of it is
+/// used: the target namespace is a namespace (DNS-1123 label); the target service names an
+/// exported record (DNS-1123 subdomain) and is written as the `app` label value (at most 63
+/// characters); the caller cluster is a cluster name (DNS-1123 label); the caller service is a
+/// service account (DNS-1123 subdomain) written as a label value. The error names the field and
+/// quotes the value.
+pub fn check_route(r: &OwnerRoute) -> Result<(), String> {
+    let bad = |field: &str, value: &str, rule: &str| {
+        Err(format!("route {field} {value:?} is not {rule}"))
+    };
+    if !is_dns1123_label(&r.target_namespace) {
+        return bad(
+            "target namespace",
+            &r.target_namespace,
+            "a namespace name (DNS-1123 label)",
+        );
+    }
+    if !is_dns1123_subdomain(&r.target_service) || !is_label_value(&r.target_service) {
+        return bad(
+            "target service",
+            &r.target_service,
+            "a DNS-1123 subdomain of at most 63 characters",
+        );
+    }
+    if !is_dns1123_label(&r.caller_cluster) {
+        return bad(
+            "caller cluster",
+            &r.caller_cluster,
+            "a cluster name (DNS-1123 label)",
+        );
+    }
+    if !is_dns1123_subdomain(&r.caller_service) || !is_label_value(&r.caller_service) {
+        return bad(
+            "caller service",
+            &r.caller_service,
+            "a DNS-1123 subdomain of at most 63 characters",
+        );
+    }
+    Ok(())
+}
+
+/// Whether the owner may act on a route notification: every name passes [`check_route`], and a
+/// grant (not a revocation) is for one of this cluster's own exports (`own_export`). A parent
+/// or any cluster on the path can put any namespace and service in a notification; without the
+/// second rule the owner would write grants for services it never exported
+/// (`kube-system/coredns`). A revocation of an unexported service only removes what its names
+/// point at, so it is let through once the names are valid.
+pub fn admit_route(r: &OwnerRoute, revoked: bool, own_export: bool) -> Result<(), String> {
+    check_route(r)?;
+    if !revoked && !own_export {
+        return Err(format!(
+            "route for {}/{}: not an export of this cluster; no grant written",
+            r.target_namespace, r.target_service
+        ));
+    }
+    Ok(())
+}
+
 /// `namespace/name` of an object.
 pub fn object_ref(o: &Value) -> String {
     format!(
@@ -154,21 +220,36 @@ impl FileGrants {
         Ok(Self { dir, mode })
     }
 
-    fn path(&self, o: &Value) -> PathBuf {
-        self.dir.join(format!(
-            "{}.{}.yaml",
-            o["metadata"]["namespace"].as_str().unwrap_or_default(),
-            o["metadata"]["name"].as_str().unwrap_or_default()
-        ))
+    /// The file of object `o`: `grants/<namespace>.<name>.yaml`. Both parts must be names
+    /// (a namespace is a DNS-1123 label, an object name a DNS-1123 subdomain), so the file name
+    /// holds no separator and no `..`; the result is checked to lie directly in `grants/`.
+    fn path(&self, o: &Value) -> Result<PathBuf, String> {
+        let namespace = o["metadata"]["namespace"].as_str().unwrap_or_default();
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        if !is_dns1123_label(namespace) || !is_dns1123_subdomain(name) {
+            return Err(format!(
+                "grant object {namespace:?}/{name:?}: not a namespace and object name; no file written"
+            ));
+        }
+        let path = self.dir.join(format!("{namespace}.{name}.yaml"));
+        if path.parent() != Some(self.dir.as_path()) {
+            return Err(format!(
+                "grant file {} is not directly in {}",
+                path.display(),
+                self.dir.display()
+            ));
+        }
+        Ok(path)
     }
 }
 
 impl GrantSink for FileGrants {
     fn apply(&self, route: &OwnerRoute) -> Result<Vec<String>, String> {
+        check_route(route)?;
         let mut refs = vec![];
         for o in objects(self.mode, route) {
             let text = serde_yaml::to_string(&o).map_err(|e| e.to_string())?;
-            let path = self.path(&o);
+            let path = self.path(&o)?;
             let tmp = path.with_extension("tmp");
             std::fs::write(&tmp, text)
                 .and_then(|()| std::fs::rename(&tmp, &path))
@@ -179,8 +260,9 @@ impl GrantSink for FileGrants {
     }
 
     fn remove(&self, route: &OwnerRoute) -> Result<(), String> {
+        check_route(route)?;
         for o in objects(self.mode, route) {
-            let path = self.path(&o);
+            let path = self.path(&o)?;
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     return Err(format!("{}: {e}", path.display()));
@@ -262,5 +344,67 @@ mod tests {
             0
         );
         sink.remove(&route()).expect("idempotent");
+    }
+
+    #[test]
+    fn route_names_follow_the_kubernetes_rules() {
+        assert_eq!(check_route(&route()), Ok(()));
+        let with = |f: &dyn Fn(&mut OwnerRoute)| {
+            let mut r = route();
+            f(&mut r);
+            check_route(&r)
+        };
+        assert_eq!(
+            with(&|r| r.target_namespace = "/etc".into()),
+            Err(r#"route target namespace "/etc" is not a namespace name (DNS-1123 label)"#.into())
+        );
+        for bad_ns in ["..", "../x", "a/b", "", "Shop", "a.b", &"a".repeat(64)] {
+            assert!(
+                with(&|r| r.target_namespace = bad_ns.into()).is_err(),
+                "{bad_ns}"
+            );
+        }
+        for bad_service in ["", "..", "a/b", "API", &"a".repeat(64)] {
+            assert!(
+                with(&|r| r.target_service = bad_service.into()).is_err(),
+                "{bad_service}"
+            );
+        }
+        assert!(with(&|r| r.caller_cluster = "b1/x".into()).is_err());
+        assert!(with(&|r| r.caller_service = "web\n".into()).is_err());
+        assert_eq!(with(&|r| r.target_service = "api.v2".into()), Ok(()));
+    }
+
+    #[test]
+    fn only_own_exports_are_granted_and_any_valid_revocation_is_let_through() {
+        assert_eq!(admit_route(&route(), false, true), Ok(()));
+        assert_eq!(
+            admit_route(&route(), false, false),
+            Err("route for shop/api: not an export of this cluster; no grant written".into())
+        );
+        assert_eq!(admit_route(&route(), true, false), Ok(()));
+        let mut hostile = route();
+        hostile.target_namespace = "../..".into();
+        assert!(admit_route(&hostile, true, true).is_err());
+    }
+
+    #[test]
+    fn file_grants_refuse_hostile_names_without_touching_the_disk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = FileGrants::new(&dir.path().join("state"), GrantMode::Istio).expect("sink");
+        let mut r = route();
+        r.target_namespace = dir.path().join("abs").display().to_string();
+        assert!(sink.apply(&r).is_err());
+        r.target_namespace = "../../x".into();
+        assert!(sink.apply(&r).is_err());
+        assert!(sink.remove(&r).is_err());
+        // Only the (empty) grants directory exists.
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 1);
+        assert_eq!(
+            std::fs::read_dir(dir.path().join("state/grants"))
+                .expect("dir")
+                .count(),
+            0
+        );
     }
 }

@@ -41,7 +41,7 @@ use tracing::{debug, info, warn};
 use xcc_proto::crd::{Grant, ServiceRecord};
 use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL};
 
-use super::grants::{GrantMode, GrantSink, MANAGED_BY_LABEL, object_ref, objects};
+use super::grants::{GrantMode, GrantSink, MANAGED_BY_LABEL, check_route, object_ref, objects};
 use super::level::OwnerRoute;
 
 /// Field manager of every grant write.
@@ -418,6 +418,9 @@ impl KubeGrants {
 
 impl GrantSink for KubeGrants {
     fn apply(&self, route: &OwnerRoute) -> Result<Vec<String>, String> {
+        // Names from the wire are checked before they reach an object, a label or a request
+        // path; which services may be granted at all is decided by the federation level.
+        check_route(route)?;
         let refs = desired_objects(self.shared.mode, route)
             .iter()
             .map(object_ref)
@@ -427,6 +430,7 @@ impl GrantSink for KubeGrants {
     }
 
     fn remove(&self, route: &OwnerRoute) -> Result<(), String> {
+        check_route(route)?;
         self.shared.want(route, false);
         Ok(())
     }

@@ -9,9 +9,10 @@ use tracing::{debug, info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::super::convert::{response_for, target_matches};
+use super::super::grants::admit_route;
 use super::super::tree::Direction;
 use super::{Grant, Level, OwnerRoute, Subscription, Target, msg_down, msg_up, send_up};
-use crate::catalog::ServiceEntry;
+use crate::catalog::{ServiceEntry, Source};
 
 impl Level {
     // ---------------------------------------------------------------- queries
@@ -100,6 +101,13 @@ impl Level {
 
     /// Deliver a route notification toward its target cluster. Returns true when applied here.
     pub(super) fn route_notification(&self, n: fed::RouteNotification) -> bool {
+        // Read before the level lock (the catalog has its own): grants only for our exports.
+        let own_export = self
+            .inner
+            .catalog
+            .by_name(&n.target_namespace, &n.target_service)
+            .iter()
+            .any(|e| e.source == Source::Local && e.key.cluster == self.inner.cluster);
         let mut st = self.lock();
         match st.tree.direction(&n.target_cluster) {
             Direction::Local => {
@@ -118,6 +126,10 @@ impl Level {
                     since: SystemTime::now(),
                     applied: vec![],
                 };
+                if let Err(reason) = admit_route(&route, n.revoked, own_export) {
+                    warn!(caller = %n.caller_cluster, resolver = %n.resolver_cluster, %reason, "route notification refused");
+                    return false;
+                }
                 let changed = if n.revoked {
                     st.owner_routes.remove(&key).is_some()
                 } else if let std::collections::btree_map::Entry::Vacant(slot) =

@@ -110,6 +110,18 @@ fn a_duplicate_session_and_a_spoofed_requester_are_refused() {
 #[test]
 fn the_owner_records_a_route_once_and_drops_it_on_revoke() {
     let b2 = level("b2");
+    // The owner accepts routes only for its own exports.
+    b2.inner.catalog.upsert(ServiceEntry {
+        key: ServiceKey::new("b2", "shop", "api"),
+        source: Source::Local,
+        fqdn: "api.shop.svc.clusterset.local".into(),
+        endpoints: vec![],
+        ports: vec![],
+        labels: Default::default(),
+        allowed_requesters: vec![],
+        origin: None,
+        revision: 0,
+    });
     let n = fed::RouteNotification {
         target_namespace: "shop".into(),
         target_service: "api".into(),
