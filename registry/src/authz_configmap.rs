@@ -249,7 +249,7 @@ mod tests {
         let ok = load("ns/p", &[("good.cedar".into(), good.into())]);
         assert_eq!(
             ok.map(|p| p.policy_ids()).unwrap_or_default(),
-            ["announce-clusterset", "bilateral", "deny-all"]
+            ["announce-clusterset", "bilateral", "carry-self", "deny-all"]
         );
         let syntax = load(
             "ns/p",

@@ -50,6 +50,10 @@ pub struct FederationConfig {
     pub imports: Vec<(Target, String)>,
     /// Extra Cedar policies (`*.cedar`), watched and reloaded; the defaults always apply.
     pub policy_dir: Option<PathBuf>,
+    /// Cedar policies given in code (the embedded demo, tests and the hierarchy bench use them
+    /// to say which clusters each child may carry), in force with the defaults and `policy_dir`.
+    /// Not combined with `policy_configmap`.
+    pub policies: Vec<(String, String)>,
     /// `--store kube`: Cedar policies from this ConfigMap in the namespace (every `*.cedar`
     /// key), watched on every replica; the defaults always apply. Ignored with `policy_dir`.
     pub policy_configmap: Option<String>,
@@ -67,6 +71,7 @@ impl Default for FederationConfig {
             parent: None,
             imports: vec![],
             policy_dir: None,
+            policies: vec![],
             policy_configmap: None,
             query_timeout: Duration::from_secs(5),
             import_retry: Duration::from_secs(30),
@@ -303,6 +308,7 @@ impl Registry {
             );
         }
         let cluster = identity.name().to_string();
+        let trust_domain = identity.trust_domain().unwrap_or_default().to_string();
         let catalog = Catalog::new();
         let peers = PeerTable::default();
         let metrics = Metrics::default();
@@ -312,9 +318,10 @@ impl Registry {
         tls.register_metrics(&mut registry);
         let mut tasks = JoinSet::new();
 
+        let inline = config.federation.policies.clone();
         let policies = match &config.federation.policy_dir {
-            Some(dir) => Policies::from_dir(dir).context("loading Cedar policies")?,
-            None => Policies::default_set(),
+            Some(dir) => Policies::from_dir_and(dir, &inline).context("loading Cedar policies")?,
+            None => Policies::from_sources(&inline).context("loading Cedar policies")?,
         };
         info!(policies = ?policies.policy_ids(), "Cedar policies loaded");
         let policy_handle = Arc::new(std::sync::RwLock::new(Arc::new(policies)));
@@ -340,7 +347,7 @@ impl Registry {
                         _ = c.cancelled() => break,
                         got = rx.recv() => if got.is_none() { break },
                     }
-                    match Policies::from_dir(&dir) {
+                    match Policies::from_dir_and(&dir, &inline) {
                         Ok(p) => {
                             let ids = p.policy_ids();
                             if ids != last_ids || !errs.get().is_empty() {
@@ -393,7 +400,8 @@ impl Registry {
                 });
             }
         }
-        let level = Level::new(cluster.clone(), None, catalog.clone(), policy_handle);
+        let gate = crate::authz::Gate::new(trust_domain, policy_handle);
+        let level = Level::new(cluster.clone(), None, catalog.clone(), gate.clone());
         if let StoreConfig::File { state_dir, .. } = &config.store
             && config.federation.grant_mode != crate::federation::grants::GrantMode::None
         {
@@ -437,6 +445,7 @@ impl Registry {
 
         let hamlet = HamletServer::new(
             catalog.clone(),
+            gate.clone(),
             peers.clone(),
             metrics.clone(),
             config.hamlet.clone(),

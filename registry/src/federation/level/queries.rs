@@ -32,7 +32,7 @@ impl Level {
         let target = Target::from_query(&q);
         if let Some(entry) = self.lookup(&target) {
             let decision =
-                self.policies()
+                self.gate()
                     .discover(&entry, &q.requester_cluster, &q.requester_service, true);
             let resp = response_for(&q, &entry, &decision, &self.inner.cluster);
             if decision.allowed {
@@ -429,7 +429,7 @@ impl Level {
     ) -> Option<(Arc<ServiceEntry>, crate::authz::Decision)> {
         let entry = self.lookup(target)?;
         let d = self
-            .policies()
+            .gate()
             .discover(&entry, requester_cluster, requester_service, requested);
         Some((entry, d))
     }
