@@ -610,6 +610,9 @@ impl From<IdentityRefused> for tonic::Status {
 pub struct Gate {
     trust_domain: Arc<str>,
     policies: PolicyHandle,
+    /// Bumped whenever [`Gate::set_policies`] swaps the set: decisions already handed out
+    /// (open Hamlet streams, grants, carried clusters) must be made again.
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Gate {
@@ -618,7 +621,65 @@ impl Gate {
         Self {
             trust_domain: trust_domain.into(),
             policies,
+            generation: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
+    }
+
+    /// Put `policies` in force and tell every holder of an earlier decision.
+    pub fn set_policies(&self, policies: Policies) {
+        *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// Changes whenever the policy set is swapped.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// `stream` until the policy set changes; then one `Unavailable` status ends it, so the
+    /// peer subscribes again and every record is decided anew under the new policies (a
+    /// `forbid` added later holds on open streams too).
+    pub fn until_policies_change<T, S>(
+        &self,
+        stream: S,
+    ) -> impl futures::Stream<Item = Result<T, tonic::Status>> + Send + use<T, S>
+    where
+        T: Send + 'static,
+        S: futures::Stream<Item = Result<T, tonic::Status>> + Send + 'static,
+    {
+        use futures::StreamExt as _;
+        enum Ev<T> {
+            Item(Result<T, tonic::Status>),
+            End,
+            Changed,
+        }
+        let mut rx = self.generation.subscribe();
+        rx.mark_unchanged();
+        let changed = futures::stream::once(async move {
+            if rx.changed().await.is_err() {
+                // The gate is gone: nothing will change any more.
+                std::future::pending::<()>().await;
+            }
+            Ev::Changed
+        });
+        let items = stream
+            .map(Ev::Item)
+            .chain(futures::stream::once(std::future::ready(Ev::End)));
+        futures::stream::select(items, changed).scan(false, |ended, ev| {
+            if *ended {
+                return std::future::ready(None);
+            }
+            std::future::ready(match ev {
+                Ev::Item(item) => Some(item),
+                Ev::End => None,
+                Ev::Changed => {
+                    *ended = true;
+                    Some(Err(tonic::Status::unavailable(
+                        "the authorization policies changed; subscribe again",
+                    )))
+                }
+            })
+        })
     }
 
     /// A gate over a fixed policy set (tests, benches).

@@ -324,7 +324,10 @@ impl Registry {
             None => Policies::from_sources(&inline).context("loading Cedar policies")?,
         };
         info!(policies = ?policies.policy_ids(), "Cedar policies loaded");
-        let policy_handle = Arc::new(std::sync::RwLock::new(Arc::new(policies)));
+        let gate = crate::authz::Gate::new(
+            trust_domain,
+            Arc::new(std::sync::RwLock::new(Arc::new(policies))),
+        );
         let policy_errors = FileErrors::default();
         if let Some(dir) = config.federation.policy_dir.clone() {
             let (tx, mut rx) = mpsc::channel(1);
@@ -335,7 +338,7 @@ impl Registry {
                 cancel.clone(),
             );
             let (handle, errs, c, m) = (
-                policy_handle.clone(),
+                gate.clone(),
                 policy_errors.clone(),
                 cancel.clone(),
                 metrics.clone(),
@@ -354,7 +357,7 @@ impl Registry {
                                 info!(policies = ?ids, "Cedar policies reloaded");
                             }
                             last_ids = ids;
-                            *handle.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+                            handle.set_policies(p);
                             errs.set(vec![]);
                         }
                         Err(e) => {
@@ -383,11 +386,11 @@ impl Registry {
                 warn!(configmap = %name, "--policy-dir is set: the policy ConfigMap is not read");
             } else {
                 // Every replica answers queries, so every replica reads the policies.
-                let watch = crate::authz_configmap::spawn_policy_configmap(
+                let watch = crate::authz_configmap::spawn_policy_configmap_into(
                     k.client.clone(),
                     &config.namespace,
                     name,
-                    policy_handle.clone(),
+                    gate.clone(),
                     policy_errors.clone(),
                     metrics.clone(),
                     cancel.clone(),
@@ -400,7 +403,6 @@ impl Registry {
                 });
             }
         }
-        let gate = crate::authz::Gate::new(trust_domain, policy_handle);
         let level = Level::new(cluster.clone(), None, catalog.clone(), gate.clone());
         if let StoreConfig::File { state_dir, .. } = &config.store
             && config.federation.grant_mode != crate::federation::grants::GrantMode::None
@@ -409,6 +411,21 @@ impl Registry {
                 crate::federation::grants::FileGrants::new(state_dir, config.federation.grant_mode)
                     .with_context(|| format!("preparing {}/grants", state_dir.display()))?,
             ));
+        }
+        {
+            // A new policy set: what children carry, grants and denied questions are decided
+            // again (open Hamlet streams end themselves, see `Gate::until_policies_change`).
+            let (lvl, c, mut changes) = (level.clone(), cancel.clone(), gate.subscribe());
+            tasks.spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = c.cancelled() => break,
+                        r = changes.changed() => if r.is_err() { break },
+                    }
+                    lvl.policies_changed();
+                }
+                Ok(())
+            });
         }
         {
             // The resolver: re-evaluate grants whenever a service changes.

@@ -505,6 +505,54 @@ forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", reso
     );
 }
 
+/// Row 3: a `forbid discover` for c1 written while c1 is subscribed ends c1's Hamlet stream
+/// (UNAVAILABLE, so it subscribes again); the new subscription receives nothing the forbid
+/// covers.
+#[tokio::test]
+async fn a_forbid_added_later_holds_on_open_hamlet_streams() {
+    let pki = Pki::new("xcc.test");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = RegistryConfig::loopback(pki.cluster("east"));
+    cfg.federation.policy_dir = Some(dir.path().to_path_buf());
+    let (east, _cancel) = start_with(cfg).await;
+    east.catalog
+        .upsert(service("east", "shop", "api", "10.1.0.1", &[]));
+    let tls = ReloadingTls::load(pki.cluster("c1")).expect("tls");
+    let mut c = Consumer::connect(&tls, east.hamlet_addr, true)
+        .await
+        .expect("subscribed");
+    assert_eq!(
+        c.next_acked().await.fqdn.as_deref(),
+        Some("api.shop.svc.clusterset.local")
+    );
+    assert_eq!(c.next_acked().await.fqdn, None, "snapshot marker");
+    std::fs::write(
+        dir.path().join("forbid.cedar"),
+        r#"@id("no-c1") forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", resource);"#,
+    )
+    .expect("write policy");
+    let status = loop {
+        match c.next_or_status().await {
+            Ok(Some(seen)) => c.ack(&seen.nonce).await,
+            Ok(None) => panic!("the stream ended with status OK"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(
+        (status.code(), status.message()),
+        (
+            tonic::Code::Unavailable,
+            "the authorization policies changed; subscribe again"
+        )
+    );
+    assert!(
+        hamlet_snapshot(&tls, east.hamlet_addr)
+            .await
+            .expect("subscribed again")
+            .is_empty()
+    );
+}
+
 // ---------------------------------------------------------------- federation attacks
 
 /// Rows 1 and 2: with c2 down, c3 claims `[c3, c2]`, announces `(c2, shop, api)` at

@@ -321,6 +321,9 @@ async fn establish<W: Wire>(
         context,
         requests,
     );
+    // Decisions are made per record as it is sent; a policy change ends the stream so the
+    // consumer resubscribes and everything it holds is decided again.
+    let stream = server.gate.until_policies_change(stream);
     let mut response = Response::new(Box::pin(stream) as BoxStream<W::Resp>);
     if marker {
         response.metadata_mut().insert(

@@ -124,6 +124,8 @@ struct State {
     clashes: VecDeque<Clash>,
     /// Entries our parent refused, newest last.
     rejections: VecDeque<(SystemTime, fed::Rejection)>,
+    /// What each child declared (before the carry check), decided again when policies change.
+    claimed: BTreeMap<String, fed::SubtreeMembership>,
 }
 
 /// How many refused claims and parent rejections are remembered for the admin API (the log has
@@ -387,6 +389,7 @@ impl Level {
             return Err(ChildError::Duplicate(child.to_string()));
         }
         st.tree.set_child_subtree(child, clusters)?;
+        st.claimed.insert(child.to_string(), membership.clone());
         let id = st.next_id;
         st.next_id += 1;
         let mut path = st.tree.ancestors().to_vec();
@@ -431,6 +434,7 @@ impl Level {
         }
         st.sessions.remove(child);
         st.tree.remove_child(child);
+        st.claimed.remove(child);
         let membership = self.membership_locked(&st);
         let parent_tx = st.parent_tx.clone();
         drop(st);
@@ -452,6 +456,7 @@ impl Level {
         let (clusters, refused) = self.carried(child, membership);
         let mut st = self.lock();
         st.tree.set_child_subtree(child, clusters)?;
+        st.claimed.insert(child.to_string(), membership.clone());
         if let Some(session) = st.sessions.get(child) {
             for r in refused {
                 let _ = session
@@ -727,6 +732,40 @@ impl Level {
         if let Some(tx) = tx {
             let _ = tx.try_send(msg_down(fed::parent_message::Payload::Rejection(r)));
         }
+    }
+
+    /// The policy set changed: decide again what each child carries (from what it declared),
+    /// every grant held here, and every question without a granted answer.
+    pub fn policies_changed(&self) {
+        let claimed: Vec<(String, fed::SubtreeMembership)> = self
+            .lock()
+            .claimed
+            .iter()
+            .map(|(c, m)| (c.clone(), m.clone()))
+            .collect();
+        for (child, membership) in claimed {
+            let before = self.lock().tree.children().get(&child).cloned();
+            if let Err(e) = self.update_child_subtree(&child, &membership) {
+                warn!(%child, error = %e, "the child's subtree no longer holds under the new policies");
+                continue;
+            }
+            let st = self.lock();
+            let grew = st
+                .tree
+                .children()
+                .get(&child)
+                .is_some_and(|now| before.is_none_or(|b| !now.is_subset(&b)));
+            // Entries of the newly carried clusters were refused before: the child sends them
+            // again after reconnecting.
+            if grew && let Some(session) = st.sessions.get(&child) {
+                info!(%child, "the child may carry more now; asking it to reconnect and resend");
+                let _ = session.tx.try_send(Err(tonic::Status::unavailable(
+                    "the parent's policies changed; reconnect to announce again",
+                )));
+            }
+        }
+        self.recheck_grants();
+        self.retry_unanswered();
     }
 
     /// A tracker for what one session of a child announces, started when the session attaches

@@ -401,3 +401,26 @@ fn the_child_stores_what_its_parent_refused() {
     assert_eq!(b.rejections().len(), 1);
     assert_eq!(b.rejections()[0].1, r);
 }
+
+/// A carry permit added later takes effect from what the child declared; the child is asked to
+/// reconnect so it announces the newly carried clusters again. Removing it shrinks the subtree.
+#[test]
+fn carry_is_decided_again_when_policies_change() {
+    let root = level("root");
+    let (tx, mut rx) = session_channel();
+    root.attach_child("c3", "a".into(), &membership(&["c3", "c2"]), tx)
+        .expect("attach");
+    assert_eq!(root.subtree(), ["c3", "root"]);
+    drain(&mut rx);
+    let carry = crate::authz::carry_policy("c3", &["c2"]).expect("names");
+    root.gate()
+        .set_policies(Policies::from_sources(&[("c.cedar".into(), carry)]).expect("valid"));
+    root.policies_changed();
+    assert_eq!(root.subtree(), ["c2", "c3", "root"]);
+    let asked_to_reconnect = std::iter::from_fn(|| rx.try_recv().ok())
+        .any(|m| m.is_err_and(|s| s.code() == tonic::Code::Unavailable));
+    assert!(asked_to_reconnect);
+    root.gate().set_policies(Policies::default_set());
+    root.policies_changed();
+    assert_eq!(root.subtree(), ["c3", "root"]);
+}
