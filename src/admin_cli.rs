@@ -61,7 +61,8 @@ pub enum AdminCommand {
     Resolve(ResolveArgs),
     /// Evaluate the bilateral decision here, without asking the parent or recording a grant.
     Explain(ResolveArgs),
-    /// Evaluate one Cedar request (announce or discover) against the loaded policies.
+    /// Evaluate one Cedar request against the loaded policies: announce, discover, or carry
+    /// (may child --cluster carry the cluster --name in its subtree).
     ExplainPolicy {
         #[arg(long)]
         action: String,

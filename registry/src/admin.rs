@@ -380,6 +380,7 @@ impl api::admin_server::Admin for AdminService {
         let policies = self.level.policies();
         let verdict = match r.action.as_str() {
             "announce" => policies.announce(&r.principal_cluster, &entry),
+            "carry" => policies.carry(&r.principal_cluster, &r.name),
             "discover" => {
                 let d = policies.discover(&entry, &r.principal_cluster, &r.principal_service, true);
                 crate::authz::Verdict {
@@ -390,7 +391,7 @@ impl api::admin_server::Admin for AdminService {
             }
             other => {
                 return Err(Status::invalid_argument(format!(
-                    "action {other:?}: use announce or discover"
+                    "action {other:?}: use announce, discover or carry"
                 )));
             }
         };

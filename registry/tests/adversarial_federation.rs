@@ -617,6 +617,21 @@ async fn a_child_cannot_speak_for_clusters_or_names_it_does_not_own() {
     assert_eq!((r.kind.as_str(), r.cluster.as_str()), ("query", "c2"));
     assert_eq!(root.level.subtree(), ["c1", "c3", "root"]);
     assert!(root.catalog.by_name("shop", "api").is_empty());
+    let why = admin(&pki, &root)
+        .await
+        .explain_policy(api::ExplainPolicyRequest {
+            action: "carry".into(),
+            principal_cluster: "c3".into(),
+            name: "c2".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("explain policy")
+        .into_inner();
+    assert_eq!(
+        (why.allowed, why.reason.as_str()),
+        (false, "no policy permits it")
+    );
     wait_level(&c1, "c1's question answered", |r| {
         r.level.subscriptions()[0]
             .2

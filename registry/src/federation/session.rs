@@ -78,6 +78,13 @@ impl fed::federation_server::Federation for FederationService {
             .await
             .map_err(|_| Status::deadline_exceeded("no subtree membership received"))??
             .ok_or_else(|| Status::cancelled("stream closed before the membership"))?;
+        let size = prost::Message::encoded_len(&first);
+        if size > ENTRY_LIMIT {
+            warn!(%child, size, "refusing child: oversized subtree membership");
+            return Err(Status::resource_exhausted(format!(
+                "the subtree membership of {size} bytes exceeds the {ENTRY_LIMIT}-byte limit"
+            )));
+        }
         let Some(fed::child_message::Payload::Subtree(membership)) = first.payload else {
             return Err(status_for(ChildError::NoMembership));
         };
