@@ -940,6 +940,11 @@ impl Level {
             }
             Some(Payload::ServiceQueryResponse(r)) => self.route_answer(r),
             Some(Payload::RouteNotification(n)) => {
+                let mine = self.lock().tree.direction(&n.target_cluster) == Direction::Local;
+                let error = match mine && !n.revoked {
+                    true => self.owner_check(&n).err().unwrap_or_default(),
+                    false => String::new(),
+                };
                 let applied = self.route_notification(n.clone());
                 let tx = self.lock().parent_tx.clone();
                 send_up(
@@ -947,7 +952,7 @@ impl Level {
                     msg_up(fed::child_message::Payload::RouteAck(fed::RouteAck {
                         route_id: n.route_id,
                         applied,
-                        error: String::new(),
+                        error,
                     })),
                 );
             }

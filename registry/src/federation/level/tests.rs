@@ -133,6 +133,7 @@ fn a_duplicate_session_and_a_spoofed_requester_are_refused() {
 #[test]
 fn the_owner_records_a_route_once_and_drops_it_on_revoke() {
     let b2 = level("b2");
+    b2.catalog().upsert(local_api(&["b1/web"]));
     let n = fed::RouteNotification {
         target_namespace: "shop".into(),
         target_service: "api".into(),
@@ -423,4 +424,70 @@ fn carry_is_decided_again_when_policies_change() {
     root.gate().set_policies(Policies::default_set());
     root.policies_changed();
     assert_eq!(root.subtree(), ["c3", "root"]);
+}
+
+/// b2's own export of shop/api, admitting `allowed`.
+fn local_api(allowed: &[&str]) -> ServiceEntry {
+    let mut e = entry_from_announcement(
+        &fed::ServiceAnnouncement {
+            allowed_requesters: allowed.iter().map(|s| s.to_string()).collect(),
+            ..api_announcement()
+        },
+        Source::Local,
+    )
+    .expect("valid");
+    e.source = Source::Local;
+    e
+}
+
+/// A level above can forge a route notification; the owner applies a grant only for its own
+/// export and a caller that export admits, and says why in the acknowledgement.
+#[test]
+fn the_owner_grants_only_its_own_exports_to_callers_they_admit() {
+    let b2 = level("b2");
+    b2.catalog().upsert(local_api(&["b1/web"]));
+    let (tx, mut up) = mpsc::channel(16);
+    assert!(b2.begin_upward(tx));
+    while up.try_recv().is_ok() {}
+    let forged = |ns: &str, name: &str, caller: &str| fed::ParentMessage {
+        payload: Some(fed::parent_message::Payload::RouteNotification(
+            fed::RouteNotification {
+                target_namespace: ns.into(),
+                target_service: name.into(),
+                caller_cluster: caller.into(),
+                caller_service: "web".into(),
+                route_id: 9,
+                target_cluster: "b2".into(),
+                resolver_cluster: "b".into(),
+                ..Default::default()
+            },
+        )),
+    };
+    let ack = |up: &mut mpsc::Receiver<fed::ChildMessage>| loop {
+        match up.try_recv() {
+            Ok(fed::ChildMessage {
+                payload: Some(fed::child_message::Payload::RouteAck(a)),
+            }) => return a,
+            Ok(_) => continue,
+            Err(e) => panic!("no ack: {e:?}"),
+        }
+    };
+    b2.on_parent_message(forged("kube-system", "coredns", "b1"))
+        .expect("ok");
+    let a = ack(&mut up);
+    assert_eq!(
+        (a.applied, a.error.as_str()),
+        (false, "kube-system/coredns is not exported by b2")
+    );
+    b2.on_parent_message(forged("shop", "api", "evil"))
+        .expect("ok");
+    let a = ack(&mut up);
+    assert_eq!(
+        (a.applied, a.error.as_str()),
+        (false, "b2/shop/api does not admit evil/web")
+    );
+    assert!(b2.owner_routes().is_empty());
+    b2.on_parent_message(forged("shop", "api", "b1"))
+        .expect("ok");
+    assert_eq!((ack(&mut up).applied, b2.owner_routes().len()), (true, 1));
 }
