@@ -751,6 +751,26 @@ impl Gate {
         self.policies().discover(entry, cluster, service, requested)
     }
 
+    /// [`Gate::discover`]'s outcome alone, for hot paths (every Hamlet record): no reason is
+    /// written, and with only the default policies no Cedar evaluation runs.
+    pub fn allows(
+        &self,
+        entry: &ServiceEntry,
+        cluster: &str,
+        service: &str,
+        requested: bool,
+    ) -> bool {
+        if !requested || !admits(entry, cluster, service) {
+            return false;
+        }
+        let policies = self.policies();
+        // The default set permits exactly when (a) and (b) hold.
+        policies.default_only
+            || policies
+                .discover(entry, cluster, service, requested)
+                .allowed
+    }
+
     /// May `child` carry `cluster` in its subtree?
     pub fn carry(&self, child: &str, cluster: &str) -> Verdict {
         self.policies().carry(child, cluster)
@@ -908,6 +928,16 @@ when { resource.zones.contains("b2.example.org") };
     #[test]
     fn the_gate_binds_kind_and_trust_domain() {
         let gate = Gate::fixed("xcc.test", Policies::default_set());
+        assert!(gate.allows(&api(&["west"]), "west", "", true));
+        assert!(!gate.allows(&api(&["west"]), "north", "", true));
+        assert!(!gate.allows(&api(&[]), "west", "", false));
+        let forbid = r#"@id("f") forbid (principal in Xcc::Cluster::"west", action == Xcc::Action::"discover", resource);"#;
+        let strict = Gate::fixed(
+            "xcc.test",
+            Policies::from_sources(&[("f.cedar".into(), forbid.into())]).expect("valid"),
+        );
+        assert!(!strict.allows(&api(&[]), "west", "", true));
+        assert!(strict.allows(&api(&[]), "north", "", true));
         let cluster = |td: &str, name: &str| Identity::Cluster {
             trust_domain: td.into(),
             name: name.into(),
