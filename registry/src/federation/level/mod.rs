@@ -114,12 +114,11 @@ struct State {
     subs: HashMap<u64, Subscription>,
     sub_index: HashMap<(Target, String), u64>,
     next_id: u64,
-    /// One owner per name: FQDN → the service that holds it (the first to claim it). Kept
-    /// while the owner's child is away, so nobody takes the name in the meantime; released when
-    /// the owner withdraws the service or its snapshot no longer has it.
-    names: HashMap<Arc<str>, ServiceKey>,
-    /// The name each owning service holds (to release it when the service changes its FQDN).
-    name_of: HashMap<ServiceKey, Arc<str>>,
+    /// Names (FQDN, and `namespace/name`) of services that went away with their child (it
+    /// disconnected, or a cluster left its subtree), held for their owner until it is back and
+    /// has resent its snapshot, so nobody takes them meanwhile. Present services hold their
+    /// names through the catalog itself: nothing per service is kept here while all is well.
+    reserved: HashMap<Arc<str>, ServiceKey>,
     /// Refused claims seen here (as the refusing level or as the notified owner), newest last.
     clashes: VecDeque<Clash>,
     /// Entries our parent refused, newest last.
@@ -438,11 +437,22 @@ impl Level {
         let membership = self.membership_locked(&st);
         let parent_tx = st.parent_tx.clone();
         drop(st);
-        let (_, removed) = self
-            .inner
-            .catalog
-            .replace_source(&self.child_source(child), vec![]);
-        info!(child, removed, "child detached; its subtree was dropped");
+        let source = self.child_source(child);
+        self.reserve_names(
+            self.inner
+                .catalog
+                .list(&crate::catalog::ListFilter {
+                    source: Some(source.clone()),
+                    ..Default::default()
+                })
+                .iter()
+                .map(|e| &**e),
+        );
+        let (_, removed) = self.inner.catalog.replace_source(&source, vec![]);
+        info!(
+            child,
+            removed, "child detached; its subtree was dropped (names held for it)"
+        );
         send_up(parent_tx, membership);
         self.bump();
     }
@@ -467,8 +477,8 @@ impl Level {
         let membership = self.membership_locked(&st);
         let parent_tx = st.parent_tx.clone();
         drop(st);
-        // Drop announcements of clusters that left the child's subtree.
-        let keep: Vec<ServiceEntry> = self
+        // Drop announcements of clusters that left the child's subtree (their names are held).
+        let (keep, gone): (Vec<Arc<ServiceEntry>>, Vec<Arc<ServiceEntry>>) = self
             .inner
             .catalog
             .list(&crate::catalog::ListFilter {
@@ -476,9 +486,9 @@ impl Level {
                 ..Default::default()
             })
             .into_iter()
-            .filter(|e| self.lock().tree.check_claim(child, &e.key.cluster).is_ok())
-            .map(|e| (*e).clone())
-            .collect();
+            .partition(|e| self.lock().tree.check_claim(child, &e.key.cluster).is_ok());
+        self.reserve_names(gone.iter().map(|e| &**e));
+        let keep: Vec<ServiceEntry> = keep.into_iter().map(|e| (*e).clone()).collect();
         self.inner
             .catalog
             .replace_source(&self.child_source(child), keep);
@@ -541,7 +551,8 @@ impl Level {
             {
                 self.inner.catalog.remove(&key);
             }
-            self.release_name(&key);
+            // The owner withdrew it: whatever was held for it is free.
+            self.lock().reserved.retain(|_, k| *k != key);
             return Ok(());
         }
         let entry = match entry_from_announcement(ann, source.clone()) {
@@ -599,34 +610,38 @@ impl Level {
     /// One owner per name: the first service to hold an FQDN, or a `namespace/name` (what a
     /// query by name resolves), keeps it; a later claimant with another key is refused, the
     /// clash recorded here and reported to the owner. Sort order plays no part, so a cluster
-    /// named `a9` gains nothing over `c2`.
+    /// named `a9` gains nothing over `c2`. The holder is the service in the catalog (this
+    /// level's subtree, local exports included) or, while it is away, its reservation.
     fn claim_name(&self, entry: &ServiceEntry) -> Result<(), Refusal> {
         let fqdn = entry.fqdn.as_str();
         let by_name = format!("{}/{}", entry.key.namespace, entry.key.name);
-        // Incumbents among this level's own subtree entries (local exports included).
-        let incumbent = |found: Vec<Arc<ServiceEntry>>, same: &dyn Fn(&ServiceEntry) -> bool| {
-            found
-                .into_iter()
-                .filter(|e| e.source.in_subtree() && e.key != entry.key && same(e))
-                .map(|e| e.key.clone())
-                .min()
-        };
-        let fqdn_holder = incumbent(self.inner.catalog.by_fqdn(fqdn), &|e| e.fqdn == fqdn);
-        let name_holder = incumbent(
-            self.inner
-                .catalog
-                .by_name(&entry.key.namespace, &entry.key.name),
-            &|_| true,
-        );
+        let other = |e: &Arc<ServiceEntry>| e.source.in_subtree() && e.key != entry.key;
+        let fqdn_holder = self
+            .inner
+            .catalog
+            .by_fqdn(fqdn)
+            .into_iter()
+            .filter(|e| other(e) && e.fqdn == fqdn)
+            .map(|e| e.key.clone())
+            .min();
+        let name_holder = self
+            .inner
+            .catalog
+            .by_name(&entry.key.namespace, &entry.key.name)
+            .into_iter()
+            .filter(other)
+            .map(|e| e.key.clone())
+            .min();
         let mut st = self.lock();
-        let owner_of =
-            |st: &State, name: &str, catalog_holder: Option<ServiceKey>| match st.names.get(name) {
-                Some(k) if *k != entry.key => Some((name.to_string(), k.clone())),
-                Some(_) => None,
-                None => catalog_holder.map(|k| (name.to_string(), k)),
-            };
-        let clash =
-            owner_of(&st, fqdn, fqdn_holder).or_else(|| owner_of(&st, &by_name, name_holder));
+        let held = |name: &str| st.reserved.get(name).filter(|k| **k != entry.key).cloned();
+        let clash = fqdn_holder
+            .or_else(|| held(fqdn))
+            .map(|k| (fqdn.to_string(), k))
+            .or_else(|| {
+                name_holder
+                    .or_else(|| held(&by_name))
+                    .map(|k| (by_name.clone(), k))
+            });
         if let Some((name, owner)) = clash {
             let clash = Clash {
                 at: SystemTime::now(),
@@ -654,28 +669,22 @@ impl Level {
                 format!("{name} is owned by {owner}; the first owner keeps a name"),
             ));
         }
-        let name: Arc<str> = Arc::from(fqdn);
-        if let Some(old) = st.name_of.insert(entry.key.clone(), name.clone())
-            && *old != *fqdn
-        {
-            st.names.remove(&old);
+        // The owner is back: it holds its names through the catalog again.
+        if !st.reserved.is_empty() {
+            st.reserved.retain(|_, k| *k != entry.key);
         }
-        st.names.insert(name, entry.key.clone());
-        st.names
-            .insert(Arc::from(by_name.as_str()), entry.key.clone());
         Ok(())
     }
 
-    /// `key` no longer holds its names.
-    fn release_name(&self, key: &ServiceKey) {
+    /// Hold the names of `entries` (leaving with their child) for their owners.
+    fn reserve_names<'a>(&self, entries: impl Iterator<Item = &'a ServiceEntry>) {
         let mut st = self.lock();
-        let by_name = format!("{}/{}", key.namespace, key.name);
-        let mut names: Vec<Arc<str>> = vec![Arc::from(by_name.as_str())];
-        names.extend(st.name_of.remove(key));
-        for name in names {
-            if st.names.get(&name) == Some(key) {
-                st.names.remove(&name);
-            }
+        for e in entries {
+            let by_name = format!("{}/{}", e.key.namespace, e.key.name);
+            st.reserved
+                .insert(Arc::from(e.fqdn.as_str()), e.key.clone());
+            st.reserved
+                .insert(Arc::from(by_name.as_str()), e.key.clone());
         }
     }
 
@@ -792,21 +801,16 @@ impl Level {
             .filter(|e| announced.covers(e))
             .map(|e| (*e).clone())
             .collect();
-        let kept: BTreeSet<ServiceKey> = keep.iter().map(|e| e.key.clone()).collect();
-        let stale: Vec<ServiceKey> = self
-            .inner
-            .catalog
-            .list(&crate::catalog::ListFilter {
-                source: Some(source.clone()),
-                ..Default::default()
-            })
-            .into_iter()
-            .filter(|e| !kept.contains(&e.key))
-            .map(|e| e.key.clone())
-            .collect();
         let (_, removed) = self.inner.catalog.replace_source(&source, keep);
-        for key in &stale {
-            self.release_name(key);
+        // The child's snapshot is complete: what it holds now is all its subtree owns, so
+        // names held for its clusters and not announced again are free.
+        {
+            let mut st = self.lock();
+            if !st.reserved.is_empty()
+                && let Some(carried) = st.tree.children().get(child).cloned()
+            {
+                st.reserved.retain(|_, k| !carried.contains(&k.cluster));
+            }
         }
         if removed > 0 {
             info!(

@@ -491,3 +491,34 @@ fn the_owner_grants_only_its_own_exports_to_callers_they_admit() {
         .expect("ok");
     assert_eq!((ack(&mut up).applied, b2.owner_routes().len()), (true, 1));
 }
+
+/// A grandchild that goes away (its parent's subtree shrinks) keeps its names too; when it is
+/// back under the same child it holds them again.
+#[test]
+fn a_grandchild_away_keeps_its_names() {
+    let root = level("root");
+    let (txb, _rxb) = session_channel();
+    root.attach_child("b", "a".into(), &membership(&["b", "b1", "b2"]), txb)
+        .expect("attach b");
+    let (tx9, _rx9) = session_channel();
+    root.attach_child("a9", "c".into(), &membership(&["a9"]), tx9)
+        .expect("attach a9");
+    root.child_announcement("b", &api_announcement())
+        .expect("b2's service, through b");
+    root.update_child_subtree("b", &membership(&["b", "b1"]))
+        .expect("b2 went away");
+    assert!(root.catalog().is_empty());
+    let shadow = fed::ServiceAnnouncement {
+        cluster: "a9".into(),
+        ..api_announcement()
+    };
+    let err = root
+        .child_announcement("a9", &shadow)
+        .expect_err("held for b2");
+    assert_eq!(err.code, tonic::Code::AlreadyExists);
+    root.update_child_subtree("b", &membership(&["b", "b1", "b2"]))
+        .expect("b2 is back");
+    root.child_announcement("b", &api_announcement())
+        .expect("the owner holds its name again");
+    assert!(root.child_announcement("a9", &shadow).is_err());
+}
