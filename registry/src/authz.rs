@@ -104,6 +104,8 @@ pub struct Policies {
     default_only: bool,
     /// Source files, for reporting.
     pub files: Vec<String>,
+    /// The sources themselves (name, text), to tell a reload that changed nothing.
+    sources: Vec<(String, String)>,
 }
 
 /// Outcome of one Cedar evaluation.
@@ -229,6 +231,7 @@ impl Policies {
             schema,
             default_only: sources.is_empty(),
             files: sources.iter().map(|(n, _)| n.clone()).collect(),
+            sources: sources.to_vec(),
         })
     }
 
@@ -262,6 +265,12 @@ impl Policies {
             sources.push((name, text));
         }
         Self::from_sources(&sources)
+    }
+
+    /// Whether `other` was built from exactly the same sources (a reload that changed nothing
+    /// must not re-decide what was handed out).
+    pub fn same_sources(&self, other: &Policies) -> bool {
+        self.sources == other.sources
     }
 
     pub fn is_default_only(&self) -> bool {
@@ -626,8 +635,15 @@ impl Gate {
     }
 
     /// Put `policies` in force and tell every holder of an earlier decision.
+    /// A set built from the same sources as the one in force changes nothing (file watchers
+    /// re-read on every poll).
     pub fn set_policies(&self, policies: Policies) {
-        *self.policies.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        let mut current = self.policies.write().unwrap_or_else(|p| p.into_inner());
+        if current.same_sources(&policies) {
+            return;
+        }
+        *current = Arc::new(policies);
+        drop(current);
         self.generation.send_modify(|g| *g = g.wrapping_add(1));
     }
 
@@ -938,6 +954,17 @@ when { resource.zones.contains("b2.example.org") };
         );
         assert!(!strict.allows(&api(&[]), "west", "", true));
         assert!(strict.allows(&api(&[]), "north", "", true));
+        let changes = strict.subscribe();
+        strict.set_policies(
+            Policies::from_sources(&[("f.cedar".into(), forbid.into())]).expect("valid"),
+        );
+        assert!(
+            !changes.has_changed().expect("open"),
+            "the same sources change nothing"
+        );
+        strict.set_policies(Policies::default_set());
+        assert!(changes.has_changed().expect("open"));
+        assert!(strict.allows(&api(&[]), "west", "", true));
         let cluster = |td: &str, name: &str| Identity::Cluster {
             trust_domain: td.into(),
             name: name.into(),
