@@ -61,7 +61,8 @@ pub enum AdminCommand {
     Resolve(ResolveArgs),
     /// Evaluate the bilateral decision here, without asking the parent or recording a grant.
     Explain(ResolveArgs),
-    /// Evaluate one Cedar request (announce or discover) against the loaded policies.
+    /// Evaluate one Cedar request against the loaded policies: announce, discover, or carry
+    /// (may child --cluster carry the cluster --name in its subtree).
     ExplainPolicy {
         #[arg(long)]
         action: String,
@@ -424,6 +425,7 @@ pub fn decision_json(d: &api::Decision) -> Value {
         "callerRequested": d.caller_requested,
         "policyPermits": d.policy_permits,
         "service": d.service.as_ref().map(service_json),
+        "nameClashes": d.name_clashes,
     })
 }
 
@@ -431,7 +433,7 @@ pub fn print_decision(d: &api::Decision, output: Output) {
     match output {
         Output::Json => println!("{:#}", decision_json(d)),
         Output::Table => {
-            let rows = vec![
+            let mut rows = vec![
                 vec![
                     "decision".to_string(),
                     if d.allowed {
@@ -450,6 +452,9 @@ pub fn print_decision(d: &api::Decision, output: Output) {
                     d.service.as_ref().map(endpoints).unwrap_or_default(),
                 ],
             ];
+            for clash in &d.name_clashes {
+                rows.push(vec!["name clash".into(), clash.clone()]);
+            }
             print!("{}", table(&["FIELD", "VALUE"], &rows));
         }
     }
@@ -503,6 +508,7 @@ pub fn print_tree(t: &api::Tree, output: Output) {
                 "imports": t.imports.iter().map(|i| json!({"target": i.target,
                     "requesterService": i.requester_service, "state": i.state, "reason": i.reason,
                     "ownerCluster": i.owner_cluster})).collect::<Vec<_>>(),
+                "rejections": t.rejections,
             })
         ),
         Output::Table => {
@@ -553,6 +559,9 @@ pub fn print_tree(t: &api::Tree, output: Output) {
                     "{}",
                     table(&["IMPORT", "AS", "STATE", "OWNER", "REASON"], &rows)
                 );
+            }
+            for r in &t.rejections {
+                println!("refused by the parent: {r}");
             }
         }
     }

@@ -34,7 +34,6 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context as _, anyhow, bail};
@@ -167,6 +166,19 @@ impl Shape {
 
     fn namespace(&self, i: usize) -> String {
         format!("ns-{:02}", i % self.namespaces)
+    }
+
+    /// The root's configuration of its children: each mid may carry its own leaves.
+    fn carry_policies(&self) -> anyhow::Result<Vec<(String, String)>> {
+        (0..self.mids)
+            .map(|m| {
+                let leaves: Vec<String> =
+                    (0..self.leaves_per_mid).map(|l| leaf_name(m, l)).collect();
+                let leaves: Vec<&str> = leaves.iter().map(String::as_str).collect();
+                let text = xcc_registry::authz::carry_policy(&mid_name(m), &leaves)?;
+                Ok((format!("carry-{}.cedar", mid_name(m)), text))
+            })
+            .collect()
     }
 }
 
@@ -452,9 +464,11 @@ async fn start_node(
     pki: &TreePki,
     name: &str,
     parent: Option<SocketAddr>,
+    policies: Vec<(String, String)>,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Registry> {
     let mut cfg = RegistryConfig::loopback(pki.issue(name)?);
+    cfg.federation.policies = policies;
     // Reconnect quickly should a link start before its parent listens.
     cfg.client.backoff = Backoff {
         min: Duration::from_millis(50),
@@ -605,14 +619,23 @@ async fn bench(args: HierarchyArgs, timeout: Duration) -> anyhow::Result<()> {
     let t = Instant::now();
     let mut regs: Vec<Registry> = Vec::with_capacity(shape.clusters);
     let built = async {
-        regs.push(start_node(&pki, ROOT, None, &cancel).await?);
+        regs.push(start_node(&pki, ROOT, None, shape.carry_policies()?, &cancel).await?);
         let root_addr = regs[0].hamlet_addr;
         for m in 0..shape.mids {
-            regs.push(start_node(&pki, &mid_name(m), Some(root_addr), &cancel).await?);
+            regs.push(start_node(&pki, &mid_name(m), Some(root_addr), vec![], &cancel).await?);
         }
         for leaf in 0..shape.leaves {
             let mid_addr = regs[1 + shape.mid_of(leaf)].hamlet_addr;
-            regs.push(start_node(&pki, &shape.leaf_name(leaf), Some(mid_addr), &cancel).await?);
+            regs.push(
+                start_node(
+                    &pki,
+                    &shape.leaf_name(leaf),
+                    Some(mid_addr),
+                    vec![],
+                    &cancel,
+                )
+                .await?,
+            );
         }
         anyhow::Ok(())
     }
@@ -1056,8 +1079,16 @@ async fn root_probe(shape: &Shape, pki: &TreePki, timeout: Duration) -> anyhow::
     let clusters = shape.mids + 1;
     let result = async {
         for m in 0..shape.mids {
-            children
-                .push(start_node(pki, &format!("probe-{:02}", m + 1), Some(addr), &cancel).await?);
+            children.push(
+                start_node(
+                    pki,
+                    &format!("probe-{:02}", m + 1),
+                    Some(addr),
+                    vec![],
+                    &cancel,
+                )
+                .await?,
+            );
         }
         ask(Some(&format!("wait 0 {clusters}"))).await?;
         tokio::time::sleep(SETTLE).await;
@@ -1170,8 +1201,13 @@ async fn level_probe(args: &HierarchyArgs, timeout: Duration) -> anyhow::Result<
 /// announcements.
 fn level_probe_main(shape: &Shape) -> anyhow::Result<Probe> {
     let catalog = Catalog::new();
-    let policies = Arc::new(RwLock::new(Arc::new(Policies::default_set())));
-    let level = Level::new(PROBE_ROOT, None, catalog.clone(), policies);
+    let policies = Policies::from_sources(&shape.carry_policies()?)?;
+    let level = Level::new(
+        PROBE_ROOT,
+        None,
+        catalog.clone(),
+        xcc_registry::authz::Gate::fixed("xcc.test", policies),
+    );
     let mut sessions = Vec::with_capacity(shape.mids);
     for m in 0..shape.mids {
         let mut clusters: BTreeSet<String> =

@@ -148,6 +148,20 @@ async fn hierarchy(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> 
         ("c1", Some("c")),
     ] {
         let mut cfg = RegistryConfig::loopback(pki.issue(name, false)?);
+        if name == "root" {
+            // Each level configures what its children may carry (a child carries only itself
+            // otherwise): the root lets b carry b1 and b2, and c carry c1.
+            cfg.federation.policies = vec![
+                (
+                    "carry-b.cedar".into(),
+                    xcc_registry::authz::carry_policy("b", &["b1", "b2"])?,
+                ),
+                (
+                    "carry-c.cedar".into(),
+                    xcc_registry::authz::carry_policy("c", &["c1"])?,
+                ),
+            ];
+        }
         cfg.federation.parent = parent.map(|p: &str| ParentSpec {
             name: p.to_string(),
             address: addr

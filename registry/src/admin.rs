@@ -67,16 +67,30 @@ impl AdminService {
                     callee_admits: d.callee_admits,
                     caller_requested: d.caller_requested,
                     policy_permits: d.policy_permits,
+                    name_clashes: self.clashes_on(&entry.fqdn),
                 },
                 None => api::Decision {
                     found: false,
                     condition: api::Condition::NotFound as i32,
                     reason: format!("{target} is not in the subtree of {}", self.level.cluster()),
                     resolver_cluster: self.level.cluster().to_string(),
+                    name_clashes: match &target {
+                        Target::Fqdn(f) => self.clashes_on(f),
+                        Target::Name { .. } => vec![],
+                    },
                     ..Default::default()
                 },
             },
         )
+    }
+
+    /// Refused claims on `fqdn` seen at this registry, for `explain`.
+    fn clashes_on(&self, fqdn: &str) -> Vec<String> {
+        self.level
+            .clashes(Some(fqdn))
+            .iter()
+            .map(ToString::to_string)
+            .collect()
     }
 
     pub fn into_server(self) -> api::admin_server::AdminServer<Self> {
@@ -85,15 +99,17 @@ impl AdminService {
     }
 }
 
-/// Only admin identities may use this API.
-fn authorize<T>(req: &Request<T>) -> Result<(), Status> {
-    match xcc_certs::server::peer_info(req) {
-        Some(p) if p.identity.is_admin() => Ok(()),
-        Some(p) => Err(Status::permission_denied(format!(
-            "{} is not an admin identity",
-            p.identity
-        ))),
-        None => Err(Status::unauthenticated("no verified client certificate")),
+impl AdminService {
+    /// Only admin identities of this trust domain may use this API (the decision point binds
+    /// kind and trust domain, as for every other listener).
+    fn authorize<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        match xcc_certs::server::peer_info(req) {
+            Some(p) => {
+                self.level.gate().admin_of(&p.identity)?;
+                Ok(())
+            }
+            None => Err(Status::unauthenticated("no verified client certificate")),
+        }
     }
 }
 
@@ -218,6 +234,7 @@ fn decision_from_answer(a: &xcc_proto::xcc::federation::v1::ServiceQueryResponse
             && a.deny_reason != DenyReason::NotRequested as i32
             && a.deny_reason != DenyReason::NotAllowedByCallee as i32,
         policy_permits: a.found && a.access_allowed,
+        name_clashes: vec![],
     }
 }
 
@@ -227,7 +244,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ListServicesRequest>,
     ) -> Result<Response<api::ListServicesResponse>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         let r = request.into_inner();
         let filter = ListFilter {
             cluster: non_empty(&r.owner_cluster),
@@ -248,7 +265,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::GetServiceRequest>,
     ) -> Result<Response<api::Service>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         let r = request.into_inner();
         let found = if !r.fqdn.is_empty() {
             if !r.owner_cluster.is_empty() || !r.namespace.is_empty() || !r.name.is_empty() {
@@ -277,7 +294,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ListPeersRequest>,
     ) -> Result<Response<api::ListPeersResponse>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         let peers = self
             .peers
             .list()
@@ -316,7 +333,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ResolveRequest>,
     ) -> Result<Response<api::Decision>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         let r = request.into_inner();
         let target = target_of(&r)?;
         if !r.requester_cluster.is_empty() && r.requester_cluster != self.level.cluster() {
@@ -335,7 +352,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ResolveRequest>,
     ) -> Result<Response<api::Decision>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         Ok(Response::new(self.explain_locally(request.get_ref())?))
     }
 
@@ -343,7 +360,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ExplainPolicyRequest>,
     ) -> Result<Response<api::Decision>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         let r = request.into_inner();
         let entry = ServiceEntry {
             key: ServiceKey::new(
@@ -363,6 +380,7 @@ impl api::admin_server::Admin for AdminService {
         let policies = self.level.policies();
         let verdict = match r.action.as_str() {
             "announce" => policies.announce(&r.principal_cluster, &entry),
+            "carry" => policies.carry(&r.principal_cluster, &r.name),
             "discover" => {
                 let d = policies.discover(&entry, &r.principal_cluster, &r.principal_service, true);
                 crate::authz::Verdict {
@@ -373,7 +391,7 @@ impl api::admin_server::Admin for AdminService {
             }
             other => {
                 return Err(Status::invalid_argument(format!(
-                    "action {other:?}: use announce or discover"
+                    "action {other:?}: use announce, discover or carry"
                 )));
             }
         };
@@ -407,7 +425,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ListRoutesRequest>,
     ) -> Result<Response<api::ListRoutesResponse>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         let mut routes: Vec<api::Route> = self
             .level
             .owner_routes()
@@ -442,7 +460,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::GetTreeRequest>,
     ) -> Result<Response<api::Tree>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         let parent_state = self
             .level
             .parent()
@@ -518,6 +536,23 @@ impl api::admin_server::Admin for AdminService {
             children,
             subtree: self.level.subtree(),
             imports,
+            rejections: self
+                .level
+                .rejections()
+                .iter()
+                .map(|(_, r)| {
+                    format!(
+                        "{} {}/{}/{}: {:?}: {} (refused by {})",
+                        r.kind,
+                        r.cluster,
+                        r.namespace,
+                        r.name,
+                        tonic::Code::from_i32(r.code),
+                        r.reason,
+                        r.refused_by
+                    )
+                })
+                .collect(),
         }))
     }
 
@@ -525,7 +560,7 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        authorize(&request)?;
+        self.authorize(&request)?;
         let snapshot = request.into_inner().snapshot;
         let mut events = self.catalog.subscribe();
         let (tx, rx) = mpsc::channel(256);

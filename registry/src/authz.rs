@@ -9,15 +9,24 @@
 //! set permits `discover` exactly when (a) and (b) hold (passed in the request context), and
 //! permits `announce` of MCS names (`*.svc.clusterset.local`); any other zone must be granted
 //! to a cluster by a policy in the policy directory, so a compromised leaf cannot claim names.
+//!
+//! [`Gate`] is the one decision point every listener asks: the Hamlet server (per consumer and
+//! per record), federation answers, admin Resolve/Explain and therefore the imports the DNS
+//! server ends up serving. It binds a certificate [`Identity`] to a requesting cluster (kind
+//! and trust domain checked) and then evaluates (a), (b) and (c) above. `carry` (may a child
+//! speak for a cluster of its subtree) is decided here too.
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::{Arc, RwLock};
 
 use cedar_policy::{
     Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityUid, PolicyId,
     PolicySet, Request, RestrictedExpression, Schema, ValidationMode, Validator,
 };
+
+use xcc_certs::identity::Identity;
 
 use crate::catalog::ServiceEntry;
 
@@ -47,6 +56,8 @@ namespace Xcc {
   action discover appliesTo { principal: [Cluster, Workload], resource: [Service], context: Bilateral };
   action import appliesTo { principal: [Cluster, Workload], resource: [Service], context: Bilateral };
   action admin appliesTo { principal: [Admin], resource: [Cluster] };
+  // May the child (principal) carry the cluster (resource) in its subtree, i.e. speak for it?
+  action carry appliesTo { principal: [Cluster], resource: [Cluster] };
 }
 "#;
 
@@ -58,6 +69,10 @@ permit (
   action in [Xcc::Action::"discover", Xcc::Action::"import"],
   resource
 ) when { context.calleeAdmits && context.callerRequested };
+
+@id("carry-self")
+permit (principal, action == Xcc::Action::"carry", resource)
+when { principal == resource };
 
 @id("announce-clusterset")
 permit (principal, action == Xcc::Action::"announce", resource)
@@ -89,6 +104,8 @@ pub struct Policies {
     default_only: bool,
     /// Source files, for reporting.
     pub files: Vec<String>,
+    /// The sources themselves (name, text), to tell a reload that changed nothing.
+    sources: Vec<(String, String)>,
 }
 
 /// Outcome of one Cedar evaluation.
@@ -214,12 +231,18 @@ impl Policies {
             schema,
             default_only: sources.is_empty(),
             files: sources.iter().map(|(n, _)| n.clone()).collect(),
+            sources: sources.to_vec(),
         })
     }
 
     /// Default policies plus every `*.cedar` file in `dir` (sorted by name).
     pub fn from_dir(dir: &Path) -> Result<Self, PolicyError> {
-        let mut sources = vec![];
+        Self::from_dir_and(dir, &[])
+    }
+
+    /// Default policies, `inline` sources, then every `*.cedar` file in `dir`.
+    pub fn from_dir_and(dir: &Path, inline: &[(String, String)]) -> Result<Self, PolicyError> {
+        let mut sources = inline.to_vec();
         let entries = std::fs::read_dir(dir).map_err(|source| PolicyError::Io {
             path: dir.display().to_string(),
             source,
@@ -242,6 +265,12 @@ impl Policies {
             sources.push((name, text));
         }
         Self::from_sources(&sources)
+    }
+
+    /// Whether `other` was built from exactly the same sources (a reload that changed nothing
+    /// must not re-decide what was handed out).
+    pub fn same_sources(&self, other: &Policies) -> bool {
+        self.sources == other.sources
     }
 
     pub fn is_default_only(&self) -> bool {
@@ -386,6 +415,61 @@ impl Policies {
         }
     }
 
+    /// May `child` carry `cluster` in its subtree (speak for it)? The default set permits a
+    /// child only itself; every other cluster needs a `carry` permit in the parent's policies.
+    pub fn carry(&self, child: &str, cluster: &str) -> Verdict {
+        if self.default_only {
+            let allowed = child == cluster;
+            return Verdict {
+                allowed,
+                policies: if allowed {
+                    vec!["carry-self".to_string()]
+                } else {
+                    vec![]
+                },
+                errors: vec![],
+            };
+        }
+        let run = || -> Result<Verdict, PolicyError> {
+            let (p, mut entities) = self.principal(child, "")?;
+            let (r, carried) = self.principal(cluster, "")?;
+            if child != cluster {
+                entities.extend(carried);
+            }
+            let entities = Entities::from_entities(entities, Some(&self.schema))
+                .map_err(|e| PolicyError::Internal(e.to_string()))?;
+            let request = Request::new(
+                p,
+                uid("Xcc::Action", "carry")?,
+                r,
+                Context::empty(),
+                Some(&self.schema),
+            )
+            .map_err(|e| PolicyError::Internal(e.to_string()))?;
+            let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+            let mut policies: Vec<String> = response
+                .diagnostics()
+                .reason()
+                .map(|p| p.to_string())
+                .collect();
+            policies.sort();
+            Ok(Verdict {
+                allowed: response.decision() == CedarDecision::Allow,
+                policies,
+                errors: response
+                    .diagnostics()
+                    .errors()
+                    .map(|e| e.to_string())
+                    .collect(),
+            })
+        };
+        run().unwrap_or_else(|e| Verdict {
+            allowed: false,
+            policies: vec![],
+            errors: vec![e.to_string()],
+        })
+    }
+
     /// The bilateral decision for `requester_cluster` (and optional `requester_service`) asking
     /// for `entry`. `requested` is condition (b).
     pub fn discover(
@@ -478,6 +562,239 @@ impl Policies {
             policies: verdict.policies,
             reason,
         }
+    }
+}
+
+/// A Cedar policy that lets `child` carry `clusters` (besides itself), for a parent that
+/// configures its children in code (tests, the demo, the hierarchy bench). Names must be
+/// DNS-1123 labels, so nothing in them can escape the Cedar string.
+pub fn carry_policy(child: &str, clusters: &[&str]) -> Result<String, PolicyError> {
+    let bad = std::iter::once(&child)
+        .chain(clusters)
+        .find(|c| !xcc_certs::identity::is_dns1123_label(c));
+    if let Some(bad) = bad {
+        return Err(PolicyError::Internal(format!(
+            "{bad:?} is not a cluster name (DNS-1123 label)"
+        )));
+    }
+    let set = clusters
+        .iter()
+        .map(|c| format!("Xcc::Cluster::\"{c}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(format!(
+        "@id(\"carry-{child}\")\npermit (principal == Xcc::Cluster::\"{child}\", action == Xcc::Action::\"carry\", resource)\nwhen {{ [{set}].contains(resource) }};\n"
+    ))
+}
+
+/// Shared handle on the loaded policy set (swapped on reload).
+pub type PolicyHandle = Arc<RwLock<Arc<Policies>>>;
+
+/// Why a certificate is not accepted as a requester.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IdentityRefused {
+    #[error("{0} is not a cluster identity")]
+    NotACluster(String),
+    #[error("{0} is not an admin identity")]
+    NotAnAdmin(String),
+    #[error("{identity} belongs to trust domain {found:?}, not {expected:?}")]
+    ForeignTrustDomain {
+        identity: String,
+        found: String,
+        expected: String,
+    },
+}
+
+impl From<IdentityRefused> for tonic::Status {
+    fn from(e: IdentityRefused) -> Self {
+        tonic::Status::permission_denied(e.to_string())
+    }
+}
+
+/// The one authorization decision point. Every listener binds its peer's certificate with
+/// [`Gate::cluster_of`] / [`Gate::admin_of`] and decides each service with [`Gate::discover`];
+/// the federation level decides what a child may carry and announce with [`Gate::carry`] and
+/// [`Policies::announce`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Gate {
+    trust_domain: Arc<str>,
+    policies: PolicyHandle,
+    /// Bumped whenever [`Gate::set_policies`] swaps the set: decisions already handed out
+    /// (open Hamlet streams, grants, carried clusters) must be made again.
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Gate {
+    /// `trust_domain`: this registry's own (from its certificate); peers of any other are refused.
+    pub fn new(trust_domain: impl Into<Arc<str>>, policies: PolicyHandle) -> Self {
+        Self {
+            trust_domain: trust_domain.into(),
+            policies,
+            generation: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
+
+    /// Put `policies` in force and tell every holder of an earlier decision.
+    /// A set built from the same sources as the one in force changes nothing (file watchers
+    /// re-read on every poll).
+    pub fn set_policies(&self, policies: Policies) {
+        let mut current = self.policies.write().unwrap_or_else(|p| p.into_inner());
+        if current.same_sources(&policies) {
+            return;
+        }
+        *current = Arc::new(policies);
+        drop(current);
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
+    }
+
+    /// Changes whenever the policy set is swapped.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+
+    /// `stream` until the policy set changes; then one `Unavailable` status ends it, so the
+    /// peer subscribes again and every record is decided anew under the new policies (a
+    /// `forbid` added later holds on open streams too).
+    pub fn until_policies_change<T, S>(
+        &self,
+        stream: S,
+    ) -> impl futures::Stream<Item = Result<T, tonic::Status>> + Send + use<T, S>
+    where
+        T: Send + 'static,
+        S: futures::Stream<Item = Result<T, tonic::Status>> + Send + 'static,
+    {
+        use futures::StreamExt as _;
+        enum Ev<T> {
+            Item(Result<T, tonic::Status>),
+            End,
+            Changed,
+        }
+        let mut rx = self.generation.subscribe();
+        rx.mark_unchanged();
+        let changed = futures::stream::once(async move {
+            if rx.changed().await.is_err() {
+                // The gate is gone: nothing will change any more.
+                std::future::pending::<()>().await;
+            }
+            Ev::Changed
+        });
+        let items = stream
+            .map(Ev::Item)
+            .chain(futures::stream::once(std::future::ready(Ev::End)));
+        futures::stream::select(items, changed).scan(false, |ended, ev| {
+            if *ended {
+                return std::future::ready(None);
+            }
+            std::future::ready(match ev {
+                Ev::Item(item) => Some(item),
+                Ev::End => None,
+                Ev::Changed => {
+                    *ended = true;
+                    Some(Err(tonic::Status::unavailable(
+                        "the authorization policies changed; subscribe again",
+                    )))
+                }
+            })
+        })
+    }
+
+    /// A gate over a fixed policy set (tests, benches).
+    pub fn fixed(trust_domain: &str, policies: Policies) -> Self {
+        Self::new(trust_domain, Arc::new(RwLock::new(Arc::new(policies))))
+    }
+
+    pub fn trust_domain(&self) -> &str {
+        &self.trust_domain
+    }
+
+    pub fn policy_handle(&self) -> &PolicyHandle {
+        &self.policies
+    }
+
+    /// The policy set in force now.
+    pub fn policies(&self) -> Arc<Policies> {
+        self.policies
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn same_domain(&self, id: &Identity) -> Result<(), IdentityRefused> {
+        match id.trust_domain() {
+            Some(td) if td == &*self.trust_domain => Ok(()),
+            Some(td) => Err(IdentityRefused::ForeignTrustDomain {
+                identity: id.spiffe_id().unwrap_or_else(|| id.to_string()),
+                found: td.to_string(),
+                expected: self.trust_domain.to_string(),
+            }),
+            None => Err(IdentityRefused::NotACluster(id.to_string())),
+        }
+    }
+
+    /// The cluster a peer certificate speaks for: a cluster identity of this trust domain.
+    /// Admin certificates, certificates without an xcc identity (DNS SAN or CN only) and
+    /// identities of another trust domain are refused, whatever their name.
+    pub fn cluster_of(&self, id: &Identity) -> Result<String, IdentityRefused> {
+        match id {
+            Identity::Cluster { name, .. } => {
+                self.same_domain(id)?;
+                Ok(name.clone())
+            }
+            _ => Err(IdentityRefused::NotACluster(id.to_string())),
+        }
+    }
+
+    /// The operator an admin certificate names: an admin identity of this trust domain.
+    pub fn admin_of(&self, id: &Identity) -> Result<String, IdentityRefused> {
+        match id {
+            Identity::Admin { name, .. } => {
+                self.same_domain(id)?;
+                Ok(name.clone())
+            }
+            _ => Err(IdentityRefused::NotAnAdmin(id.to_string())),
+        }
+    }
+
+    /// The bilateral decision for `cluster` (already bound by [`Gate::cluster_of`] or vouched
+    /// for by the federation tree) and optional `service` asking for `entry`.
+    pub fn discover(
+        &self,
+        entry: &ServiceEntry,
+        cluster: &str,
+        service: &str,
+        requested: bool,
+    ) -> Decision {
+        self.policies().discover(entry, cluster, service, requested)
+    }
+
+    /// [`Gate::discover`]'s outcome alone, for hot paths (every Hamlet record): no reason is
+    /// written, and with only the default policies no Cedar evaluation runs.
+    pub fn allows(
+        &self,
+        entry: &ServiceEntry,
+        cluster: &str,
+        service: &str,
+        requested: bool,
+    ) -> bool {
+        if !requested || !admits(entry, cluster, service) {
+            return false;
+        }
+        let policies = self.policies();
+        // The default set permits exactly when (a) and (b) hold.
+        policies.default_only
+            || policies
+                .discover(entry, cluster, service, requested)
+                .allowed
+    }
+
+    /// May `child` carry `cluster` in its subtree?
+    pub fn carry(&self, child: &str, cluster: &str) -> Verdict {
+        self.policies().carry(child, cluster)
+    }
+
+    /// May `cluster` announce `entry`?
+    pub fn announce(&self, cluster: &str, entry: &ServiceEntry) -> Verdict {
+        self.policies().announce(cluster, entry)
     }
 }
 
@@ -620,5 +937,94 @@ when { resource.zones.contains("b2.example.org") };
         .err()
         .expect("duplicate");
         assert!(matches!(err, PolicyError::Duplicate { .. }), "{err}");
+    }
+
+    /// Issue 10, row 3: the identity half of the one decision point. Only a cluster identity of
+    /// this trust domain is a requesting cluster; look-alikes named `west` are refused.
+    #[test]
+    fn the_gate_binds_kind_and_trust_domain() {
+        let gate = Gate::fixed("xcc.test", Policies::default_set());
+        assert!(gate.allows(&api(&["west"]), "west", "", true));
+        assert!(!gate.allows(&api(&["west"]), "north", "", true));
+        assert!(!gate.allows(&api(&[]), "west", "", false));
+        let forbid = r#"@id("f") forbid (principal in Xcc::Cluster::"west", action == Xcc::Action::"discover", resource);"#;
+        let strict = Gate::fixed(
+            "xcc.test",
+            Policies::from_sources(&[("f.cedar".into(), forbid.into())]).expect("valid"),
+        );
+        assert!(!strict.allows(&api(&[]), "west", "", true));
+        assert!(strict.allows(&api(&[]), "north", "", true));
+        let changes = strict.subscribe();
+        strict.set_policies(
+            Policies::from_sources(&[("f.cedar".into(), forbid.into())]).expect("valid"),
+        );
+        assert!(
+            !changes.has_changed().expect("open"),
+            "the same sources change nothing"
+        );
+        strict.set_policies(Policies::default_set());
+        assert!(changes.has_changed().expect("open"));
+        assert!(strict.allows(&api(&[]), "west", "", true));
+        let cluster = |td: &str, name: &str| Identity::Cluster {
+            trust_domain: td.into(),
+            name: name.into(),
+        };
+        assert_eq!(
+            gate.cluster_of(&cluster("xcc.test", "west")),
+            Ok("west".into())
+        );
+        assert_eq!(
+            gate.cluster_of(&Identity::Admin {
+                trust_domain: "xcc.test".into(),
+                name: "west".into()
+            }),
+            Err(IdentityRefused::NotACluster("admin/west".into()))
+        );
+        assert_eq!(
+            gate.cluster_of(&Identity::External("west".into())),
+            Err(IdentityRefused::NotACluster("external/west".into()))
+        );
+        let foreign = gate
+            .cluster_of(&cluster("evil.test", "west"))
+            .expect_err("foreign trust domain");
+        assert_eq!(
+            foreign.to_string(),
+            "spiffe://evil.test/cluster/west belongs to trust domain \"evil.test\", not \"xcc.test\""
+        );
+        assert!(gate.admin_of(&cluster("xcc.test", "ops")).is_err());
+        assert!(
+            gate.admin_of(&Identity::Admin {
+                trust_domain: "evil.test".into(),
+                name: "ops".into()
+            })
+            .is_err(),
+            "a stolen admin certificate of another domain opens nothing"
+        );
+        assert_eq!(
+            tonic::Status::from(foreign).code(),
+            tonic::Code::PermissionDenied
+        );
+    }
+
+    /// `carry`: a child carries itself by default; more only by the parent's permit.
+    #[test]
+    fn carry_is_the_parents_decision() {
+        let d = Policies::default_set();
+        assert!(d.carry("c3", "c3").allowed);
+        assert!(!d.carry("c3", "c2").allowed);
+        let p = Policies::from_sources(&[(
+            "carry.cedar".into(),
+            carry_policy("b", &["b1", "b2"]).expect("names"),
+        )])
+        .expect("valid");
+        assert!(p.carry("b", "b1").allowed);
+        assert_eq!(p.carry("b", "b2").policies, vec!["carry-b"]);
+        assert!(p.carry("b", "b").allowed, "itself, by the default");
+        assert!(!p.carry("b", "c1").allowed);
+        assert!(!p.carry("c", "b1").allowed);
+        assert!(
+            carry_policy("b", &["x\" || true || \""]).is_err(),
+            "only cluster names reach the policy text"
+        );
     }
 }

@@ -10,8 +10,6 @@
 //! Event is recorded on the ConfigMap. A missing or deleted ConfigMap means the default
 //! policies alone. An Event that cannot be written never stops the watch.
 
-use std::sync::Arc;
-
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::WatchStreamExt;
@@ -23,8 +21,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::authz::Gate;
 use crate::authz::{Policies, PolicyError};
-use crate::federation::level::PolicyHandle;
 use crate::metrics::Metrics;
 use crate::store::file::FileErrors;
 
@@ -80,7 +78,23 @@ pub fn spawn_policy_configmap(
     client: Client,
     namespace: &str,
     name: &str,
-    handle: PolicyHandle,
+    handle: crate::authz::PolicyHandle,
+    errors: FileErrors,
+    metrics: Metrics,
+    cancel: CancellationToken,
+) -> PolicyWatch {
+    // Nobody holds decisions of this gate: it only writes into `handle`.
+    let gate = Gate::new("", handle);
+    spawn_policy_configmap_into(client, namespace, name, gate, errors, metrics, cancel)
+}
+
+/// Watch ConfigMap `namespace/name` and keep `gate` at its policies until `cancel` fires; every
+/// swap tells the gate's subscribers (open streams, grants, carried clusters).
+pub fn spawn_policy_configmap_into(
+    client: Client,
+    namespace: &str,
+    name: &str,
+    handle: Gate,
     errors: FileErrors,
     metrics: Metrics,
     cancel: CancellationToken,
@@ -108,7 +122,7 @@ pub fn spawn_policy_configmap(
 
 struct Source {
     what: String,
-    handle: PolicyHandle,
+    handle: Gate,
     errors: FileErrors,
     metrics: Metrics,
     recorder: Recorder,
@@ -156,7 +170,7 @@ impl Source {
     }
 
     fn swap(&mut self, policies: Policies, sources: Vec<(String, String)>) {
-        *self.handle.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policies);
+        self.handle.set_policies(policies);
         self.applied = Some(sources);
         self.errors.set(vec![]);
     }
@@ -249,7 +263,7 @@ mod tests {
         let ok = load("ns/p", &[("good.cedar".into(), good.into())]);
         assert_eq!(
             ok.map(|p| p.policy_ids()).unwrap_or_default(),
-            ["announce-clusterset", "bilateral", "deny-all"]
+            ["announce-clusterset", "bilateral", "carry-self", "deny-all"]
         );
         let syntax = load(
             "ns/p",

@@ -50,6 +50,10 @@ pub struct FederationConfig {
     pub imports: Vec<(Target, String)>,
     /// Extra Cedar policies (`*.cedar`), watched and reloaded; the defaults always apply.
     pub policy_dir: Option<PathBuf>,
+    /// Cedar policies given in code (the embedded demo, tests and the hierarchy bench use them
+    /// to say which clusters each child may carry), in force with the defaults and `policy_dir`.
+    /// Not combined with `policy_configmap`.
+    pub policies: Vec<(String, String)>,
     /// `--store kube`: Cedar policies from this ConfigMap in the namespace (every `*.cedar`
     /// key), watched on every replica; the defaults always apply. Ignored with `policy_dir`.
     pub policy_configmap: Option<String>,
@@ -67,6 +71,7 @@ impl Default for FederationConfig {
             parent: None,
             imports: vec![],
             policy_dir: None,
+            policies: vec![],
             policy_configmap: None,
             query_timeout: Duration::from_secs(5),
             import_retry: Duration::from_secs(30),
@@ -303,6 +308,7 @@ impl Registry {
             );
         }
         let cluster = identity.name().to_string();
+        let trust_domain = identity.trust_domain().unwrap_or_default().to_string();
         let catalog = Catalog::new();
         let peers = PeerTable::default();
         let metrics = Metrics::default();
@@ -312,12 +318,16 @@ impl Registry {
         tls.register_metrics(&mut registry);
         let mut tasks = JoinSet::new();
 
+        let inline = config.federation.policies.clone();
         let policies = match &config.federation.policy_dir {
-            Some(dir) => Policies::from_dir(dir).context("loading Cedar policies")?,
-            None => Policies::default_set(),
+            Some(dir) => Policies::from_dir_and(dir, &inline).context("loading Cedar policies")?,
+            None => Policies::from_sources(&inline).context("loading Cedar policies")?,
         };
         info!(policies = ?policies.policy_ids(), "Cedar policies loaded");
-        let policy_handle = Arc::new(std::sync::RwLock::new(Arc::new(policies)));
+        let gate = crate::authz::Gate::new(
+            trust_domain,
+            Arc::new(std::sync::RwLock::new(Arc::new(policies))),
+        );
         let policy_errors = FileErrors::default();
         if let Some(dir) = config.federation.policy_dir.clone() {
             let (tx, mut rx) = mpsc::channel(1);
@@ -328,7 +338,7 @@ impl Registry {
                 cancel.clone(),
             );
             let (handle, errs, c, m) = (
-                policy_handle.clone(),
+                gate.clone(),
                 policy_errors.clone(),
                 cancel.clone(),
                 metrics.clone(),
@@ -340,14 +350,14 @@ impl Registry {
                         _ = c.cancelled() => break,
                         got = rx.recv() => if got.is_none() { break },
                     }
-                    match Policies::from_dir(&dir) {
+                    match Policies::from_dir_and(&dir, &inline) {
                         Ok(p) => {
                             let ids = p.policy_ids();
                             if ids != last_ids || !errs.get().is_empty() {
                                 info!(policies = ?ids, "Cedar policies reloaded");
                             }
                             last_ids = ids;
-                            *handle.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(p);
+                            handle.set_policies(p);
                             errs.set(vec![]);
                         }
                         Err(e) => {
@@ -376,11 +386,11 @@ impl Registry {
                 warn!(configmap = %name, "--policy-dir is set: the policy ConfigMap is not read");
             } else {
                 // Every replica answers queries, so every replica reads the policies.
-                let watch = crate::authz_configmap::spawn_policy_configmap(
+                let watch = crate::authz_configmap::spawn_policy_configmap_into(
                     k.client.clone(),
                     &config.namespace,
                     name,
-                    policy_handle.clone(),
+                    gate.clone(),
                     policy_errors.clone(),
                     metrics.clone(),
                     cancel.clone(),
@@ -393,7 +403,7 @@ impl Registry {
                 });
             }
         }
-        let level = Level::new(cluster.clone(), None, catalog.clone(), policy_handle);
+        let level = Level::new(cluster.clone(), None, catalog.clone(), gate.clone());
         if let StoreConfig::File { state_dir, .. } = &config.store
             && config.federation.grant_mode != crate::federation::grants::GrantMode::None
         {
@@ -401,6 +411,21 @@ impl Registry {
                 crate::federation::grants::FileGrants::new(state_dir, config.federation.grant_mode)
                     .with_context(|| format!("preparing {}/grants", state_dir.display()))?,
             ));
+        }
+        {
+            // A new policy set: what children carry, grants and denied questions are decided
+            // again (open Hamlet streams end themselves, see `Gate::until_policies_change`).
+            let (lvl, c, mut changes) = (level.clone(), cancel.clone(), gate.subscribe());
+            tasks.spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = c.cancelled() => break,
+                        r = changes.changed() => if r.is_err() { break },
+                    }
+                    lvl.policies_changed();
+                }
+                Ok(())
+            });
         }
         {
             // The resolver: re-evaluate grants whenever a service changes.
@@ -437,6 +462,7 @@ impl Registry {
 
         let hamlet = HamletServer::new(
             catalog.clone(),
+            gate.clone(),
             peers.clone(),
             metrics.clone(),
             config.hamlet.clone(),

@@ -60,7 +60,22 @@ async fn node(
         max: Duration::from_millis(200),
     };
     cfg.federation.parent = up.map(parent);
+    cfg.federation.policies = tree_policies();
     start_with(cfg).await
+}
+
+/// Each parent's configuration of what its children may carry: b carries b1 and b2, c
+/// carries c1 (the root's view); every other child carries only itself.
+fn tree_policies() -> Vec<(String, String)> {
+    [("b", &["b1", "b2"][..]), ("c", &["c1"][..])]
+        .into_iter()
+        .map(|(child, carried)| {
+            (
+                format!("carry-{child}.cedar"),
+                xcc_registry::authz::carry_policy(child, carried).expect("cluster names"),
+            )
+        })
+        .collect()
 }
 
 /// Wait until `reg`'s federation level satisfies `cond`, re-checking on every change of the
@@ -396,38 +411,41 @@ async fn child_restart_drops_and_restores_its_subtree() {
     .await;
 }
 
-async fn raw_child(
-    pki: &Pki,
-    name: &str,
-    addr: SocketAddr,
-    first: Vec<fed::ChildMessage>,
-) -> tonic::Status {
-    let tls = xcc_certs::reload::ReloadingTls::load(pki.cluster(name)).expect("tls");
-    let ch = channel(&tls, addr).await.expect("channel");
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    for m in first {
-        tx.send(m).await.expect("queue");
+/// A hand-driven child session: what it sends, and the parent's messages as they come.
+struct RawChild {
+    tx: tokio::sync::mpsc::Sender<fed::ChildMessage>,
+    rx: tonic::Streaming<fed::ParentMessage>,
+}
+
+impl RawChild {
+    async fn connect(pki: &Pki, name: &str, addr: SocketAddr, first: fed::ChildMessage) -> Self {
+        let tls = xcc_certs::reload::ReloadingTls::load(pki.cluster(name)).expect("tls");
+        let ch = channel(&tls, addr).await.expect("channel");
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tx.send(first).await.expect("queue");
+        let mut client = fed::federation_client::FederationClient::new(ch);
+        let rx = client
+            .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("session opens")
+            .into_inner();
+        Self { tx, rx }
     }
-    let mut client = fed::federation_client::FederationClient::new(ch);
-    match client
-        .connect(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-    {
-        Err(s) => s,
-        Ok(resp) => {
-            let mut s = resp.into_inner();
-            loop {
-                match tokio::time::timeout(WAIT, s.message())
-                    .await
-                    .expect("in time")
-                {
-                    Ok(Some(_)) => continue,
-                    Ok(None) => panic!("closed without a status"),
-                    Err(status) => {
-                        drop(tx);
-                        return status;
-                    }
-                }
+
+    async fn send(&self, m: fed::ChildMessage) {
+        self.tx.send(m).await.expect("send");
+    }
+
+    /// The next rejection from the parent (other messages are skipped).
+    async fn rejection(&mut self) -> fed::Rejection {
+        loop {
+            let m = tokio::time::timeout(WAIT, self.rx.message())
+                .await
+                .expect("in time")
+                .expect("stream open")
+                .expect("not closed");
+            if let Some(fed::parent_message::Payload::Rejection(r)) = m.payload {
+                return r;
             }
         }
     }
@@ -443,8 +461,9 @@ fn membership(clusters: &[&str]) -> fed::ChildMessage {
     }
 }
 
-/// A spoofed announcement (a cluster outside the sender's subtree) is rejected, and a cluster
-/// claimed under two parents is refused with an error naming both.
+/// A spoofed announcement (a cluster outside the sender's subtree) is refused on its own, and
+/// a child's claim on a cluster its parent did not configure it to carry (another child's, or
+/// an ancestor: a cycle) is refused with a rejection naming it; the tree is unchanged.
 #[tokio::test]
 async fn spoofing_and_double_claims_are_rejected() {
     let w = world().await;
@@ -459,17 +478,28 @@ async fn spoofing_and_double_claims_are_rejected() {
             },
         )),
     };
-    let status = raw_child(
+    let mut rogue = RawChild::connect(
         &w.pki,
         "rogue",
         w.root.0.hamlet_addr,
-        vec![membership(&["rogue"]), spoof],
+        membership(&["rogue"]),
     )
     .await;
-    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    rogue.send(spoof).await;
+    let r = rogue.rejection().await;
     assert_eq!(
-        status.message(),
-        "spoofed announcement: cluster \"b2\" is not in the subtree of child \"rogue\""
+        (
+            r.kind.as_str(),
+            r.cluster.as_str(),
+            r.code,
+            r.reason.as_str()
+        ),
+        (
+            "announcement",
+            "b2",
+            tonic::Code::PermissionDenied as i32,
+            "cluster \"b2\" is not in the subtree of child \"rogue\""
+        )
     );
     assert!(
         w.root
@@ -479,32 +509,40 @@ async fn spoofing_and_double_claims_are_rejected() {
             .is_none()
     );
 
-    let status = raw_child(
+    let mut rogue2 = RawChild::connect(
         &w.pki,
         "rogue2",
         w.root.0.hamlet_addr,
-        vec![membership(&["rogue2", "b1"])],
+        membership(&["rogue2", "b1"]),
     )
     .await;
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+    let r = rogue2.rejection().await;
     assert_eq!(
-        status.message(),
-        "cluster \"b1\" is already in the subtree of child \"b\"; \"rogue2\" cannot claim it"
+        (r.kind.as_str(), r.cluster.as_str(), r.reason.as_str()),
+        (
+            "subtree",
+            "b1",
+            "rogue2 may not carry \"b1\": no Cedar carry permit at root"
+        )
     );
-    let status = raw_child(
+    let mut cycle = RawChild::connect(
         &w.pki,
         "loop",
         w.b.0.hamlet_addr,
-        vec![membership(&["loop", "root"])],
+        membership(&["loop", "root"]),
     )
     .await;
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert_eq!(status.message(), "cycle: root → b → loop → root");
-    // The tree is unchanged.
-    assert_eq!(
-        w.root.0.level.subtree(),
-        ["b", "b1", "b2", "c", "c1", "root"]
-    );
+    let r = cycle.rejection().await;
+    assert_eq!((r.cluster.as_str(), r.refused_by.as_str()), ("root", "b"));
+    // The tree is unchanged but for the two children, each holding only itself.
+    wait_level(&w.root.0, "rogues attached as themselves", |r| {
+        r.level.subtree() == ["b", "b1", "b2", "c", "c1", "rogue", "rogue2", "root"]
+    })
+    .await;
+    wait_level(&w.b.0, "loop attached as itself", |r| {
+        r.level.subtree() == ["b", "b1", "b2", "loop"]
+    })
+    .await;
     drop((w.c, w.c1));
 }
 

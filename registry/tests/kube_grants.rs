@@ -504,7 +504,7 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
     assert!(allowed(&handle, "b3"));
     assert_eq!(
         handle.read().unwrap().policy_ids(),
-        ["announce-clusterset", "bilateral", "deny-b1"]
+        ["announce-clusterset", "bilateral", "carry-self", "deny-b1"]
     );
     assert_eq!(errors.get(), Vec::<String>::new());
 

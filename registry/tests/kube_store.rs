@@ -1689,7 +1689,7 @@ async fn policy_configmap_is_read_before_ready_and_followed() {
     wait_for("ready", || west.health.is_ready(), |r| *r).await;
     assert_eq!(
         west.level.policies().policy_ids(),
-        ["announce-clusterset", "bilateral", "first"]
+        ["announce-clusterset", "bilateral", "carry-self", "first"]
     );
     cms.replace("xcc-policies", &PostParams::default(), &cm("second"))
         .await

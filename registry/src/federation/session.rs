@@ -1,7 +1,11 @@
 //! The parent side: `xcc.federation.v1.Federation/Connect`. One session per child; the child's
 //! identity is the cluster name in its certificate. The first message must declare the child's
-//! subtree; every later message is checked against it, and a child that speaks for a cluster
-//! outside its subtree is cut off with `PermissionDenied`.
+//! subtree; every later message is checked against it. What the child may carry is the
+//! parent's decision (Cedar `carry`), not the child's claim. An entry that is refused (a
+//! cluster it may not carry, an announcement for a cluster outside its subtree, a name another
+//! service owns, an entry over [`ENTRY_LIMIT`]) costs that entry only: the child receives a
+//! `Rejection` saying why and the stream goes on. A stream that cannot go on (undecodable
+//! bytes, a message over [`MESSAGE_LIMIT`]) ends with a status that says what happened.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -13,10 +17,20 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
-use super::level::{ChildError, Down, Level, session_channel};
+use super::level::{ChildError, Down, Level, Refusal, session_channel};
 
 /// How long a child may take to declare its subtree.
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest entry (one announcement, query or membership) accepted. A real announcement is a
+/// few hundred bytes (a service with a hundred endpoints stays under 8 KiB); 1 MiB leaves room
+/// for anything legitimate and bounds a hostile one. A larger entry is refused on its own.
+pub const ENTRY_LIMIT: usize = 1024 * 1024;
+
+/// Largest message the decoder reads at all. Between [`ENTRY_LIMIT`] and this an entry is
+/// refused and the stream goes on; past it the gRPC decoder cannot skip the bytes, so the
+/// stream ends with `ResourceExhausted`. 16 MiB bounds the memory one child can pin.
+pub const MESSAGE_LIMIT: usize = 16 * 1024 * 1024;
 
 #[derive(Clone)]
 pub struct FederationService {
@@ -30,8 +44,7 @@ impl FederationService {
     }
 
     pub fn into_server(self) -> fed::federation_server::FederationServer<Self> {
-        // Announcements are small; 1 MiB bounds a hostile one.
-        fed::federation_server::FederationServer::new(self).max_decoding_message_size(1024 * 1024)
+        fed::federation_server::FederationServer::new(self).max_decoding_message_size(MESSAGE_LIMIT)
     }
 }
 
@@ -56,18 +69,22 @@ impl fed::federation_server::Federation for FederationService {
         let peer = xcc_certs::server::peer_info(&request)
             .cloned()
             .ok_or_else(|| Status::unauthenticated("no verified client certificate"))?;
-        if !peer.identity.is_cluster() {
-            return Err(Status::permission_denied(format!(
-                "{} is not a cluster identity",
-                peer.identity
-            )));
-        }
-        let child = peer.identity.name().to_string();
+        let child = self.level.gate().cluster_of(&peer.identity).map_err(|e| {
+            warn!(peer = %peer.identity, addr = %peer.remote_addr, error = %e, "refusing child");
+            Status::from(e)
+        })?;
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(MEMBERSHIP_TIMEOUT, inbound.message())
             .await
             .map_err(|_| Status::deadline_exceeded("no subtree membership received"))??
             .ok_or_else(|| Status::cancelled("stream closed before the membership"))?;
+        let size = prost::Message::encoded_len(&first);
+        if size > ENTRY_LIMIT {
+            warn!(%child, size, "refusing child: oversized subtree membership");
+            return Err(Status::resource_exhausted(format!(
+                "the subtree membership of {size} bytes exceeds the {ENTRY_LIMIT}-byte limit"
+            )));
+        }
         let Some(fed::child_message::Payload::Subtree(membership)) = first.payload else {
             return Err(status_for(ChildError::NoMembership));
         };
@@ -98,9 +115,17 @@ impl fed::federation_server::Federation for FederationService {
                 };
                 let msg = match msg {
                     Ok(Some(m)) => m,
-                    Ok(None) | Err(_) => break Ok(()),
+                    Ok(None) => break Ok(()),
+                    Err(status) => break read_error(&child, status),
                 };
                 use fed::child_message::Payload;
+                let size = prost::Message::encoded_len(&msg);
+                if size > ENTRY_LIMIT {
+                    let r = oversized(&msg, size, level.cluster());
+                    warn!(%child, kind = %r.kind, cluster = %r.cluster, size, "refusing an oversized entry");
+                    level.reject_to_child(&child, r);
+                    continue;
+                }
                 match msg.payload {
                     Some(Payload::Subtree(m)) => {
                         if let Err(e) = level.update_child_subtree(&child, &m) {
@@ -108,12 +133,20 @@ impl fed::federation_server::Federation for FederationService {
                         }
                     }
                     Some(Payload::ServiceAnnouncement(a)) => {
-                        if let Err(e) = level.child_announcement(&child, &a) {
-                            break Err(Status::permission_denied(format!(
-                                "spoofed announcement: {e}"
-                            )));
+                        match level.child_announcement(&child, &a) {
+                            Ok(()) => announced.note(&level, &child, &a),
+                            Err(refusal) => level.reject_to_child(
+                                &child,
+                                refusal.to_rejection(
+                                    "announcement",
+                                    &a.cluster,
+                                    &a.namespace,
+                                    &a.name,
+                                    &a.fqdn,
+                                    level.cluster(),
+                                ),
+                            ),
                         }
-                        announced.note(&level, &child, &a);
                     }
                     Some(Payload::SnapshotComplete(_)) => {
                         level.child_snapshot_complete(&child, &announced);
@@ -121,9 +154,20 @@ impl fed::federation_server::Federation for FederationService {
                     Some(Payload::RouteAck(a)) => level.child_route_ack(&child, &a),
                     Some(Payload::ServiceQuery(q)) => {
                         if let Err(e) = level.check_claim(&child, &q.requester_cluster) {
-                            break Err(Status::permission_denied(format!(
-                                "spoofed requester: {e}"
-                            )));
+                            warn!(%child, requester = %q.requester_cluster, "refusing a query on behalf of a cluster the child does not carry");
+                            level.reject_to_child(
+                                &child,
+                                Refusal::new(tonic::Code::PermissionDenied, e.to_string())
+                                    .to_rejection(
+                                        "query",
+                                        &q.requester_cluster,
+                                        &q.namespace,
+                                        &q.name,
+                                        &q.fqdn,
+                                        level.cluster(),
+                                    ),
+                            );
+                            continue;
                         }
                         level.handle_query(q);
                     }
@@ -145,5 +189,53 @@ impl fed::federation_server::Federation for FederationService {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+/// How a read error ends the session: undecodable bytes and messages past [`MESSAGE_LIMIT`]
+/// get a status that says so (logged); a transport error means the child went away.
+fn read_error(child: &str, status: Status) -> Result<(), Status> {
+    match status.code() {
+        tonic::Code::OutOfRange => Err(Status::resource_exhausted(format!(
+            "a message exceeds the {MESSAGE_LIMIT}-byte limit of this stream: {}",
+            status.message()
+        ))),
+        tonic::Code::Internal => Err(Status::invalid_argument(format!(
+            "malformed message: {}",
+            status.message()
+        ))),
+        _ => {
+            info!(%child, code = ?status.code(), message = status.message(), "child stream ended");
+            Ok(())
+        }
+    }
+}
+
+/// The rejection of an entry over [`ENTRY_LIMIT`], naming what it was about.
+fn oversized(msg: &fed::ChildMessage, size: usize, refused_by: &str) -> fed::Rejection {
+    use fed::child_message::Payload;
+    let refusal = Refusal::new(
+        tonic::Code::ResourceExhausted,
+        format!("entry of {size} bytes exceeds the {ENTRY_LIMIT}-byte limit"),
+    );
+    match &msg.payload {
+        Some(Payload::ServiceAnnouncement(a)) => refusal.to_rejection(
+            "announcement",
+            &a.cluster,
+            &a.namespace,
+            &a.name,
+            &a.fqdn,
+            refused_by,
+        ),
+        Some(Payload::ServiceQuery(q)) => refusal.to_rejection(
+            "query",
+            &q.requester_cluster,
+            &q.namespace,
+            &q.name,
+            &q.fqdn,
+            refused_by,
+        ),
+        Some(Payload::Subtree(_)) => refusal.to_rejection("subtree", "", "", "", "", refused_by),
+        _ => refusal.to_rejection("message", "", "", "", "", refused_by),
     }
 }

@@ -5,7 +5,9 @@
 //! are coalesced, a window of unacknowledged responses keeps fast consumers busy and a consumer
 //! that never ACKs stalls only itself (and is closed with `Unavailable` after the ACK timeout).
 //! Every response carries a real nonce; the empty-nonce ACKs Go peers send are accepted.
-//! Only services whose allowed requesters admit the consumer's certificate identity are streamed.
+//! Only services the registry's decision point ([`crate::authz::Gate`]) grants to the consumer's
+//! certificate identity are streamed; a certificate that is not a cluster of this trust domain
+//! is refused with `PermissionDenied`.
 
 use std::future::Future as _;
 use std::pin::Pin;
@@ -31,6 +33,7 @@ use xcc_proto::{
 
 use super::consumer::{ConsumerState, Op, Outgoing, Reply};
 use super::convert;
+use crate::authz::Gate;
 use crate::catalog::{Catalog, ServiceEntry};
 use crate::metrics::{Api, ApiLabels, Metrics, OpLabel, OpLabels};
 use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
@@ -71,6 +74,7 @@ const RESPONSE_BUFFER: usize = 8;
 #[derive(Clone)]
 pub struct HamletServer {
     catalog: Catalog,
+    gate: Gate,
     peers: PeerTable,
     metrics: Metrics,
     config: HamletConfig,
@@ -80,6 +84,7 @@ pub struct HamletServer {
 impl HamletServer {
     pub fn new(
         catalog: Catalog,
+        gate: Gate,
         peers: PeerTable,
         metrics: Metrics,
         config: HamletConfig,
@@ -87,6 +92,7 @@ impl HamletServer {
     ) -> Self {
         Self {
             catalog,
+            gate,
             peers,
             metrics,
             config,
@@ -298,7 +304,12 @@ async fn establish<W: Wire>(
     let peer = xcc_certs::server::peer_info(&request)
         .cloned()
         .ok_or_else(|| Status::unauthenticated("no verified client certificate"))?;
-    let identity = peer.identity.name().to_string();
+    // Kind and trust domain first: an admin certificate, a DNS-SAN-only one or a foreign trust
+    // domain never stands for a cluster, whatever its name.
+    let identity = server.gate.cluster_of(&peer.identity).map_err(|e| {
+        warn!(consumer = %peer.identity, addr = %peer.remote_addr, error = %e, "refusing hamlet consumer");
+        Status::from(e)
+    })?;
     let marker = request
         .metadata()
         .get(SNAPSHOT_MARKER_METADATA)
@@ -324,6 +335,9 @@ async fn establish<W: Wire>(
         context,
         requests,
     );
+    // Decisions are made per record as it is sent; a policy change ends the stream so the
+    // consumer resubscribes and everything it holds is decided again.
+    let stream = server.gate.until_policies_change(stream);
     let mut response = Response::new(Box::pin(stream) as BoxStream<W::Resp>);
     if marker {
         response.metadata_mut().insert(
@@ -489,9 +503,14 @@ impl<W: Wire> ConsumerStream<W> {
             return None;
         }
         let catalog = &self.server.catalog;
+        let gate = &self.server.gate;
         let identity = &self.identity;
+        // A Hamlet subscription asks for every record (condition (b) holds); the gate decides
+        // the callee's list and Cedar.
         let lookup = |fqdn: &str| -> Option<Arc<ServiceEntry>> {
-            catalog.hamlet_get(fqdn).filter(|e| e.admits(identity))
+            catalog
+                .hamlet_get(fqdn)
+                .filter(|e| gate.allows(e, identity, "", true))
         };
         let out = self.st.next(Instant::now(), lookup);
         self.stats

@@ -12,7 +12,7 @@
 //!   (queued per child, acknowledged hop by hop) and pushes fresh answers or revocations to
 //!   requesters whenever the service changes or the grant stops holding.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
@@ -21,11 +21,11 @@ use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::convert::{announcement, entry_from_announcement};
-use super::tree::Tree;
+use super::tree::{Direction, Tree};
 
 mod queries;
 mod resolver;
-use crate::authz::Policies;
+use crate::authz::{Gate, Policies};
 use crate::catalog::{Catalog, CatalogEvent, ServiceEntry, ServiceKey, Source};
 
 /// What a requester asks for.
@@ -57,8 +57,7 @@ impl Target {
     }
 }
 
-/// Shared handle on the loaded policy set (swapped on reload).
-pub type PolicyHandle = Arc<RwLock<Arc<Policies>>>;
+pub use crate::authz::PolicyHandle;
 
 /// What flows down a child's stream: messages, or the status that closes it.
 pub type Down = Result<fed::ParentMessage, tonic::Status>;
@@ -115,6 +114,92 @@ struct State {
     subs: HashMap<u64, Subscription>,
     sub_index: HashMap<(Target, String), u64>,
     next_id: u64,
+    /// Names (FQDN, and `namespace/name`) of services that went away with their child (it
+    /// disconnected, or a cluster left its subtree), held for their owner until it is back and
+    /// has resent its snapshot, so nobody takes them meanwhile. Present services hold their
+    /// names through the catalog itself: nothing per service is kept here while all is well.
+    reserved: HashMap<Arc<str>, ServiceKey>,
+    /// Refused claims seen here (as the refusing level or as the notified owner), newest last.
+    clashes: VecDeque<Clash>,
+    /// Entries our parent refused, newest last.
+    rejections: VecDeque<(SystemTime, fed::Rejection)>,
+    /// What each child declared (before the carry check), decided again when policies change.
+    claimed: BTreeMap<String, fed::SubtreeMembership>,
+}
+
+/// How many refused claims and parent rejections are remembered for the admin API (the log has
+/// every one; this is the recent window an operator looks at).
+const KEEP_REPORTS: usize = 256;
+
+/// A refused claim on a name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Clash {
+    pub at: SystemTime,
+    pub fqdn: String,
+    pub owner: ServiceKey,
+    pub claimant: ServiceKey,
+    pub refused_by: String,
+}
+
+impl std::fmt::Display for Clash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self
+            .at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        write!(
+            f,
+            "{at} {} claimed {} owned by {}; refused by {}",
+            self.claimant, self.fqdn, self.owner, self.refused_by
+        )
+    }
+}
+
+/// Why one entry of a child's stream was refused; sent back to the child as a
+/// [`fed::Rejection`] while the stream goes on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code:?}: {reason}")]
+pub struct Refusal {
+    pub code: tonic::Code,
+    pub reason: String,
+}
+
+impl Refusal {
+    pub fn new(code: tonic::Code, reason: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason: reason.into(),
+        }
+    }
+
+    /// The wire form for an entry about `cluster` (and service `namespace/name`, `fqdn`).
+    pub fn to_rejection(
+        &self,
+        kind: &str,
+        cluster: &str,
+        namespace: &str,
+        name: &str,
+        fqdn: &str,
+        refused_by: &str,
+    ) -> fed::Rejection {
+        fed::Rejection {
+            kind: kind.to_string(),
+            cluster: cluster.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            fqdn: fqdn.to_string(),
+            code: self.code as i32,
+            reason: self.reason.clone(),
+            refused_by: refused_by.to_string(),
+        }
+    }
+}
+
+fn push_bounded<T>(q: &mut VecDeque<T>, item: T) {
+    if q.len() >= KEEP_REPORTS {
+        q.pop_front();
+    }
+    q.push_back(item);
 }
 
 /// What one session of a child announced, for the sweep at its end-of-snapshot marker, without
@@ -160,7 +245,7 @@ struct Inner {
     cluster: String,
     parent: RwLock<Option<String>>,
     catalog: Catalog,
-    policies: PolicyHandle,
+    gate: Gate,
     state: Mutex<State>,
     /// Bumped on every change an observer may wait for (tree, routes, answers).
     changes: watch::Sender<u64>,
@@ -191,7 +276,7 @@ impl Level {
         cluster: impl Into<String>,
         parent: Option<String>,
         catalog: Catalog,
-        policies: PolicyHandle,
+        gate: Gate,
     ) -> Self {
         let cluster = cluster.into();
         Self {
@@ -204,7 +289,7 @@ impl Level {
                 cluster,
                 parent: RwLock::new(parent),
                 catalog,
-                policies,
+                gate,
                 changes: watch::Sender::new(0),
                 grant_sink: RwLock::new(Arc::new(super::grants::NoGrants)),
                 child_names: Mutex::default(),
@@ -252,11 +337,12 @@ impl Level {
     }
 
     pub fn policies(&self) -> Arc<Policies> {
-        self.inner
-            .policies
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.gate.policies()
+    }
+
+    /// The decision point this level (and every listener of its registry) asks.
+    pub fn gate(&self) -> &Gate {
+        &self.inner.gate
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -296,12 +382,13 @@ impl Level {
         membership: &fed::SubtreeMembership,
         tx: mpsc::Sender<Down>,
     ) -> Result<u64, ChildError> {
-        let clusters = membership.clusters.iter().cloned().collect();
+        let (clusters, refused) = self.carried(child, membership);
         let mut st = self.lock();
         if st.sessions.contains_key(child) {
             return Err(ChildError::Duplicate(child.to_string()));
         }
         st.tree.set_child_subtree(child, clusters)?;
+        st.claimed.insert(child.to_string(), membership.clone());
         let id = st.next_id;
         st.next_id += 1;
         let mut path = st.tree.ancestors().to_vec();
@@ -309,6 +396,9 @@ impl Level {
         let _ = tx.try_send(msg_down(fed::parent_message::Payload::Ancestry(
             fed::Ancestry { path },
         )));
+        for r in refused {
+            let _ = tx.try_send(msg_down(fed::parent_message::Payload::Rejection(r)));
+        }
         // Deliver what was queued for this child while it was away.
         if let Some(q) = st.route_queues.get(child) {
             for n in q.pending.values() {
@@ -343,14 +433,26 @@ impl Level {
         }
         st.sessions.remove(child);
         st.tree.remove_child(child);
+        st.claimed.remove(child);
         let membership = self.membership_locked(&st);
         let parent_tx = st.parent_tx.clone();
         drop(st);
-        let (_, removed) = self
-            .inner
-            .catalog
-            .replace_source(&self.child_source(child), vec![]);
-        info!(child, removed, "child detached; its subtree was dropped");
+        let source = self.child_source(child);
+        self.reserve_names(
+            self.inner
+                .catalog
+                .list(&crate::catalog::ListFilter {
+                    source: Some(source.clone()),
+                    ..Default::default()
+                })
+                .iter()
+                .map(|e| &**e),
+        );
+        let (_, removed) = self.inner.catalog.replace_source(&source, vec![]);
+        info!(
+            child,
+            removed, "child detached; its subtree was dropped (names held for it)"
+        );
         send_up(parent_tx, membership);
         self.bump();
     }
@@ -361,14 +463,22 @@ impl Level {
         child: &str,
         membership: &fed::SubtreeMembership,
     ) -> Result<(), ChildError> {
+        let (clusters, refused) = self.carried(child, membership);
         let mut st = self.lock();
-        st.tree
-            .set_child_subtree(child, membership.clusters.iter().cloned().collect())?;
+        st.tree.set_child_subtree(child, clusters)?;
+        st.claimed.insert(child.to_string(), membership.clone());
+        if let Some(session) = st.sessions.get(child) {
+            for r in refused {
+                let _ = session
+                    .tx
+                    .try_send(msg_down(fed::parent_message::Payload::Rejection(r)));
+            }
+        }
         let membership = self.membership_locked(&st);
         let parent_tx = st.parent_tx.clone();
         drop(st);
-        // Drop announcements of clusters that left the child's subtree.
-        let keep: Vec<ServiceEntry> = self
+        // Drop announcements of clusters that left the child's subtree (their names are held).
+        let (keep, gone): (Vec<Arc<ServiceEntry>>, Vec<Arc<ServiceEntry>>) = self
             .inner
             .catalog
             .list(&crate::catalog::ListFilter {
@@ -376,9 +486,9 @@ impl Level {
                 ..Default::default()
             })
             .into_iter()
-            .filter(|e| self.lock().tree.check_claim(child, &e.key.cluster).is_ok())
-            .map(|e| (*e).clone())
-            .collect();
+            .partition(|e| self.lock().tree.check_claim(child, &e.key.cluster).is_ok());
+        self.reserve_names(gone.iter().map(|e| &**e));
+        let keep: Vec<ServiceEntry> = keep.into_iter().map(|e| (*e).clone()).collect();
         self.inner
             .catalog
             .replace_source(&self.child_source(child), keep);
@@ -387,13 +497,49 @@ impl Level {
         Ok(())
     }
 
-    /// An announcement from `child`. Errors close the child's stream (spoofing).
+    /// The part of `membership` that `child` may carry (Cedar `carry`, evaluated in this
+    /// level's policies: by default a child carries only itself), and a rejection for each
+    /// cluster it may not. A child's claim alone never puts a cluster under it.
+    fn carried(
+        &self,
+        child: &str,
+        membership: &fed::SubtreeMembership,
+    ) -> (BTreeSet<String>, Vec<fed::Rejection>) {
+        let policies = self.policies();
+        let mut keep = BTreeSet::new();
+        let mut refused = vec![];
+        for cluster in &membership.clusters {
+            // The child itself is always its own (MissingSelf catches its absence).
+            if cluster == child || policies.carry(child, cluster).allowed {
+                keep.insert(cluster.clone());
+                continue;
+            }
+            warn!(child, %cluster, "refusing a cluster of the child's subtree: no carry permit for it here");
+            refused.push(
+                Refusal::new(
+                    tonic::Code::PermissionDenied,
+                    format!(
+                        "{child} may not carry {cluster:?}: no Cedar carry permit at {}",
+                        self.inner.cluster
+                    ),
+                )
+                .to_rejection("subtree", cluster, "", "", "", &self.inner.cluster),
+            );
+        }
+        (keep, refused)
+    }
+
+    /// An announcement from `child`. A refusal costs that entry only: the caller sends it back
+    /// to the child as a [`fed::Rejection`] and reads on.
     pub fn child_announcement(
         &self,
         child: &str,
         ann: &fed::ServiceAnnouncement,
-    ) -> Result<(), super::tree::TreeError> {
-        self.lock().tree.check_claim(child, &ann.cluster)?;
+    ) -> Result<(), Refusal> {
+        if let Err(e) = self.lock().tree.check_claim(child, &ann.cluster) {
+            warn!(child, cluster = %ann.cluster, "refusing an announcement for a cluster the child does not carry");
+            return Err(Refusal::new(tonic::Code::PermissionDenied, e.to_string()));
+        }
         let source = self.child_source(child);
         if ann.deleted {
             let key = ServiceKey::new(&ann.cluster, &ann.namespace, &ann.name);
@@ -405,13 +551,18 @@ impl Level {
             {
                 self.inner.catalog.remove(&key);
             }
+            // The owner withdrew it: whatever was held for it is free.
+            self.lock().reserved.retain(|_, k| *k != key);
             return Ok(());
         }
         let entry = match entry_from_announcement(ann, source.clone()) {
             Ok(e) => e,
             Err(e) => {
-                warn!(child, cluster = %ann.cluster, error = %e, "ignoring an invalid announcement");
-                return Ok(());
+                warn!(child, cluster = %ann.cluster, error = %e, "refusing an invalid announcement");
+                return Err(Refusal::new(
+                    tonic::Code::InvalidArgument,
+                    format!("invalid announcement: {e}"),
+                ));
             }
         };
         let verdict = self.policies().announce(&ann.cluster, &entry);
@@ -425,16 +576,205 @@ impl Level {
             {
                 self.inner.catalog.remove(&entry.key);
             }
-            return Ok(());
+            return Err(Refusal::new(
+                tonic::Code::PermissionDenied,
+                if verdict.policies.is_empty() {
+                    format!(
+                        "{} may not announce {}: no Cedar announce permit",
+                        ann.cluster, entry.fqdn
+                    )
+                } else {
+                    format!(
+                        "{} may not announce {}: forbidden by {}",
+                        ann.cluster,
+                        entry.fqdn,
+                        verdict.policies.join(", ")
+                    )
+                },
+            ));
         }
         if let Some(existing) = self.inner.catalog.get(&entry.key)
             && existing.source != source
         {
             warn!(child, key = %entry.key, existing = %existing.source, "announcement collides with an entry from elsewhere; keeping the existing one");
-            return Ok(());
+            return Err(Refusal::new(
+                tonic::Code::AlreadyExists,
+                format!("{} is already held from {}", entry.key, existing.source),
+            ));
         }
+        self.claim_name(&entry)?;
         self.inner.catalog.upsert(entry);
         Ok(())
+    }
+
+    /// One owner per name: the first service to hold an FQDN, or a `namespace/name` (what a
+    /// query by name resolves), keeps it; a later claimant with another key is refused, the
+    /// clash recorded here and reported to the owner. Sort order plays no part, so a cluster
+    /// named `a9` gains nothing over `c2`. The holder is the service in the catalog (this
+    /// level's subtree, local exports included) or, while it is away, its reservation.
+    fn claim_name(&self, entry: &ServiceEntry) -> Result<(), Refusal> {
+        let fqdn = entry.fqdn.as_str();
+        let by_name = format!("{}/{}", entry.key.namespace, entry.key.name);
+        let other = |e: &Arc<ServiceEntry>| e.source.in_subtree() && e.key != entry.key;
+        let fqdn_holder = self
+            .inner
+            .catalog
+            .by_fqdn(fqdn)
+            .into_iter()
+            .filter(|e| other(e) && e.fqdn == fqdn)
+            .map(|e| e.key.clone())
+            .min();
+        let name_holder = self
+            .inner
+            .catalog
+            .by_name(&entry.key.namespace, &entry.key.name)
+            .into_iter()
+            .filter(other)
+            .map(|e| e.key.clone())
+            .min();
+        let mut st = self.lock();
+        let held = |name: &str| st.reserved.get(name).filter(|k| **k != entry.key).cloned();
+        let clash = fqdn_holder
+            .or_else(|| held(fqdn))
+            .map(|k| (fqdn.to_string(), k))
+            .or_else(|| {
+                name_holder
+                    .or_else(|| held(&by_name))
+                    .map(|k| (by_name.clone(), k))
+            });
+        if let Some((name, owner)) = clash {
+            let clash = Clash {
+                at: SystemTime::now(),
+                fqdn: fqdn.to_string(),
+                owner: owner.clone(),
+                claimant: entry.key.clone(),
+                refused_by: self.inner.cluster.clone(),
+            };
+            push_bounded(&mut st.clashes, clash);
+            drop(st);
+            warn!(%name, %owner, claimant = %entry.key, "refusing a claim on a name another service owns");
+            self.route_clash(fed::NameClash {
+                fqdn: fqdn.to_string(),
+                owner_cluster: owner.cluster.clone(),
+                owner_namespace: owner.namespace.clone(),
+                owner_name: owner.name.clone(),
+                claimant_cluster: entry.key.cluster.clone(),
+                claimant_namespace: entry.key.namespace.clone(),
+                claimant_name: entry.key.name.clone(),
+                refused_by: self.inner.cluster.clone(),
+            });
+            self.bump();
+            return Err(Refusal::new(
+                tonic::Code::AlreadyExists,
+                format!("{name} is owned by {owner}; the first owner keeps a name"),
+            ));
+        }
+        // The owner is back: it holds its names through the catalog again.
+        if !st.reserved.is_empty() {
+            st.reserved.retain(|_, k| *k != entry.key);
+        }
+        Ok(())
+    }
+
+    /// Hold the names of `entries` (leaving with their child) for their owners.
+    fn reserve_names<'a>(&self, entries: impl Iterator<Item = &'a ServiceEntry>) {
+        let mut st = self.lock();
+        for e in entries {
+            let by_name = format!("{}/{}", e.key.namespace, e.key.name);
+            st.reserved
+                .insert(Arc::from(e.fqdn.as_str()), e.key.clone());
+            st.reserved
+                .insert(Arc::from(by_name.as_str()), e.key.clone());
+        }
+    }
+
+    /// Deliver a clash notice toward the owner's cluster (recorded there and on the way).
+    pub(crate) fn route_clash(&self, n: fed::NameClash) {
+        let st = self.lock();
+        match st.tree.direction(&n.owner_cluster) {
+            Direction::Local => {
+                drop(st);
+                self.record_clash_notice(&n);
+            }
+            Direction::Child(child) => {
+                let tx = st.sessions.get(&child).map(|s| s.tx.clone());
+                drop(st);
+                if let Some(tx) = tx {
+                    let _ = tx.try_send(msg_down(fed::parent_message::Payload::NameClash(n)));
+                }
+            }
+            Direction::Up => {}
+        }
+    }
+
+    fn record_clash_notice(&self, n: &fed::NameClash) {
+        warn!(fqdn = %n.fqdn, claimant = %n.claimant_cluster, refused_by = %n.refused_by, "another cluster tried to announce a name this cluster owns; it was refused");
+        let clash = Clash {
+            at: SystemTime::now(),
+            fqdn: n.fqdn.clone(),
+            owner: ServiceKey::new(&n.owner_cluster, &n.owner_namespace, &n.owner_name),
+            claimant: ServiceKey::new(&n.claimant_cluster, &n.claimant_namespace, &n.claimant_name),
+            refused_by: n.refused_by.clone(),
+        };
+        push_bounded(&mut self.lock().clashes, clash);
+        self.bump();
+    }
+
+    /// Refused claims on `fqdn` seen here (all of them with `None`), oldest first.
+    pub fn clashes(&self, fqdn: Option<&str>) -> Vec<Clash> {
+        self.lock()
+            .clashes
+            .iter()
+            .filter(|c| fqdn.is_none_or(|f| c.fqdn == f))
+            .cloned()
+            .collect()
+    }
+
+    /// Entries our parent refused, oldest first.
+    pub fn rejections(&self) -> Vec<(SystemTime, fed::Rejection)> {
+        self.lock().rejections.iter().cloned().collect()
+    }
+
+    /// Send a refusal of one entry back to `child` (the stream goes on).
+    pub fn reject_to_child(&self, child: &str, r: fed::Rejection) {
+        let tx = self.lock().sessions.get(child).map(|s| s.tx.clone());
+        if let Some(tx) = tx {
+            let _ = tx.try_send(msg_down(fed::parent_message::Payload::Rejection(r)));
+        }
+    }
+
+    /// The policy set changed: decide again what each child carries (from what it declared),
+    /// every grant held here, and every question without a granted answer.
+    pub fn policies_changed(&self) {
+        let claimed: Vec<(String, fed::SubtreeMembership)> = self
+            .lock()
+            .claimed
+            .iter()
+            .map(|(c, m)| (c.clone(), m.clone()))
+            .collect();
+        for (child, membership) in claimed {
+            let before = self.lock().tree.children().get(&child).cloned();
+            if let Err(e) = self.update_child_subtree(&child, &membership) {
+                warn!(%child, error = %e, "the child's subtree no longer holds under the new policies");
+                continue;
+            }
+            let st = self.lock();
+            let grew = st
+                .tree
+                .children()
+                .get(&child)
+                .is_some_and(|now| before.is_none_or(|b| !now.is_subset(&b)));
+            // Entries of the newly carried clusters were refused before: the child sends them
+            // again after reconnecting.
+            if grew && let Some(session) = st.sessions.get(&child) {
+                info!(%child, "the child may carry more now; asking it to reconnect and resend");
+                let _ = session.tx.try_send(Err(tonic::Status::unavailable(
+                    "the parent's policies changed; reconnect to announce again",
+                )));
+            }
+        }
+        self.recheck_grants();
+        self.retry_unanswered();
     }
 
     /// A tracker for what one session of a child announces, started when the session attaches
@@ -462,6 +802,16 @@ impl Level {
             .map(|e| (*e).clone())
             .collect();
         let (_, removed) = self.inner.catalog.replace_source(&source, keep);
+        // The child's snapshot is complete: what it holds now is all its subtree owns, so
+        // names held for its clusters and not announced again are free.
+        {
+            let mut st = self.lock();
+            if !st.reserved.is_empty()
+                && let Some(carried) = st.tree.children().get(child).cloned()
+            {
+                st.reserved.retain(|_, k| !carried.contains(&k.cluster));
+            }
+        }
         if removed > 0 {
             info!(
                 child,
@@ -594,6 +944,11 @@ impl Level {
             }
             Some(Payload::ServiceQueryResponse(r)) => self.route_answer(r),
             Some(Payload::RouteNotification(n)) => {
+                let mine = self.lock().tree.direction(&n.target_cluster) == Direction::Local;
+                let error = match mine && !n.revoked {
+                    true => self.owner_check(&n).err().unwrap_or_default(),
+                    false => String::new(),
+                };
                 let applied = self.route_notification(n.clone());
                 let tx = self.lock().parent_tx.clone();
                 send_up(
@@ -601,10 +956,16 @@ impl Level {
                     msg_up(fed::child_message::Payload::RouteAck(fed::RouteAck {
                         route_id: n.route_id,
                         applied,
-                        error: String::new(),
+                        error,
                     })),
                 );
             }
+            Some(Payload::Rejection(r)) => {
+                warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = ?tonic::Code::from_i32(r.code), reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
+                push_bounded(&mut self.lock().rejections, (SystemTime::now(), r));
+                self.bump();
+            }
+            Some(Payload::NameClash(n)) => self.route_clash(n),
             Some(Payload::SnapshotComplete(_)) | Some(Payload::ServiceAnnouncement(_)) | None => {}
         }
         Ok(())

@@ -33,7 +33,7 @@ impl Level {
         let target = Target::from_query(&q);
         if let Some(entry) = self.lookup(&target) {
             let decision =
-                self.policies()
+                self.gate()
                     .discover(&entry, &q.requester_cluster, &q.requester_service, true);
             let resp = response_for(&q, &entry, &decision, &self.inner.cluster);
             if decision.allowed {
@@ -111,6 +111,13 @@ impl Level {
         let mut st = self.lock();
         match st.tree.direction(&n.target_cluster) {
             Direction::Local => {
+                if !n.revoked
+                    && let Err(e) = self.owner_check(&n)
+                {
+                    drop(st);
+                    warn!(error = %e, resolver = %n.resolver_cluster, "refusing a route grant");
+                    return false;
+                }
                 let key = (
                     n.target_namespace.clone(),
                     n.target_service.clone(),
@@ -183,6 +190,37 @@ impl Level {
                 false
             }
         }
+    }
+
+    /// Whether this registry, as the owner, accepts a grant: the target must be one of its own
+    /// exports and that export's allowed requesters must admit the caller. A level above can
+    /// forge a notification; it cannot make the owner open a service it never exported
+    /// (`kube-system/coredns`) or to a caller the service itself does not admit. Revocations
+    /// are always accepted.
+    pub(crate) fn owner_check(&self, n: &fed::RouteNotification) -> Result<(), String> {
+        let key = crate::catalog::ServiceKey::new(
+            &self.inner.cluster,
+            &n.target_namespace,
+            &n.target_service,
+        );
+        let Some(entry) = self
+            .inner
+            .catalog
+            .get(&key)
+            .filter(|e| e.source == crate::catalog::Source::Local)
+        else {
+            return Err(format!(
+                "{}/{} is not exported by {}",
+                n.target_namespace, n.target_service, self.inner.cluster
+            ));
+        };
+        if !crate::authz::admits(&entry, &n.caller_cluster, &n.caller_service) {
+            return Err(format!(
+                "{key} does not admit {}/{}",
+                n.caller_cluster, n.caller_service
+            ));
+        }
+        Ok(())
     }
 
     /// Send an answer (or push) toward its requester.
@@ -441,7 +479,7 @@ impl Level {
     ) -> Option<(Arc<ServiceEntry>, crate::authz::Decision)> {
         let entry = self.lookup(target)?;
         let d = self
-            .policies()
+            .gate()
             .discover(&entry, requester_cluster, requester_service, requested);
         Some((entry, d))
     }

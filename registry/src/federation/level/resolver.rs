@@ -61,7 +61,7 @@ impl Level {
             };
             let (resp, still, gone) = match &current {
                 Some(e) => {
-                    let d = self.policies().discover(e, &cluster, &service, true);
+                    let d = self.gate().discover(e, &cluster, &service, true);
                     let mut r = response_for(&q, e, &d, &self.inner.cluster);
                     r.revoked = !d.allowed;
                     (r, d.allowed, false)

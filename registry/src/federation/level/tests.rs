@@ -7,13 +7,36 @@ use xcc_proto::xcc::federation::v1 as fed;
 use super::*;
 use crate::authz::Policies;
 
+/// A level whose policies let `b` carry `b1` and `b2` (the parent's configuration of its
+/// children); nobody else carries anything but itself.
 fn level(name: &str) -> Level {
+    let carry = crate::authz::carry_policy("b", &["b1", "b2"]).expect("names");
+    let policies = Policies::from_sources(&[("carry.cedar".into(), carry)]).expect("valid");
     Level::new(
         name,
         None,
         Catalog::new(),
-        Arc::new(RwLock::new(Arc::new(Policies::default_set()))),
+        crate::authz::Gate::new("xcc.test", Arc::new(RwLock::new(Arc::new(policies)))),
     )
+}
+
+/// Every message queued on a child's session so far.
+fn drain(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::parent_message::Payload> {
+    let mut out = vec![];
+    while let Ok(Ok(fed::ParentMessage { payload: Some(p) })) = rx.try_recv() {
+        out.push(p);
+    }
+    out
+}
+
+fn rejections(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::Rejection> {
+    drain(rx)
+        .into_iter()
+        .filter_map(|p| match p {
+            fed::parent_message::Payload::Rejection(r) => Some(r),
+            _ => None,
+        })
+        .collect()
 }
 
 fn membership(c: &[&str]) -> fed::SubtreeMembership {
@@ -110,18 +133,7 @@ fn a_duplicate_session_and_a_spoofed_requester_are_refused() {
 #[test]
 fn the_owner_records_a_route_once_and_drops_it_on_revoke() {
     let b2 = level("b2");
-    // The owner accepts routes only for its own exports.
-    b2.inner.catalog.upsert(ServiceEntry {
-        key: ServiceKey::new("b2", "shop", "api"),
-        source: Source::Local,
-        fqdn: "api.shop.svc.clusterset.local".into(),
-        endpoints: vec![],
-        ports: vec![],
-        labels: Default::default(),
-        allowed_requesters: vec![],
-        origin: None,
-        revision: 0,
-    });
+    b2.catalog().upsert(local_api(&["b1/web"]));
     let n = fed::RouteNotification {
         target_namespace: "shop".into(),
         target_service: "api".into(),
@@ -205,4 +217,308 @@ fn end_of_snapshot_keeps_exactly_what_the_session_announced() {
         "10.2.0.9"
     );
     assert!(b.catalog().get(&key("forgotten")).is_none());
+}
+
+/// Issue 10, row 1: with c2 away, c3 declares `[c3, c2]` and announces `(c2, shop, api)`. The
+/// parent never configured c3 to carry c2, so c2 stays out of c3's subtree, the announcement is
+/// refused (that entry only) and the real c2 attaches afterwards. A never-seen c9 fares the same.
+#[test]
+fn a_child_carries_only_what_its_parent_permits() {
+    let root = level("root");
+    let (tx3, mut rx3) = session_channel();
+    root.attach_child("c3", "a".into(), &membership(&["c3", "c2", "c9"]), tx3)
+        .expect("attach: the refused part is dropped, not the session");
+    assert_eq!(root.subtree(), ["c3", "root"]);
+    let refused = rejections(&mut rx3);
+    assert_eq!(
+        refused
+            .iter()
+            .map(|r| (r.kind.as_str(), r.cluster.as_str(), r.code))
+            .collect::<Vec<_>>(),
+        [
+            ("subtree", "c2", tonic::Code::PermissionDenied as i32),
+            ("subtree", "c9", tonic::Code::PermissionDenied as i32)
+        ]
+    );
+    assert_eq!(
+        refused[0].reason,
+        "c3 may not carry \"c2\": no Cedar carry permit at root"
+    );
+    for cluster in ["c2", "c9"] {
+        let spoof = fed::ServiceAnnouncement {
+            cluster: cluster.into(),
+            endpoints: vec!["6.6.6.6:443".into()],
+            ..api_announcement()
+        };
+        let err = root.child_announcement("c3", &spoof).expect_err("spoofed");
+        assert_eq!(err.code, tonic::Code::PermissionDenied);
+        assert_eq!(
+            err.reason,
+            format!("cluster \"{cluster}\" is not in the subtree of child \"c3\"")
+        );
+    }
+    assert!(root.catalog().is_empty());
+    // A later membership update cannot sneak c2 in either.
+    root.update_child_subtree("c3", &membership(&["c3", "c2"]))
+        .expect("update");
+    assert_eq!(root.subtree(), ["c3", "root"]);
+    // The real c2 attaches and speaks for itself.
+    let (tx2, _rx2) = session_channel();
+    root.attach_child("c2", "b".into(), &membership(&["c2"]), tx2)
+        .expect("the real c2 is not refused");
+    root.child_announcement(
+        "c2",
+        &fed::ServiceAnnouncement {
+            cluster: "c2".into(),
+            ..api_announcement()
+        },
+    )
+    .expect("own");
+    assert_eq!(root.subtree(), ["c2", "c3", "root"]);
+    // What the parent configures does hold: b carries b1 and b2.
+    let (txb, mut rxb) = session_channel();
+    root.attach_child("b", "c".into(), &membership(&["b", "b1", "b2"]), txb)
+        .expect("attach b");
+    assert!(rejections(&mut rxb).is_empty());
+    assert!(root.check_claim("b", "b2").is_ok());
+}
+
+/// Issue 10, row 2: `a9` announcing `shop/api` (the same FQDN, or the same namespace/name under
+/// another FQDN) does not take the name from its first owner, whatever the sort order; the
+/// refused announcer is told, the owner gets a notice and both are recorded for explain. The
+/// owner keeps the name while it is away.
+#[test]
+fn the_first_owner_keeps_a_name() {
+    let root = level("root");
+    let (tx2, mut rx2) = session_channel();
+    let c2 = root
+        .attach_child("c2", "a".into(), &membership(&["c2"]), tx2)
+        .expect("attach c2");
+    let (tx9, _rx9) = session_channel();
+    root.attach_child("a9", "b".into(), &membership(&["a9"]), tx9)
+        .expect("attach a9");
+    let ann = |cluster: &str, fqdn: &str| fed::ServiceAnnouncement {
+        cluster: cluster.into(),
+        fqdn: fqdn.into(),
+        ..api_announcement()
+    };
+    root.child_announcement("c2", &ann("c2", "api.shop.svc.clusterset.local"))
+        .expect("first owner");
+    drain(&mut rx2);
+    let err = root
+        .child_announcement("a9", &ann("a9", "api.shop.svc.clusterset.local"))
+        .expect_err("shadowing");
+    assert_eq!(err.code, tonic::Code::AlreadyExists);
+    assert_eq!(
+        err.reason,
+        "api.shop.svc.clusterset.local is owned by c2/shop/api; the first owner keeps a name"
+    );
+    let err = root
+        .child_announcement("a9", &ann("a9", "api.shop.a9.svc.clusterset.local"))
+        .expect_err("same namespace/name under another FQDN");
+    assert_eq!(
+        err.reason,
+        "shop/api is owned by c2/shop/api; the first owner keeps a name"
+    );
+    let served = root
+        .catalog()
+        .hamlet_get("api.shop.svc.clusterset.local")
+        .expect("served");
+    assert_eq!(served.key, ServiceKey::new("c2", "shop", "api"));
+    let clashes = root.clashes(Some("api.shop.svc.clusterset.local"));
+    assert_eq!(clashes.len(), 1);
+    assert_eq!(clashes[0].claimant, ServiceKey::new("a9", "shop", "api"));
+    assert_eq!(clashes[0].refused_by, "root");
+    // The owner was told.
+    let notices: Vec<fed::NameClash> = drain(&mut rx2)
+        .into_iter()
+        .filter_map(|p| match p {
+            fed::parent_message::Payload::NameClash(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(notices.len(), 2);
+    assert_eq!(
+        (
+            notices[0].owner_cluster.as_str(),
+            notices[0].claimant_cluster.as_str()
+        ),
+        ("c2", "a9")
+    );
+    // The owner's level records the notice it receives.
+    let owner = level("c2");
+    owner
+        .on_parent_message(fed::ParentMessage {
+            payload: Some(fed::parent_message::Payload::NameClash(notices[0].clone())),
+        })
+        .expect("ok");
+    assert_eq!(
+        owner.clashes(None)[0]
+            .to_string()
+            .split_once(' ')
+            .map(|x| x.1),
+        Some(
+            "a9/shop/api claimed api.shop.svc.clusterset.local owned by c2/shop/api; refused by root"
+        )
+    );
+    // c2 goes away: the name stays reserved for it.
+    root.detach_child("c2", c2);
+    assert!(
+        root.child_announcement("a9", &ann("a9", "api.shop.svc.clusterset.local"))
+            .is_err()
+    );
+    // The owner withdraws the service: the name is free.
+    let (tx2, _rx2) = session_channel();
+    root.attach_child("c2", "a".into(), &membership(&["c2"]), tx2)
+        .expect("back");
+    root.child_announcement(
+        "c2",
+        &fed::ServiceAnnouncement {
+            deleted: true,
+            ..ann("c2", "api.shop.svc.clusterset.local")
+        },
+    )
+    .expect("withdraw");
+    root.child_announcement("a9", &ann("a9", "api.shop.svc.clusterset.local"))
+        .expect("a free name may be taken");
+}
+
+/// A refusal from the parent is stored (and logged) by the child.
+#[test]
+fn the_child_stores_what_its_parent_refused() {
+    let b = level("b");
+    let r = Refusal::new(tonic::Code::ResourceExhausted, "too big").to_rejection(
+        "announcement",
+        "b",
+        "shop",
+        "api",
+        "",
+        "root",
+    );
+    b.on_parent_message(fed::ParentMessage {
+        payload: Some(fed::parent_message::Payload::Rejection(r.clone())),
+    })
+    .expect("ok");
+    assert_eq!(b.rejections().len(), 1);
+    assert_eq!(b.rejections()[0].1, r);
+}
+
+/// A carry permit added later takes effect from what the child declared; the child is asked to
+/// reconnect so it announces the newly carried clusters again. Removing it shrinks the subtree.
+#[test]
+fn carry_is_decided_again_when_policies_change() {
+    let root = level("root");
+    let (tx, mut rx) = session_channel();
+    root.attach_child("c3", "a".into(), &membership(&["c3", "c2"]), tx)
+        .expect("attach");
+    assert_eq!(root.subtree(), ["c3", "root"]);
+    drain(&mut rx);
+    let carry = crate::authz::carry_policy("c3", &["c2"]).expect("names");
+    root.gate()
+        .set_policies(Policies::from_sources(&[("c.cedar".into(), carry)]).expect("valid"));
+    root.policies_changed();
+    assert_eq!(root.subtree(), ["c2", "c3", "root"]);
+    let asked_to_reconnect = std::iter::from_fn(|| rx.try_recv().ok())
+        .any(|m| m.is_err_and(|s| s.code() == tonic::Code::Unavailable));
+    assert!(asked_to_reconnect);
+    root.gate().set_policies(Policies::default_set());
+    root.policies_changed();
+    assert_eq!(root.subtree(), ["c3", "root"]);
+}
+
+/// b2's own export of shop/api, admitting `allowed`.
+fn local_api(allowed: &[&str]) -> ServiceEntry {
+    let mut e = entry_from_announcement(
+        &fed::ServiceAnnouncement {
+            allowed_requesters: allowed.iter().map(|s| s.to_string()).collect(),
+            ..api_announcement()
+        },
+        Source::Local,
+    )
+    .expect("valid");
+    e.source = Source::Local;
+    e
+}
+
+/// A level above can forge a route notification; the owner applies a grant only for its own
+/// export and a caller that export admits, and says why in the acknowledgement.
+#[test]
+fn the_owner_grants_only_its_own_exports_to_callers_they_admit() {
+    let b2 = level("b2");
+    b2.catalog().upsert(local_api(&["b1/web"]));
+    let (tx, mut up) = mpsc::channel(16);
+    assert!(b2.begin_upward(tx));
+    while up.try_recv().is_ok() {}
+    let forged = |ns: &str, name: &str, caller: &str| fed::ParentMessage {
+        payload: Some(fed::parent_message::Payload::RouteNotification(
+            fed::RouteNotification {
+                target_namespace: ns.into(),
+                target_service: name.into(),
+                caller_cluster: caller.into(),
+                caller_service: "web".into(),
+                route_id: 9,
+                target_cluster: "b2".into(),
+                resolver_cluster: "b".into(),
+                ..Default::default()
+            },
+        )),
+    };
+    let ack = |up: &mut mpsc::Receiver<fed::ChildMessage>| loop {
+        match up.try_recv() {
+            Ok(fed::ChildMessage {
+                payload: Some(fed::child_message::Payload::RouteAck(a)),
+            }) => return a,
+            Ok(_) => continue,
+            Err(e) => panic!("no ack: {e:?}"),
+        }
+    };
+    b2.on_parent_message(forged("kube-system", "coredns", "b1"))
+        .expect("ok");
+    let a = ack(&mut up);
+    assert_eq!(
+        (a.applied, a.error.as_str()),
+        (false, "kube-system/coredns is not exported by b2")
+    );
+    b2.on_parent_message(forged("shop", "api", "evil"))
+        .expect("ok");
+    let a = ack(&mut up);
+    assert_eq!(
+        (a.applied, a.error.as_str()),
+        (false, "b2/shop/api does not admit evil/web")
+    );
+    assert!(b2.owner_routes().is_empty());
+    b2.on_parent_message(forged("shop", "api", "b1"))
+        .expect("ok");
+    assert_eq!((ack(&mut up).applied, b2.owner_routes().len()), (true, 1));
+}
+
+/// A grandchild that goes away (its parent's subtree shrinks) keeps its names too; when it is
+/// back under the same child it holds them again.
+#[test]
+fn a_grandchild_away_keeps_its_names() {
+    let root = level("root");
+    let (txb, _rxb) = session_channel();
+    root.attach_child("b", "a".into(), &membership(&["b", "b1", "b2"]), txb)
+        .expect("attach b");
+    let (tx9, _rx9) = session_channel();
+    root.attach_child("a9", "c".into(), &membership(&["a9"]), tx9)
+        .expect("attach a9");
+    root.child_announcement("b", &api_announcement())
+        .expect("b2's service, through b");
+    root.update_child_subtree("b", &membership(&["b", "b1"]))
+        .expect("b2 went away");
+    assert!(root.catalog().is_empty());
+    let shadow = fed::ServiceAnnouncement {
+        cluster: "a9".into(),
+        ..api_announcement()
+    };
+    let err = root
+        .child_announcement("a9", &shadow)
+        .expect_err("held for b2");
+    assert_eq!(err.code, tonic::Code::AlreadyExists);
+    root.update_child_subtree("b", &membership(&["b", "b1", "b2"]))
+        .expect("b2 is back");
+    root.child_announcement("b", &api_announcement())
+        .expect("the owner holds its name again");
+    assert!(root.child_announcement("a9", &shadow).is_err());
 }
