@@ -27,6 +27,12 @@ use serde_json::Value;
 use xcc_proto::crd::{RemoteRegistry, ServiceRecord};
 
 const NAMESPACE: &str = "cross-cluster-connectivity";
+/// The image every container runs: `xcc` at the crate's version (the `images:` entry of
+/// deploy/base and deploy/dns/server), so one `kustomize edit set image xcc=...` in an overlay
+/// replaces them all.
+const IMAGE: &str = concat!("xcc:", env!("CARGO_PKG_VERSION"));
+/// The image's user (`USER` in the Containerfile, distroless `nonroot`).
+const IMAGE_USER: i64 = 65532;
 const TARGETS: [&str; 12] = [
     "crds",
     "base",
@@ -213,12 +219,14 @@ fn check_deployment(target: &str, d: &Deployment, r: &Rendered) {
     );
     let psc = pod.security_context.as_ref().unwrap();
     assert_eq!(psc.run_as_non_root, Some(true), "{what}: runAsNonRoot");
+    assert_eq!(psc.run_as_user, Some(IMAGE_USER), "{what}: runAsUser");
     assert_eq!(
         psc.seccomp_profile.as_ref().map(|s| s.type_.as_str()),
         Some("RuntimeDefault"),
         "{what}: seccomp"
     );
     for c in &pod.containers {
+        assert_eq!(c.image.as_deref(), Some(IMAGE), "{what}: image");
         let csc = c.security_context.as_ref().unwrap();
         assert_eq!(
             csc.read_only_root_filesystem,
