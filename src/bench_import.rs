@@ -214,8 +214,10 @@ async fn import_once(
     })
     .await;
     let elapsed = start.elapsed();
-    let written = sink.bytes_written();
     handle.stop().await;
+    // A background compaction may still be writing: count what it writes too.
+    sink.settle(REMOTE).await?;
+    let written = sink.bytes_written();
     match done {
         Ok(r) => r?,
         Err(_) => bail!("import of {n} from {addr} did not finish within {timeout:?}"),

@@ -186,9 +186,8 @@ fn event(line: &str) -> Option<(String, String, String)> {
 
 /// The Go client subscribes to an xcc registry and sees the snapshot as CREATEs, then an UPDATE
 /// and a DELETE as the catalog changes.
-#[tokio::test]
-async fn go_client_follows_xcc() {
-    let Some(dir) = reference_dir("go_client_follows_xcc") else {
+async fn go_client_follows_xcc(api: &str) {
+    let Some(dir) = reference_dir(&format!("go_client_follows_xcc_{api}")) else {
         return;
     };
     let pki = Pki::new("xcc.test");
@@ -200,7 +199,7 @@ async fn go_client_follows_xcc() {
     ] {
         east.catalog.upsert(export("east", "ns", f, ip));
     }
-    let mut client = go_client(&dir, &pki.cluster("west"), east.hamlet_addr, 3, "v1alpha1");
+    let mut client = go_client(&dir, &pki.cluster("west"), east.hamlet_addr, 3, api);
     let mut created = Vec::new();
     client
         .wait_line("snapshot of 3", |l| {
@@ -239,6 +238,18 @@ async fn go_client_follows_xcc() {
         (delete.0.as_str(), delete.1.as_str()),
         ("DELETE", "c.xcc.test")
     );
+}
+
+#[tokio::test]
+async fn go_client_follows_xcc_v1alpha1() {
+    go_client_follows_xcc("v1alpha1").await;
+}
+
+/// The Go client's v1alpha2 watch: the v1alpha2 type over the v1alpha1 service, as the Go
+/// reference server offers it.
+#[tokio::test]
+async fn go_client_follows_xcc_v1alpha2() {
+    go_client_follows_xcc("v1alpha2").await;
 }
 
 /// xcc imports from the Go server, follows its CREATE/UPDATE/DELETE, survives its restart and,

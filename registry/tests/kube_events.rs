@@ -3,6 +3,8 @@
 //! which the remote chooses) gets a Warning Event on its RemoteRegistry — cut to the API's
 //! 1 kB note limit, not refused.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -2,11 +2,11 @@
 //!
 //! It subscribes to `federation.types.v1alpha1.FederatedService`, writes what it receives to the
 //! import sink (one batch at a time, costing what changed), only then sends exactly one ACK (or
-//! NACK) per response, as Go servers require, and then mirrors the batch into the catalog. Reconnects use jittered exponential backoff (floor 1 s, cap
-//! configurable); `Unauthenticated` is not retried. After every (re)connect the remote's snapshot
-//! is applied again and imports the remote no longer has are removed — after the end-of-snapshot
-//! marker when the server offers it, else after a quiet period — touching only this remote's
-//! records.
+//! NACK) per response, as Go servers require, and then mirrors the batch into the catalog.
+//! Reconnects use jittered exponential backoff (floor 1 s, cap configurable); `Unauthenticated`
+//! is not retried. After every (re)connect the remote's snapshot is applied again and imports the
+//! remote no longer has are removed — after the end-of-snapshot marker when the server offers it,
+//! else by the timing rule of [`super::sweep`] — touching only this remote's records.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;

@@ -124,7 +124,11 @@ trait Wire: Send + 'static {
     type Resp: Send + 'static;
     const API: Api;
     const RESOURCE_URL: &'static str;
-    /// The subscription: resource URL and (v1alpha2) context.
+    /// Whether a subscription to `url` is served (by default only [`Self::RESOURCE_URL`]).
+    fn serves(url: &str) -> bool {
+        url == Self::RESOURCE_URL
+    }
+    /// The subscription: resource URL and the per-stream context handed to [`Self::render`].
     fn subscription(req: &Self::Req) -> Result<(String, String), Status>;
     fn incoming(req: Self::Req) -> Result<Incoming, Status>;
     fn render(out: &Outgoing, context: &str) -> Self::Resp;
@@ -137,16 +141,25 @@ impl Wire for W1 {
     const API: Api = Api::V1alpha1;
     const RESOURCE_URL: &'static str = FEDERATED_SERVICE_V1ALPHA1_URL;
 
+    /// The Go reference server serves both FederatedService versions on this service, chosen by
+    /// the consumer's `resource_url` (the Go client's `WatchResources` with the v1alpha2 URL).
+    fn serves(url: &str) -> bool {
+        url == FEDERATED_SERVICE_V1ALPHA1_URL || url == FEDERATED_SERVICE_V1ALPHA2_URL
+    }
+
+    /// The context is the subscribed resource URL: it picks the payload version.
     fn subscription(req: &Self::Req) -> Result<(String, String), Status> {
-        Ok((req.resource_url.clone(), String::new()))
+        Ok((req.resource_url.clone(), req.resource_url.clone()))
     }
 
     fn incoming(req: Self::Req) -> Result<Incoming, Status> {
-        check_url(&req.resource_url, Self::RESOURCE_URL)?;
+        if !Self::serves(&req.resource_url) {
+            check_url(&req.resource_url, Self::RESOURCE_URL)?;
+        }
         Ok(reply(req.response_nonce, req.status))
     }
 
-    fn render(out: &Outgoing, _context: &str) -> Self::Resp {
+    fn render(out: &Outgoing, context: &str) -> Self::Resp {
         let (operation, resource) = match (out.op, &out.entry) {
             (Op::SnapshotComplete, _) | (_, None) => {
                 (rd1::stream_response::Operation::Unknown, marker_any(out))
@@ -157,7 +170,11 @@ impl Wire for W1 {
                     Op::Update => rd1::stream_response::Operation::Update,
                     _ => rd1::stream_response::Operation::Delete,
                 },
-                convert::any_v1alpha1(e),
+                if context == FEDERATED_SERVICE_V1ALPHA2_URL {
+                    convert::any_v1alpha2(e)
+                } else {
+                    convert::any_v1alpha1(e)
+                },
             ),
         };
         rd1::StreamResponse {
@@ -320,7 +337,7 @@ async fn establish<W: Wire>(
         .map_err(|_| Status::deadline_exceeded("no subscription request received"))??
         .ok_or_else(|| Status::cancelled("stream closed before subscribing"))?;
     let (url, context) = W::subscription(&first)?;
-    if url != W::RESOURCE_URL {
+    if !W::serves(&url) {
         return Err(Status::invalid_argument(format!(
             "unsupported resource_url {url:?}; this service serves {:?}",
             W::RESOURCE_URL
