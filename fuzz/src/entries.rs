@@ -8,9 +8,9 @@ use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use prost::Message as _;
-use xcc_binder::dns::answer::{Settings, Snapshot};
-use xcc_binder::dns::wire::{self, Transport};
-use xcc_binder::dns::zone::{NamedPort, ServiceInfo, ServiceKey as DnsKey, ZoneSet};
+use xcc_dns::answer::{Settings, Snapshot};
+use xcc_dns::wire::{self, Transport};
+use xcc_dns::zone::{NamedPort, ServiceInfo, ServiceKey as DnsKey, ZoneSet};
 use xcc_proto::federation::resourcediscovery::{v1alpha1 as rd1, v1alpha2 as rd2};
 use xcc_proto::federation::types::{v1alpha1 as t1, v1alpha2 as t2};
 use xcc_proto::hamlet;

@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 use xcc_proto::names::policy_object_name;
 use xcc_proto::xcc::federation::v1 as fed;
 use xcc_registry::Catalog;
-use xcc_registry::authz::Policies;
+use xcc_registry::authz::{Gate, Policies};
 use xcc_registry::catalog::{ServiceEntry, ServiceKey, Source};
 use xcc_registry::federation::Level;
 use xcc_registry::federation::grants::{FileGrants, GrantMode};
@@ -33,7 +33,10 @@ fn owner(state: &Path) -> Level {
         "b2",
         None,
         catalog,
-        Arc::new(RwLock::new(Arc::new(Policies::default_set()))),
+        Gate::new(
+            "xcc.test",
+            Arc::new(RwLock::new(Arc::new(Policies::default_set()))),
+        ),
     );
     level.set_grant_sink(Arc::new(
         FileGrants::new(state, GrantMode::Istio).expect("grants dir"),
