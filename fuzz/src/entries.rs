@@ -18,7 +18,7 @@ use xcc_proto::names;
 use xcc_proto::resources::{self, RemoteRegistry, ServiceRecord};
 use xcc_proto::xcc::admin::v1 as admin;
 use xcc_proto::xcc::federation::v1 as fed;
-use xcc_registry::authz::Policies;
+use xcc_registry::authz::{Gate, Policies};
 use xcc_registry::catalog::{Catalog, ServiceEntry, ServiceKey, Source};
 use xcc_registry::federation::convert::{entry_from_announcement, parse_endpoint};
 use xcc_registry::federation::{Level, Target};
@@ -118,7 +118,10 @@ fn level() -> &'static Level {
             "b2",
             Some("b".into()),
             catalog,
-            Arc::new(RwLock::new(Arc::new(Policies::default_set()))),
+            Gate::new(
+                "xcc.test",
+                Arc::new(RwLock::new(Arc::new(Policies::default_set()))),
+            ),
         )
     })
 }
@@ -272,6 +275,7 @@ pub fn dns_packets(data: &[u8]) {
         let settings = Settings {
             ttl: 5,
             transparent,
+            ns_addresses: vec![source],
         };
         for transport in [Transport::Udp, Transport::Tcp] {
             let _ = wire::handle(data, source, transport, snapshot(), &settings);
