@@ -1,9 +1,10 @@
 //! The imports feed: `xcc dns` without Kubernetes, serving what a file-mode registry imported.
 //!
-//! `xcc registry --store file` writes each remote's imports to `<state-dir>/imports/<remote>.yaml`
-//! (ServiceRecords, replaced atomically). This feed watches that directory (filesystem events,
-//! plus a slow poll for filesystems that deliver none), parses each changed file with
-//! [`xcc_proto::resources`], and hands the index a full Services listing built by the pure
+//! `xcc registry --store file` keeps each remote's imports as a snapshot,
+//! `<state-dir>/imports/<remote>.yaml` (ServiceRecords, replaced atomically), and a journal of the
+//! changes since, `<remote>.journal` ([`xcc_proto::import_journal`]). This feed watches that
+//! directory (filesystem events, plus a slow poll for filesystems that deliver none), reads each
+//! changed remote as the registry does (snapshot, then the journal replayed), and hands the index a full Services listing built by the pure
 //! [`services_from_records`]: one name per imported FQDN with the endpoint addresses as its A /
 //! AAAA records (there is no cluster IP without Kubernetes), and the MCS name
 //! `<origin-name>.<origin-namespace>.svc.clusterset.local` when the record carries the origin
@@ -21,8 +22,9 @@ use notify::Watcher as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
-use xcc_proto::names::{FQDN_ANNOTATION, canonical_fqdn};
-use xcc_proto::resources::{self, ServiceRecord};
+use xcc_proto::import_journal::{Change, Line, Put};
+use xcc_proto::names::{API_VERSION, FQDN_ANNOTATION, canonical_fqdn, imported_record_name};
+use xcc_proto::resources::{self, ObjectMeta, ServiceRecord};
 
 use super::index::DnsFeed;
 use super::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
@@ -152,11 +154,18 @@ struct Stamp {
     inode: u64,
 }
 
-/// The directory's files as last read: stamp and last good records of each.
+/// One remote's files: its snapshot (`<remote>.yaml`) and its journal (`<remote>.journal`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Stamps {
+    snapshot: Option<Stamp>,
+    journal: Option<Stamp>,
+}
+
+/// The directory as last read: per remote, the stamps of its files and the last good records.
 #[derive(Debug, Default)]
 pub struct ImportsDir {
     dir: PathBuf,
-    files: BTreeMap<String, (Option<Stamp>, Vec<ServiceRecord>)>,
+    files: BTreeMap<String, (Stamps, Vec<ServiceRecord>)>,
 }
 
 impl ImportsDir {
@@ -168,8 +177,9 @@ impl ImportsDir {
         }
     }
 
-    /// Re-read changed `*.yaml` files and forget removed ones. Returns whether anything changed,
-    /// and one message per file that could not be read (its last good content stays).
+    /// Re-read the remotes whose snapshot or journal changed and forget removed ones. Returns
+    /// whether anything changed, and one message per remote whose snapshot could not be read
+    /// (its last good content stays) or journal line that was skipped.
     pub fn rescan(&mut self) -> (bool, Vec<String>) {
         let mut errors = Vec::new();
         let entries = match std::fs::read_dir(&self.dir) {
@@ -179,49 +189,50 @@ impl ImportsDir {
                 return (false, errors);
             }
         };
-        let mut seen = BTreeSet::new();
-        let mut changed = false;
+        let mut seen: BTreeMap<String, (Stamps, Option<PathBuf>, Option<PathBuf>)> =
+            BTreeMap::new();
         for entry in entries.flatten() {
             let path = entry.path();
-            let Some(name) = yaml_name(&path) else {
+            let Some((remote, part)) = remote_file(&path) else {
                 continue;
             };
-            seen.insert(name.clone());
             let stamp = entry.metadata().ok().map(|m| Stamp {
                 len: m.len(),
                 modified: m.modified().ok(),
                 inode: std::os::unix::fs::MetadataExt::ino(&m),
             });
-            if stamp.is_some() && self.files.get(&name).is_some_and(|(s, _)| *s == stamp) {
+            let slot = seen.entry(remote).or_default();
+            match part {
+                Part::Snapshot => (slot.0.snapshot, slot.1) = (stamp, Some(path)),
+                Part::Journal => (slot.0.journal, slot.2) = (stamp, Some(path)),
+            }
+        }
+        let mut changed = false;
+        for (remote, (stamps, snapshot, journal)) in &seen {
+            if self.files.get(remote).is_some_and(|(s, _)| s == stamps) {
                 continue;
             }
-            let parsed = std::fs::read_to_string(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|text| {
-                    resources::parse_documents::<ServiceRecord>(&text, &path.display().to_string())
-                        .map_err(|e| e.to_string())
-                });
-            match parsed {
+            match read_remote(remote, snapshot.as_deref(), journal.as_deref(), &mut errors) {
                 Ok(records) => {
-                    let slot = self.files.entry(name).or_default();
+                    let slot = self.files.entry(remote.clone()).or_default();
                     changed |= slot.1 != records;
-                    *slot = (stamp, records);
+                    *slot = (*stamps, records);
                 }
                 Err(e) => {
-                    // Keep the last good records; remember the stamp so a broken file is
+                    // Keep the last good records; remember the stamps so a broken file is
                     // reported once per version, not on every poll.
                     errors.push(e);
-                    self.files.entry(name).or_default().0 = stamp;
+                    self.files.entry(remote.clone()).or_default().0 = *stamps;
                 }
             }
         }
         let before = self.files.len();
-        self.files.retain(|name, _| seen.contains(name));
+        self.files.retain(|remote, _| seen.contains_key(remote));
         changed |= self.files.len() != before;
         (changed, errors)
     }
 
-    /// The records of every file, by file name.
+    /// The records of every remote, by remote name.
     pub fn records(&self) -> BTreeMap<String, Vec<ServiceRecord>> {
         self.files
             .iter()
@@ -230,11 +241,99 @@ impl ImportsDir {
     }
 }
 
-fn yaml_name(path: &Path) -> Option<String> {
+enum Part {
+    Snapshot,
+    Journal,
+}
+
+/// `<remote>.yaml` / `.yml` (the snapshot) or `<remote>.journal`; the registry writes through
+/// hidden temporary files, which never count.
+fn remote_file(path: &Path) -> Option<(String, Part)> {
     let name = path.file_name()?.to_str()?;
-    // The registry writes through hidden temporary files; only finished `*.yaml` count.
-    (!name.starts_with('.') && (name.ends_with(".yaml") || name.ends_with(".yml")))
-        .then(|| name.to_string())
+    if name.starts_with('.') {
+        return None;
+    }
+    for (suffix, part) in [
+        (".yaml", Part::Snapshot),
+        (".yml", Part::Snapshot),
+        (".journal", Part::Journal),
+    ] {
+        if let Some(remote) = name.strip_suffix(suffix) {
+            return Some((remote.to_string(), part));
+        }
+    }
+    None
+}
+
+/// A remote's imports: the snapshot's records, then the journal's changes replayed in order (as
+/// the registry itself reads them at start-up). A snapshot that does not parse is an error; a
+/// journal line that does not is skipped and reported in `errors` (a line torn by a crash).
+fn read_remote(
+    remote: &str,
+    snapshot: Option<&Path>,
+    journal: Option<&Path>,
+    errors: &mut Vec<String>,
+) -> Result<Vec<ServiceRecord>, String> {
+    let mut by_fqdn: BTreeMap<String, ServiceRecord> = BTreeMap::new();
+    if let Some(path) = snapshot {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let records =
+            resources::parse_documents::<ServiceRecord>(&text, &path.display().to_string())
+                .map_err(|e| e.to_string())?;
+        by_fqdn.extend(records.into_iter().map(|r| (r.spec.fqdn.clone(), r)));
+    }
+    let Some(path) = journal else {
+        return Ok(by_fqdn.into_values().collect());
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        // Compacted away between the listing and this read: the snapshot holds it all.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let namespace = by_fqdn
+        .values()
+        .find_map(|r| r.metadata.namespace.clone());
+    for (n, raw) in text.lines().enumerate() {
+        match Line::parse(raw) {
+            Ok(Some(Change::Put(p))) => {
+                let record = journal_record(remote, namespace.clone(), p);
+                by_fqdn.insert(record.spec.fqdn.clone(), record);
+            }
+            Ok(Some(Change::Del(fqdn))) => {
+                by_fqdn.remove(&fqdn);
+            }
+            Ok(None) => {}
+            Err(e) => errors.push(format!("{} line {}: {e}; skipped", path.display(), n + 1)),
+        }
+    }
+    Ok(by_fqdn.into_values().collect())
+}
+
+/// The ServiceRecord a journal `put` stands for (named as the registry names an import).
+fn journal_record(remote: &str, namespace: Option<String>, p: Put) -> ServiceRecord {
+    ServiceRecord {
+        api_version: API_VERSION.to_string(),
+        kind: "ServiceRecord".to_string(),
+        metadata: ObjectMeta {
+            name: imported_record_name(&p.fqdn, remote).unwrap_or_else(|_| p.fqdn.clone()),
+            namespace,
+            annotations: p.annotations,
+            ..Default::default()
+        },
+        spec: resources::ServiceRecordSpec {
+            fqdn: p.fqdn,
+            endpoints: p
+                .endpoints
+                .into_iter()
+                .map(|e| resources::Endpoint {
+                    address: e.address,
+                    port: e.port,
+                })
+                .collect(),
+            ..Default::default()
+        },
+    }
 }
 
 /// Read `dir` once and publish it as the full Services listing.

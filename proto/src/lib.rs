@@ -9,6 +9,7 @@
 pub mod crd;
 pub mod domains;
 pub mod hamlet;
+pub mod import_journal;
 pub mod mapping;
 pub mod names;
 pub mod resources;

@@ -26,8 +26,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use tracing::warn;
+use xcc_proto::import_journal::{Change, Ep, Line, Put};
 use xcc_proto::resources::{self, ServiceRecord};
 
 use super::{IMPORTS_DIR, imported_record};
@@ -72,29 +72,6 @@ struct Journal {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// One journal line.
-#[derive(Serialize, Deserialize, Default)]
-struct Line {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    put: Option<Put>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    del: Option<String>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Put {
-    fqdn: String,
-    endpoints: Vec<Ep>,
-    #[serde(default)]
-    annotations: BTreeMap<String, String>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Ep {
-    address: String,
-    port: u32,
 }
 
 impl FileImportSink {
@@ -352,11 +329,8 @@ fn snapshot_text(
 /// or edited by hand) is skipped with a warning naming it; the others still apply.
 fn replay(imports: &mut BTreeMap<String, Imported>, text: &str, path: &Path) {
     for (n, raw) in text.lines().enumerate() {
-        if raw.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str::<Line>(raw) {
-            Ok(Line { put: Some(p), .. }) => {
+        match Line::parse(raw) {
+            Ok(Some(Change::Put(p))) => {
                 let i = Imported {
                     fqdn: p.fqdn.clone(),
                     raw_fqdn: p.fqdn,
@@ -372,12 +346,10 @@ fn replay(imports: &mut BTreeMap<String, Imported>, text: &str, path: &Path) {
                 };
                 imports.insert(i.fqdn.clone(), i);
             }
-            Ok(Line {
-                del: Some(fqdn), ..
-            }) => {
+            Ok(Some(Change::Del(fqdn))) => {
                 imports.remove(&fqdn);
             }
-            Ok(_) => warn!(file = %path.display(), line = n + 1, "empty journal line; skipped"),
+            Ok(None) => {}
             Err(e) => {
                 warn!(file = %path.display(), line = n + 1, error = %e, "unreadable journal line (torn by a crash?); skipped")
             }
