@@ -21,8 +21,8 @@ use std::time::{Duration, SystemTime};
 use notify::Watcher as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::import_journal::{Change, Line, Put};
+use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::{API_VERSION, FQDN_ANNOTATION, canonical_fqdn, imported_record_name};
 use xcc_proto::resources::{self, ObjectMeta, ServiceRecord};
 
@@ -291,9 +291,7 @@ fn read_remote(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
-    let namespace = by_fqdn
-        .values()
-        .find_map(|r| r.metadata.namespace.clone());
+    let namespace = by_fqdn.values().find_map(|r| r.metadata.namespace.clone());
     for (n, raw) in text.lines().enumerate() {
         match Line::parse(raw) {
             Ok(Some(Change::Put(p))) => {

@@ -11,7 +11,8 @@
 //! [`check_route`] holds each one to the Kubernetes rule of what it names before it reaches an
 //! object, a label or a file name, and [`FileGrants`] checks again that each file it writes or
 //! removes is a plain file name directly under `grants/`. Which services may be granted at all
-//! (only this cluster's own exports) is decided by the caller of the sink, the federation level.
+//! (only this cluster's own exports, to callers they admit) is decided by the caller of the sink,
+//! the federation level (`owner_check`).
 
 use std::path::{Path, PathBuf};
 
@@ -155,23 +156,6 @@ pub fn check_route(r: &OwnerRoute) -> Result<(), String> {
             &r.caller_service,
             "a DNS-1123 subdomain of at most 63 characters",
         );
-    }
-    Ok(())
-}
-
-/// Whether the owner may act on a route notification: every name passes [`check_route`], and a
-/// grant (not a revocation) is for one of this cluster's own exports (`own_export`). A parent
-/// or any cluster on the path can put any namespace and service in a notification; without the
-/// second rule the owner would write grants for services it never exported
-/// (`kube-system/coredns`). A revocation of an unexported service only removes what its names
-/// point at, so it is let through once the names are valid.
-pub fn admit_route(r: &OwnerRoute, revoked: bool, own_export: bool) -> Result<(), String> {
-    check_route(r)?;
-    if !revoked && !own_export {
-        return Err(format!(
-            "route for {}/{}: not an export of this cluster; no grant written",
-            r.target_namespace, r.target_service
-        ));
     }
     Ok(())
 }
@@ -373,19 +357,6 @@ mod tests {
         assert!(with(&|r| r.caller_cluster = "b1/x".into()).is_err());
         assert!(with(&|r| r.caller_service = "web\n".into()).is_err());
         assert_eq!(with(&|r| r.target_service = "api.v2".into()), Ok(()));
-    }
-
-    #[test]
-    fn only_own_exports_are_granted_and_any_valid_revocation_is_let_through() {
-        assert_eq!(admit_route(&route(), false, true), Ok(()));
-        assert_eq!(
-            admit_route(&route(), false, false),
-            Err("route for shop/api: not an export of this cluster; no grant written".into())
-        );
-        assert_eq!(admit_route(&route(), true, false), Ok(()));
-        let mut hostile = route();
-        hostile.target_namespace = "../..".into();
-        assert!(admit_route(&hostile, true, true).is_err());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::super::convert::{response_for, target_matches};
-use super::super::grants::admit_route;
+use super::super::grants::check_route;
 use super::super::tree::Direction;
 use super::{Grant, Level, OwnerRoute, Subscription, Target, msg_down, msg_up, send_up};
 use crate::catalog::{ServiceEntry, Source};
@@ -101,13 +101,6 @@ impl Level {
 
     /// Deliver a route notification toward its target cluster. Returns true when applied here.
     pub(super) fn route_notification(&self, n: fed::RouteNotification) -> bool {
-        // Read before the level lock (the catalog has its own): grants only for our exports.
-        let own_export = self
-            .inner
-            .catalog
-            .by_name(&n.target_namespace, &n.target_service)
-            .iter()
-            .any(|e| e.source == Source::Local && e.key.cluster == self.inner.cluster);
         let mut st = self.lock();
         match st.tree.direction(&n.target_cluster) {
             Direction::Local => {
@@ -133,7 +126,9 @@ impl Level {
                     since: SystemTime::now(),
                     applied: vec![],
                 };
-                if let Err(reason) = admit_route(&route, n.revoked, own_export) {
+                // Every name is checked before it reaches a file or an object; whether the
+                // grant is for one of our own exports, to a caller it admits, was decided above.
+                if let Err(reason) = check_route(&route) {
                     warn!(caller = %n.caller_cluster, resolver = %n.resolver_cluster, %reason, "route notification refused");
                     return false;
                 }
@@ -207,7 +202,7 @@ impl Level {
             .inner
             .catalog
             .get(&key)
-            .filter(|e| e.source == crate::catalog::Source::Local)
+            .filter(|e| e.source == Source::Local)
         else {
             return Err(format!(
                 "{}/{} is not exported by {}",
