@@ -97,7 +97,7 @@ fn a_broken_file_keeps_its_last_good_content_and_a_removed_file_its_names_go() {
     std::fs::write(dir.path().join(".tmp123"), "not yaml: [").unwrap();
     let mut state = ImportsDir::new(dir.path());
     assert_eq!(state.rescan(), (true, vec![]));
-    assert_eq!(state.records()["east.yaml"].len(), 1);
+    assert_eq!(state.records()["east"].len(), 1);
     assert_eq!(state.rescan(), (false, vec![]), "nothing changed");
 
     std::fs::write(&east, "kind: [").unwrap();
@@ -105,9 +105,83 @@ fn a_broken_file_keeps_its_last_good_content_and_a_removed_file_its_names_go() {
     assert!(!changed);
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].contains("east.yaml"), "{errors:?}");
-    assert_eq!(state.records()["east.yaml"][0].spec.fqdn, "web.xcc.test");
+    assert_eq!(state.records()["east"][0].spec.fqdn, "web.xcc.test");
 
     std::fs::remove_file(&east).unwrap();
     assert_eq!(state.rescan(), (true, vec![]));
     assert!(state.records().is_empty());
+}
+
+#[test]
+fn a_remote_is_its_snapshot_with_its_journal_replayed_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("east.yaml"),
+        format!(
+            "{}---\n{}",
+            record("xcc", "web-east", "web.xcc.test", &["10.0.0.1"], None),
+            record("xcc", "db-east", "db.xcc.test", &["10.0.0.2"], None)
+        ),
+    )
+    .unwrap();
+    // What the registry appends after the snapshot: web moves, db goes, api arrives; then a
+    // line torn by a crash, which is skipped and reported.
+    std::fs::write(
+        dir.path().join("east.journal"),
+        concat!(
+            r#"{"put":{"fqdn":"web.xcc.test","endpoints":[{"address":"10.0.0.9","port":443}]}}"#,
+            "\n",
+            r#"{"del":"db.xcc.test"}"#,
+            "\n",
+            r#"{"put":{"fqdn":"api.xcc.test","endpoints":[{"address":"10.0.0.3","port":8443}]}}"#,
+            "\n",
+            r#"{"put":{"fqdn":"cut"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let mut state = ImportsDir::new(dir.path());
+    let (changed, errors) = state.rescan();
+    assert!(changed);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(errors[0].contains("east.journal line 4"), "{errors:?}");
+    let records = &state.records()["east"];
+    let got: Vec<(&str, Vec<&str>, Option<&str>)> = records
+        .iter()
+        .map(|r| {
+            (
+                r.spec.fqdn.as_str(),
+                r.spec
+                    .endpoints
+                    .iter()
+                    .map(|e| e.address.as_str())
+                    .collect(),
+                r.metadata.namespace.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("api.xcc.test", vec!["10.0.0.3"], Some("xcc")),
+            ("web.xcc.test", vec!["10.0.0.9"], Some("xcc")),
+        ]
+    );
+    assert_eq!(
+        records[0].metadata.name,
+        xcc_proto::names::imported_record_name("api.xcc.test", "east").unwrap()
+    );
+
+    // A journal alone (the first batch before any snapshot) is a remote too.
+    std::fs::write(
+        dir.path().join("west.journal"),
+        concat!(
+            r#"{"put":{"fqdn":"web.west.test","endpoints":[{"address":"10.1.0.1","port":443}]}}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let (changed, _) = state.rescan();
+    assert!(changed);
+    assert_eq!(state.records()["west"][0].spec.fqdn, "web.west.test");
 }
