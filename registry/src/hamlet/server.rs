@@ -388,9 +388,9 @@ async fn establish<W: Wire>(
 /// response is rendered only when HTTP/2 flow control has room for it. While the consumer's
 /// flow-control window is closed the stream is not polled at all: ACKs and retries wait until
 /// the consumer reads again, and its own ACK timer cannot fire. So the stream publishes its ACK
-/// deadline on a watch channel to a [`watchdog`] task, which closes the connection when the
-/// deadline plus [`STALL_GRACE`] passes unchanged; the stream, its peer entry and its gauge go
-/// with it. The HTTP/2 keepalive closes a connection whose peer is gone.
+/// deadline on a watch channel to a [`watchdog`] task, which closes the connection once the
+/// deadline plus [`STALL_GRACE`] has passed; the stream, its peer entry and its gauge go with
+/// it. The HTTP/2 keepalive closes a connection whose peer is gone.
 struct ConsumerStream<W: Wire> {
     server: HamletServer,
     identity: String,
@@ -410,8 +410,9 @@ struct ConsumerStream<W: Wire> {
     retry_armed: Option<Instant>,
     /// Responses returned since the stream last yielded (see [`RESPONSE_BUFFER`]).
     burst: usize,
-    /// The ACK deadline (oldest unacknowledged response plus the ACK timeout) as last published
-    /// to the [`watchdog`]; dropping the sender ends the watchdog.
+    /// The ACK deadline (oldest unacknowledged response plus the ACK timeout) for the
+    /// [`watchdog`]. Updates are silent (the watchdog reads the value when its timer fires, so
+    /// an ACK costs no wake-up); dropping the sender ends the watchdog.
     deadline: watch::Sender<Option<Instant>>,
     /// Set once the stream has ended (an error was returned or the consumer went away).
     done: bool,
@@ -458,6 +459,7 @@ impl<W: Wire> ConsumerStream<W> {
         if let Some(closer) = closer {
             tokio::spawn(watchdog(
                 deadline_rx,
+                server.config.ack_timeout,
                 closer,
                 identity.clone(),
                 server.metrics.hamlet_ack_timeouts.clone(),
@@ -503,7 +505,10 @@ impl<W: Wire> ConsumerStream<W> {
     fn finish(&mut self, end: Result<(), Status>) -> Poll<Option<Result<W::Resp, Status>>> {
         self.done = true;
         // Ending by itself: the watchdog has nothing left to do.
-        self.deadline.send_replace(None);
+        self.deadline.send_if_modified(|d| {
+            *d = None;
+            false
+        });
         self.stats.set_state(PeerState::Stopped);
         match end {
             Err(status) => {
@@ -585,17 +590,15 @@ impl<W: Wire> ConsumerStream<W> {
         Some(W::render(&out, &self.context))
     }
 
-    /// Tell the watchdog the current ACK deadline (only when it changed: the oldest response was
-    /// sent into an empty window or acknowledged).
+    /// Store the current ACK deadline for the watchdog (silently: see [`Self::deadline`]).
     fn publish_deadline(&self) {
         let at = self
             .st
             .oldest_unacked()
             .map(|t| t + self.server.config.ack_timeout);
         self.deadline.send_if_modified(|d| {
-            let changed = *d != at;
             *d = at;
-            changed
+            false
         });
     }
 
@@ -714,22 +717,34 @@ impl<W: Wire> Stream for ConsumerStream<W> {
     }
 }
 
-/// Closes the connection of a consumer whose stream keeps one ACK deadline past
-/// [`STALL_GRACE`]: the stream was not polled to end itself, so HTTP/2 flow control holds it
-/// (the consumer stopped reading). Ends when the stream is dropped or ends by itself.
+/// Closes the connection of a consumer whose ACK deadline is [`STALL_GRACE`] past due: the
+/// stream was not polled to end itself, so HTTP/2 flow control holds it (the consumer stopped
+/// reading). Ends when the stream is dropped.
+///
+/// It sleeps until the deadline it last read plus the grace, then reads it again. A deadline
+/// only ever moves later (responses are queued in the order they are sent, and a fresh one
+/// after an empty window is stamped now), so one that has passed its grace when read has been
+/// overdue that long. With no response outstanding it looks again one ACK timeout later: a
+/// response sent meanwhile is due no earlier than that.
 async fn watchdog(
     mut deadline: watch::Receiver<Option<Instant>>,
+    ack_timeout: Duration,
     closer: ConnectionCloser,
     identity: String,
     ack_timeouts: Counter,
 ) {
     loop {
-        let at = *deadline.borrow_and_update();
-        let Some(at) = at else {
-            if deadline.changed().await.is_err() {
+        let current = *deadline.borrow_and_update();
+        let now = Instant::now();
+        let wake_at = match current {
+            Some(at) if at + STALL_GRACE <= now => {
+                ack_timeouts.inc();
+                warn!(consumer = %identity, "hamlet consumer stopped reading and its ACK timeout passed; closing its connection");
+                closer.close();
                 return;
             }
-            continue;
+            Some(at) => at + STALL_GRACE,
+            None => now + ack_timeout,
         };
         tokio::select! {
             changed = deadline.changed() => {
@@ -737,12 +752,7 @@ async fn watchdog(
                     return;
                 }
             }
-            () = tokio::time::sleep_until((at + STALL_GRACE).into()) => {
-                ack_timeouts.inc();
-                warn!(consumer = %identity, "hamlet consumer stopped reading and its ACK timeout passed; closing its connection");
-                closer.close();
-                return;
-            }
+            () = tokio::time::sleep_until(wake_at.into()) => {}
         }
     }
 }
