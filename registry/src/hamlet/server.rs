@@ -383,9 +383,9 @@ async fn establish<W: Wire>(
 /// One consumer's stream: the response stream tonic sends from, which also reads the
 /// consumer's ACKs and NACKs, follows the catalog's changes and runs the ACK and retry timers.
 ///
-/// It is polled by the HTTP/2 stream's own task (no task or channel of its own), so a change
-/// reaches the wire with one task wake-up per consumer and an ACK is handled with one more; a
-/// response is rendered only when HTTP/2 flow control has room for it. While the consumer's
+/// It is polled by the HTTP/2 stream's own task (no channel, and no task of its own but an
+/// idle watchdog), so a change reaches the wire with one task wake-up per consumer and an ACK
+/// is handled with one more; a response is rendered only when HTTP/2 flow control has room for it. While the consumer's
 /// flow-control window is closed the stream is not polled at all: ACKs and retries wait until
 /// the consumer reads again, and its own ACK timer cannot fire. So the stream publishes its ACK
 /// deadline on a watch channel to a [`watchdog`] task, which closes the connection once the
