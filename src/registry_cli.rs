@@ -59,7 +59,9 @@ pub struct RegistryArgs {
     /// Reconnect backoff cap (seconds); the floor is 1 s.
     #[arg(long, env = "XCC_BACKOFF_MAX_SECONDS", default_value_t = 120)]
     pub backoff_max_seconds: u64,
-    /// Close a Hamlet stream whose oldest response is unacknowledged this long (seconds).
+    /// Close a Hamlet stream whose oldest response is unacknowledged this long (seconds). A
+    /// consumer that stopped reading (its HTTP/2 window is full) has its whole connection closed
+    /// at most 1 s later instead; either way its peer entry is released and it must reconnect.
     #[arg(long, env = "XCC_ACK_TIMEOUT_SECONDS", default_value_t = 120)]
     pub ack_timeout_seconds: u64,
     /// On shutdown, how long open streams and connections may take to finish before they are

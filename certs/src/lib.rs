@@ -29,7 +29,9 @@ pub use error::{CertError, IdentityError};
 pub use identity::{Identity, identity_from_der};
 pub use pki::{Ca, IssueRequest, IssuedCert, init_ca_dir, load_ca_dir, write_issued};
 pub use reload::{ReloadingTls, TlsFiles, TlsMaterial};
-pub use server::{PeerInfo, TlsConn, peer_info, tls_incoming};
+pub use server::{
+    ConnInfo, ConnectionCloser, PeerInfo, TlsConn, connection_closer, peer_info, tls_incoming,
+};
 
 /// Installs rustls' `ring` crypto provider as the process-wide default.
 ///

@@ -4,16 +4,22 @@
 //! tonic's built-in TLS takes a fixed configuration, so certificate rotation would need a restart. Here
 //! TLS is terminated with tokio-rustls and every new connection takes [`ReloadingTls::server_config`], the
 //! latest validated material. Because [`TlsConn`] implements tonic's `Connected`, tonic inserts its
-//! [`PeerInfo`] into every request's extensions, where handlers read it with [`peer_info`].
+//! [`ConnInfo`] into every request's extensions, where handlers read the [`PeerInfo`] with [`peer_info`]
+//! and the connection's [`ConnectionCloser`] with [`connection_closer`]: a handler that finds its peer
+//! stuck (e.g. a stream HTTP/2 no longer polls because the peer stopped reading) can drop the whole
+//! connection from outside the request.
 
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::Stream;
+use futures::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -46,16 +52,89 @@ pub struct PeerInfo {
     pub identity: Identity,
 }
 
+/// Closes one connection from outside its I/O: after [`ConnectionCloser::close`], every read, write,
+/// flush or shutdown on the [`TlsConn`] fails with `ConnectionAborted`, and the one pending is woken.
+/// The HTTP/2 server then ends the connection and drops every stream on it.
+#[derive(Clone, Default)]
+pub struct ConnectionCloser(Arc<CloserInner>);
+
+#[derive(Default)]
+struct CloserInner {
+    closed: AtomicBool,
+    /// The connection task waiting to read, and the one waiting to write (the same task under
+    /// hyper, but read and write may be pending at once).
+    read: AtomicWaker,
+    write: AtomicWaker,
+}
+
+impl ConnectionCloser {
+    /// Make the connection fail from its next (or pending) I/O on.
+    pub fn close(&self) {
+        self.0.closed.store(true, Ordering::Release);
+        self.0.read.wake();
+        self.0.write.wake();
+    }
+
+    /// Whether [`Self::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
+    }
+
+    /// Register the waker first so a `close` racing with this check still wakes the task.
+    fn check(&self, slot: &AtomicWaker, cx: &Context<'_>) -> io::Result<()> {
+        slot.register(cx.waker());
+        if self.is_closed() {
+            Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "connection closed by the server",
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_read(&self, cx: &Context<'_>) -> io::Result<()> {
+        self.check(&self.0.read, cx)
+    }
+
+    fn check_write(&self, cx: &Context<'_>) -> io::Result<()> {
+        self.check(&self.0.write, cx)
+    }
+}
+
+impl fmt::Debug for ConnectionCloser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConnectionCloser")
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+/// What tonic stores in the extensions of every request on a [`TlsConn`].
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    /// Who is connected.
+    pub peer: PeerInfo,
+    /// Closes this connection.
+    pub closer: ConnectionCloser,
+}
+
 /// A server-side TLS connection whose client certificate was verified and yielded an [`Identity`].
 pub struct TlsConn {
     stream: TlsStream<TcpStream>,
     peer: PeerInfo,
+    closer: ConnectionCloser,
 }
 
 impl TlsConn {
     /// Who is connected.
     pub fn peer(&self) -> &PeerInfo {
         &self.peer
+    }
+
+    /// The handle that closes this connection.
+    pub fn closer(&self) -> &ConnectionCloser {
+        &self.closer
     }
 
     /// The underlying TLS stream (for the negotiated protocol, peer certificates, ...).
@@ -83,7 +162,9 @@ impl AsyncRead for TlsConn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+        let this = self.get_mut();
+        this.closer.check_read(cx)?;
+        Pin::new(&mut this.stream).poll_read(cx, buf)
     }
 }
 
@@ -93,7 +174,9 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        this.closer.check_write(cx)?;
+        Pin::new(&mut this.stream).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -101,7 +184,9 @@ impl AsyncWrite for TlsConn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        this.closer.check_write(cx)?;
+        Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -109,25 +194,38 @@ impl AsyncWrite for TlsConn {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        this.closer.check_write(cx)?;
+        Pin::new(&mut this.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+        let this = self.get_mut();
+        this.closer.check_write(cx)?;
+        Pin::new(&mut this.stream).poll_shutdown(cx)
     }
 }
 
 impl Connected for TlsConn {
-    type ConnectInfo = PeerInfo;
+    type ConnectInfo = ConnInfo;
 
-    fn connect_info(&self) -> PeerInfo {
-        self.peer.clone()
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo {
+            peer: self.peer.clone(),
+            closer: self.closer.clone(),
+        }
     }
 }
 
 /// The [`PeerInfo`] of the connection a request arrived on, if it came through [`tls_incoming`].
 pub fn peer_info<T>(req: &tonic::Request<T>) -> Option<&PeerInfo> {
-    req.extensions().get::<PeerInfo>()
+    req.extensions().get::<ConnInfo>().map(|c| &c.peer)
+}
+
+/// The [`ConnectionCloser`] of the connection a request arrived on, if it came through
+/// [`tls_incoming`].
+pub fn connection_closer<T>(req: &tonic::Request<T>) -> Option<&ConnectionCloser> {
+    req.extensions().get::<ConnInfo>().map(|c| &c.closer)
 }
 
 /// Accepts connections from `listener` and performs the TLS handshake with the latest server
@@ -242,6 +340,7 @@ async fn handshake(tcp: TcpStream, remote_addr: SocketAddr, tls: ReloadingTls) -
                 remote_addr,
                 identity,
             },
+            closer: ConnectionCloser::default(),
         }),
         Err(e) => {
             tracing::debug!(peer = %remote_addr, error = %e, "client certificate yields no identity; dropping connection");

@@ -342,3 +342,51 @@ async fn connector_requires_alpn_h2() {
         .expect("task")
         .expect("server handshake");
 }
+
+/// Closing a connection through its `ConnectionCloser` wakes a read that is waiting for the peer
+/// and fails it with `ConnectionAborted`; later writes fail the same way.
+#[tokio::test]
+async fn closer_fails_pending_and_later_io() {
+    let ca = ca();
+    let (_sd, server_tls, _) = tls_dir(&ca, &server_request());
+    let (_cd, client_tls, _) = tls_dir(&ca, &IssueRequest::cluster("west"));
+    let mut server = start_server(server_tls).await;
+    let mut connector = TlsConnector::new(client_tls, SERVER_NAME.into(), None).expect("connector");
+    // The client stays connected and silent: the server's read can only end through the closer.
+    let _client = within(
+        "connect",
+        connector.ready().await.expect("ready").call(uri(&server)),
+    )
+    .await
+    .expect("mTLS connection");
+    let mut conn = server.next_conn().await;
+    let closer = conn.closer().clone();
+    assert!(!closer.is_closed());
+
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let reader = tokio::spawn(async move {
+        let mut buf = [0u8; 16];
+        // The first poll registers the reader before the test closes the connection.
+        let read = conn.read(&mut buf);
+        tokio::pin!(read);
+        let first = futures::poll!(read.as_mut());
+        assert!(first.is_pending(), "silent client: nothing to read yet");
+        started_tx.send(()).expect("test waits");
+        let err = read.await.expect_err("read fails once closed");
+        let write_err = conn.write_all(b"x").await.expect_err("write fails too");
+        (err.kind(), write_err.kind())
+    });
+    within("the reader's first poll", started_rx)
+        .await
+        .expect("reader started");
+    closer.close();
+    assert!(closer.is_closed());
+    let kinds = within("the woken read", reader).await.expect("reader task");
+    assert_eq!(
+        kinds,
+        (
+            std::io::ErrorKind::ConnectionAborted,
+            std::io::ErrorKind::ConnectionAborted
+        )
+    );
+}

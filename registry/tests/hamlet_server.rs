@@ -488,3 +488,78 @@ async fn oversized_request_ends_the_stream_with_resource_exhausted() {
         .expect_err("the stream ends with a status");
     assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
 }
+
+/// A consumer that keeps its connection up (its HTTP/2 layer still answers pings) but never
+/// reads, so it never opens its 1 KiB stream window again, fills that window with the first few
+/// responses; HTTP/2 then stops polling its stream and the stream's own ACK timer cannot fire. The watchdog
+/// closes its connection once the ACK timeout and the grace have passed: the peer entry and the
+/// stream gauge are released, and a consumer that reads keeps being served.
+#[tokio::test]
+async fn consumer_that_never_reads_is_disconnected_after_the_ack_timeout() {
+    let pki = Pki::new("xcc.test");
+    let mut cfg = xcc_registry::RegistryConfig::loopback(pki.cluster("east"));
+    // Long enough for the reading consumer to ACK each response on a busy machine.
+    cfg.hamlet.ack_timeout = std::time::Duration::from_secs(2);
+    let (east, _c) = start_with(cfg).await;
+    // 64 records are several KiB of responses: far more than the stuck consumer's window.
+    for i in 0..64 {
+        east.catalog.upsert(export(
+            "east",
+            "a",
+            &format!("svc-{i:02}.xcc.test"),
+            "10.0.0.1",
+        ));
+    }
+    let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
+    let connector = xcc_certs::client::TlsConnector::new(west.clone(), "localhost".into(), None)
+        .expect("connector");
+    let stuck_channel =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", east.hamlet_addr))
+            .expect("uri")
+            .initial_stream_window_size(1024)
+            .connect_with_connector(connector)
+            .await
+            .expect("connect");
+    let mut stuck = Consumer::on_channel(
+        stuck_channel,
+        false,
+        xcc_proto::FEDERATED_SERVICE_V1ALPHA1_URL,
+    )
+    .await
+    .expect("subscribe");
+    let mut reads = Consumer::connect(&west, east.hamlet_addr, false)
+        .await
+        .expect("subscribe");
+    for _ in 0..64 {
+        assert_eq!(reads.next_acked().await.op, Operation::Create);
+    }
+    assert_eq!(consumers(&east), 2);
+
+    wait_consumers(&east, 1, "the consumer that never reads is disconnected").await;
+    assert_eq!(streams(&east), 1);
+    assert_eq!(east.metrics.hamlet_ack_timeouts.get(), 1);
+    // Its connection is gone: what it buffered is readable, then the stream fails.
+    let end = tokio::time::timeout(WAIT, async {
+        loop {
+            match stuck.rx.message().await {
+                Ok(Some(_)) => continue,
+                other => return other.map(|_| ()),
+            }
+        }
+    })
+    .await
+    .expect("stream ends in time");
+    assert!(
+        end.is_err(),
+        "the stuck stream ends with an error, not cleanly"
+    );
+
+    // The reading consumer is still served.
+    east.catalog
+        .upsert(export("east", "a", "new.xcc.test", "10.0.0.2"));
+    let s = reads.next_acked().await;
+    assert_eq!(
+        (s.op, s.fqdn.as_deref()),
+        (Operation::Create, Some("new.xcc.test"))
+    );
+}

@@ -4,6 +4,9 @@
 //! catalog at subscription time (no size cap), changes arrive as FQDNs on a broadcast channel and
 //! are coalesced, a window of unacknowledged responses keeps fast consumers busy and a consumer
 //! that never ACKs stalls only itself (and is closed with `Unavailable` after the ACK timeout).
+//! A consumer that stopped reading altogether (its HTTP/2 window is full, so the stream is no
+//! longer polled) is caught by a watchdog task per stream, which closes its connection once the
+//! ACK timeout plus [`STALL_GRACE`] has passed.
 //! Every response carries a real nonce; the empty-nonce ACKs Go peers send are accepted.
 //! Only services the registry's decision point ([`crate::authz::Gate`]) grants to the consumer's
 //! certificate identity are streamed; a certificate that is not a cluster of this trust domain
@@ -19,12 +22,14 @@ use std::time::{Duration, Instant};
 use futures::Stream;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
 use tokio::time::Sleep;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
+use xcc_certs::server::ConnectionCloser;
 use xcc_proto::federation::resourcediscovery::{v1alpha1 as rd1, v1alpha2 as rd2};
 use xcc_proto::{
     FEDERATED_SERVICE_V1ALPHA1_URL, FEDERATED_SERVICE_V1ALPHA2_URL, SNAPSHOT_COMPLETE_URL,
@@ -43,7 +48,8 @@ use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
 pub struct HamletConfig {
     /// Responses that may await an ACK on one stream.
     pub window: usize,
-    /// A stream whose oldest response stays unacknowledged this long is closed (`Unavailable`).
+    /// A stream whose oldest response stays unacknowledged this long is closed (`Unavailable`);
+    /// if its consumer stopped reading, its connection is closed [`STALL_GRACE`] later.
     pub ack_timeout: Duration,
     /// How long a consumer may take to send its subscription after opening the stream.
     pub subscribe_timeout: Duration,
@@ -69,6 +75,12 @@ impl Default for HamletConfig {
 /// concurrent snapshots, 32 left the server at 214 MiB RSS after the burst (10k services), 8 at
 /// about 165 MiB (docs/benchmarks.md, Hamlet).
 const RESPONSE_BUFFER: usize = 8;
+
+/// How long after its ACK deadline a stream that HTTP/2 no longer polls (the consumer stopped
+/// reading) loses its connection. A polled stream ends itself with `Unavailable` right at the
+/// deadline; the grace keeps the watchdog from racing it (it only has to exceed a task wake-up,
+/// and one second is small next to any sensible ACK timeout).
+pub const STALL_GRACE: Duration = Duration::from_secs(1);
 
 /// Shared state of both API versions.
 #[derive(Clone)]
@@ -321,6 +333,8 @@ async fn establish<W: Wire>(
     let peer = xcc_certs::server::peer_info(&request)
         .cloned()
         .ok_or_else(|| Status::unauthenticated("no verified client certificate"))?;
+    // Lets the stream's watchdog close the connection of a consumer that stopped reading.
+    let closer = xcc_certs::server::connection_closer(&request).cloned();
     // Kind and trust domain first: an admin certificate, a DNS-SAN-only one or a foreign trust
     // domain never stands for a cluster, whatever its name.
     let identity = server.gate.cluster_of(&peer.identity).map_err(|e| {
@@ -351,6 +365,7 @@ async fn establish<W: Wire>(
         marker,
         context,
         requests,
+        closer,
     );
     // Decisions are made per record as it is sent; a policy change ends the stream so the
     // consumer resubscribes and everything it holds is decided again.
@@ -368,12 +383,14 @@ async fn establish<W: Wire>(
 /// One consumer's stream: the response stream tonic sends from, which also reads the
 /// consumer's ACKs and NACKs, follows the catalog's changes and runs the ACK and retry timers.
 ///
-/// It is polled by the HTTP/2 stream's own task (no task or channel of its own), so a change
-/// reaches the wire with one task wake-up per consumer and an ACK is handled with one more; a
-/// response is rendered only when HTTP/2 flow control has room for it. While the consumer's
-/// flow-control window is closed the stream is not polled at all: ACKs, retries and the ACK
-/// timeout wait until the consumer reads again. What such a consumer holds meanwhile is bounded
-/// by its window, and the HTTP/2 keepalive closes a connection whose peer is gone.
+/// It is polled by the HTTP/2 stream's own task (no channel, and no task of its own but an
+/// idle watchdog), so a change reaches the wire with one task wake-up per consumer and an ACK
+/// is handled with one more; a response is rendered only when HTTP/2 flow control has room for it. While the consumer's
+/// flow-control window is closed the stream is not polled at all: ACKs and retries wait until
+/// the consumer reads again, and its own ACK timer cannot fire. So the stream publishes its ACK
+/// deadline on a watch channel to a [`watchdog`] task, which closes the connection once the
+/// deadline plus [`STALL_GRACE`] has passed; the stream, its peer entry and its gauge go with
+/// it. The HTTP/2 keepalive closes a connection whose peer is gone.
 struct ConsumerStream<W: Wire> {
     server: HamletServer,
     identity: String,
@@ -393,6 +410,10 @@ struct ConsumerStream<W: Wire> {
     retry_armed: Option<Instant>,
     /// Responses returned since the stream last yielded (see [`RESPONSE_BUFFER`]).
     burst: usize,
+    /// The ACK deadline (oldest unacknowledged response plus the ACK timeout) for the
+    /// [`watchdog`]. Updates are silent (the watchdog reads the value when its timer fires, so
+    /// an ACK costs no wake-up); dropping the sender ends the watchdog.
+    deadline: watch::Sender<Option<Instant>>,
     /// Set once the stream has ended (an error was returned or the consumer went away).
     done: bool,
     /// Keeps the consumer listed in the peer table while the stream lives.
@@ -407,6 +428,7 @@ impl<W: Wire> ConsumerStream<W> {
         marker: bool,
         context: String,
         requests: Streaming<W::Req>,
+        closer: Option<ConnectionCloser>,
     ) -> Self {
         let stream_gauge = server
             .metrics
@@ -431,6 +453,18 @@ impl<W: Wire> ConsumerStream<W> {
             stats.mark_synced();
         }
         let cancelled = Box::pin(server.cancel.clone().cancelled_owned());
+        let (deadline, deadline_rx) = watch::channel(None);
+        // Without a closer (a connection not from `tls_incoming`) there is nothing to close;
+        // the stream's own ACK timer still works while it is polled.
+        if let Some(closer) = closer {
+            tokio::spawn(watchdog(
+                deadline_rx,
+                server.config.ack_timeout,
+                closer,
+                identity.clone(),
+                server.metrics.hamlet_ack_timeouts.clone(),
+            ));
+        }
         let responses = [
             OpLabel::Create,
             OpLabel::Update,
@@ -460,6 +494,7 @@ impl<W: Wire> ConsumerStream<W> {
             retry_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             retry_armed: None,
             burst: 0,
+            deadline,
             done: false,
             _guard: guard,
             server,
@@ -469,6 +504,11 @@ impl<W: Wire> ConsumerStream<W> {
     /// End the stream: with `Err`, the consumer receives that status.
     fn finish(&mut self, end: Result<(), Status>) -> Poll<Option<Result<W::Resp, Status>>> {
         self.done = true;
+        // Ending by itself: the watchdog has nothing left to do.
+        self.deadline.send_if_modified(|d| {
+            *d = None;
+            false
+        });
         self.stats.set_state(PeerState::Stopped);
         match end {
             Err(status) => {
@@ -530,6 +570,7 @@ impl<W: Wire> ConsumerStream<W> {
                 .filter(|e| gate.allows(e, identity, "", true))
         };
         let out = self.st.next(Instant::now(), lookup);
+        self.publish_deadline();
         self.stats
             .records
             .store(self.st.held() as u64, Ordering::Relaxed);
@@ -547,6 +588,18 @@ impl<W: Wire> ConsumerStream<W> {
         .inc();
         self.stats.sent.fetch_add(1, Ordering::Relaxed);
         Some(W::render(&out, &self.context))
+    }
+
+    /// Store the current ACK deadline for the watchdog (silently: see [`Self::deadline`]).
+    fn publish_deadline(&self) {
+        let at = self
+            .st
+            .oldest_unacked()
+            .map(|t| t + self.server.config.ack_timeout);
+        self.deadline.send_if_modified(|d| {
+            *d = at;
+            false
+        });
     }
 
     /// Move the timers to the state's current deadlines. True when a timer was re-armed (it
@@ -600,6 +653,7 @@ impl<W: Wire> Stream for ConsumerStream<W> {
                         if let Err(status) = this.on_request(req) {
                             return this.finish(Err(status));
                         }
+                        this.publish_deadline();
                     }
                     Poll::Ready(Some(Err(status))) => {
                         // Never a silent OK: the consumer learns why its stream ended.
@@ -659,6 +713,46 @@ impl<W: Wire> Stream for ConsumerStream<W> {
             if !this.arm_timers() {
                 return Poll::Pending;
             }
+        }
+    }
+}
+
+/// Closes the connection of a consumer whose ACK deadline is [`STALL_GRACE`] past due: the
+/// stream was not polled to end itself, so HTTP/2 flow control holds it (the consumer stopped
+/// reading). Ends when the stream is dropped.
+///
+/// It sleeps until the deadline it last read plus the grace, then reads it again. A deadline
+/// only ever moves later (responses are queued in the order they are sent, and a fresh one
+/// after an empty window is stamped now), so one that has passed its grace when read has been
+/// overdue that long. With no response outstanding it looks again one ACK timeout later: a
+/// response sent meanwhile is due no earlier than that.
+async fn watchdog(
+    mut deadline: watch::Receiver<Option<Instant>>,
+    ack_timeout: Duration,
+    closer: ConnectionCloser,
+    identity: String,
+    ack_timeouts: Counter,
+) {
+    loop {
+        let current = *deadline.borrow_and_update();
+        let now = Instant::now();
+        let wake_at = match current {
+            Some(at) if at + STALL_GRACE <= now => {
+                ack_timeouts.inc();
+                warn!(consumer = %identity, "hamlet consumer stopped reading and its ACK timeout passed; closing its connection");
+                closer.close();
+                return;
+            }
+            Some(at) => at + STALL_GRACE,
+            None => now + ack_timeout,
+        };
+        tokio::select! {
+            changed = deadline.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            () = tokio::time::sleep_until(wake_at.into()) => {}
         }
     }
 }
