@@ -167,3 +167,22 @@ mod metrics_listen_tests {
         assert_eq!(err.to_string(), "--metrics-listen \"localhost\"");
     }
 }
+
+/// Parser of a duration flag in seconds: at most a day. Every such flag becomes a timer or a
+/// deadline (`Instant + Duration`), which panics on overflow; no setting needs more than a day.
+pub fn seconds() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(..=86_400)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duration_flags_refuse_more_than_a_day_instead_of_overflowing_a_deadline() {
+        let parse = |v: &str| Cli::try_parse_from(["xcc", "registry", "--ack-timeout-seconds", v]);
+        let err = parse("18446744073709551615").expect_err("out of range");
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(parse("86400").is_ok());
+    }
+}

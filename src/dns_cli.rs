@@ -89,7 +89,7 @@ pub struct DnsArgs {
     #[arg(long, env = "XCC_DNS_UDP_WORKERS")]
     pub udp_workers: Option<usize>,
     /// Close TCP connections idle this long (seconds).
-    #[arg(long, env = "XCC_DNS_TCP_IDLE_SECONDS", default_value_t = 10)]
+    #[arg(long, env = "XCC_DNS_TCP_IDLE_SECONDS", default_value_t = 10, value_parser = crate::cli::seconds())]
     pub tcp_idle_seconds: u64,
     /// Open TCP connections at most (lowered to fit under the open-file limit).
     #[arg(long, env = "XCC_DNS_MAX_TCP_CONNECTIONS", default_value_t = 1024)]

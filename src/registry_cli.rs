@@ -50,29 +50,29 @@ pub struct RegistryArgs {
     pub leader_elect: bool,
     /// Plain Hamlet peers send no end-of-snapshot marker: stale imports are removed after the
     /// stream has been quiet this long (seconds).
-    #[arg(long, env = "XCC_QUIET_PERIOD_SECONDS", default_value_t = 10)]
+    #[arg(long, env = "XCC_QUIET_PERIOD_SECONDS", default_value_t = 10, value_parser = crate::cli::seconds())]
     pub quiet_period_seconds: u64,
     /// ... or, when changes never leave the stream quiet, at the latest this long after
     /// connecting, once the peer's snapshot is over (seconds; at least the quiet period).
-    #[arg(long, env = "XCC_MAX_SWEEP_DELAY_SECONDS", default_value_t = 30)]
+    #[arg(long, env = "XCC_MAX_SWEEP_DELAY_SECONDS", default_value_t = 30, value_parser = crate::cli::seconds())]
     pub max_sweep_delay_seconds: u64,
     /// Reconnect backoff cap (seconds); the floor is 1 s.
-    #[arg(long, env = "XCC_BACKOFF_MAX_SECONDS", default_value_t = 120)]
+    #[arg(long, env = "XCC_BACKOFF_MAX_SECONDS", default_value_t = 120, value_parser = crate::cli::seconds())]
     pub backoff_max_seconds: u64,
     /// Close a Hamlet stream whose oldest response is unacknowledged this long (seconds). A
     /// consumer that stopped reading (its HTTP/2 window is full) has its whole connection closed
     /// at most 1 s later instead; either way its peer entry is released and it must reconnect.
-    #[arg(long, env = "XCC_ACK_TIMEOUT_SECONDS", default_value_t = 120)]
+    #[arg(long, env = "XCC_ACK_TIMEOUT_SECONDS", default_value_t = 120, value_parser = crate::cli::seconds())]
     pub ack_timeout_seconds: u64,
     /// On shutdown, how long open streams and connections may take to finish before they are
     /// dropped (seconds). Keep it below the pod's terminationGracePeriodSeconds.
-    #[arg(long, env = "XCC_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
+    #[arg(long, env = "XCC_SHUTDOWN_GRACE_SECONDS", default_value_t = 10, value_parser = crate::cli::seconds())]
     pub shutdown_grace_seconds: u64,
     /// Responses in flight per Hamlet consumer.
     #[arg(long, env = "XCC_WINDOW", default_value_t = 128)]
     pub window: usize,
     /// Poll period for file changes, as a fallback to filesystem events (seconds).
-    #[arg(long, env = "XCC_POLL_SECONDS", default_value_t = 5)]
+    #[arg(long, env = "XCC_POLL_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub poll_seconds: u64,
     /// Directory of extra Cedar policies (`*.cedar`), watched; the default policies always apply.
     #[arg(long, env = "XCC_POLICY_DIR")]
@@ -89,7 +89,7 @@ pub struct RegistryArgs {
     #[arg(long, env = "XCC_GRANT_MODE", default_value = "none")]
     pub grant_mode: xcc_registry::federation::grants::GrantMode,
     /// How long a hierarchy query waits for its answer (seconds).
-    #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5)]
+    #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub query_timeout_seconds: u64,
 }
 
