@@ -364,42 +364,47 @@ impl Policies {
         resource: &ServiceEntry,
         context: Context,
     ) -> Verdict {
-        let run = || -> Result<Verdict, PolicyError> {
-            let service = self.service_entity(resource)?;
+        fail_closed(self.service_entity(resource).and_then(|service| {
             let resource_uid = service.uid();
             entities.push(service);
-            let entities = Entities::from_entities(entities, Some(&self.schema))
-                .map_err(|e| PolicyError::Internal(e.to_string()))?;
-            let request = Request::new(
-                principal,
-                uid("Xcc::Action", action)?,
-                resource_uid,
-                context,
-                Some(&self.schema),
-            )
+            self.decide(principal, action, resource_uid, context, entities)
+        }))
+    }
+
+    /// Run the Cedar authorizer on one request; the policies that decided it, sorted.
+    fn decide(
+        &self,
+        principal: EntityUid,
+        action: &str,
+        resource: EntityUid,
+        context: Context,
+        entities: Vec<Entity>,
+    ) -> Result<Verdict, PolicyError> {
+        let entities = Entities::from_entities(entities, Some(&self.schema))
             .map_err(|e| PolicyError::Internal(e.to_string()))?;
-            let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
-            let mut policies: Vec<String> = response
+        let request = Request::new(
+            principal,
+            uid("Xcc::Action", action)?,
+            resource,
+            context,
+            Some(&self.schema),
+        )
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+        let mut policies: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(|p| p.to_string())
+            .collect();
+        policies.sort();
+        Ok(Verdict {
+            allowed: response.decision() == CedarDecision::Allow,
+            policies,
+            errors: response
                 .diagnostics()
-                .reason()
-                .map(|p| p.to_string())
-                .collect();
-            policies.sort();
-            Ok(Verdict {
-                allowed: response.decision() == CedarDecision::Allow,
-                policies,
-                errors: response
-                    .diagnostics()
-                    .errors()
-                    .map(|e| e.to_string())
-                    .collect(),
-            })
-        };
-        // Fail closed: an evaluation error is a denial that says why.
-        run().unwrap_or_else(|e| Verdict {
-            allowed: false,
-            policies: vec![],
-            errors: vec![e.to_string()],
+                .errors()
+                .map(|e| e.to_string())
+                .collect(),
         })
     }
 
@@ -430,44 +435,14 @@ impl Policies {
                 errors: vec![],
             };
         }
-        let run = || -> Result<Verdict, PolicyError> {
-            let (p, mut entities) = self.principal(child, "")?;
+        let decided = self.principal(child, "").and_then(|(p, mut entities)| {
             let (r, carried) = self.principal(cluster, "")?;
             if child != cluster {
                 entities.extend(carried);
             }
-            let entities = Entities::from_entities(entities, Some(&self.schema))
-                .map_err(|e| PolicyError::Internal(e.to_string()))?;
-            let request = Request::new(
-                p,
-                uid("Xcc::Action", "carry")?,
-                r,
-                Context::empty(),
-                Some(&self.schema),
-            )
-            .map_err(|e| PolicyError::Internal(e.to_string()))?;
-            let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
-            let mut policies: Vec<String> = response
-                .diagnostics()
-                .reason()
-                .map(|p| p.to_string())
-                .collect();
-            policies.sort();
-            Ok(Verdict {
-                allowed: response.decision() == CedarDecision::Allow,
-                policies,
-                errors: response
-                    .diagnostics()
-                    .errors()
-                    .map(|e| e.to_string())
-                    .collect(),
-            })
-        };
-        run().unwrap_or_else(|e| Verdict {
-            allowed: false,
-            policies: vec![],
-            errors: vec![e.to_string()],
-        })
+            self.decide(p, "carry", r, Context::empty(), entities)
+        });
+        fail_closed(decided)
     }
 
     /// The bilateral decision for `requester_cluster` (and optional `requester_service`) asking
@@ -609,6 +584,15 @@ impl From<IdentityRefused> for tonic::Status {
     fn from(e: IdentityRefused) -> Self {
         tonic::Status::permission_denied(e.to_string())
     }
+}
+
+/// Fail closed: an evaluation error is a denial that says why.
+fn fail_closed(decided: Result<Verdict, PolicyError>) -> Verdict {
+    decided.unwrap_or_else(|e| Verdict {
+        allowed: false,
+        policies: vec![],
+        errors: vec![e.to_string()],
+    })
 }
 
 /// The one authorization decision point. Every listener binds its peer's certificate with
