@@ -115,26 +115,6 @@ async fn node(
     start_with(cfg).await
 }
 
-/// Wait until `cond` holds for `reg`, re-checking on every change of its level or catalog.
-async fn wait_level(reg: &Registry, what: &str, cond: impl Fn(&Registry) -> bool) {
-    let mut level = reg.level.subscribe();
-    let mut cat = reg.catalog.subscribe();
-    let fut = async {
-        loop {
-            if cond(reg) {
-                return;
-            }
-            tokio::select! {
-                r = level.changed() => { if r.is_err() { panic!("level dropped") } }
-                _ = cat.recv() => {}
-            }
-        }
-    };
-    tokio::time::timeout(WAIT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out on {}: {what}", reg.cluster));
-}
-
 /// A hand-driven child session.
 struct RawChild {
     tx: tokio::sync::mpsc::Sender<fed::ChildMessage>,

@@ -431,3 +431,24 @@ pub async fn wait_peer(
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for peer {name}: {what}"));
 }
+
+/// Wait until `reg`'s federation level satisfies `cond`, re-checking on every change of the
+/// level or the catalog.
+pub async fn wait_level(reg: &Registry, what: &str, cond: impl Fn(&Registry) -> bool) {
+    let mut level = reg.level.subscribe();
+    let mut cat = reg.catalog.subscribe();
+    let fut = async {
+        loop {
+            if cond(reg) {
+                return;
+            }
+            tokio::select! {
+                r = level.changed() => { if r.is_err() { panic!("level dropped") } }
+                _ = cat.recv() => {}
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out on {}: {what}", reg.cluster));
+}
