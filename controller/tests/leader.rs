@@ -1,5 +1,7 @@
-//! Leader election against the in-process fake API server: one of two replicas leads, the
-//! other waits; when the leader shuts down it releases the Lease and the standby takes over.
+//! Leader election on a real API server (`xcc_testkube`), as the publisher's ServiceAccount
+//! with exactly `deploy/base`'s RBAC: one of two replicas leads, the other waits; when the
+//! leader shuts down it releases the Lease and the standby takes over. Without leader election
+//! nothing is written (the API server's audit log counts the writes).
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,12 +11,15 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use xcc_controller::leader::{LeaderConfig, run_as_leader};
-use xcc_kube_fake::FakeApiServer;
+use xcc_testkube::Identity;
 
-fn config(identity: &str) -> LeaderConfig {
+/// The ServiceAccount whose Role grants the Lease (`deploy/base`).
+const ACCOUNT: &str = "xcc-publisher";
+
+fn config(ns: &str, identity: &str) -> LeaderConfig {
     LeaderConfig {
-        namespace: "xcc".into(),
-        lease_name: "xcc-test".into(),
+        namespace: ns.into(),
+        lease_name: ACCOUNT.into(),
         identity: identity.into(),
         lease_seconds: 2,
         renew_margin_seconds: 1,
@@ -22,8 +27,9 @@ fn config(identity: &str) -> LeaderConfig {
 }
 
 /// Start one contender; its work reports `(identity, started)` and runs until cancelled.
-fn contender(
-    server: &FakeApiServer,
+async fn contender(
+    id: &Identity,
+    ns: &str,
     identity: &'static str,
     events: mpsc::UnboundedSender<(&'static str, bool)>,
 ) -> (
@@ -31,12 +37,13 @@ fn contender(
     tokio::task::JoinHandle<anyhow::Result<()>>,
 ) {
     let cancel = CancellationToken::new();
-    let client = server.client();
+    let client = id.client().await;
+    let config = config(ns, identity);
     let c = cancel.clone();
     let task = tokio::spawn(async move {
         run_as_leader(
             client,
-            Some(config(identity)),
+            Some(config),
             c,
             |_| {},
             move |token| async move {
@@ -60,14 +67,19 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<(&'static str, bool)>) -> (&'stat
 
 #[tokio::test]
 async fn one_leads_and_the_standby_takes_over_after_release() {
-    let server = FakeApiServer::builder().namespace("xcc").start().await;
+    let test = "one_leads_and_the_standby_takes_over_after_release";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    let ns = cp.namespace("leader").await;
+    let id = cp.identity(&ns, "base", ACCOUNT).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let (cancel_a, task_a) = contender(&server, "a", tx.clone());
+    let (cancel_a, task_a) = contender(&id, &ns, "a", tx.clone()).await;
     assert_eq!(next(&mut rx).await, ("a", true));
-    let (cancel_b, task_b) = contender(&server, "b", tx);
+    let (cancel_b, task_b) = contender(&id, &ns, "b", tx).await;
 
-    let leases: kube::Api<Lease> = kube::Api::namespaced(server.client(), "xcc");
-    let lease = leases.get("xcc-test").await.unwrap();
+    let leases: kube::Api<Lease> = kube::Api::namespaced(cp.client().await, &ns);
+    let lease = leases.get(ACCOUNT).await.unwrap();
     assert_eq!(
         lease.spec.unwrap().holder_identity.as_deref(),
         Some("a"),
@@ -79,21 +91,27 @@ async fn one_leads_and_the_standby_takes_over_after_release() {
     task_a.await.unwrap().unwrap();
     // b only starts after a stopped: the events arrive in this order.
     assert_eq!(next(&mut rx).await, ("b", true));
-    let lease = leases.get("xcc-test").await.unwrap();
+    let lease = leases.get(ACCOUNT).await.unwrap();
     assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("b"));
 
     cancel_b.cancel();
     assert_eq!(next(&mut rx).await, ("b", false));
     task_b.await.unwrap().unwrap();
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn without_leader_election_the_work_runs_at_once() {
-    let server = FakeApiServer::start().await;
+    let Some(cp) = xcc_testkube::shared("without_leader_election_the_work_runs_at_once") else {
+        return;
+    };
+    let ns = cp.namespace("no-leader").await;
+    let id = cp.identity(&ns, "base", ACCOUNT).await;
+    let since = std::time::SystemTime::now();
     let cancel = CancellationToken::new();
     cancel.cancel();
     let ran = run_as_leader(
-        server.client(),
+        id.client().await,
         None,
         cancel,
         |_| {},
@@ -104,5 +122,9 @@ async fn without_leader_election_the_work_runs_at_once() {
     )
     .await;
     assert!(ran.is_ok());
-    assert_eq!(server.writes().total(), 0, "no Lease is written");
+    assert_eq!(
+        cp.writes_since(&id.user, since),
+        Vec::<String>::new(),
+        "no Lease is written"
+    );
 }

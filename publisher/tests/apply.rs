@@ -1,5 +1,8 @@
-//! `sync_source` against the in-process fake API server: PUB-01/PUB-07/PUB-08 end to end, no
-//! write when nothing changed, FQDN changes, and records the publisher does not own.
+//! `sync_source` on a real API server (`xcc_testkube`, Contour's HTTPProxy CRD and ours
+//! installed), as the publisher's ServiceAccount with exactly `deploy/overlays/exporter`'s
+//! RBAC: PUB-01/PUB-07/PUB-08 end to end, no write when nothing changed (the audit log counts
+//! writes), FQDN changes, records the publisher does not own, and PUB-09 through the real
+//! garbage collector.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,16 +11,49 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
-use xcc_kube_fake::{FakeApiServer, Verb, crds};
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::names::EXPORT_LABEL;
 use xcc_publisher::apply::sync_source;
 use xcc_publisher::desired::{Config, Desired, Skip, from_httpproxy};
 use xcc_publisher::httpproxy::HTTPProxy;
+use xcc_testkube::ControlPlane;
 
-const NS: &str = "http-proxy-namespace";
+/// A namespace of the shared control plane and the publisher's client in it.
+struct Env {
+    cp: &'static ControlPlane,
+    ns: String,
+    /// The publisher's ServiceAccount (`deploy/overlays/exporter`).
+    client: kube::Client,
+    user: String,
+    /// Cluster admin, for what the test itself does.
+    admin: kube::Client,
+}
 
-fn proxy(labelled: bool, fqdn: &str) -> HTTPProxy {
+async fn env(test: &str) -> Option<Env> {
+    let cp = xcc_testkube::shared(test)?;
+    install_crds(cp).await;
+    let ns = cp.namespace("pub-apply").await;
+    let id = cp.identity(&ns, "overlays/exporter", "xcc-publisher").await;
+    Some(Env {
+        client: id.client().await,
+        user: id.user,
+        admin: cp.client().await,
+        cp,
+        ns,
+    })
+}
+
+/// Contour's HTTPProxy CRD and ours.
+async fn install_crds(cp: &ControlPlane) {
+    let contour = xcc_testkube::upstream_crds().join("projectcontour.io_httpproxies.yaml");
+    cp.apply(&xcc_testkube::yaml_docs(
+        &std::fs::read_to_string(contour).unwrap(),
+    ))
+    .await;
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+}
+
+fn proxy(ns: &str, labelled: bool, fqdn: &str) -> HTTPProxy {
     let labels = if labelled {
         json!({EXPORT_LABEL: ""})
     } else {
@@ -25,7 +61,7 @@ fn proxy(labelled: bool, fqdn: &str) -> HTTPProxy {
     };
     serde_json::from_value(json!({
         "apiVersion": "projectcontour.io/v1", "kind": "HTTPProxy",
-        "metadata": {"name": "test", "namespace": NS, "uid": "http-proxy-uid", "labels": labels},
+        "metadata": {"name": "test", "namespace": ns, "uid": "http-proxy-uid", "labels": labels},
         "spec": {"virtualhost": {"fqdn": fqdn}},
     }))
     .unwrap()
@@ -40,19 +76,11 @@ fn node(ip: &str) -> Node {
     .unwrap()
 }
 
-async fn server() -> FakeApiServer {
-    FakeApiServer::builder()
-        .namespace(NS)
-        .resource(crds::service_records())
-        .start()
-        .await
-}
-
-/// Store the proxy in the fake (so the owner the garbage collector checks exists) and return
-/// the uid the server gave it.
-async fn stored_proxy(client: &kube::Client) -> String {
-    let api: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
-    let mut p = proxy(true, "test.some.domain");
+/// Store the proxy (so the owner the garbage collector checks exists) and return the uid the
+/// server gave it.
+async fn stored_proxy(env: &Env) -> String {
+    let api: Api<HTTPProxy> = Api::namespaced(env.admin.clone(), &env.ns);
+    let mut p = proxy(&env.ns, true, "test.some.domain");
     p.metadata.uid = None;
     api.create(&PostParams::default(), &p)
         .await
@@ -62,9 +90,9 @@ async fn stored_proxy(client: &kube::Client) -> String {
         .unwrap()
 }
 
-fn desired(uid: &str, labelled: bool, fqdn: &str, ips: &[&str]) -> Desired {
+fn desired(env: &Env, uid: &str, labelled: bool, fqdn: &str, ips: &[&str]) -> Desired {
     let nodes: Vec<Node> = ips.iter().map(|ip| node(ip)).collect();
-    let mut p = proxy(labelled, fqdn);
+    let mut p = proxy(&env.ns, labelled, fqdn);
     p.metadata.uid = Some(uid.to_string());
     from_httpproxy(&p, None, &nodes, &Config::default())
 }
@@ -78,17 +106,19 @@ fn names(list: &kube::core::ObjectList<ServiceRecord>) -> Vec<String> {
 
 #[tokio::test]
 async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
-    let server = server().await;
-    let client = server.client();
-    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
-    let uid = stored_proxy(&client).await;
+    let Some(env) = env("publish_update_and_unpublish_with_no_write_when_unchanged").await else {
+        return;
+    };
+    let client = env.client.clone();
+    let api: Api<ServiceRecord> = Api::namespaced(env.admin.clone(), &env.ns);
+    let uid = stored_proxy(&env).await;
 
     // PUB-01
     let outcome = sync_source(
         &client,
-        NS,
+        &env.ns,
         &uid,
-        &desired(&uid, true, "test.some.domain", &["10.0.0.1"]),
+        &desired(&env, &uid, true, "test.some.domain", &["10.0.0.1"]),
     )
     .await
     .unwrap();
@@ -99,25 +129,30 @@ async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
     assert!(sr.metadata.labels.unwrap().contains_key(EXPORT_LABEL));
 
     // Unchanged: no write at all.
-    server.reset_counters();
+    let since = std::time::SystemTime::now();
     let outcome = sync_source(
         &client,
-        NS,
+        &env.ns,
         &uid,
-        &desired(&uid, true, "test.some.domain", &["10.0.0.1"]),
+        &desired(&env, &uid, true, "test.some.domain", &["10.0.0.1"]),
     )
     .await
     .unwrap();
     assert_eq!(outcome.published, Some(("test.some.domain".into(), false)));
-    assert_eq!(server.requests().for_verb(Verb::Patch), 0);
-    assert_eq!(server.writes().total(), 0);
+    assert_eq!(env.cp.writes_since(&env.user, since), Vec::<String>::new());
 
     // A node joins: one apply.
     sync_source(
         &client,
-        NS,
+        &env.ns,
         &uid,
-        &desired(&uid, true, "test.some.domain", &["10.0.0.2", "10.0.0.1"]),
+        &desired(
+            &env,
+            &uid,
+            true,
+            "test.some.domain",
+            &["10.0.0.2", "10.0.0.1"],
+        ),
     )
     .await
     .unwrap();
@@ -130,13 +165,21 @@ async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
             .len(),
         2
     );
+    assert_eq!(
+        env.cp.writes_since(&env.user, since),
+        [format!(
+            "patch connectivity.tanzu.vmware.com/servicerecords {}/test.some.domain",
+            env.ns
+        )],
+        "one apply"
+    );
 
     // FQDN changed: new record, old one removed.
     let outcome = sync_source(
         &client,
-        NS,
+        &env.ns,
         &uid,
-        &desired(&uid, true, "new.some.domain", &["10.0.0.1"]),
+        &desired(&env, &uid, true, "new.some.domain", &["10.0.0.1"]),
     )
     .await
     .unwrap();
@@ -149,9 +192,9 @@ async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
     // PUB-07: label removed → the record goes.
     let outcome = sync_source(
         &client,
-        NS,
+        &env.ns,
         &uid,
-        &desired(&uid, false, "new.some.domain", &["10.0.0.1"]),
+        &desired(&env, &uid, false, "new.some.domain", &["10.0.0.1"]),
     )
     .await
     .unwrap();
@@ -168,9 +211,11 @@ async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
 
 #[tokio::test]
 async fn records_the_publisher_does_not_own_are_left_alone() {
-    let server = server().await;
-    let client = server.client();
-    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let Some(env) = env("records_the_publisher_does_not_own_are_left_alone").await else {
+        return;
+    };
+    let client = env.client.clone();
+    let api: Api<ServiceRecord> = Api::namespaced(env.admin.clone(), &env.ns);
     let foreign: ServiceRecord = serde_json::from_value(json!({
         "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
         "metadata": {"name": "test.some.domain", "labels": {EXPORT_LABEL: ""}},
@@ -178,14 +223,14 @@ async fn records_the_publisher_does_not_own_are_left_alone() {
     }))
     .unwrap();
     api.create(&PostParams::default(), &foreign).await.unwrap();
-    let uid = stored_proxy(&client).await;
+    let uid = stored_proxy(&env).await;
 
     // P6: same name, someone else's: reported, not overwritten.
     let outcome = sync_source(
         &client,
-        NS,
+        &env.ns,
         &uid,
-        &desired(&uid, true, "test.some.domain", &["10.0.0.1"]),
+        &desired(&env, &uid, true, "test.some.domain", &["10.0.0.1"]),
     )
     .await
     .unwrap();
@@ -198,34 +243,38 @@ async fn records_the_publisher_does_not_own_are_left_alone() {
     // PUB-08 / XCC quirk fixed: an unlabelled proxy never deletes a record it does not own.
     let outcome = sync_source(
         &client,
-        NS,
+        &env.ns,
         &uid,
-        &desired(&uid, false, "test.some.domain", &[]),
+        &desired(&env, &uid, false, "test.some.domain", &[]),
     )
     .await
     .unwrap();
     assert!(outcome.removed.is_empty());
     assert!(api.get_opt("test.some.domain").await.unwrap().is_some());
+    assert_eq!(env.cp.forbidden(&env.user), Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn pub_09_deleting_the_proxy_removes_its_record() {
-    let server = server().await;
-    let client = server.client();
-    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
-    let uid = stored_proxy(&client).await;
+    let Some(env) = env("pub_09_deleting_the_proxy_removes_its_record").await else {
+        return;
+    };
+    let client = env.client.clone();
+    let api: Api<ServiceRecord> = Api::namespaced(env.admin.clone(), &env.ns);
+    let uid = stored_proxy(&env).await;
     sync_source(
         &client,
-        NS,
+        &env.ns,
         &uid,
-        &desired(&uid, true, "test.some.domain", &["10.0.0.1"]),
+        &desired(&env, &uid, true, "test.some.domain", &["10.0.0.1"]),
     )
     .await
     .unwrap();
     assert!(api.get_opt("test.some.domain").await.unwrap().is_some());
 
-    // The proxy goes; the garbage collector follows the controller owner reference. Watch from
-    // the record's current version, so the deletion cannot be missed.
+    // The proxy goes; the real garbage collector follows the controller owner reference. Watch
+    // from the record's current version, so the deletion cannot be missed. The collector may
+    // only start watching a CRD it just discovered at its next discovery round (30 s).
     let rv = api
         .get("test.some.domain")
         .await
@@ -241,9 +290,9 @@ async fn pub_09_deleting_the_proxy_removes_its_record() {
         .await
         .unwrap()
         .boxed();
-    let proxies: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
+    let proxies: Api<HTTPProxy> = Api::namespaced(env.admin.clone(), &env.ns);
     proxies.delete("test", &Default::default()).await.unwrap();
-    let deleted = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+    let deleted = tokio::time::timeout(std::time::Duration::from_secs(90), async {
         while let Some(event) = events.next().await {
             if matches!(event.unwrap(), kube::api::WatchEvent::Deleted(_)) {
                 return true;
@@ -256,8 +305,9 @@ async fn pub_09_deleting_the_proxy_removes_its_record() {
     assert!(deleted, "record not garbage-collected");
     assert!(api.get_opt("test.some.domain").await.unwrap().is_none());
     // A late reconcile of the deleted proxy (P2) is not an error.
-    let outcome = sync_source(&client, NS, &uid, &Desired::Skip(Skip::NotExported))
+    let outcome = sync_source(&client, &env.ns, &uid, &Desired::Skip(Skip::NotExported))
         .await
         .unwrap();
     assert!(outcome.removed.is_empty());
+    assert_eq!(env.cp.forbidden(&env.user), Vec::<String>::new());
 }

@@ -1,69 +1,254 @@
-//! The publisher controller running in-process against the fake API server: reference §5.4
-//! PUB-* cases that need a running controller, NEW-05, Services, conflicts, zero writes at steady
-//! state, recovery after 410 Gone and leader election. Every wait polls the fake's state with a
-//! timeout; nothing sleeps for synchronisation.
+//! The publisher controller running in-process on a real API server (`xcc_testkube`, Contour's
+//! HTTPProxy CRD and ours installed), as the publisher's ServiceAccount with exactly
+//! `deploy/overlays/exporter`'s RBAC (a missing rule fails: no request may be refused):
+//! reference §5.4 PUB-* cases that need a running controller, NEW-05, Services of each type,
+//! conflicts, zero writes at steady state and across a restart (the audit log counts writes),
+//! and leader election. Waits wake on the watches of the objects they check, never on time.
+//! Recovery after 410 Gone needs a compaction on demand: `relist.rs`, on the fake.
+//!
+//! The publisher watches every namespace and the Nodes, so the tests of this binary take
+//! turns ([`SERIAL`]); each starts from no Nodes and no sources left by the one before.
 
 #![allow(clippy::unwrap_used)]
 
-use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use tokio::sync::{Mutex, MutexGuard};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use xcc_controller::leader::LeaderConfig;
 use xcc_controller::probes::Health;
-use xcc_kube_fake::{FakeApiServer, Verb, crds};
 use xcc_proto::crd::{Endpoint, ServiceRecord};
 use xcc_proto::names::{CLUSTERS_ANNOTATION, EXPORT_LABEL, FQDN_ANNOTATION};
 use xcc_publisher::controller::{self, LEASE_NAME, Metrics, Settings};
 use xcc_publisher::desired::Config;
 use xcc_publisher::httpproxy::HTTPProxy;
+use xcc_testkube::{Changes, ControlPlane, Identity};
 
-const NS: &str = "http-proxy-namespace";
-/// The controller's watches, as labelled in its relist metric.
-const WATCHES: [&str; 5] = [
-    "services",
-    "httpproxies",
-    "nodes",
-    "ingress-service",
-    "servicerecords",
-];
-const TIMEOUT: Duration = Duration::from_secs(15);
+const TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Poll `check` every 20 ms until it returns `Some`, or fail after [`TIMEOUT`].
-async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
+/// One test at a time: the publisher sees every namespace and Node of the control plane.
+static SERIAL: Mutex<()> = Mutex::const_new(());
+
+/// A test's part of the shared control plane: its namespaces, the publisher's identity, and
+/// watches that wake its waits.
+struct World {
+    cp: &'static ControlPlane,
+    /// HTTPProxies, the ingress Service `envoy`, and the publisher's Lease.
+    ns: String,
+    /// Exported Services.
+    db: String,
+    id: Identity,
+    admin: kube::Client,
+    changes: Changes,
+    _turn: MutexGuard<'static, ()>,
+}
+
+impl World {
+    async fn new(test: &str) -> Option<Self> {
+        let cp = xcc_testkube::shared(test)?;
+        let turn = SERIAL.lock().await;
+        let contour = xcc_testkube::upstream_crds().join("projectcontour.io_httpproxies.yaml");
+        cp.apply(&xcc_testkube::yaml_docs(
+            &std::fs::read_to_string(contour).unwrap(),
+        ))
+        .await;
+        cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+        let admin = cp.client().await;
+        clear(&admin).await;
+        let ns = cp.namespace("pub").await;
+        let db = cp.namespace("pub-db").await;
+        let id = cp.identity(&ns, "overlays/exporter", "xcc-publisher").await;
+        let changes = cp
+            .changes(
+                None,
+                &[
+                    (
+                        "connectivity.tanzu.vmware.com/v1alpha1",
+                        "ServiceRecord",
+                        "servicerecords",
+                    ),
+                    ("events.k8s.io/v1", "Event", "events"),
+                    ("coordination.k8s.io/v1", "Lease", "leases"),
+                ],
+            )
+            .await;
+        Some(World {
+            cp,
+            ns,
+            db,
+            id,
+            admin,
+            changes,
+            _turn: turn,
+        })
+    }
+
+    /// Wait until `check` (which reads the API server) returns `Some`, re-checking on every
+    /// change of records, Events and Leases.
+    async fn wait_for<T>(&self, what: &str, check: impl AsyncFnMut() -> Option<T>) -> T {
+        self.changes.wait_for(what, TIMEOUT, check).await
+    }
+
+    fn settings(&self) -> Settings {
+        Settings {
+            config: Config {
+                ingress_port: 443,
+                cluster: Some("cluster-a".into()),
+            },
+            ingress_service: (self.ns.clone(), "envoy".into()),
+            ..Settings::default()
         }
+    }
+
+    /// Start the controller as the publisher's ServiceAccount and wait until it reports ready.
+    async fn start(&self, leader: Option<LeaderConfig>) -> Running {
+        let cancel = CancellationToken::new();
+        let metrics = Metrics::default();
+        let health = Health::default();
+        let task = tokio::spawn(controller::serve(
+            self.id.client().await,
+            self.settings(),
+            metrics.clone(),
+            health.clone(),
+            leader,
+            cancel.clone(),
+        ));
+        let h = health.clone();
+        poll("readiness", || h.is_ready()).await;
+        Running {
+            cancel,
+            task,
+            metrics,
+            health,
+        }
+    }
+
+    /// No request of the publisher was refused.
+    fn assert_nothing_forbidden(&self) {
+        assert_eq!(self.cp.forbidden(&self.id.user), Vec::<String>::new());
+    }
+
+    /// Create or update Node `name` (status: readiness and one internal address).
+    async fn put_node(&self, name: &str, ip: &str, ready: bool) {
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        let node = node_json(name, ip, ready);
+        if nodes.get_opt(name).await.unwrap().is_none() {
+            let n: Node = serde_json::from_value(node.clone()).unwrap();
+            nodes.create(&PostParams::default(), &n).await.unwrap();
+        }
+        // Status set on create may be dropped; the status subresource is what kubelets write.
+        nodes
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": node["status"]})),
+            )
+            .await
+            .unwrap();
+    }
+
+    fn records(&self, ns: &str) -> Api<ServiceRecord> {
+        Api::namespaced(self.admin.clone(), ns)
+    }
+
+    /// Wait until record `name` in `ns` exists with exactly `endpoints`.
+    async fn wait_endpoints(&self, ns: &str, name: &str, endpoints: &[Endpoint]) {
+        let api = self.records(ns);
+        self.wait_for(
+            &format!("{name} with endpoints {endpoints:?}"),
+            async || {
+                record(&api, name)
+                    .await
+                    .filter(|r| r.spec.endpoints == endpoints)
+                    .map(|_| ())
+            },
+        )
+        .await;
+    }
+
+    async fn wait_gone(&self, ns: &str, name: &str) {
+        let api = self.records(ns);
+        self.wait_for(&format!("{name} removed"), async || {
+            record(&api, name).await.is_none().then_some(())
+        })
+        .await;
+    }
+
+    /// Events (events.k8s.io) in `ns` about `name` with `reason`.
+    async fn events(&self, ns: &str, name: &str, reason: &str) -> Vec<K8sEvent> {
+        Api::<K8sEvent>::namespaced(self.admin.clone(), ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .collect()
+    }
+
+    async fn wait_event(&self, ns: &str, name: &str, reason: &str) -> K8sEvent {
+        self.wait_for(&format!("{reason} Event on {name}"), async || {
+            self.events(ns, name, reason).await.into_iter().next()
+        })
+        .await
+    }
+}
+
+/// Remove what earlier tests left that the publisher would see: Nodes, HTTPProxies and
+/// exported Services (their records go with them, by owner reference).
+async fn clear(admin: &kube::Client) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for n in nodes.list(&ListParams::default()).await.unwrap() {
+        nodes
+            .delete(&n.metadata.name.unwrap(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for p in Api::<HTTPProxy>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+    {
+        let ns = p.metadata.namespace.unwrap();
+        Api::<HTTPProxy>::namespaced(admin.clone(), &ns)
+            .delete(&p.metadata.name.unwrap(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    for s in Api::<Service>::all(admin.clone())
+        .list(&ListParams::default().labels(EXPORT_LABEL))
+        .await
+        .unwrap()
+    {
+        let ns = s.metadata.namespace.unwrap();
+        Api::<Service>::namespaced(admin.clone(), &ns)
+            .delete(&s.metadata.name.unwrap(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// Poll in-process state (readiness, counters) every 20 ms until `check` holds, or fail after
+/// [`TIMEOUT`].
+async fn poll(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !check() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "timed out waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-async fn server() -> FakeApiServer {
-    FakeApiServer::builder()
-        .namespace(NS)
-        .namespace("db")
-        .namespace("projectcontour")
-        .namespace("xcc")
-        .resource(crds::service_records())
-        .start()
-        .await
 }
 
 struct Running {
@@ -83,55 +268,11 @@ impl Running {
             .unwrap();
     }
 
-    fn relists(&self, watch: &str) -> u64 {
-        self.metrics
-            .relists
-            .get_or_create(&vec![("watch".into(), watch.into())])
-            .get()
-    }
-
     fn ok_reconciles(&self) -> u64 {
         self.metrics
             .reconciles
             .get_or_create(&vec![("result".into(), "ok".into())])
             .get()
-    }
-}
-
-fn settings() -> Settings {
-    Settings {
-        config: Config {
-            ingress_port: 443,
-            cluster: Some("cluster-a".into()),
-        },
-        ..Settings::default()
-    }
-}
-
-/// Start the controller and wait until it reports ready.
-async fn start(server: &FakeApiServer, leader: Option<LeaderConfig>) -> Running {
-    let cancel = CancellationToken::new();
-    let metrics = Metrics::default();
-    let health = Health::default();
-    let task = tokio::spawn(controller::serve(
-        server.client(),
-        settings(),
-        metrics.clone(),
-        health.clone(),
-        leader,
-        cancel.clone(),
-    ));
-    let h = health.clone();
-    wait_for("readiness", || {
-        let ready = h.is_ready();
-        async move { ready.then_some(()) }
-    })
-    .await;
-    Running {
-        cancel,
-        task,
-        metrics,
-        health,
     }
 }
 
@@ -144,15 +285,7 @@ fn node_json(name: &str, ip: &str, ready: bool) -> Value {
     })
 }
 
-fn put_node(server: &FakeApiServer, name: &str, ip: &str, ready: bool) {
-    let mut node = node_json(name, ip, ready);
-    if let Some(existing) = server.get("v1", "nodes", None, name) {
-        node["metadata"] = existing["metadata"].clone();
-    }
-    server.put_raw(node).unwrap();
-}
-
-fn proxy(name: &str, labelled: bool, fqdn: Option<&str>) -> HTTPProxy {
+fn proxy(ns: &str, name: &str, labelled: bool, fqdn: Option<&str>) -> HTTPProxy {
     let labels = if labelled {
         json!({EXPORT_LABEL: ""})
     } else {
@@ -165,7 +298,7 @@ fn proxy(name: &str, labelled: bool, fqdn: Option<&str>) -> HTTPProxy {
     };
     serde_json::from_value(json!({
         "apiVersion": "projectcontour.io/v1", "kind": "HTTPProxy",
-        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
         "spec": spec,
     }))
     .unwrap()
@@ -180,46 +313,6 @@ fn ep(address: &str, port: i32) -> Endpoint {
 
 async fn record(api: &Api<ServiceRecord>, name: &str) -> Option<ServiceRecord> {
     api.get_opt(name).await.unwrap()
-}
-
-/// Wait until record `name` exists with exactly `endpoints`.
-async fn wait_endpoints(api: &Api<ServiceRecord>, name: &str, endpoints: &[Endpoint]) {
-    wait_for(&format!("{name} with endpoints {endpoints:?}"), || async {
-        record(api, name)
-            .await
-            .filter(|r| r.spec.endpoints == endpoints)
-            .map(|_| ())
-    })
-    .await;
-}
-
-async fn wait_gone(api: &Api<ServiceRecord>, name: &str) {
-    wait_for(&format!("{name} removed"), || async {
-        record(api, name).await.is_none().then_some(())
-    })
-    .await;
-}
-
-/// Events (events.k8s.io) about `name` with `reason`, in any namespace.
-async fn events(server: &FakeApiServer, name: &str, reason: &str) -> Vec<K8sEvent> {
-    Api::<K8sEvent>::all(server.client())
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .collect()
-}
-
-async fn wait_event(server: &FakeApiServer, name: &str, reason: &str) -> K8sEvent {
-    wait_for(&format!("{reason} Event on {name}"), || async {
-        events(server, name, reason).await.into_iter().next()
-    })
-    .await
 }
 
 async fn set_label(proxies: &Api<HTTPProxy>, name: &str, labelled: bool) {
@@ -240,22 +333,26 @@ async fn set_label(proxies: &Api<HTTPProxy>, name: &str, labelled: bool) {
 
 #[tokio::test]
 async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
-    let server = server().await;
-    let client = server.client();
-    put_node(&server, "node-1", "10.0.0.1", true);
-    let running = start(&server, None).await;
-    let proxies: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
-    let records: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let Some(w) = World::new("an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn").await
+    else {
+        return;
+    };
+    let ns = w.ns.as_str();
+    w.put_node("node-1", "10.0.0.1", true).await;
+    let running = w.start(None).await;
+    let proxies: Api<HTTPProxy> = Api::namespaced(w.admin.clone(), ns);
+    let records = w.records(ns);
 
     // PUB-01: label an HTTPProxy → its record appears with the node's address on 443.
     let created = proxies
         .create(
             &PostParams::default(),
-            &proxy("test", true, Some("test.some.domain")),
+            &proxy(ns, "test", true, Some("test.some.domain")),
         )
         .await
         .unwrap();
-    wait_endpoints(&records, "test.some.domain", &[ep("10.0.0.1", 443)]).await;
+    w.wait_endpoints(ns, "test.some.domain", &[ep("10.0.0.1", 443)])
+        .await;
     let sr = record(&records, "test.some.domain").await.unwrap();
     let owner = &sr.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
@@ -272,29 +369,30 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
         sr.metadata.annotations.as_ref().unwrap()["connectivity.tanzu.vmware.com/service-port"],
         "443"
     );
-    let published = wait_event(&server, "test", "Published").await;
+    let published = w.wait_event(ns, "test", "Published").await;
     assert_eq!(
         published.reporting_controller.as_deref(),
         Some("xcc-publisher")
     );
 
     // PUB-04 through a running controller: the node turns NotReady → no endpoints.
-    put_node(&server, "node-1", "10.0.0.1", false);
-    wait_endpoints(&records, "test.some.domain", &[]).await;
+    w.put_node("node-1", "10.0.0.1", false).await;
+    w.wait_endpoints(ns, "test.some.domain", &[]).await;
     // Ready again with a new address → the endpoints follow.
-    put_node(&server, "node-1", "10.0.0.9", true);
-    wait_endpoints(&records, "test.some.domain", &[ep("10.0.0.9", 443)]).await;
+    w.put_node("node-1", "10.0.0.9", true).await;
+    w.wait_endpoints(ns, "test.some.domain", &[ep("10.0.0.9", 443)])
+        .await;
     // A second node joins.
-    put_node(&server, "node-2", "10.0.0.2", true);
-    wait_endpoints(
-        &records,
+    w.put_node("node-2", "10.0.0.2", true).await;
+    w.wait_endpoints(
+        ns,
         "test.some.domain",
         &[ep("10.0.0.2", 443), ep("10.0.0.9", 443)],
     )
     .await;
 
     // The ingress Service gets a LoadBalancer address → endpoints switch to it.
-    let services: Api<Service> = Api::namespaced(client.clone(), "projectcontour");
+    let services: Api<Service> = Api::namespaced(w.admin.clone(), ns);
     services
         .create(
             &PostParams::default(),
@@ -316,7 +414,8 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
         )
         .await
         .unwrap();
-    wait_endpoints(&records, "test.some.domain", &[ep("203.0.113.5", 443)]).await;
+    w.wait_endpoints(ns, "test.some.domain", &[ep("203.0.113.5", 443)])
+        .await;
 
     // FQDN changed → the old record goes, the new one is there.
     proxies
@@ -327,9 +426,10 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
         )
         .await
         .unwrap();
-    wait_endpoints(&records, "new.some.domain", &[ep("203.0.113.5", 443)]).await;
-    wait_gone(&records, "test.some.domain").await;
-    let removed = wait_event(&server, "test", "Removed").await;
+    w.wait_endpoints(ns, "new.some.domain", &[ep("203.0.113.5", 443)])
+        .await;
+    w.wait_gone(ns, "test.some.domain").await;
+    let removed = w.wait_event(ns, "test", "Removed").await;
     assert_eq!(
         removed.note.as_deref(),
         Some("removed ServiceRecord test.some.domain")
@@ -337,10 +437,10 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
 
     // PUB-07: label removed → record gone, and a Removed Event.
     set_label(&proxies, "test", false).await;
-    wait_gone(&records, "new.some.domain").await;
+    w.wait_gone(ns, "new.some.domain").await;
     let note = "no longer exported; removed ServiceRecord new.some.domain";
-    wait_for("the Removed Event of the unlabelled proxy", || async {
-        events(&server, "test", "Removed")
+    w.wait_for("the Removed Event of the unlabelled proxy", async || {
+        w.events(ns, "test", "Removed")
             .await
             .iter()
             .any(|e| e.note.as_deref() == Some(note))
@@ -350,7 +450,8 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
 
     // Labelled again → back; drift (someone edits the record) is repaired.
     set_label(&proxies, "test", true).await;
-    wait_endpoints(&records, "new.some.domain", &[ep("203.0.113.5", 443)]).await;
+    w.wait_endpoints(ns, "new.some.domain", &[ep("203.0.113.5", 443)])
+        .await;
     records
         .patch(
             "new.some.domain",
@@ -362,33 +463,39 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
         )
         .await
         .unwrap();
-    wait_endpoints(&records, "new.some.domain", &[ep("203.0.113.5", 443)]).await;
+    w.wait_endpoints(ns, "new.some.domain", &[ep("203.0.113.5", 443)])
+        .await;
     // A record deleted behind the publisher's back comes back.
     records
         .delete("new.some.domain", &DeleteParams::default())
         .await
         .unwrap();
-    wait_endpoints(&records, "new.some.domain", &[ep("203.0.113.5", 443)]).await;
+    w.wait_endpoints(ns, "new.some.domain", &[ep("203.0.113.5", 443)])
+        .await;
 
     // PUB-09: proxy deleted → record gone.
     proxies
         .delete("test", &DeleteParams::default())
         .await
         .unwrap();
-    wait_gone(&records, "new.some.domain").await;
+    w.wait_gone(ns, "new.some.domain").await;
     assert!(running.ok_reconciles() > 0, "reconciles are counted");
     running.stop().await;
+    w.assert_nothing_forbidden();
 }
 
 #[tokio::test]
 async fn services_of_each_type_are_exported_with_allowed_requesters() {
-    let server = server().await;
-    let client = server.client();
-    put_node(&server, "node-1", "10.0.0.1", true);
-    put_node(&server, "node-2", "10.0.0.2", false);
-    let running = start(&server, None).await;
-    let services: Api<Service> = Api::namespaced(client.clone(), "db");
-    let records: Api<ServiceRecord> = Api::namespaced(client.clone(), "db");
+    let Some(w) = World::new("services_of_each_type_are_exported_with_allowed_requesters").await
+    else {
+        return;
+    };
+    let db = w.db.as_str();
+    w.put_node("node-1", "10.0.0.1", true).await;
+    w.put_node("node-2", "10.0.0.2", false).await;
+    let running = w.start(None).await;
+    let services: Api<Service> = Api::namespaced(w.admin.clone(), db);
+    let records = w.records(db);
     let svc = |name: &str, type_: &str, fqdn: &str| -> Service {
         serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {EXPORT_LABEL: ""},
@@ -408,7 +515,8 @@ async fn services_of_each_type_are_exported_with_allowed_requesters() {
         .await
         .unwrap();
     let cluster_ip = cip.spec.unwrap().cluster_ip.unwrap();
-    wait_endpoints(&records, "cip.db.example", &[ep(&cluster_ip, 3306)]).await;
+    w.wait_endpoints(db, "cip.db.example", &[ep(&cluster_ip, 3306)])
+        .await;
     let sr = record(&records, "cip.db.example").await.unwrap();
     assert_eq!(
         sr.spec.allowed_requesters,
@@ -428,11 +536,12 @@ async fn services_of_each_type_are_exported_with_allowed_requesters() {
         .await
         .unwrap();
     let node_port = np.spec.unwrap().ports.unwrap()[0].node_port.unwrap();
-    wait_endpoints(&records, "np.db.example", &[ep("10.0.0.1", node_port)]).await;
+    w.wait_endpoints(db, "np.db.example", &[ep("10.0.0.1", node_port)])
+        .await;
     // node-2 becomes ready → NodePort endpoints follow the nodes too.
-    put_node(&server, "node-2", "10.0.0.2", true);
-    wait_endpoints(
-        &records,
+    w.put_node("node-2", "10.0.0.2", true).await;
+    w.wait_endpoints(
+        db,
         "np.db.example",
         &[ep("10.0.0.1", node_port), ep("10.0.0.2", node_port)],
     )
@@ -446,7 +555,7 @@ async fn services_of_each_type_are_exported_with_allowed_requesters() {
         )
         .await
         .unwrap();
-    wait_endpoints(&records, "lb.db.example", &[]).await;
+    w.wait_endpoints(db, "lb.db.example", &[]).await;
     services
         .patch_status(
             "lb",
@@ -457,7 +566,8 @@ async fn services_of_each_type_are_exported_with_allowed_requesters() {
         )
         .await
         .unwrap();
-    wait_endpoints(&records, "lb.db.example", &[ep("198.51.100.7", 3306)]).await;
+    w.wait_endpoints(db, "lb.db.example", &[ep("198.51.100.7", 3306)])
+        .await;
 
     // Label removed from a Service → its record goes.
     services
@@ -468,7 +578,7 @@ async fn services_of_each_type_are_exported_with_allowed_requesters() {
         )
         .await
         .unwrap();
-    wait_gone(&records, "cip.db.example").await;
+    w.wait_gone(db, "cip.db.example").await;
     // An invalid FQDN is reported as Skipped, with the reason.
     services
         .create(
@@ -477,21 +587,26 @@ async fn services_of_each_type_are_exported_with_allowed_requesters() {
         )
         .await
         .unwrap();
-    let skipped = wait_event(&server, "bad", "Skipped").await;
+    let skipped = w.wait_event(db, "bad", "Skipped").await;
     assert!(
         skipped.note.as_deref().unwrap().contains("-bad-.example"),
         "{skipped:?}"
     );
     assert_eq!(record(&records, "-bad-.example").await.map(|_| ()), None);
     running.stop().await;
+    w.assert_nothing_forbidden();
 }
 
 #[tokio::test]
 async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() {
-    let server = server().await;
-    let client = server.client();
-    put_node(&server, "node-1", "10.0.0.1", true);
-    let records: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let Some(w) =
+        World::new("a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event").await
+    else {
+        return;
+    };
+    let ns = w.ns.as_str();
+    w.put_node("node-1", "10.0.0.1", true).await;
+    let records = w.records(ns);
     let foreign: ServiceRecord = serde_json::from_value(json!({
         "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
         "metadata": {"name": "test.some.domain", "labels": {EXPORT_LABEL: ""}},
@@ -502,16 +617,16 @@ async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() 
         .create(&PostParams::default(), &foreign)
         .await
         .unwrap();
-    let running = start(&server, None).await;
-    let proxies: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
+    let running = w.start(None).await;
+    let proxies: Api<HTTPProxy> = Api::namespaced(w.admin.clone(), ns);
     proxies
         .create(
             &PostParams::default(),
-            &proxy("test", true, Some("test.some.domain")),
+            &proxy(ns, "test", true, Some("test.some.domain")),
         )
         .await
         .unwrap();
-    let conflict = wait_event(&server, "test", "Conflict").await;
+    let conflict = w.wait_event(ns, "test", "Conflict").await;
     assert_eq!(conflict.type_.as_deref(), Some("Warning"));
     let after = record(&records, "test.some.domain").await.unwrap();
     assert_eq!(
@@ -523,13 +638,12 @@ async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() 
     // A node change re-reconciles the proxy: still a conflict, still untouched, and no second
     // Event for the same lasting condition.
     let reconciles = running.ok_reconciles();
-    put_node(&server, "node-2", "10.0.0.2", true);
-    wait_for("the proxy reconciled again", || {
-        let n = running.ok_reconciles();
-        async move { (n > reconciles).then_some(()) }
+    w.put_node("node-2", "10.0.0.2", true).await;
+    poll("the proxy reconciled again", || {
+        running.ok_reconciles() > reconciles
     })
     .await;
-    let all = events(&server, "test", "Conflict").await;
+    let all = w.events(ns, "test", "Conflict").await;
     assert_eq!(all.len(), 1);
     assert_eq!(all[0].series, None, "reported once, not repeated");
     assert_eq!(
@@ -543,47 +657,54 @@ async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() 
     // PUB-08-like: the proxy loses its label; the foreign record stays.
     let reconciles = running.ok_reconciles();
     set_label(&proxies, "test", false).await;
-    wait_for("the unlabelled proxy reconciled", || {
-        let n = running.ok_reconciles();
-        async move { (n > reconciles).then_some(()) }
+    poll("the unlabelled proxy reconciled", || {
+        running.ok_reconciles() > reconciles
     })
     .await;
     assert!(record(&records, "test.some.domain").await.is_some());
     running.stop().await;
+    w.assert_nothing_forbidden();
 }
 
 #[tokio::test]
 async fn new_05_a_proxy_without_virtualhost_does_nothing_and_the_controller_keeps_running() {
-    let server = server().await;
-    let client = server.client();
-    put_node(&server, "node-1", "10.0.0.1", true);
-    let proxies: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
+    let Some(w) = World::new(
+        "new_05_a_proxy_without_virtualhost_does_nothing_and_the_controller_keeps_running",
+    )
+    .await
+    else {
+        return;
+    };
+    let ns = w.ns.as_str();
+    w.put_node("node-1", "10.0.0.1", true).await;
+    let proxies: Api<HTTPProxy> = Api::namespaced(w.admin.clone(), ns);
     // Present before the controller starts, and one created while it runs.
     proxies
-        .create(&PostParams::default(), &proxy("included", true, None))
+        .create(&PostParams::default(), &proxy(ns, "included", true, None))
         .await
         .unwrap();
-    let running = start(&server, None).await;
+    let running = w.start(None).await;
     proxies
-        .create(&PostParams::default(), &proxy("included-2", true, None))
+        .create(&PostParams::default(), &proxy(ns, "included-2", true, None))
         .await
         .unwrap();
-    let skipped = wait_event(&server, "included-2", "Skipped").await;
+    let skipped = w.wait_event(ns, "included-2", "Skipped").await;
     assert_eq!(
         skipped.note.as_deref(),
         Some("HTTPProxy has no spec.virtualhost")
     );
-    wait_event(&server, "included", "Skipped").await;
+    w.wait_event(ns, "included", "Skipped").await;
     // Still working: a root proxy is published.
     proxies
         .create(
             &PostParams::default(),
-            &proxy("root", true, Some("root.some.domain")),
+            &proxy(ns, "root", true, Some("root.some.domain")),
         )
         .await
         .unwrap();
-    let records: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
-    wait_endpoints(&records, "root.some.domain", &[ep("10.0.0.1", 443)]).await;
+    let records = w.records(ns);
+    w.wait_endpoints(ns, "root.some.domain", &[ep("10.0.0.1", 443)])
+        .await;
     let names: Vec<String> = records
         .list(&ListParams::default())
         .await
@@ -595,21 +716,24 @@ async fn new_05_a_proxy_without_virtualhost_does_nothing_and_the_controller_keep
     assert_eq!(names, ["root.some.domain"]);
     assert!(!running.task.is_finished());
     running.stop().await;
+    w.assert_nothing_forbidden();
 }
 
 #[tokio::test]
-async fn no_writes_at_steady_state_and_recovery_after_410_gone() {
-    let server = server().await;
-    let client = server.client();
-    put_node(&server, "node-1", "10.0.0.1", true);
-    let proxies: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
+async fn no_writes_at_steady_state_nor_after_a_restart() {
+    let Some(w) = World::new("no_writes_at_steady_state_nor_after_a_restart").await else {
+        return;
+    };
+    let (ns, db) = (w.ns.as_str(), w.db.as_str());
+    w.put_node("node-1", "10.0.0.1", true).await;
+    let proxies: Api<HTTPProxy> = Api::namespaced(w.admin.clone(), ns);
     for (name, fqdn) in [("a", "a.some.domain"), ("b", "b.some.domain")] {
         proxies
-            .create(&PostParams::default(), &proxy(name, true, Some(fqdn)))
+            .create(&PostParams::default(), &proxy(ns, name, true, Some(fqdn)))
             .await
             .unwrap();
     }
-    let services: Api<Service> = Api::namespaced(client.clone(), "db");
+    let services: Api<Service> = Api::namespaced(w.admin.clone(), db);
     services
         .create(
             &PostParams::default(),
@@ -621,8 +745,8 @@ async fn no_writes_at_steady_state_and_recovery_after_410_gone() {
         )
         .await
         .unwrap();
-    let running = start(&server, None).await;
-    let records: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let running = w.start(None).await;
+    let records = w.records(ns);
     // Ready means the first sync is done: the records are there already.
     assert_eq!(
         record(&records, "a.some.domain")
@@ -632,19 +756,23 @@ async fn no_writes_at_steady_state_and_recovery_after_410_gone() {
             .endpoints,
         [ep("10.0.0.1", 443)]
     );
-    assert!(
-        Api::<ServiceRecord>::namespaced(client.clone(), "db")
-            .get_opt("web.db.svc.clusterset.local")
-            .await
-            .unwrap()
-            .is_some()
-    );
+    let web = format!("web.{db}.svc.clusterset.local");
+    assert!(w.records(db).get_opt(&web).await.unwrap().is_some());
 
-    // Steady state: an unrelated object changes, a node heartbeat changes nothing the records
-    // use, and every watch is forced to relist (410 Gone), which re-reconciles every source and
-    // the owner of every record — and nothing is written.
-    server.reset_counters();
-    Api::<Service>::namespaced(client.clone(), "db")
+    // Steady state: an exported proxy is annotated (it is reconciled, its record stays as it
+    // is), an unrelated Service appears, a node heartbeat changes nothing the records use —
+    // and nothing is written.
+    let since = SystemTime::now();
+    let before = running.ok_reconciles();
+    proxies
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"touched": "1"}}})),
+        )
+        .await
+        .unwrap();
+    services
         .create(
             &PostParams::default(),
             &serde_json::from_value(
@@ -654,75 +782,84 @@ async fn no_writes_at_steady_state_and_recovery_after_410_gone() {
         )
         .await
         .unwrap();
-    let mut node = server.get("v1", "nodes", None, "node-1").unwrap();
-    node["metadata"]["annotations"] = json!({"heartbeat": "1"});
-    server.put_raw(node).unwrap();
-    let relisted: Vec<u64> = WATCHES.iter().map(|w| running.relists(w)).collect();
-    let before = running.ok_reconciles();
-    server.compact();
-    wait_for("every watch relisted and the queue drained", || {
-        let all = WATCHES
-            .iter()
-            .zip(&relisted)
-            .all(|(w, n)| running.relists(w) > *n);
-        let idle = running.metrics.queue_depth.get() == 0;
-        async move { (all && idle).then_some(()) }
+    Api::<Node>::all(w.admin.clone())
+        .patch(
+            "node-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"heartbeat": "1"}}})),
+        )
+        .await
+        .unwrap();
+    poll(
+        "the annotated proxy reconciled and the queue drained",
+        || running.ok_reconciles() > before && running.metrics.queue_depth.get() == 0,
+    )
+    .await;
+    assert_eq!(w.cp.writes_since(&w.id.user, since), Vec::<String>::new());
+
+    // A restarted publisher reconciles every source again and finds nothing to write.
+    running.stop().await;
+    let since = SystemTime::now();
+    let running = w.start(None).await;
+    poll("every source reconciled and the queue drained", || {
+        running.ok_reconciles() >= 3 && running.metrics.queue_depth.get() == 0
     })
     .await;
-    assert!(
-        running.ok_reconciles() >= before + 3,
-        "all sources reconciled again"
-    );
-    let writes = server.writes();
-    assert_eq!(
-        writes.total(),
-        1,
-        "only the test's own Service create: {writes}"
-    );
-    assert_eq!(writes.get("services", Verb::Create), 1);
+    assert_eq!(w.cp.writes_since(&w.id.user, since), Vec::<String>::new());
 
-    // After the 410 the watches work again: changes still flow.
-    server.compact();
+    // Changes still flow.
     set_label(&proxies, "a", false).await;
-    put_node(&server, "node-1", "10.0.0.7", true);
-    wait_gone(&records, "a.some.domain").await;
-    wait_endpoints(&records, "b.some.domain", &[ep("10.0.0.7", 443)]).await;
+    w.put_node("node-1", "10.0.0.7", true).await;
+    w.wait_gone(ns, "a.some.domain").await;
+    w.wait_endpoints(ns, "b.some.domain", &[ep("10.0.0.7", 443)])
+        .await;
     running.stop().await;
+    w.assert_nothing_forbidden();
 }
 
 #[tokio::test]
 async fn with_leader_election_the_lease_is_held_while_running_and_released_after() {
-    let server = server().await;
-    let client = server.client();
-    put_node(&server, "node-1", "10.0.0.1", true);
+    let Some(w) =
+        World::new("with_leader_election_the_lease_is_held_while_running_and_released_after").await
+    else {
+        return;
+    };
+    let ns = w.ns.as_str();
+    w.put_node("node-1", "10.0.0.1", true).await;
     let leader = LeaderConfig {
         identity: "publisher-0".into(),
-        ..LeaderConfig::new("xcc", LEASE_NAME)
+        ..LeaderConfig::new(ns, LEASE_NAME)
     };
-    let running = start(&server, Some(leader)).await;
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "xcc");
-    let lease = leases.get("xcc-publisher").await.unwrap();
-    assert_eq!(
-        lease.spec.unwrap().holder_identity.as_deref(),
-        Some("publisher-0")
-    );
-    let proxies: Api<HTTPProxy> = Api::namespaced(client.clone(), NS);
+    let running = w.start(Some(leader)).await;
+    let leases: Api<Lease> = Api::namespaced(w.admin.clone(), ns);
+    let holder = async || {
+        leases
+            .get_opt("xcc-publisher")
+            .await
+            .unwrap()
+            .and_then(|l| l.spec?.holder_identity)
+    };
+    w.wait_for("publisher-0 to hold the Lease", async || {
+        (holder().await.as_deref() == Some("publisher-0")).then_some(())
+    })
+    .await;
+    let proxies: Api<HTTPProxy> = Api::namespaced(w.admin.clone(), ns);
     proxies
         .create(
             &PostParams::default(),
-            &proxy("test", true, Some("test.some.domain")),
+            &proxy(ns, "test", true, Some("test.some.domain")),
         )
         .await
         .unwrap();
-    let records: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
-    wait_endpoints(&records, "test.some.domain", &[ep("10.0.0.1", 443)]).await;
+    w.wait_endpoints(ns, "test.some.domain", &[ep("10.0.0.1", 443)])
+        .await;
     let health = running.health.clone();
     running.stop().await;
     assert!(!health.is_ready());
-    let lease = leases.get("xcc-publisher").await.unwrap();
     assert_ne!(
-        lease.spec.unwrap().holder_identity.as_deref(),
+        holder().await.as_deref(),
         Some("publisher-0"),
         "released on shutdown"
     );
+    w.assert_nothing_forbidden();
 }

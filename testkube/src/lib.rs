@@ -400,6 +400,80 @@ impl ControlPlane {
             .collect()
     }
 
+    /// Write requests (create, update, patch, delete) of `user` the API server received at or
+    /// after `since` (the audit event's `requestReceivedTimestamp`, so a write sent before
+    /// `since` but logged later does not count): `verb resource namespace/name` for each.
+    pub fn writes_since(&self, user: &str, since: std::time::SystemTime) -> Vec<String> {
+        let since = time::OffsetDateTime::from(since);
+        let received = |e: &Value| {
+            e["requestReceivedTimestamp"].as_str().and_then(|t| {
+                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+            })
+        };
+        self.audit()
+            .iter()
+            .filter(|e| e["user"]["username"] == user)
+            .filter(|e| {
+                matches!(
+                    e["verb"].as_str(),
+                    Some("create" | "update" | "patch" | "delete" | "deletecollection")
+                )
+            })
+            .filter(|e| received(e).is_some_and(|t| t >= since))
+            .map(|e| {
+                let o = &e["objectRef"];
+                format!(
+                    "{} {}/{}{} {}/{}",
+                    e["verb"].as_str().unwrap_or_default(),
+                    o["apiGroup"].as_str().unwrap_or_default(),
+                    o["resource"].as_str().unwrap_or_default(),
+                    o["subresource"]
+                        .as_str()
+                        .map(|s| format!("/{s}"))
+                        .unwrap_or_default(),
+                    o["namespace"].as_str().unwrap_or_default(),
+                    o["name"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    /// Watches of `kinds` (`(apiVersion, kind, plural)`) in `ns` (all namespaces when `None`)
+    /// whose every event wakes [`Changes::wait_for`]; returns once each has listed.
+    pub async fn changes(&self, ns: Option<&str>, kinds: &[(&str, &str, &str)]) -> Changes {
+        use futures::StreamExt as _;
+        use kube::runtime::watcher;
+        let client = self.client().await;
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        let mut tasks = Vec::new();
+        for (api_version, kind, plural) in kinds {
+            let resource = ar(api_version, kind, plural);
+            let api: Api<DynamicObject> = match ns {
+                Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
+                None => Api::all_with(client.clone(), &resource),
+            };
+            let (listed_tx, listed) = tokio::sync::oneshot::channel();
+            let tx = tx.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut listed_tx = Some(listed_tx);
+                let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+                while let Some(event) = events.next().await {
+                    if matches!(event, Ok(watcher::Event::InitDone)) {
+                        if let Some(t) = listed_tx.take() {
+                            let _ = t.send(());
+                        }
+                    }
+                    tx.send_modify(|n| *n += 1);
+                }
+            }));
+            tokio::time::timeout(STARTUP, listed)
+                .await
+                .unwrap_or_else(|_| panic!("watch of {plural} never listed"))
+                .unwrap();
+        }
+        Changes { rx, tasks }
+    }
+
     /// Requests of `user` the API server refused with 403 Forbidden: `verb resource
     /// namespace` for each.
     pub fn forbidden(&self, user: &str) -> Vec<String> {
@@ -417,6 +491,46 @@ impl ControlPlane {
                 )
             })
             .collect()
+    }
+}
+
+/// Watches that wake waiters on every change (see [`ControlPlane::changes`]); they stop when
+/// this is dropped.
+pub struct Changes {
+    rx: tokio::sync::watch::Receiver<u64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Changes {
+    /// Run `check` now and after every change the watches see, until it returns `Some`; fail
+    /// naming `what` after `timeout`. Checks read the API server, so they see the state
+    /// after the change that woke them.
+    pub async fn wait_for<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl AsyncFnMut() -> Option<T>,
+    ) -> T {
+        let mut rx = self.rx.clone();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            rx.borrow_and_update();
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .unwrap_or_else(|_| panic!("timed out after {timeout:?} waiting for {what}"))
+                .unwrap();
+        }
+    }
+}
+
+impl Drop for Changes {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 }
 
