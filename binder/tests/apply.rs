@@ -1,6 +1,7 @@
-//! `sync_group` against the in-process fake API server (which defaults like a real one: cluster
-//! IPs, target ports, protocols): SB-01/SB-02/SB-08 end to end and NEW-06 — no write request
-//! after the first reconcile of an unchanged group.
+//! `sync_group` on a real API server (`xcc_testkube`, our CRDs installed), as the binder's
+//! ServiceAccount with exactly `deploy/overlays/importer`'s RBAC: SB-01/SB-02/SB-08 end to end
+//! and NEW-06 — no write request after the first reconcile of an unchanged group (the API
+//! server's audit log counts writes).
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,26 +12,45 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use xcc_binder::apply::sync_group;
 use xcc_binder::desired::{Materialized, group_imported, materialize};
-use xcc_kube_fake::{FakeApiServer, Verb, crds};
 use xcc_proto::crd::ServiceRecord;
+use xcc_testkube::ControlPlane;
 
-const NS: &str = "cross-cluster-connectivity";
-
-async fn server() -> FakeApiServer {
-    FakeApiServer::builder()
-        .namespace(NS)
-        .resource(crds::service_records())
-        .start()
-        .await
+/// A namespace of the shared control plane and the binder's client in it.
+struct Env {
+    cp: &'static ControlPlane,
+    ns: String,
+    /// The binder's ServiceAccount (`deploy/overlays/importer`).
+    client: Client,
+    user: String,
+    /// Cluster admin, for what the test itself does.
+    admin: Client,
 }
 
-async fn create(
-    client: &Client,
-    name: &str,
-    annotations: Value,
-    endpoints: Value,
-) -> ServiceRecord {
-    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+async fn env(test: &str) -> Option<Env> {
+    let cp = xcc_testkube::shared(test)?;
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+    let ns = cp.namespace("binder-apply").await;
+    let id = cp.identity(&ns, "overlays/importer", "xcc-binder").await;
+    Some(Env {
+        client: id.client().await,
+        user: id.user,
+        admin: cp.client().await,
+        cp,
+        ns,
+    })
+}
+
+impl Env {
+    fn assert_no_writes_since(&self, since: std::time::SystemTime) {
+        assert_eq!(
+            self.cp.writes_since(&self.user, since),
+            Vec::<String>::new()
+        );
+    }
+}
+
+async fn create(env: &Env, name: &str, annotations: Value, endpoints: Value) -> ServiceRecord {
+    let api: Api<ServiceRecord> = Api::namespaced(env.admin.clone(), &env.ns);
     let sr: ServiceRecord = serde_json::from_value(json!({
         "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
         "metadata": {"name": name, "annotations": annotations,
@@ -43,8 +63,8 @@ async fn create(
 }
 
 /// Materialise the single group from what is stored now.
-async fn current(client: &Client) -> Materialized {
-    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+async fn current(env: &Env) -> Materialized {
+    let api: Api<ServiceRecord> = Api::namespaced(env.client.clone(), &env.ns);
     let records = api.list(&ListParams::default()).await.unwrap().items;
     let groups = group_imported(&records);
     assert_eq!(groups.len(), 1);
@@ -54,10 +74,12 @@ async fn current(client: &Client) -> Materialized {
 
 #[tokio::test]
 async fn materialises_then_writes_nothing_while_unchanged() {
-    let server = server().await;
-    let client = server.client();
+    let Some(env) = env("materialises_then_writes_nothing_while_unchanged").await else {
+        return;
+    };
+    let client = env.client.clone();
     let first = create(
-        &client,
+        &env,
         "test.some.domain-abcd1234",
         json!({"connectivity.tanzu.vmware.com/service-port": "443",
                "connectivity.tanzu.vmware.com/vip": "1.2.3.4"}),
@@ -65,7 +87,7 @@ async fn materialises_then_writes_nothing_while_unchanged() {
     )
     .await;
     create(
-        &client,
+        &env,
         "test.some.domain-bcde2345",
         json!({"connectivity.tanzu.vmware.com/service-port": "443",
                "connectivity.tanzu.vmware.com/vip": "1.2.3.4"}),
@@ -73,12 +95,12 @@ async fn materialises_then_writes_nothing_while_unchanged() {
     )
     .await;
 
-    let written = sync_group(&client, NS, &current(&client).await)
+    let written = sync_group(&client, &env.ns, &current(&env).await)
         .await
         .unwrap();
     assert_eq!(written.applied.len(), 4, "{written:?}");
 
-    let services: Api<Service> = Api::namespaced(client.clone(), NS);
+    let services: Api<Service> = Api::namespaced(env.admin.clone(), &env.ns);
     let svc = services.get("test-some-domain-cc9e50dd").await.unwrap();
     let spec = svc.spec.clone().unwrap();
     assert!(
@@ -89,7 +111,7 @@ async fn materialises_then_writes_nothing_while_unchanged() {
     // SB-02: the VIP lands in the load-balancer status.
     let ingress = svc.status.unwrap().load_balancer.unwrap().ingress.unwrap();
     assert_eq!(ingress[0].ip.as_deref(), Some("1.2.3.4"));
-    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), NS);
+    let endpoints: Api<Endpoints> = Api::namespaced(env.admin.clone(), &env.ns);
     let ep = endpoints.get("test-some-domain-cc9e50dd").await.unwrap();
     let ips: Vec<String> = ep.subsets.unwrap()[0]
         .addresses
@@ -98,7 +120,7 @@ async fn materialises_then_writes_nothing_while_unchanged() {
         .map(|a| a.ip.clone())
         .collect();
     assert_eq!(ips, ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]);
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(env.admin.clone(), &env.ns);
     assert_eq!(
         slices
             .list(&ListParams::default())
@@ -110,18 +132,17 @@ async fn materialises_then_writes_nothing_while_unchanged() {
     );
 
     // NEW-06: reconciling the unchanged group again sends no write.
-    server.reset_counters();
+    let since = std::time::SystemTime::now();
     for _ in 0..3 {
-        let written = sync_group(&client, NS, &current(&client).await)
+        let written = sync_group(&client, &env.ns, &current(&env).await)
             .await
             .unwrap();
         assert_eq!(written, Default::default());
     }
-    assert_eq!(server.requests().for_verb(Verb::Patch), 0);
-    assert_eq!(server.writes().total(), 0, "{:?}", server.writes());
+    env.assert_no_writes_since(since);
 
     // SB-08: one source deleted → owners and addresses shrink, nothing else.
-    let records: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let records: Api<ServiceRecord> = Api::namespaced(env.admin.clone(), &env.ns);
     records
         .delete(
             first.metadata.name.as_deref().unwrap(),
@@ -129,7 +150,7 @@ async fn materialises_then_writes_nothing_while_unchanged() {
         )
         .await
         .unwrap();
-    sync_group(&client, NS, &current(&client).await)
+    sync_group(&client, &env.ns, &current(&env).await)
         .await
         .unwrap();
     let svc = services.get("test-some-domain-cc9e50dd").await.unwrap();
@@ -166,7 +187,7 @@ async fn materialises_then_writes_nothing_while_unchanged() {
         )
         .await
         .unwrap();
-    sync_group(&client, NS, &current(&client).await)
+    sync_group(&client, &env.ns, &current(&env).await)
         .await
         .unwrap();
     let svc = services.get("test-some-domain-cc9e50dd").await.unwrap();
@@ -177,28 +198,32 @@ async fn materialises_then_writes_nothing_while_unchanged() {
         .and_then(|lb| lb.ingress)
         .unwrap_or_default();
     assert!(ingress.is_empty(), "{ingress:?}");
-    server.reset_counters();
-    let written = sync_group(&client, NS, &current(&client).await)
+    let since = std::time::SystemTime::now();
+    let written = sync_group(&client, &env.ns, &current(&env).await)
         .await
         .unwrap();
     assert_eq!(written, Default::default());
+    env.assert_no_writes_since(since);
+    assert_eq!(env.cp.forbidden(&env.user), Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn slices_the_group_no_longer_needs_are_deleted() {
-    let server = server().await;
-    let client = server.client();
+    let Some(env) = env("slices_the_group_no_longer_needs_are_deleted").await else {
+        return;
+    };
+    let client = env.client.clone();
     let sr = create(
-        &client,
+        &env,
         "test.some.domain-abcd1234",
         json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
         json!([{"address": "10.0.0.1", "port": 443}]),
     )
     .await;
-    sync_group(&client, NS, &current(&client).await)
+    sync_group(&client, &env.ns, &current(&env).await)
         .await
         .unwrap();
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let slices: Api<EndpointSlice> = Api::namespaced(env.admin.clone(), &env.ns);
     let before: Vec<String> = slices
         .list(&ListParams::default())
         .await
@@ -211,7 +236,7 @@ async fn slices_the_group_no_longer_needs_are_deleted() {
     assert!(before[0].contains("-ipv4-"));
 
     // The endpoints move to IPv6: the IPv4 slice goes, an IPv6 slice comes.
-    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    let api: Api<ServiceRecord> = Api::namespaced(env.admin.clone(), &env.ns);
     let mut changed = api.get(sr.metadata.name.as_deref().unwrap()).await.unwrap();
     changed.spec.endpoints[0].address = "fd00::1".into();
     api.replace(
@@ -221,11 +246,12 @@ async fn slices_the_group_no_longer_needs_are_deleted() {
     )
     .await
     .unwrap();
-    let written = sync_group(&client, NS, &current(&client).await)
+    let written = sync_group(&client, &env.ns, &current(&env).await)
         .await
         .unwrap();
     assert_eq!(written.deleted, before);
     let after: Vec<EndpointSlice> = slices.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(after.len(), 1);
     assert_eq!(after[0].address_type, "IPv6");
+    assert_eq!(env.cp.forbidden(&env.user), Vec::<String>::new());
 }

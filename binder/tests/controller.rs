@@ -1,45 +1,84 @@
-//! The running binder controller against the in-process fake API server: reference §5.7
-//! SB-01..SB-08 through watches and reconciles, NEW-06 (no writes at steady state, across a
-//! resync and a forced relist), NEW-07, port conflicts, drift repair, foreign objects, the
-//! Cilium global-service mode (seed 004) and readiness.
+//! The running binder controller on a real API server (`xcc_testkube`, our CRDs installed), as
+//! the binder's ServiceAccount with exactly the RBAC of `deploy/overlays/importer` (Cilium mode:
+//! `overlays/cilium`), so a missing rule fails (no request may be refused): reference §5.7
+//! SB-01..SB-08 through watches and reconciles, NEW-06 (no writes at steady state across a
+//! resync and a restart; the audit log counts writes), NEW-07, port conflicts, drift repair,
+//! foreign objects, the Cilium global-service mode (seed 004) and readiness. A forced relist
+//! (410 Gone) cannot be had from a real server on demand: `relist.rs`, on the fake.
 //!
-//! No sleeps: every wait polls the fake's state (or the controller's counters) with a timeout.
+//! No sleeps: waits on API state wake on the watches of what they check; only in-process
+//! state (readiness, counters) is polled.
 
 #![allow(clippy::unwrap_used)]
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams,
+};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
+use tokio::sync::RwLock;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use xcc_binder::controller::{Config, Controller, Handle, Metrics};
 use xcc_controller::probes::Health;
-use xcc_kube_fake::{FakeApiServer, crds};
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::names;
+use xcc_testkube::{Changes, ControlPlane, Identity};
 
-const NS: &str = "cross-cluster-connectivity";
-const TIMEOUT: Duration = Duration::from_secs(15);
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `deploy/` overlay the binder's identity comes from, and whether the test runs alone.
+/// Every binder watches its managed Services in all namespaces: a Cilium-mode binder writes
+/// and removes global Services there, and the managed-object gauges count them all. Other
+/// tests share the control plane, each in its namespace.
+#[derive(Clone, Copy)]
+struct Setup {
+    overlay: &'static str,
+    alone: bool,
+}
+
+const IMPORTER: Setup = Setup {
+    overlay: "overlays/importer",
+    alone: false,
+};
+const IMPORTER_ALONE: Setup = Setup {
+    overlay: "overlays/importer",
+    alone: true,
+};
+const CILIUM: Setup = Setup {
+    overlay: "overlays/cilium",
+    alone: true,
+};
+
+static TURNS: RwLock<()> = RwLock::const_new(());
 
 struct Env {
-    server: FakeApiServer,
+    cp: &'static ControlPlane,
+    /// The binder's namespace (records, Services, Lease).
+    ns: String,
+    /// The binder's ServiceAccount.
+    id: Identity,
+    /// Cluster admin, for what the test itself does.
     client: Client,
+    changes: Changes,
     handle: Handle,
     cancel: CancellationToken,
     /// Built and not started yet.
     pending: Option<Controller>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
+    _turn: Box<dyn std::any::Any + Send + Sync>,
 }
 
-fn controller(client: &Client) -> Controller {
+async fn controller(id: &Identity, ns: &str) -> Controller {
     Controller::new(
-        client.clone(),
+        id.client().await,
         Config {
-            namespace: NS.into(),
+            namespace: ns.into(),
             workers: 2,
             resync: Duration::from_secs(3600),
         },
@@ -49,39 +88,63 @@ fn controller(client: &Client) -> Controller {
 }
 
 impl Env {
-    /// A fresh server and a controller that is not running yet.
-    async fn new() -> Self {
-        let mut b = FakeApiServer::builder().namespace(NS);
-        for spec in crds::all() {
-            b = b.resource(spec);
-        }
-        let server = b.start().await;
-        let client = server.client();
-        let pending = controller(&client);
-        Env {
-            server,
+    /// A namespace of the shared control plane, the binder's identity from `overlay`, and a
+    /// controller that is not running yet; `None` when the control plane is not configured.
+    async fn new(test: &str, setup: Setup) -> Option<Self> {
+        let cp = xcc_testkube::shared(test)?;
+        let turn: Box<dyn std::any::Any + Send + Sync> = if setup.alone {
+            Box::new(TURNS.write().await)
+        } else {
+            Box::new(TURNS.read().await)
+        };
+        cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+        let ns = cp.namespace("binder").await;
+        let id = cp.identity(&ns, setup.overlay, "xcc-binder").await;
+        let changes = cp
+            .changes(
+                None,
+                &[
+                    ("v1", "Service", "services"),
+                    ("v1", "Endpoints", "endpoints"),
+                    ("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
+                    ("events.k8s.io/v1", "Event", "events"),
+                    (
+                        "connectivity.tanzu.vmware.com/v1alpha1",
+                        "ServiceRecord",
+                        "servicerecords",
+                    ),
+                ],
+            )
+            .await;
+        let pending = controller(&id, &ns).await;
+        Some(Env {
+            cp,
             handle: pending.handle(),
-            client,
+            client: cp.client().await,
+            ns,
+            id,
+            changes,
             cancel: CancellationToken::new(),
             pending: Some(pending),
             task: None,
-        }
+            _turn: turn,
+        })
     }
 
-    /// A fresh server and a running controller that finished its first sync.
-    async fn start() -> Self {
-        let mut env = Self::new().await;
-        env.run();
-        env.wait_for("first sync", |e| e.handle.is_ready()).await;
-        env
+    /// [`Env::new`] with a running controller that finished its first sync.
+    async fn start(test: &str, setup: Setup) -> Option<Self> {
+        let mut env = Self::new(test, setup).await?;
+        env.run().await;
+        env.poll("first sync", |e| e.handle.is_ready()).await;
+        Some(env)
     }
 
     /// Start the pending controller, or a new one.
-    fn run(&mut self) {
-        let controller = self
-            .pending
-            .take()
-            .unwrap_or_else(|| controller(&self.client));
+    async fn run(&mut self) {
+        let controller = match self.pending.take() {
+            Some(c) => c,
+            None => controller(&self.id, &self.ns).await,
+        };
         self.handle = controller.handle();
         self.task = Some(tokio::spawn(controller.run(self.cancel.clone())));
     }
@@ -92,11 +155,32 @@ impl Env {
             .await
             .expect("the controller stops on cancel");
         result.unwrap().unwrap();
+        self.assert_nothing_forbidden();
     }
 
-    async fn wait_for(&self, what: &str, mut f: impl FnMut(&Self) -> bool) {
+    fn assert_nothing_forbidden(&self) {
+        assert_eq!(self.cp.forbidden(&self.id.user), Vec::<String>::new());
+    }
+
+    fn assert_no_writes_since(&self, since: SystemTime) {
+        assert_eq!(
+            self.cp.writes_since(&self.id.user, since),
+            Vec::<String>::new()
+        );
+    }
+
+    /// Wait until `check` (which reads the API server) holds, re-checking on every change of
+    /// Services, Endpoints, EndpointSlices, Events and records.
+    async fn wait_for(&self, what: &str, mut check: impl AsyncFnMut(&Self) -> bool) {
+        self.changes
+            .wait_for(what, TIMEOUT, async || check(self).await.then_some(()))
+            .await;
+    }
+
+    /// Poll in-process state (readiness, counters) every 20 ms until `check` holds.
+    async fn poll(&self, what: &str, mut check: impl FnMut(&Self) -> bool) {
         let deadline = tokio::time::Instant::now() + TIMEOUT;
-        while !f(self) {
+        while !check(self) {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "timed out waiting for {what}"
@@ -109,52 +193,88 @@ impl Env {
     async fn resync_round(&self) {
         let before = self.handle.reconciles();
         self.handle.resync_now();
-        self.wait_for("resync round", |e| {
+        self.poll("resync round", |e| {
             e.handle.reconciles() > before && e.handle.is_idle()
         })
         .await;
     }
 
-    /// Force every watch to relist (410 Gone) and wait until the relists are handled.
-    async fn relist_round(&self) {
-        let before = self.handle.relists();
-        self.server.compact();
-        self.wait_for("five relists", |e| {
-            e.handle.relists() >= before + 5 && e.handle.is_idle()
-        })
-        .await;
+    async fn get(&self, api_version: &str, plural: &str, ns: &str, name: &str) -> Option<Value> {
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let resource =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, ""), plural);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &resource);
+        let found = api.get_opt(name).await.unwrap();
+        found.map(|o| serde_json::to_value(o).unwrap())
     }
 
-    fn get(&self, api_version: &str, plural: &str, ns: &str, name: &str) -> Option<Value> {
-        self.server.get(api_version, plural, Some(ns), name)
+    async fn service(&self, name: &str) -> Option<Value> {
+        self.get("v1", "services", &self.ns, name).await
     }
 
-    fn service(&self, name: &str) -> Option<Value> {
-        self.get("v1", "services", NS, name)
+    async fn endpoints(&self, name: &str) -> Option<Value> {
+        self.get("v1", "endpoints", &self.ns, name).await
     }
 
-    fn endpoints(&self, name: &str) -> Option<Value> {
-        self.get("v1", "endpoints", NS, name)
-    }
-
-    fn slices(&self, service: &str) -> Vec<Value> {
-        self.server
-            .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
+    async fn slices(&self, service: &str) -> Vec<Value> {
+        let api: Api<EndpointSlice> = Api::namespaced(self.client.clone(), &self.ns);
+        let selector = format!("kubernetes.io/service-name={service}");
+        api.list(&ListParams::default().labels(&selector))
+            .await
+            .unwrap()
+            .items
             .into_iter()
-            .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == service)
+            .map(|s| serde_json::to_value(s).unwrap())
             .collect()
     }
 
-    fn events(&self, ns: &str, reason: &str) -> Vec<Value> {
-        self.server
-            .list("events.k8s.io/v1", "events", Some(ns))
+    async fn events(&self, ns: &str, reason: &str) -> Vec<Value> {
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), ns);
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
             .into_iter()
-            .filter(|e| e["reason"] == reason)
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| serde_json::to_value(e).unwrap())
             .collect()
+    }
+
+    async fn namespace(&self, name: &str) -> Option<Namespace> {
+        Api::<Namespace>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .unwrap()
     }
 
     fn records(&self) -> Api<ServiceRecord> {
-        Api::namespaced(self.client.clone(), NS)
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Wait until each of `names` has the Conflict condition `(status, reason)`; returns the
+    /// records as they are then.
+    async fn wait_condition(
+        &self,
+        names: &[&str],
+        status: &str,
+        reason: &str,
+    ) -> Vec<ServiceRecord> {
+        let want = Some((status.to_string(), reason.to_string()));
+        let what = format!("Conflict condition {status}/{reason} on {names:?}");
+        self.changes
+            .wait_for(&what, TIMEOUT, async || {
+                let mut found = Vec::new();
+                for name in names {
+                    let r = self.records().get(name).await.unwrap();
+                    if conflict_condition(&r) != want {
+                        return None;
+                    }
+                    found.push(r);
+                }
+                Some(found)
+            })
+            .await
     }
 
     async fn create_record(&self, body: Value) -> ServiceRecord {
@@ -269,7 +389,9 @@ const SVC: &str = "test-some-domain-cc9e50dd";
 
 #[tokio::test]
 async fn sb_cases_through_the_running_controller() {
-    let env = Env::start().await;
+    let Some(env) = Env::start("sb_cases_through_the_running_controller", IMPORTER).await else {
+        return;
+    };
 
     // SB-01: one record → Service and Endpoints, owned by it; no load-balancer status.
     let r1 = env
@@ -280,12 +402,13 @@ async fn sb_cases_through_the_running_controller() {
             eps(&["10.0.0.1", "10.0.0.2"], 443),
         ))
         .await;
-    env.wait_for("SB-01 Endpoints", |e| {
+    env.wait_for("SB-01 Endpoints", async |e| {
         e.endpoints(SVC)
+            .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2"])
     })
     .await;
-    let svc = env.service(SVC).unwrap();
+    let svc = env.service(SVC).await.unwrap();
     assert_eq!(owner_uids(&svc), [uid(&r1)]);
     assert_eq!(service_ports(&svc), [(443, "TCP".to_string())]);
     assert_eq!(svc["spec"]["type"], "ClusterIP");
@@ -299,10 +422,10 @@ async fn sb_cases_through_the_running_controller() {
         "xcc-binder"
     );
     assert!(ingress(&svc).is_empty());
-    let ep = env.endpoints(SVC).unwrap();
+    let ep = env.endpoints(SVC).await.unwrap();
     assert_eq!(owner_uids(&ep), [uid(&r1)]);
     assert_eq!(endpoint_ports(&ep), [443]);
-    let slices = env.slices(SVC);
+    let slices = env.slices(SVC).await;
     assert_eq!(slices.len(), 1);
     assert_eq!(slices[0]["addressType"], "IPv4");
     assert_eq!(owner_uids(&slices[0]), [uid(&r1)]);
@@ -315,8 +438,8 @@ async fn sb_cases_through_the_running_controller() {
         slices[0]["ports"],
         json!([{"name": "", "port": 443, "protocol": "TCP"}])
     );
-    env.wait_for("one Created Event, for the Service", |e| {
-        let created = e.events(NS, "Created");
+    env.wait_for("one Created Event, for the Service", async |e| {
+        let created = e.events(&e.ns, "Created").await;
         created.len() == 1 && created[0]["regarding"]["name"] == SVC
     })
     .await;
@@ -327,11 +450,13 @@ async fn sb_cases_through_the_running_controller() {
         json!({"connectivity.tanzu.vmware.com/vip": "1.2.3.4"}),
     )
     .await;
-    env.wait_for("SB-02 VIP", |e| {
-        e.service(SVC).is_some_and(|s| ingress(&s) == ["1.2.3.4"])
+    env.wait_for("SB-02 VIP", async |e| {
+        e.service(SVC)
+            .await
+            .is_some_and(|s| ingress(&s) == ["1.2.3.4"])
     })
     .await;
-    let svc = env.service(SVC).unwrap();
+    let svc = env.service(SVC).await.unwrap();
     assert_eq!(svc["spec"]["type"], "LoadBalancer");
     assert_eq!(
         svc["spec"]["loadBalancerClass"],
@@ -344,13 +469,14 @@ async fn sb_cases_through_the_running_controller() {
         json!({"connectivity.tanzu.vmware.com/service-port": "8080"}),
     )
     .await;
-    env.wait_for("SB-03 port", |e| {
+    env.wait_for("SB-03 port", async |e| {
         e.service(SVC)
+            .await
             .is_some_and(|s| service_ports(&s) == [(8080, "TCP".to_string())])
     })
     .await;
-    assert_eq!(ingress(&env.service(SVC).unwrap()), ["1.2.3.4"]);
-    assert_eq!(endpoint_ports(&env.endpoints(SVC).unwrap()), [443]);
+    assert_eq!(ingress(&env.service(SVC).await.unwrap()), ["1.2.3.4"]);
+    assert_eq!(endpoint_ports(&env.endpoints(SVC).await.unwrap()), [443]);
     env.annotate_record(
         "test.some.domain-abcd1234",
         json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
@@ -368,18 +494,21 @@ async fn sb_cases_through_the_running_controller() {
         ))
         .await;
     let both = sorted(vec![uid(&r1), uid(&r2)]);
-    env.wait_for("SB-04 four addresses", |e| {
-        e.endpoints(SVC).is_some_and(|ep| {
+    env.wait_for("SB-04 four addresses", async |e| {
+        e.endpoints(SVC).await.is_some_and(|ep| {
             endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
                 && sorted(owner_uids(&ep)) == both
         })
     })
     .await;
-    let svc = env.service(SVC).unwrap();
+    let svc = env.service(SVC).await.unwrap();
     // Both owners (server-side apply keeps the stored order and appends).
     assert_eq!(sorted(owner_uids(&svc)), both);
     assert_eq!(service_ports(&svc), [(443, "TCP".to_string())]);
-    let sb04 = (env.service(SVC).unwrap(), env.endpoints(SVC).unwrap());
+    let sb04 = (
+        env.service(SVC).await.unwrap(),
+        env.endpoints(SVC).await.unwrap(),
+    );
 
     // SB-05: another FQDN does not leak in.
     env.create_record(imported(
@@ -390,8 +519,9 @@ async fn sb_cases_through_the_running_controller() {
     ))
     .await;
     let foobar = names::service_name("foobar.some.domain");
-    env.wait_for("SB-05 foobar", |e| {
+    env.wait_for("SB-05 foobar", async |e| {
         e.endpoints(&foobar)
+            .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.5", "10.0.0.6"])
     })
     .await;
@@ -406,22 +536,20 @@ async fn sb_cases_through_the_running_controller() {
     .await;
     env.resync_round().await;
     assert_eq!(
-        env.service(SVC).unwrap(),
+        env.service(SVC).await.unwrap(),
         sb04.0,
         "SB-05/06: Service as in SB-04"
     );
     assert_eq!(
-        env.endpoints(SVC).unwrap(),
+        env.endpoints(SVC).await.unwrap(),
         sb04.1,
         "SB-05/06: Endpoints as in SB-04"
     );
 
-    // NEW-06: no write at steady state, across a resync and a forced relist.
-    env.server.reset_counters();
+    // NEW-06: no write at steady state, across a resync (a forced relist: `relist.rs`).
+    let since = SystemTime::now();
     env.resync_round().await;
-    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
-    env.relist_round().await;
-    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+    env.assert_no_writes_since(since);
 
     // SB-07: a 62-letter first label.
     let long = format!("{}.some.domain", "a".repeat(62));
@@ -434,25 +562,26 @@ async fn sb_cases_through_the_running_controller() {
     ))
     .await;
     let long_name = format!("{}-c2657973", "a".repeat(54));
-    env.wait_for("SB-07", |e| {
+    env.wait_for("SB-07", async |e| {
         e.endpoints(&long_name)
+            .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.3"])
     })
     .await;
     assert_eq!(
-        env.service(&long_name).unwrap()["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
+        env.service(&long_name).await.unwrap()["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
         long.as_str()
     );
 
     // SB-08: deleting one source shrinks owners and addresses only.
     env.delete_record("test.some.domain-abcd1234").await;
-    env.wait_for("SB-08", |e| {
-        e.endpoints(SVC).is_some_and(|ep| {
+    env.wait_for("SB-08", async |e| {
+        e.endpoints(SVC).await.is_some_and(|ep| {
             endpoint_ips(&ep) == ["10.0.0.3", "10.0.0.4"] && owner_uids(&ep) == [uid(&r2)]
         })
     })
     .await;
-    let svc = env.service(SVC).unwrap();
+    let svc = env.service(SVC).await.unwrap();
     assert_eq!(owner_uids(&svc), [uid(&r2)]);
     assert_eq!(service_ports(&svc), [(443, "TCP".to_string())]);
     assert_eq!(ingress(&svc), ["1.2.3.4"]);
@@ -460,17 +589,21 @@ async fn sb_cases_through_the_running_controller() {
 
     // The last source goes: Service, slices and Endpoints go.
     env.delete_record("test.some.domain-bcde2345").await;
-    env.wait_for("group removed", |e| {
-        e.service(SVC).is_none() && e.endpoints(SVC).is_none() && e.slices(SVC).is_empty()
+    env.wait_for("group removed", async |e| {
+        e.service(SVC).await.is_none()
+            && e.endpoints(SVC).await.is_none()
+            && e.slices(SVC).await.is_empty()
     })
     .await;
-    assert!(env.service(&foobar).is_some(), "other groups stay");
+    assert!(env.service(&foobar).await.is_some(), "other groups stay");
     env.stop().await;
 }
 
 #[tokio::test]
 async fn new07_uppercase_fqdn_is_lowercased() {
-    let env = Env::start().await;
+    let Some(env) = Env::start("new07_uppercase_fqdn_is_lowercased", IMPORTER).await else {
+        return;
+    };
     env.create_record(imported(
         "foo.xcc.test-rr",
         "Foo.XCC.test",
@@ -481,10 +614,10 @@ async fn new07_uppercase_fqdn_is_lowercased() {
     let name = names::service_name("foo.xcc.test");
     assert_eq!(name, names::service_name("Foo.XCC.test."));
     assert!(name.starts_with("foo-xcc-test-"), "{name}");
-    env.wait_for("Service", |e| e.service(&name).is_some())
+    env.wait_for("Service", async |e| e.service(&name).await.is_some())
         .await;
     assert_eq!(
-        env.service(&name).unwrap()["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
+        env.service(&name).await.unwrap()["metadata"]["annotations"]["connectivity.tanzu.vmware.com/fqdn"],
         "foo.xcc.test"
     );
     env.stop().await;
@@ -501,7 +634,14 @@ fn conflict_condition(r: &ServiceRecord) -> Option<(String, String)> {
 
 #[tokio::test]
 async fn port_conflict_has_a_deterministic_winner_and_is_reported() {
-    let env = Env::start().await;
+    let Some(env) = Env::start(
+        "port_conflict_has_a_deterministic_winner_and_is_reported",
+        IMPORTER,
+    )
+    .await
+    else {
+        return;
+    };
     let a = env
         .create_record(imported(
             "test.some.domain-a",
@@ -525,32 +665,23 @@ async fn port_conflict_has_a_deterministic_winner_and_is_reported() {
         (&b, 8443, "10.0.0.2")
     };
     let records = env.records();
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let ra = records.get("test.some.domain-a").await.unwrap();
-        let rb = records.get("test.some.domain-b").await.unwrap();
-        let want = Some(("True".to_string(), "PortsDisagree".to_string()));
-        if conflict_condition(&ra) == want && conflict_condition(&rb) == want {
-            let cond = ra.status.unwrap().conditions[0].clone();
-            assert!(
-                cond.message
-                    .starts_with(&format!("ports of {} used", winner.name_any())),
-                "{}",
-                cond.message
-            );
-            assert_eq!(cond.observed_generation, ra.metadata.generation);
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no Conflict condition"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let svc = env.service(SVC).unwrap();
+    let both = ["test.some.domain-a", "test.some.domain-b"];
+    let ra = env
+        .wait_condition(&both, "True", "PortsDisagree")
+        .await
+        .remove(0);
+    let cond = ra.status.unwrap().conditions[0].clone();
+    assert!(
+        cond.message
+            .starts_with(&format!("ports of {} used", winner.name_any())),
+        "{}",
+        cond.message
+    );
+    assert_eq!(cond.observed_generation, ra.metadata.generation);
+    let svc = env.service(SVC).await.unwrap();
     assert_eq!(service_ports(&svc), [(win_port, "TCP".to_string())]);
-    assert_eq!(endpoint_ips(&env.endpoints(SVC).unwrap()), [win_ip]);
-    let conflicts = env.events(NS, "Conflict");
+    assert_eq!(endpoint_ips(&env.endpoints(SVC).await.unwrap()), [win_ip]);
+    let conflicts = env.events(&env.ns, "Conflict").await;
     let mut regarding: Vec<String> = conflicts
         .iter()
         .map(|e| e["regarding"]["name"].as_str().unwrap().to_string())
@@ -560,9 +691,9 @@ async fn port_conflict_has_a_deterministic_winner_and_is_reported() {
     assert!(conflicts.iter().all(|e| e["type"] == "Warning"));
 
     // Steady state: no more status writes or Events.
-    env.server.reset_counters();
+    let since = SystemTime::now();
     env.resync_round().await;
-    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+    env.assert_no_writes_since(since);
 
     // The loser comes round: both contribute, the condition turns False.
     let loser = if winner.name_any() == "test.some.domain-a" {
@@ -582,32 +713,27 @@ async fn port_conflict_has_a_deterministic_winner_and_is_reported() {
         .replace(loser, &PostParams::default(), &fixed)
         .await
         .unwrap();
-    env.wait_for("both contribute", |e| {
+    env.wait_for("both contribute", async |e| {
         e.endpoints(SVC)
+            .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2"])
     })
     .await;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let ra = records.get("test.some.domain-a").await.unwrap();
-        let rb = records.get("test.some.domain-b").await.unwrap();
-        let want = Some(("False".to_string(), "Resolved".to_string()));
-        if conflict_condition(&ra) == want && conflict_condition(&rb) == want {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "condition not resolved"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.wait_condition(&both, "False", "Resolved").await;
     env.stop().await;
 }
 
 #[tokio::test]
 async fn drift_is_repaired_and_foreign_services_are_left_alone() {
-    let env = Env::start().await;
-    let services: Api<Service> = Api::namespaced(env.client.clone(), NS);
+    let Some(env) = Env::start(
+        "drift_is_repaired_and_foreign_services_are_left_alone",
+        IMPORTER,
+    )
+    .await
+    else {
+        return;
+    };
+    let services: Api<Service> = Api::namespaced(env.client.clone(), &env.ns);
 
     // A Service of the group's name that someone else made.
     let foreign: Service = serde_json::from_value(json!({
@@ -626,45 +752,41 @@ async fn drift_is_repaired_and_foreign_services_are_left_alone() {
         eps(&["10.0.0.1"], 443),
     ))
     .await;
-    let records = env.records();
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let r = records.get("test.some.domain-abcd1234").await.unwrap();
-        if conflict_condition(&r) == Some(("True".into(), "NotManaged".into())) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no NotManaged");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.wait_condition(&["test.some.domain-abcd1234"], "True", "NotManaged")
+        .await;
     let now = services.get(SVC).await.unwrap();
     assert_eq!(
         now.metadata.resource_version,
         foreign.metadata.resource_version
     );
-    assert!(env.endpoints(SVC).is_none(), "nothing of the group written");
-    assert!(env.slices(SVC).is_empty());
-    assert_eq!(env.events(NS, "Conflict").len(), 1);
+    assert!(
+        env.endpoints(SVC).await.is_none(),
+        "nothing of the group written"
+    );
+    assert!(env.slices(SVC).await.is_empty());
+    assert_eq!(env.events(&env.ns, "Conflict").await.len(), 1);
 
     // The foreign Service goes: the binder makes its own, the condition clears.
     services
         .delete(SVC, &DeleteParams::default())
         .await
         .unwrap();
-    env.wait_for("binder's Service", |e| {
-        e.service(SVC).is_some_and(|s| {
+    env.wait_for("binder's Service", async |e| {
+        e.service(SVC).await.is_some_and(|s| {
             s["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "xcc-binder"
-        }) && e.endpoints(SVC).is_some()
+        }) && e.endpoints(SVC).await.is_some()
     })
     .await;
-    let first_uid = env.service(SVC).unwrap()["metadata"]["uid"].clone();
+    let first_uid = env.service(SVC).await.unwrap()["metadata"]["uid"].clone();
 
     // Deleted by hand → recreated.
     services
         .delete(SVC, &DeleteParams::default())
         .await
         .unwrap();
-    env.wait_for("recreated", |e| {
+    env.wait_for("recreated", async |e| {
         e.service(SVC)
+            .await
             .is_some_and(|s| s["metadata"]["uid"] != first_uid)
     })
     .await;
@@ -677,19 +799,20 @@ async fn drift_is_repaired_and_foreign_services_are_left_alone() {
         )
         .await
         .unwrap();
-    env.wait_for("port repaired", |e| {
+    env.wait_for("port repaired", async |e| {
         e.service(SVC)
+            .await
             .is_some_and(|s| service_ports(&s) == [(443, "TCP".to_string())])
     })
     .await;
     // Endpoints deleted by hand → recreated; a slice deleted → recreated.
-    let endpoints: Api<Endpoints> = Api::namespaced(env.client.clone(), NS);
+    let endpoints: Api<Endpoints> = Api::namespaced(env.client.clone(), &env.ns);
     endpoints
         .delete(SVC, &DeleteParams::default())
         .await
         .unwrap();
-    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), NS);
-    let slice = env.slices(SVC)[0]["metadata"]["name"]
+    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.ns);
+    let slice = env.slices(SVC).await[0]["metadata"]["name"]
         .as_str()
         .unwrap()
         .to_string();
@@ -697,26 +820,20 @@ async fn drift_is_repaired_and_foreign_services_are_left_alone() {
         .delete(&slice, &DeleteParams::default())
         .await
         .unwrap();
-    env.wait_for("Endpoints and slice recreated", |e| {
+    env.wait_for("Endpoints and slice recreated", async |e| {
         e.endpoints(SVC)
+            .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1"])
-            && e.slices(SVC).len() == 1
+            && e.slices(SVC).await.len() == 1
     })
     .await;
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let r = records.get("test.some.domain-abcd1234").await.unwrap();
-        if conflict_condition(&r) == Some(("False".into(), "Resolved".into())) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "not resolved");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.wait_condition(&["test.some.domain-abcd1234"], "False", "Resolved")
+        .await;
     env.stop().await;
 }
 
 async fn remote_registry(env: &Env, name: &str, materialize: &str) {
-    let api: Api<xcc_proto::crd::RemoteRegistry> = Api::namespaced(env.client.clone(), NS);
+    let api: Api<xcc_proto::crd::RemoteRegistry> = Api::namespaced(env.client.clone(), &env.ns);
     let rr = json!({
         "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "RemoteRegistry",
         "metadata": {"name": name},
@@ -748,14 +865,18 @@ fn global_record(name: &str, rr: &str) -> Value {
 
 #[tokio::test]
 async fn cilium_global_services_follow_seed_004() {
-    let env = Env::start().await;
+    let Some(env) = Env::start("cilium_global_services_follow_seed_004", CILIUM).await else {
+        return;
+    };
     remote_registry(&env, "east", "CiliumGlobalService").await;
     env.create_record(global_record("mysql.shop.example.org-east", "east"))
         .await;
-    let global = |e: &Env| e.get("v1", "services", "shop", "mysql-svc");
-    env.wait_for("global Service", |e| global(e).is_some())
+    async fn global(e: &Env) -> Option<Value> {
+        e.get("v1", "services", "shop", "mysql-svc").await
+    }
+    env.wait_for("global Service", async |e| global(e).await.is_some())
         .await;
-    let svc = global(&env).unwrap();
+    let svc = global(&env).await.unwrap();
     assert_eq!(
         svc["metadata"]["annotations"],
         json!({"service.cilium.io/global": "true", "service.cilium.io/shared": "false",
@@ -769,52 +890,60 @@ async fn cilium_global_services_follow_seed_004() {
     assert!(svc["metadata"].get("ownerReferences").is_none());
     assert_eq!(service_ports(&svc), [(3306, "TCP".to_string())]);
     assert!(svc["spec"].get("selector").is_none());
-    let ns = env.server.get("v1", "namespaces", None, "shop").unwrap();
+    let ns = env.namespace("shop").await.unwrap();
     assert_eq!(
-        ns["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-        "xcc-binder"
+        ns.labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("xcc-binder")
     );
     let group = names::service_name("mysql.shop.example.org");
-    assert!(env.service(&group).is_none(), "no Service-mode objects");
-    env.wait_for("Created Events for the Namespace and the Service", |e| {
-        e.events("shop", "Created").len() == 1 && e.events("default", "Created").len() == 1
-    })
+    assert!(
+        env.service(&group).await.is_none(),
+        "no Service-mode objects"
+    );
+    env.wait_for(
+        "Created Events for the Namespace and the Service",
+        async |e| {
+            e.events("shop", "Created").await.len() == 1
+                && e.events("default", "Created").await.len() == 1
+        },
+    )
     .await;
 
     // Steady state.
-    env.server.reset_counters();
+    let since = SystemTime::now();
     env.resync_round().await;
-    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+    env.assert_no_writes_since(since);
 
     // Mode switch: the registry materialises Services now → the global Service goes, the
     // group's objects come; and back.
     remote_registry(&env, "east", "Service").await;
-    env.wait_for("switched to Service", |e| {
-        global(e).is_none() && e.endpoints(&group).is_some() && e.service(&group).is_some()
+    env.wait_for("switched to Service", async |e| {
+        global(e).await.is_none()
+            && e.endpoints(&group).await.is_some()
+            && e.service(&group).await.is_some()
     })
     .await;
     remote_registry(&env, "east", "CiliumGlobalService").await;
-    env.wait_for("switched back", |e| {
-        global(e).is_some()
-            && e.service(&group).is_none()
-            && e.endpoints(&group).is_none()
-            && e.slices(&group).is_empty()
+    env.wait_for("switched back", async |e| {
+        global(e).await.is_some()
+            && e.service(&group).await.is_none()
+            && e.endpoints(&group).await.is_none()
+            && e.slices(&group).await.is_empty()
     })
     .await;
 
     // Source gone, no local endpoints → removed.
     env.delete_record("mysql.shop.example.org-east").await;
-    env.wait_for("orphan removed", |e| global(e).is_none())
+    env.wait_for("orphan removed", async |e| global(e).await.is_none())
         .await;
-    assert!(
-        env.server.get("v1", "namespaces", None, "shop").is_some(),
-        "the namespace stays"
-    );
+    assert!(env.namespace("shop").await.is_some(), "the namespace stays");
 
     // Source gone with local endpoints → kept.
     env.create_record(global_record("mysql.shop.example.org-east", "east"))
         .await;
-    env.wait_for("global Service again", |e| global(e).is_some())
+    env.wait_for("global Service again", async |e| global(e).await.is_some())
         .await;
     let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), "shop");
     let local: EndpointSlice = serde_json::from_value(json!({
@@ -828,25 +957,27 @@ async fn cilium_global_services_follow_seed_004() {
     .unwrap();
     slices.create(&PostParams::default(), &local).await.unwrap();
     env.delete_record("mysql.shop.example.org-east").await;
-    env.wait_for("OrphanKept Event", |e| {
-        !e.events("shop", "OrphanKept").is_empty()
+    env.wait_for("OrphanKept Event", async |e| {
+        !e.events("shop", "OrphanKept").await.is_empty()
     })
     .await;
-    assert!(global(&env).is_some(), "kept: it has local endpoints");
+    assert!(global(&env).await.is_some(), "kept: it has local endpoints");
 
     // A record without an origin cannot be a global Service: a Warning Event, nothing else.
     let mut no_origin = global_record("plain.shop.example.org-east", "east");
     no_origin["spec"].as_object_mut().unwrap().remove("origin");
     no_origin["spec"]["fqdn"] = json!("plain.shop.example.org");
     env.create_record(no_origin).await;
-    env.wait_for("NoOrigin Event", |e| {
-        e.events(NS, "NoOrigin")
+    env.wait_for("NoOrigin Event", async |e| {
+        e.events(&e.ns, "NoOrigin")
+            .await
             .iter()
             .any(|ev| ev["regarding"]["name"] == "plain.shop.example.org-east")
     })
     .await;
     assert!(
         env.service(&names::service_name("plain.shop.example.org"))
+            .await
             .is_none()
     );
 
@@ -864,16 +995,8 @@ async fn cilium_global_services_follow_seed_004() {
     rec["spec"]["origin"]["name"] = json!("other-svc");
     rec["spec"]["fqdn"] = json!("other.shop.example.org");
     env.create_record(rec).await;
-    let records = env.records();
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let r = records.get("other.shop.example.org-east").await.unwrap();
-        if conflict_condition(&r) == Some(("True".into(), "NotManaged".into())) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no NotManaged");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.wait_condition(&["other.shop.example.org-east"], "True", "NotManaged")
+        .await;
     assert_eq!(
         services
             .get("other-svc")
@@ -883,12 +1006,20 @@ async fn cilium_global_services_follow_seed_004() {
             .resource_version,
         theirs.metadata.resource_version
     );
+    // The kept global Service goes before the next tests: their binders, in Service mode,
+    // would see it and are not granted what its orphan check reads (EndpointSlices in "shop").
+    Api::<Service>::namespaced(env.client.clone(), "shop")
+        .delete("mysql-svc", &DeleteParams::default())
+        .await
+        .unwrap();
     env.stop().await;
 }
 
 #[tokio::test]
 async fn ready_only_after_the_first_sync() {
-    let mut env = Env::new().await;
+    let Some(mut env) = Env::new("ready_only_after_the_first_sync", IMPORTER_ALONE).await else {
+        return;
+    };
     env.create_record(imported(
         "test.some.domain-abcd1234",
         "test.some.domain",
@@ -908,22 +1039,23 @@ async fn ready_only_after_the_first_sync() {
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     let controller = Controller::new(
-        env.client.clone(),
-        Config::new(NS),
+        env.id.client().await,
+        Config::new(&env.ns),
         metrics,
         Health::default(),
     );
     env.pending = Some(controller);
-    env.run();
+    env.run().await;
     assert!(!env.handle.is_ready(), "not ready before the first sync");
-    env.wait_for("ready", |e| e.handle.is_ready()).await;
+    env.poll("ready", |e| e.handle.is_ready()).await;
     // Ready means reconciled: the objects are there the moment it says so.
     assert_eq!(
-        endpoint_ips(&env.endpoints(SVC).unwrap()),
+        endpoint_ips(&env.endpoints(SVC).await.unwrap()),
         ["10.0.0.1", "10.0.0.2"]
     );
     assert!(
         env.endpoints(&names::service_name("foobar.some.domain"))
+            .await
             .is_some()
     );
 
@@ -933,10 +1065,26 @@ async fn ready_only_after_the_first_sync() {
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         text
     };
-    // The gauges follow the watches, which may trail the writes a little.
-    env.wait_for("managed gauges", |e| {
+    // The gauges follow the watches, which may trail the writes a little. The Service watch
+    // spans all namespaces (Cilium global Services): it counts what earlier tests' binders
+    // left too, which stays put while this test runs alone.
+    let managed = Api::<Service>::all(env.client.clone())
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=xcc-binder"))
+        .await
+        .unwrap()
+        .items;
+    let here = managed
+        .iter()
+        .filter(|s| s.metadata.namespace.as_deref() == Some(env.ns.as_str()))
+        .count();
+    assert_eq!(here, 2);
+    let service_gauge = format!(
+        "xcc_binder_managed_objects{{kind=\"Service\"}} {}\n",
+        managed.len()
+    );
+    env.poll("managed gauges", |e| {
         let text = scrape(&e.handle);
-        text.contains("xcc_binder_managed_objects{kind=\"Service\"} 2\n")
+        text.contains(&service_gauge)
             && text.contains("xcc_binder_managed_objects{kind=\"Endpoints\"} 2\n")
             && text.contains("xcc_binder_managed_objects{kind=\"EndpointSlice\"} 2\n")
     })
@@ -962,11 +1110,11 @@ async fn ready_only_after_the_first_sync() {
     env.cancel.cancel();
     env.task.take().unwrap().await.unwrap().unwrap();
     env.cancel = CancellationToken::new();
-    env.server.reset_counters();
-    env.run();
-    env.wait_for("ready again", |e| e.handle.is_ready() && e.handle.is_idle())
+    let since = SystemTime::now();
+    env.run().await;
+    env.poll("ready again", |e| e.handle.is_ready() && e.handle.is_idle())
         .await;
-    assert_eq!(env.server.writes().total(), 0, "{:?}", env.server.writes());
+    env.assert_no_writes_since(since);
     env.stop().await;
 }
 
@@ -975,12 +1123,19 @@ async fn runs_under_the_xcc_binder_lease_and_stops_cleanly() {
     use k8s_openapi::api::coordination::v1::Lease;
     use xcc_controller::leader::{LeaderConfig, run_as_leader};
 
-    let mut env = Env::new().await;
+    let Some(mut env) = Env::new(
+        "runs_under_the_xcc_binder_lease_and_stops_cleanly",
+        IMPORTER,
+    )
+    .await
+    else {
+        return;
+    };
     let controller = env.pending.take().unwrap();
     let handle = controller.handle();
-    let mut leader = LeaderConfig::new(NS, xcc_binder::controller::COMPONENT);
+    let mut leader = LeaderConfig::new(&env.ns, xcc_binder::controller::COMPONENT);
     leader.identity = "binder-0".into();
-    let (client, cancel) = (env.client.clone(), env.cancel.clone());
+    let (client, cancel) = (env.id.client().await, env.cancel.clone());
     let task = tokio::spawn(async move {
         run_as_leader(
             client,
@@ -991,9 +1146,9 @@ async fn runs_under_the_xcc_binder_lease_and_stops_cleanly() {
         )
         .await
     });
-    env.wait_for("ready under the Lease", |_| handle.is_ready())
+    env.poll("ready under the Lease", |_| handle.is_ready())
         .await;
-    let leases: Api<Lease> = Api::namespaced(env.client.clone(), NS);
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     let lease = leases.get("xcc-binder").await.unwrap();
     assert_eq!(
         lease.spec.unwrap().holder_identity.as_deref(),
@@ -1006,4 +1161,5 @@ async fn runs_under_the_xcc_binder_lease_and_stops_cleanly() {
         .unwrap()
         .unwrap();
     assert!(!handle.is_ready(), "not ready once stopped");
+    env.assert_nothing_forbidden();
 }

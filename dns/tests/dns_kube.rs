@@ -1,17 +1,20 @@
-//! The Kubernetes feed against the in-process fake API server, answering over real sockets:
-//! the reference's SD-01..03 end to end, readiness after the first listing, and the pod and
-//! namespace watches behind namespace mapping.
+//! The Kubernetes feed on a real API server (`xcc_testkube`), as the DNS server's
+//! ServiceAccount with exactly the RBAC of `deploy/dns/server` (`deploy/dns/transparent` for
+//! namespace mapping), answering over real sockets: the reference's SD-01..03 end to end,
+//! readiness after the first listing, and the pod and namespace watches behind namespace
+//! mapping. No request of the feed may be refused.
 
 #![allow(clippy::unwrap_used)]
 
 mod dns_common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use dns_common::*;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::sync::watch;
@@ -21,15 +24,18 @@ use xcc_dns::index::{DnsFeed, DnsIndex};
 use xcc_dns::kube_feed::{self, KubeFeedConfig};
 use xcc_dns::server::ServerConfig;
 use xcc_dns::zone::fqdn_name;
-use xcc_kube_fake::FakeApiServer;
 use xcc_proto::mapping::{
     NAMESPACE_ANNOTATION, ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION,
 };
 use xcc_proto::names::FQDN_ANNOTATION;
+use xcc_testkube::{ControlPlane, Identity};
+
+/// Bound on the feed following the API server (which shares the machine's cores).
+const WAIT: Duration = Duration::from_secs(30);
 
 /// Wait (bounded) until the published snapshot satisfies `pred`.
 async fn until(rx: &mut watch::Receiver<Arc<Snapshot>>, pred: impl FnMut(&Arc<Snapshot>) -> bool) {
-    tokio::time::timeout(GUARD, rx.wait_for(pred))
+    tokio::time::timeout(WAIT, rx.wait_for(pred))
         .await
         .expect("the feed never got there")
         .unwrap();
@@ -40,13 +46,17 @@ fn has_name(s: &Snapshot, name: &str) -> bool {
     s.zones.find_zone(&n).and_then(|z| z.owner(&n)).is_some()
 }
 
-/// Start the fake API server, the Kubernetes feed and a DNS server on top of it.
+/// The DNS server's identity (`deploy/<overlay>`) in a fresh namespace, the Kubernetes feed
+/// running as it, and a DNS server on top.
 async fn stack(
+    cp: &ControlPlane,
+    overlay: &str,
     zones: &[&str],
     config: KubeFeedConfig,
     settings: Settings,
-) -> (FakeApiServer, Harness, CancellationToken) {
-    let api = FakeApiServer::start().await;
+) -> (Identity, Harness, CancellationToken) {
+    let ns = cp.namespace("dns").await;
+    let id = cp.identity(&ns, overlay, "xcc-dns").await;
     let index = DnsIndex::new(
         zones.iter().map(|z| z.to_string()).collect(),
         config.required_sources(),
@@ -54,7 +64,7 @@ async fn stack(
     let feed = DnsFeed::new(index);
     let cancel = CancellationToken::new();
     tokio::spawn(kube_feed::run(
-        api.client(),
+        id.client().await,
         feed.clone(),
         config,
         cancel.clone(),
@@ -67,7 +77,7 @@ async fn stack(
         },
     )
     .await;
-    (api, dns, cancel)
+    (id, dns, cancel)
 }
 
 fn annotated_service(name: &str, annotations: serde_json::Value) -> Service {
@@ -80,14 +90,19 @@ fn annotated_service(name: &str, annotations: serde_json::Value) -> Service {
 
 #[tokio::test]
 async fn sd_01_to_03_end_to_end() {
-    let (api, dns, cancel) = stack(
+    let Some(cp) = xcc_testkube::shared("sd_01_to_03_end_to_end") else {
+        return;
+    };
+    let (id, dns, cancel) = stack(
+        cp,
+        "dns/server",
         &["some.domain"],
         KubeFeedConfig::default(),
         Settings::default(),
     )
     .await;
-    api.ensure_namespace("ns");
-    let services: Api<Service> = Api::namespaced(api.client(), "ns");
+    let ns = cp.namespace("sd").await;
+    let services: Api<Service> = Api::namespaced(cp.client().await, &ns);
     let pp = PostParams::default();
     // D1: an unannotated Service in the cluster is not served.
     services
@@ -104,7 +119,6 @@ async fn sd_01_to_03_end_to_end() {
         )
         .await
         .unwrap();
-    // The fake allocates the ClusterIP, as a real API server would.
     let cluster_ip = created.spec.unwrap().cluster_ip.unwrap();
 
     let mut rx = dns.feed.subscribe();
@@ -183,15 +197,17 @@ async fn sd_01_to_03_end_to_end() {
     .await;
     assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
     cancel.cancel();
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn not_ready_until_the_services_are_listed() {
-    // A feed whose watch never lists (no API server behind the client) keeps the server in
-    // SERVFAIL; the same index becomes ready once a listing is applied.
-    let api = FakeApiServer::start().await;
-    let client = api.client();
-    api.shutdown().await;
+    // A feed whose watch never lists (no API server behind the client: a port nothing listens
+    // on) keeps the server in SERVFAIL; the same index becomes ready once a listing is applied.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("https://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
     let config = KubeFeedConfig::default();
     let feed = DnsFeed::new(DnsIndex::new(
         vec!["xcc.test".into()],
@@ -219,17 +235,31 @@ async fn pods_and_namespaces_drive_namespace_mapping() {
         transparent: true,
         ..Settings::default()
     };
-    let (api, dns, cancel) = stack(&["clusterset.local"], config, settings).await;
-    let client = api.client();
+    let Some(cp) = xcc_testkube::shared("pods_and_namespaces_drive_namespace_mapping") else {
+        return;
+    };
+    let (id, dns, cancel) = stack(
+        cp,
+        "dns/transparent",
+        &["clusterset.local"],
+        config,
+        settings,
+    )
+    .await;
+    let client = cp.client().await;
     let pp = PostParams::default();
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let foo: Namespace = serde_json::from_value(json!({
-        "metadata": {"name": "foo", "annotations": {NAMESPACE_ANNOTATION: "bar"}}
-    }))
-    .unwrap();
-    namespaces.create(&pp, &foo).await.unwrap();
-    api.ensure_namespace("xcc");
-    let services: Api<Service> = Api::namespaced(client.clone(), "xcc");
+    let foo = cp.namespace("foo").await;
+    namespaces
+        .patch(
+            &foo,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {NAMESPACE_ANNOTATION: "bar"}}})),
+        )
+        .await
+        .unwrap();
+    let xcc = cp.namespace("xcc").await;
+    let services: Api<Service> = Api::namespaced(client.clone(), &xcc);
     let web = services
         .create(
             &pp,
@@ -241,8 +271,18 @@ async fn pods_and_namespaces_drive_namespace_mapping() {
         .await
         .unwrap();
     let web_ip = web.spec.unwrap().cluster_ip.unwrap();
-    // A pod in `foo` whose address is the loopback alias the test asks from.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "foo");
+    // A pod in `foo` whose address is the loopback alias the test asks from (admitted once
+    // the controller-manager made the namespace's default ServiceAccount).
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &foo);
+    let changes = cp
+        .changes(Some(&foo), &[("v1", "ServiceAccount", "serviceaccounts")])
+        .await;
+    changes
+        .wait_for("the default ServiceAccount", WAIT, async || {
+            accounts.get_opt("default").await.unwrap()
+        })
+        .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &foo);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "client"},
         "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]}
@@ -261,11 +301,16 @@ async fn pods_and_namespaces_drive_namespace_mapping() {
     until(&mut rx, |s| {
         s.ready
             && has_name(s, "web.bar.svc.clusterset.local")
-            && s.pods.namespace_of("127.0.0.2".parse().unwrap()) == Some("foo")
-            && s.mapping.clusterset_namespace("foo") == "bar"
+            && s.pods.namespace_of("127.0.0.2".parse().unwrap()) == Some(foo.as_str())
+            && s.mapping.clusterset_namespace(&foo) == "bar"
     })
     .await;
-    for name in ["web.", "web.foo.", "web.foo.svc.clusterset.local."] {
+    for name in [
+        "web.".to_string(),
+        format!("web.{foo}."),
+        format!("web.{foo}.svc.clusterset.local."),
+    ] {
+        let name = name.as_str();
         let m = ask_from(dns.addr, Via::Udp, "127.0.0.2", name, RecordType::A).await;
         assert_eq!(
             lines(&m.answers),
@@ -277,18 +322,18 @@ async fn pods_and_namespaces_drive_namespace_mapping() {
     // Dropping the annotation takes `foo` out of `bar`.
     namespaces
         .patch(
-            "foo",
+            &foo,
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"annotations": {NAMESPACE_ANNOTATION: null}}})),
         )
         .await
         .unwrap();
-    until(&mut rx, |s| s.mapping.clusterset_namespace("foo") == "foo").await;
+    until(&mut rx, |s| s.mapping.clusterset_namespace(&foo) == foo).await;
     let m = ask_from(
         dns.addr,
         Via::Udp,
         "127.0.0.2",
-        "web.foo.svc.clusterset.local.",
+        &format!("web.{foo}.svc.clusterset.local."),
         RecordType::A,
     )
     .await;
@@ -303,4 +348,5 @@ async fn pods_and_namespaces_drive_namespace_mapping() {
     })
     .await;
     cancel.cancel();
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
 }
