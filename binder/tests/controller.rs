@@ -179,14 +179,7 @@ impl Env {
 
     /// Poll in-process state (readiness, counters) every 20 ms until `check` holds.
     async fn poll(&self, what: &str, mut check: impl FnMut(&Self) -> bool) {
-        let deadline = tokio::time::Instant::now() + TIMEOUT;
-        while !check(self) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        xcc_testkube::poll(what, TIMEOUT, || check(self)).await;
     }
 
     /// Reconcile every key once more and wait until that is done.

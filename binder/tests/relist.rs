@@ -17,21 +17,10 @@ use xcc_controller::probes::Health;
 use xcc_kube_fake::{FakeApiServer, crds};
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::names::service_name;
+use xcc_testkube::poll;
 
 const NS: &str = "cross-cluster-connectivity";
 const TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Poll `check` every 20 ms until it holds, or fail after [`TIMEOUT`].
-async fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 async fn import(records: &Api<ServiceRecord>, fqdn: &str, address: &str) {
     let sr: ServiceRecord = serde_json::from_value(json!({
@@ -65,14 +54,17 @@ async fn new_06_no_writes_across_a_forced_relist() {
     let handle = controller.handle();
     let cancel = CancellationToken::new();
     let task = tokio::spawn(controller.run(cancel.clone()));
-    wait_for("first sync", || handle.is_ready() && handle.is_idle()).await;
+    poll("first sync", TIMEOUT, || {
+        handle.is_ready() && handle.is_idle()
+    })
+    .await;
     let endpoints = |fqdn: &str| server.get("v1", "endpoints", Some(NS), &service_name(fqdn));
     assert!(endpoints("a.some.domain").is_some());
 
     server.reset_counters();
     let (relists, reconciles) = (handle.relists(), handle.reconciles());
     server.compact();
-    wait_for("five relists, every key reconciled", || {
+    poll("five relists, every key reconciled", TIMEOUT, || {
         handle.relists() >= relists + 5 && handle.reconciles() >= reconciles + 2 && handle.is_idle()
     })
     .await;
@@ -80,7 +72,7 @@ async fn new_06_no_writes_across_a_forced_relist() {
 
     // The watches work again: a new import is materialised.
     import(&records, "c.some.domain", "10.0.0.3").await;
-    wait_for("the new import's Endpoints", || {
+    poll("the new import's Endpoints", TIMEOUT, || {
         endpoints("c.some.domain").is_some()
     })
     .await;

@@ -29,7 +29,7 @@ use xcc_proto::names::{CLUSTERS_ANNOTATION, EXPORT_LABEL, FQDN_ANNOTATION};
 use xcc_publisher::controller::{self, LEASE_NAME, Metrics, Settings};
 use xcc_publisher::desired::Config;
 use xcc_publisher::httpproxy::HTTPProxy;
-use xcc_testkube::{Changes, ControlPlane, Identity};
+use xcc_testkube::{Changes, ControlPlane, Identity, poll};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -121,7 +121,7 @@ impl World {
             cancel.clone(),
         ));
         let h = health.clone();
-        poll("readiness", || h.is_ready()).await;
+        poll("readiness", TIMEOUT, || h.is_ready()).await;
         Running {
             cancel,
             task,
@@ -235,19 +235,6 @@ async fn clear(admin: &kube::Client) {
             .delete(&s.metadata.name.unwrap(), &DeleteParams::default())
             .await
             .unwrap();
-    }
-}
-
-/// Poll in-process state (readiness, counters) every 20 ms until `check` holds, or fail after
-/// [`TIMEOUT`].
-async fn poll(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -639,7 +626,7 @@ async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() 
     // Event for the same lasting condition.
     let reconciles = running.ok_reconciles();
     w.put_node("node-2", "10.0.0.2", true).await;
-    poll("the proxy reconciled again", || {
+    poll("the proxy reconciled again", TIMEOUT, || {
         running.ok_reconciles() > reconciles
     })
     .await;
@@ -657,7 +644,7 @@ async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() 
     // PUB-08-like: the proxy loses its label; the foreign record stays.
     let reconciles = running.ok_reconciles();
     set_label(&proxies, "test", false).await;
-    poll("the unlabelled proxy reconciled", || {
+    poll("the unlabelled proxy reconciled", TIMEOUT, || {
         running.ok_reconciles() > reconciles
     })
     .await;
@@ -792,6 +779,7 @@ async fn no_writes_at_steady_state_nor_after_a_restart() {
         .unwrap();
     poll(
         "the annotated proxy reconciled and the queue drained",
+        TIMEOUT,
         || running.ok_reconciles() > before && running.metrics.queue_depth.get() == 0,
     )
     .await;
@@ -801,9 +789,11 @@ async fn no_writes_at_steady_state_nor_after_a_restart() {
     running.stop().await;
     let since = SystemTime::now();
     let running = w.start(None).await;
-    poll("every source reconciled and the queue drained", || {
-        running.ok_reconciles() >= 3 && running.metrics.queue_depth.get() == 0
-    })
+    poll(
+        "every source reconciled and the queue drained",
+        TIMEOUT,
+        || running.ok_reconciles() >= 3 && running.metrics.queue_depth.get() == 0,
+    )
     .await;
     assert_eq!(w.cp.writes_since(&w.id.user, since), Vec::<String>::new());
 

@@ -18,6 +18,7 @@ use xcc_proto::crd::{Endpoint, ServiceRecord};
 use xcc_proto::names::EXPORT_LABEL;
 use xcc_publisher::controller::{self, Metrics, Settings};
 use xcc_publisher::httpproxy::HTTPProxy;
+use xcc_testkube::poll;
 
 const NS: &str = "http-proxy-namespace";
 /// The controller's watches, as labelled in its relist metric.
@@ -29,18 +30,6 @@ const WATCHES: [&str; 5] = [
     "servicerecords",
 ];
 const TIMEOUT: Duration = Duration::from_secs(15);
-
-/// Poll `check` every 20 ms until it holds, or fail after [`TIMEOUT`].
-async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 fn put_node(server: &FakeApiServer, ip: &str) {
     let mut node = json!({
@@ -65,8 +54,19 @@ fn proxy(name: &str, fqdn: &str) -> HTTPProxy {
     .unwrap()
 }
 
-async fn endpoints(api: &Api<ServiceRecord>, name: &str) -> Option<Vec<Endpoint>> {
-    api.get_opt(name).await.unwrap().map(|r| r.spec.endpoints)
+fn endpoints(server: &FakeApiServer, name: &str) -> Option<Vec<Endpoint>> {
+    let record = server.get(
+        "connectivity.tanzu.vmware.com/v1alpha1",
+        "servicerecords",
+        Some(NS),
+        name,
+    )?;
+    Some(
+        serde_json::from_value::<ServiceRecord>(record)
+            .unwrap()
+            .spec
+            .endpoints,
+    )
 }
 
 #[tokio::test]
@@ -97,8 +97,7 @@ async fn every_watch_recovers_from_410_gone_without_writing() {
         None,
         cancel.clone(),
     ));
-    wait_for("readiness", async || health.is_ready()).await;
-    let records: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
+    poll("readiness", TIMEOUT, || health.is_ready()).await;
     let relists = |watch: &str| {
         metrics
             .relists
@@ -116,10 +115,14 @@ async fn every_watch_recovers_from_410_gone_without_writing() {
     let relisted: Vec<u64> = WATCHES.iter().map(|w| relists(w)).collect();
     let before = ok();
     server.compact();
-    wait_for("every watch relisted and the queue drained", async || {
-        WATCHES.iter().zip(&relisted).all(|(w, n)| relists(w) > *n)
-            && metrics.queue_depth.get() == 0
-    })
+    poll(
+        "every watch relisted and the queue drained",
+        TIMEOUT,
+        || {
+            WATCHES.iter().zip(&relisted).all(|(w, n)| relists(w) > *n)
+                && metrics.queue_depth.get() == 0
+        },
+    )
     .await;
     assert!(ok() >= before + 2, "all sources reconciled again");
     let writes = server.writes();
@@ -136,9 +139,9 @@ async fn every_watch_recovers_from_410_gone_without_writing() {
         .await
         .unwrap();
     put_node(&server, "10.0.0.7");
-    wait_for("a removed and b on the new address", async || {
-        endpoints(&records, "a.some.domain").await.is_none()
-            && endpoints(&records, "b.some.domain").await
+    poll("a removed and b on the new address", TIMEOUT, || {
+        endpoints(&server, "a.some.domain").is_none()
+            && endpoints(&server, "b.some.domain")
                 == Some(vec![Endpoint {
                     address: "10.0.0.7".into(),
                     port: 443,

@@ -442,7 +442,7 @@ impl ControlPlane {
     /// whose every event wakes [`Changes::wait_for`]; returns once each has listed.
     pub async fn changes(&self, ns: Option<&str>, kinds: &[(&str, &str, &str)]) -> Changes {
         use futures::StreamExt as _;
-        use kube::runtime::watcher;
+        use kube::runtime::{WatchStreamExt as _, watcher};
         let client = self.client().await;
         let (tx, rx) = tokio::sync::watch::channel(0u64);
         let mut tasks = Vec::new();
@@ -456,12 +456,14 @@ impl ControlPlane {
             let tx = tx.clone();
             tasks.push(tokio::spawn(async move {
                 let mut listed_tx = Some(listed_tx);
-                let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+                let mut events = std::pin::pin!(
+                    watcher::watcher(api, watcher::Config::default()).default_backoff()
+                );
                 while let Some(event) = events.next().await {
-                    if matches!(event, Ok(watcher::Event::InitDone)) {
-                        if let Some(t) = listed_tx.take() {
-                            let _ = t.send(());
-                        }
+                    if matches!(event, Ok(watcher::Event::InitDone))
+                        && let Some(t) = listed_tx.take()
+                    {
+                        let _ = t.send(());
                     }
                     tx.send_modify(|n| *n += 1);
                 }
@@ -491,6 +493,19 @@ impl ControlPlane {
                 )
             })
             .collect()
+    }
+}
+
+/// Poll in-process state (a controller's readiness or counters, which no watch reports) every
+/// 20 ms until `check` holds; fail naming `what` after `timeout`.
+pub async fn poll(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
