@@ -656,10 +656,21 @@ mod tests {
             parse_selector("a=1,a=2"),
             Err(r#"key "a" given twice"#.to_string())
         );
-        for bad in ["", "=x", "a b=c", "Bad_/x=1", "a=b c", "a/b/c=1", "-a=1", &format!("a={}", "x".repeat(64))] {
+        for bad in [
+            "",
+            "=x",
+            "a b=c",
+            "Bad_/x=1",
+            "a=b c",
+            "a/b/c=1",
+            "-a=1",
+            &format!("a={}", "x".repeat(64)),
+        ] {
             assert!(parse_selector(bad).is_err(), "{bad:?}");
         }
-        let many: Vec<String> = (0..=MAX_SELECTOR_LABELS).map(|i| format!("k{i}=v")).collect();
+        let many: Vec<String> = (0..=MAX_SELECTOR_LABELS)
+            .map(|i| format!("k{i}=v"))
+            .collect();
         assert_eq!(
             parse_selector(&many.join(",")),
             Err(format!("more than {MAX_SELECTOR_LABELS} entries"))

@@ -50,7 +50,10 @@ const RECORD: &str = FQDN;
 
 /// The shared control plane with xcc's and the upstream CRDs installed, a fresh namespace, and
 /// the registry's identity there under `deploy/overlays/grants-<mode>`.
-async fn setup(test: &str, mode: &str) -> Option<(&'static ControlPlane, String, Client, Client, String)> {
+async fn setup(
+    test: &str,
+    mode: &str,
+) -> Option<(&'static ControlPlane, String, Client, Client, String)> {
     let cp = xcc_testkube::shared(test)?;
     cp.apply_dir(&xcc_testkube::upstream_crds()).await;
     cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
@@ -58,7 +61,13 @@ async fn setup(test: &str, mode: &str) -> Option<(&'static ControlPlane, String,
     let id = cp
         .identity(&ns, &format!("overlays/grants-{mode}"), "xcc-registry")
         .await;
-    Some((cp, ns.clone(), cp.client().await, id.client().await, id.user))
+    Some((
+        cp,
+        ns.clone(),
+        cp.client().await,
+        id.client().await,
+        id.user,
+    ))
 }
 
 /// The exported record of a Service `api-svc` (ports 53/UDP and 8080/TCP, selector
@@ -190,7 +199,13 @@ async fn poll(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-fn dynamic(client: &Client, ns: &str, api_version: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+fn dynamic(
+    client: &Client,
+    ns: &str,
+    api_version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
     let (group, version) = api_version.split_once('/').unwrap();
     let ar = kube::api::ApiResource {
         group: group.into(),
@@ -203,7 +218,13 @@ fn dynamic(client: &Client, ns: &str, api_version: &str, kind: &str, plural: &st
 }
 
 fn aps(admin: &Client, ns: &str) -> Api<DynamicObject> {
-    dynamic(admin, ns, ISTIO, "AuthorizationPolicy", "authorizationpolicies")
+    dynamic(
+        admin,
+        ns,
+        ISTIO,
+        "AuthorizationPolicy",
+        "authorizationpolicies",
+    )
 }
 
 async fn get(api: &Api<DynamicObject>, name: &str) -> Option<Value> {
@@ -233,7 +254,13 @@ async fn events(admin: &Client, ns: &str) -> Vec<Value> {
 /// The write requests (`verb resource`) `user` sent so far, from the audit log. A request of
 /// `user` made afterwards (a read of a ConfigMap named `marker`) is awaited first, so every
 /// earlier request is in the log.
-async fn writes_of(cp: &ControlPlane, user_client: &Client, user: &str, ns: &str, marker: &str) -> Vec<String> {
+async fn writes_of(
+    cp: &ControlPlane,
+    user_client: &Client,
+    user: &str,
+    ns: &str,
+    marker: &str,
+) -> Vec<String> {
     let _ = Api::<ConfigMap>::namespaced(user_client.clone(), ns)
         .get_opt(marker)
         .await;
@@ -256,8 +283,15 @@ async fn writes_of(cp: &ControlPlane, user_client: &Client, user: &str, ns: &str
         })
         .map(|e| {
             let o = &e["objectRef"];
-            let sub = o["subresource"].as_str().map(|s| format!("/{s}")).unwrap_or_default();
-            format!("{} {}{sub}", e["verb"].as_str().unwrap(), o["resource"].as_str().unwrap())
+            let sub = o["subresource"]
+                .as_str()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default();
+            format!(
+                "{} {}{sub}",
+                e["verb"].as_str().unwrap(),
+                o["resource"].as_str().unwrap()
+            )
         })
         .collect()
 }
@@ -276,7 +310,10 @@ async fn istio_grant_applied_unchanged_and_revoked() {
     let refs = g.apply(&route(&ns, "b1", &exported)).unwrap();
     assert_eq!(
         refs,
-        [format!("AuthorizationPolicy/{ns}/{}", name("allow-to-", &ns, "b1"))]
+        [format!(
+            "AuthorizationPolicy/{ns}/{}",
+            name("allow-to-", &ns, "b1")
+        )]
     );
     assert_eq!(settled(&g).await, Progress::default());
     let ap = get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1"))
@@ -344,7 +381,11 @@ async fn istio_grant_applied_unchanged_and_revoked() {
     g.apply(&route(&ns, "a9", &exported)).unwrap();
     settled(&g).await;
     let after = writes_of(cp, &client, &user, &ns, "marker-2").await;
-    assert_eq!(after[before.len()..], [] as [String; 0], "no write for unchanged grants");
+    assert_eq!(
+        after[before.len()..],
+        [] as [String; 0],
+        "no write for unchanged grants"
+    );
     assert_eq!(
         status_grants(&admin, &ns).await[1]["since"],
         "2023-11-14T22:13:20Z",
@@ -356,7 +397,9 @@ async fn istio_grant_applied_unchanged_and_revoked() {
     moved.caller_identity = Some(identity("checkout"));
     g.apply(&moved).unwrap();
     assert_eq!(settled(&g).await, Progress::default());
-    let ap = get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1")).await.unwrap();
+    let ap = get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1"))
+        .await
+        .unwrap();
     assert_eq!(
         ap["spec"]["rules"][0]["from"][0]["source"]["principals"],
         json!(["cluster.local/ns/checkout/sa/web-sa"])
@@ -365,15 +408,29 @@ async fn istio_grant_applied_unchanged_and_revoked() {
     // Revoke: the object goes, the caller leaves the status; the other grant stays.
     g.remove(&moved).unwrap();
     assert_eq!(settled(&g).await, Progress::default());
-    assert_eq!(get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1")).await, None);
-    assert!(get(&aps(&admin, &ns), &name("allow-to-", &ns, "a9")).await.is_some());
+    assert_eq!(
+        get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1")).await,
+        None
+    );
+    assert!(
+        get(&aps(&admin, &ns), &name("allow-to-", &ns, "a9"))
+            .await
+            .is_some()
+    );
     assert_eq!(
         status_grants(&admin, &ns).await,
         json!([{"callerCluster": "a9", "callerService": "web", "since": "2023-11-14T22:13:20Z"}])
     );
     g.remove(&route(&ns, "a9", &exported)).unwrap();
     settled(&g).await;
-    assert!(aps(&admin, &ns).list(&ListParams::default()).await.unwrap().items.is_empty());
+    assert!(
+        aps(&admin, &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     assert_eq!(status_grants(&admin, &ns).await, Value::Null);
     // Removing again is a no-op.
     let before = writes_of(cp, &client, &user, &ns, "marker-3").await;
@@ -447,8 +504,11 @@ async fn gateway_and_cilium_objects_are_accepted_by_their_real_schemas() {
 
 #[tokio::test]
 async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
-    let Some((cp, ns, admin, client, user)) =
-        setup("an_object_we_do_not_manage_is_never_changed_or_deleted", "istio").await
+    let Some((cp, ns, admin, client, user)) = setup(
+        "an_object_we_do_not_manage_is_never_changed_or_deleted",
+        "istio",
+    )
+    .await
     else {
         return;
     };
@@ -460,13 +520,19 @@ async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
         "spec": {"action": "DENY"},
     }))
     .unwrap();
-    aps(&admin, &ns).create(&PostParams::default(), &theirs).await.unwrap();
+    aps(&admin, &ns)
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
     let before = get(&aps(&admin, &ns), &object_name).await.unwrap();
     let cancel = CancellationToken::new();
     let g = sink(client.clone(), GrantMode::Istio, &cancel);
     g.apply(&route(&ns, "b1", &exported)).unwrap();
     let mut rx = g.progress();
-    let p = until(&mut rx, "the conflict to be reported", |p| !p.errors.is_empty()).await;
+    let p = until(&mut rx, "the conflict to be reported", |p| {
+        !p.errors.is_empty()
+    })
+    .await;
     assert_eq!(
         p.errors.values().cloned().collect::<Vec<_>>(),
         [format!(
@@ -497,7 +563,11 @@ async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
         .filter(|e| e["reason"] == "GrantConflict")
         .collect();
     assert_eq!(conflicts.len(), 1);
-    assert_eq!(conflicts[0]["series"], Value::Null, "not repeated on retries");
+    assert_eq!(
+        conflicts[0]["series"],
+        Value::Null,
+        "not repeated on retries"
+    );
     g.remove(&route(&ns, "b1", &exported)).unwrap();
     assert_eq!(settled(&g).await, Progress::default());
     assert_eq!(get(&aps(&admin, &ns), &object_name).await, Some(before));
@@ -515,8 +585,11 @@ fn kind(k: &str) -> xcc_registry::federation::kube_grants::KindLabels {
 
 #[tokio::test]
 async fn apply_then_remove_ends_removed_and_the_last_wish_wins() {
-    let Some((_cp, ns, admin, client, _user)) =
-        setup("apply_then_remove_ends_removed_and_the_last_wish_wins", "istio").await
+    let Some((_cp, ns, admin, client, _user)) = setup(
+        "apply_then_remove_ends_removed_and_the_last_wish_wins",
+        "istio",
+    )
+    .await
     else {
         return;
     };
@@ -547,7 +620,10 @@ async fn apply_then_remove_ends_removed_and_the_last_wish_wins() {
     }
     settled(&g).await;
     assert!(get(&aps(&admin, &ns), &object_name).await.is_some());
-    assert_eq!(status_grants(&admin, &ns).await.as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        status_grants(&admin, &ns).await.as_array().map(Vec::len),
+        Some(1)
+    );
     cancel.cancel();
 }
 
@@ -586,7 +662,10 @@ async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
     .unwrap();
     records.create(&PostParams::default(), &sr).await.unwrap();
     let status_grants = || {
-        server.get(SR_API, "servicerecords", Some(NS), "api").unwrap()["status"]["grants"].clone()
+        server
+            .get(SR_API, "servicerecords", Some(NS), "api")
+            .unwrap()["status"]["grants"]
+            .clone()
     };
     let cancel = CancellationToken::new();
     let store_errors = Counter::default();
@@ -670,36 +749,49 @@ fn deny(cluster: &str) -> String {
     )
 }
 
-fn configmap(data: &[(&str, &str)]) -> ConfigMap {
+fn configmap(ns: &str, data: &[(&str, &str)]) -> ConfigMap {
     serde_json::from_value(json!({
-        "metadata": {"name": CM, "namespace": "xcc"},
+        "metadata": {"name": CM, "namespace": ns},
         "data": data.iter().map(|(k, v)| (k.to_string(), Value::from(*v))).collect::<serde_json::Map<_, _>>(),
     }))
     .unwrap()
 }
 
-async fn put_configmap(api: &Api<ConfigMap>, data: &[(&str, &str)]) {
+async fn put_configmap(api: &Api<ConfigMap>, ns: &str, data: &[(&str, &str)]) {
     api.patch(
         CM,
         &PatchParams::apply("test").force(),
-        &Patch::Apply(&configmap(data)),
+        &Patch::Apply(&configmap(ns, data)),
     )
     .await
     .unwrap();
 }
 
+/// Wait until the policies in `handle` satisfy `f` (the watch swaps them in; nothing to await).
+async fn policies_until(handle: &Handle, what: &'static str, f: impl Fn(&Handle) -> bool) {
+    let retry = Retry::new(what);
+    while !f(handle) {
+        retry.tick().await;
+    }
+}
+
 #[tokio::test]
 async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
-    let server = server(false).await;
-    let client = server.client();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "xcc");
+    let test = "policies_from_a_configmap_applied_rejected_fixed_and_deleted";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    let ns = cp.namespace("policies").await;
+    let id = cp.identity(&ns, "base", "xcc-registry").await;
+    let admin = cp.client().await;
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     let handle: Handle = Arc::new(RwLock::new(Arc::new(Policies::default_set())));
     let errors = FileErrors::default();
     let metrics = Metrics::default();
     let cancel = CancellationToken::new();
     let mut w = spawn_policy_configmap(
-        client.clone(),
-        "xcc",
+        id.client().await,
+        &ns,
         CM,
         handle.clone(),
         errors.clone(),
@@ -713,10 +805,11 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
     // A valid policy: the decision changes.
     put_configmap(
         &api,
+        &ns,
         &[("deny.cedar", &deny("b1")), ("README", "not a policy")],
     )
     .await;
-    poll("the policy to apply", || !allowed(&handle, "b1")).await;
+    policies_until(&handle, "the policy to apply", |h| !allowed(h, "b1")).await;
     assert!(allowed(&handle, "b3"));
     assert_eq!(
         handle.read().unwrap().policy_ids(),
@@ -728,13 +821,14 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
     let mut errs = errors.subscribe();
     put_configmap(
         &api,
+        &ns,
         &[("deny.cedar", &deny("b3")), ("broken.cedar", "permit (")],
     )
     .await;
     let reported = until(&mut errs, "the error", |e| !e.is_empty()).await;
     assert_eq!(reported.len(), 1);
     assert!(
-        reported[0].starts_with("ConfigMap xcc/xcc-policies: key broken.cedar: "),
+        reported[0].starts_with(&format!("ConfigMap {ns}/xcc-policies: key broken.cedar: ")),
         "{reported:?}"
     );
     assert!(!allowed(&handle, "b1"), "previous set kept");
@@ -743,40 +837,35 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
         "the rejected change is not half-applied"
     );
     assert_eq!(metrics.store_errors.get(), 1);
-    poll("the Warning event on the ConfigMap", || {
-        server
-            .list("events.k8s.io/v1", "events", Some("xcc"))
-            .iter()
-            .any(|e| {
-                e["type"] == "Warning"
-                    && e["reason"] == "InvalidPolicy"
-                    && e["regarding"]["kind"] == "ConfigMap"
-                    && e["regarding"]["name"] == CM
-                    && e["note"]
-                        .as_str()
-                        .is_some_and(|n| n.contains("broken.cedar"))
-            })
-    })
-    .await;
+    let retry = Retry::new("the Warning event on the ConfigMap");
+    while !events(&admin, &ns).await.iter().any(|e| {
+        e["type"] == "Warning"
+            && e["reason"] == "InvalidPolicy"
+            && e["regarding"]["kind"] == "ConfigMap"
+            && e["regarding"]["name"] == CM
+            && e["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("broken.cedar"))
+    }) {
+        retry.tick().await;
+    }
 
     // Fixed: applied, error cleared.
-    put_configmap(&api, &[("deny.cedar", &deny("b3"))]).await;
+    put_configmap(&api, &ns, &[("deny.cedar", &deny("b3"))]).await;
     until(&mut errs, "the error to clear", Vec::is_empty).await;
-    poll("the fixed policy to apply", || allowed(&handle, "b1")).await;
+    policies_until(&handle, "the fixed policy to apply", |h| allowed(h, "b1")).await;
     assert!(!allowed(&handle, "b3"));
     assert_eq!(metrics.store_errors.get(), 1);
 
-    // Survives a 410 Gone (relist) and keeps following changes.
-    server.compact();
-    put_configmap(&api, &[("deny.cedar", &deny("b4"))]).await;
-    poll("the change after 410 to apply", || !allowed(&handle, "b4")).await;
-    assert!(allowed(&handle, "b3"));
-
     // Deleted: back to the defaults.
     api.delete(CM, &DeleteParams::default()).await.unwrap();
-    poll("the defaults", || handle.read().unwrap().is_default_only()).await;
-    assert!(allowed(&handle, "b4"));
+    policies_until(&handle, "the defaults", |h| {
+        h.read().unwrap().is_default_only()
+    })
+    .await;
+    assert!(allowed(&handle, "b3"));
     assert_eq!(errors.get(), Vec::<String>::new());
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
 
     cancel.cancel();
     tokio::time::timeout(WAIT, w.task).await.unwrap().unwrap();
@@ -784,12 +873,16 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
 
 #[tokio::test]
 async fn a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ignored() {
-    let server = server(false).await;
-    let client = server.client();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "xcc");
-    put_configmap(&api, &[("x.cedar", "forbid (")]).await;
+    let test = "a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ignored";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    let ns = cp.namespace("policies").await;
+    let id = cp.identity(&ns, "base", "xcc-registry").await;
+    let api: Api<ConfigMap> = Api::namespaced(cp.client().await, &ns);
+    put_configmap(&api, &ns, &[("x.cedar", "forbid (")]).await;
     let other: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "unrelated", "namespace": "xcc"},
+        "metadata": {"name": "unrelated", "namespace": ns},
         "data": {"deny.cedar": deny("b1")},
     }))
     .unwrap();
@@ -798,8 +891,8 @@ async fn a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ig
     let errors = FileErrors::default();
     let cancel = CancellationToken::new();
     let mut w = spawn_policy_configmap(
-        client,
-        "xcc",
+        id.client().await,
+        &ns,
         CM,
         handle.clone(),
         errors.clone(),
@@ -810,10 +903,39 @@ async fn a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ig
     let e = errors.get();
     assert_eq!(e.len(), 1);
     assert!(
-        e[0].starts_with("ConfigMap xcc/xcc-policies: key x.cedar: "),
+        e[0].starts_with(&format!("ConfigMap {ns}/xcc-policies: key x.cedar: ")),
         "{e:?}"
     );
     assert!(handle.read().unwrap().is_default_only());
     assert!(allowed(&handle, "b1"));
     cancel.cancel();
+}
+
+/// On the fake: the real server compacts on its own schedule, not on demand.
+#[tokio::test]
+async fn the_policy_watch_survives_410_gone() {
+    let server = server(false).await;
+    let client = server.client();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "xcc");
+    let handle: Handle = Arc::new(RwLock::new(Arc::new(Policies::default_set())));
+    let cancel = CancellationToken::new();
+    let mut w = spawn_policy_configmap(
+        client,
+        "xcc",
+        CM,
+        handle.clone(),
+        FileErrors::default(),
+        Metrics::default(),
+        cancel.clone(),
+    );
+    until(&mut w.synced, "the first sync", |s| *s).await;
+    put_configmap(&api, "xcc", &[("deny.cedar", &deny("b1"))]).await;
+    poll("the policy to apply", || !allowed(&handle, "b1")).await;
+    // The watch is answered 410 Gone: it lists again and keeps following changes.
+    server.compact();
+    put_configmap(&api, "xcc", &[("deny.cedar", &deny("b4"))]).await;
+    poll("the change after 410 to apply", || !allowed(&handle, "b4")).await;
+    assert!(allowed(&handle, "b1"));
+    cancel.cancel();
+    tokio::time::timeout(WAIT, w.task).await.unwrap().unwrap();
 }

@@ -189,8 +189,7 @@ impl WorkloadIdentity {
                 self.namespace
             ));
         }
-        if !is_dns1123_subdomain(&self.service_account) || !is_label_value(&self.service_account)
-        {
+        if !is_dns1123_subdomain(&self.service_account) || !is_label_value(&self.service_account) {
             return Err(format!(
                 "workload service account {:?} is not a DNS-1123 subdomain of at most 63 characters",
                 self.service_account
@@ -266,8 +265,12 @@ impl ExportedService {
                 self.fqdn
             )
         })?;
-        parse_selector(raw)
-            .map_err(|e| format!("the export {}: {WORKLOAD_SELECTOR_ANNOTATION}: {e}", self.fqdn))
+        parse_selector(raw).map_err(|e| {
+            format!(
+                "the export {}: {WORKLOAD_SELECTOR_ANNOTATION}: {e}",
+                self.fqdn
+            )
+        })
     }
 }
 
@@ -310,7 +313,10 @@ fn kind_of(mode: GrantMode) -> Option<(&'static str, &'static str, &'static str)
 }
 
 /// The identity of the caller, checked against the trust domain `cfg` assigns its cluster.
-fn caller_identity<'a>(cfg: &GrantConfig, r: &'a OwnerRoute) -> Result<&'a WorkloadIdentity, String> {
+fn caller_identity<'a>(
+    cfg: &GrantConfig,
+    r: &'a OwnerRoute,
+) -> Result<&'a WorkloadIdentity, String> {
     let id = r.caller_identity.as_ref().ok_or_else(|| {
         format!(
             "{}/{} asked without a workload identity: there is no principal to admit",
@@ -635,8 +641,18 @@ mod tests {
             let o = one(mode, &route());
             let k = &object_keys(mode, &route())[0];
             assert_eq!(
-                (&k["apiVersion"], &k["kind"], &k["metadata"]["name"], &k["metadata"]["namespace"]),
-                (&o["apiVersion"], &o["kind"], &o["metadata"]["name"], &o["metadata"]["namespace"])
+                (
+                    &k["apiVersion"],
+                    &k["kind"],
+                    &k["metadata"]["name"],
+                    &k["metadata"]["namespace"]
+                ),
+                (
+                    &o["apiVersion"],
+                    &o["kind"],
+                    &o["metadata"]["name"],
+                    &o["metadata"]["namespace"]
+                )
             );
         }
         assert!(object_keys(GrantMode::None, &route()).is_empty());
@@ -647,7 +663,10 @@ mod tests {
         let o = one(GrantMode::Istio, &route());
         assert_eq!(
             (&o["apiVersion"], &o["kind"]),
-            (&json!("security.istio.io/v1"), &json!("AuthorizationPolicy"))
+            (
+                &json!("security.istio.io/v1"),
+                &json!("AuthorizationPolicy")
+            )
         );
         assert_eq!(
             o["spec"],
@@ -726,7 +745,10 @@ mod tests {
             anonymous.caller_identity = None;
             assert_eq!(
                 objects(&config(mode), &anonymous),
-                Err("b1/web asked without a workload identity: there is no principal to admit".into())
+                Err(
+                    "b1/web asked without a workload identity: there is no principal to admit"
+                        .into()
+                )
             );
             let mut foreign = route();
             foreign.caller_identity = Some(WorkloadIdentity {
@@ -825,7 +847,10 @@ mod tests {
         assert_eq!(files.len(), 1);
         assert_eq!(
             files[0].file_name().to_string_lossy(),
-            format!("shop.{}.yaml", want["metadata"]["name"].as_str().unwrap_or_default())
+            format!(
+                "shop.{}.yaml",
+                want["metadata"]["name"].as_str().unwrap_or_default()
+            )
         );
         let text = std::fs::read_to_string(files[0].path()).expect("read");
         let written: Value = serde_yaml::from_str(&text).expect("yaml");
@@ -871,14 +896,21 @@ mod tests {
         }
         assert!(with(&|r| r.caller_cluster = "b1/x".into()).is_err());
         assert!(with(&|r| r.caller_service = "web\n".into()).is_err());
-        assert_eq!(with(&|r| r.caller_service.clear()), Ok(()), "a cluster-wide grant");
+        assert_eq!(
+            with(&|r| r.caller_service.clear()),
+            Ok(()),
+            "a cluster-wide grant"
+        );
         assert_eq!(with(&|r| r.target_service = "api.v2".into()), Ok(()));
         assert_eq!(
             with(&|r| r.caller_identity = Some(WorkloadIdentity {
                 namespace: "a/b".into(),
                 ..identity()
             })),
-            Err(r#"route caller workload namespace "a/b" is not a namespace name (DNS-1123 label)"#.into())
+            Err(
+                r#"route caller workload namespace "a/b" is not a namespace name (DNS-1123 label)"#
+                    .into()
+            )
         );
     }
 

@@ -177,10 +177,14 @@ fn the_owner_records_a_route_once_and_drops_it_on_revoke() {
         caller_service_account: "web-sa".into(),
         ..n.clone()
     };
-    b2.on_parent_message(msg(with_identity.clone())).expect("ok");
+    b2.on_parent_message(msg(with_identity.clone()))
+        .expect("ok");
     assert_eq!(b2.owner_routes().len(), 1);
     assert_eq!(
-        b2.owner_routes()[0].caller_identity.as_ref().map(|i| i.principal()),
+        b2.owner_routes()[0]
+            .caller_identity
+            .as_ref()
+            .map(|i| i.principal()),
         Some("cluster.local/ns/storefront/sa/web-sa".to_string())
     );
     // A malformed identity costs the notification, and the held grant stays as it was.
@@ -190,7 +194,10 @@ fn the_owner_records_a_route_once_and_drops_it_on_revoke() {
     }))
     .expect("ok");
     assert_eq!(
-        b2.owner_routes()[0].caller_identity.as_ref().map(|i| i.namespace.as_str()),
+        b2.owner_routes()[0]
+            .caller_identity
+            .as_ref()
+            .map(|i| i.namespace.as_str()),
         Some("storefront")
     );
     b2.on_parent_message(msg(fed::RouteNotification { revoked: true, ..n }))
@@ -598,4 +605,3 @@ async fn a_malformed_workload_identity_costs_the_query() {
     assert!(answer.access_allowed, "{answer:?}");
     assert_eq!(b.resolver_grants().len(), 1);
 }
-
