@@ -32,29 +32,32 @@ impl Level {
     pub fn handle_query(&self, q: fed::ServiceQuery) {
         let target = Target::from_query(&q);
         // The identity is hostile input like every field: a malformed one costs this query.
-        if let Err(e) = WorkloadIdentity::from_wire(
+        let identity = match WorkloadIdentity::from_wire(
             &q.requester_trust_domain,
             &q.requester_namespace,
             &q.requester_service_account,
         ) {
-            warn!(requester = %q.requester_cluster, %target, error = %e, "query refused");
-            self.route_answer(fed::ServiceQueryResponse {
-                correlation_id: q.correlation_id,
-                requester_cluster: q.requester_cluster.clone(),
-                requester_service: q.requester_service.clone(),
-                resolver_cluster: self.inner.cluster.clone(),
-                error: format!("invalid query: {e}"),
-                ..Default::default()
-            });
-            return;
-        }
+            Ok(identity) => identity,
+            Err(e) => {
+                warn!(requester = %q.requester_cluster, %target, error = %e, "query refused");
+                self.route_answer(fed::ServiceQueryResponse {
+                    correlation_id: q.correlation_id,
+                    requester_cluster: q.requester_cluster.clone(),
+                    requester_service: q.requester_service.clone(),
+                    resolver_cluster: self.inner.cluster.clone(),
+                    error: format!("invalid query: {e}"),
+                    ..Default::default()
+                });
+                return;
+            }
+        };
         if let Some(entry) = self.lookup(&target) {
             let decision =
                 self.gate()
                     .discover(&entry, &q.requester_cluster, &q.requester_service, true);
             let resp = response_for(&q, &entry, &decision, &self.inner.cluster);
             if decision.allowed {
-                self.grant(&entry, &q);
+                self.grant(&entry, &q, identity);
             }
             debug!(requester = %q.requester_cluster, %target, allowed = decision.allowed, "resolved");
             self.route_answer(resp);
@@ -86,15 +89,15 @@ impl Level {
         }
     }
 
-    pub(super) fn grant(&self, entry: &ServiceEntry, q: &fed::ServiceQuery) {
+    /// Record the grant of `entry` to the asker of `q` (workload `identity`, from `q`, checked)
+    /// and route it to the owner.
+    pub(super) fn grant(
+        &self,
+        entry: &ServiceEntry,
+        q: &fed::ServiceQuery,
+        identity: Option<WorkloadIdentity>,
+    ) {
         let key = (q.requester_cluster.clone(), q.requester_service.clone());
-        // Checked by `handle_query`.
-        let identity = WorkloadIdentity::from_wire(
-            &q.requester_trust_domain,
-            &q.requester_namespace,
-            &q.requester_service_account,
-        )
-        .unwrap_or_default();
         let new = {
             let mut st = self.lock();
             let grants = st.grants.entry(entry.key.clone()).or_default();
