@@ -97,6 +97,16 @@ pub struct ResolveArgs {
     /// Requester workload.
     #[arg(long)]
     pub requester_service: Option<String>,
+    /// The requesting workload's mesh trust domain (with --requester-namespace and
+    /// --requester-service-account: the identity a grant admits).
+    #[arg(long)]
+    pub requester_trust_domain: Option<String>,
+    /// The requesting workload's namespace.
+    #[arg(long)]
+    pub requester_namespace: Option<String>,
+    /// The requesting workload's service account.
+    #[arg(long)]
+    pub requester_service_account: Option<String>,
 }
 
 impl ResolveArgs {
@@ -107,6 +117,9 @@ impl ResolveArgs {
             name: self.name.unwrap_or_default(),
             requester_cluster: self.requester_cluster.unwrap_or_default(),
             requester_service: self.requester_service.unwrap_or_default(),
+            requester_trust_domain: self.requester_trust_domain.unwrap_or_default(),
+            requester_namespace: self.requester_namespace.unwrap_or_default(),
+            requester_service_account: self.requester_service_account.unwrap_or_default(),
         }
     }
 }

@@ -88,6 +88,14 @@ pub struct RegistryArgs {
     /// replica holding the Lease, and recorded in the ServiceRecord's status.grants.
     #[arg(long, env = "XCC_GRANT_MODE", default_value = "none")]
     pub grant_mode: xcc_registry::federation::grants::GrantMode,
+    /// --grant-mode gateway: the Gateway (<namespace>/<name>) every HTTPRoute attaches to.
+    #[arg(long, env = "XCC_GRANT_GATEWAY")]
+    pub grant_gateway: Option<xcc_registry::federation::grants::GatewayRef>,
+    /// The mesh trust domain of a caller cluster's workloads, `{cluster}` standing for the
+    /// caller's cluster name (e.g. `{cluster}.mesh.example`). A caller's workload identity in
+    /// another trust domain is refused; grants admit `<trust domain>/ns/<ns>/sa/<sa>`.
+    #[arg(long, env = "XCC_GRANT_TRUST_DOMAIN", default_value = "cluster.local")]
+    pub grant_trust_domain: String,
     /// How long a hierarchy query waits for its answer (seconds).
     #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub query_timeout_seconds: u64,
@@ -136,6 +144,8 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
             policy_configmap: Some(args.policy_configmap).filter(|n| !n.is_empty()),
             query_timeout: Duration::from_secs(args.query_timeout_seconds.max(1)),
             grant_mode: args.grant_mode,
+            grant_gateway: args.grant_gateway,
+            grant_trust_domain: args.grant_trust_domain,
             ..Default::default()
         },
     };

@@ -499,19 +499,44 @@ async fn every_manifest_and_grant_object_is_accepted_by_a_real_api_server() {
     // What the registry writes per grant mode, in the namespace of the granted service.
     let client = cp.client().await;
     let shop = cp.namespace("grants").await;
+    use xcc_registry::federation::grants::{
+        ExportedService, GatewayRef, GrantConfig, GrantMode, WorkloadIdentity,
+    };
     let route = xcc_registry::federation::level::OwnerRoute {
         target_namespace: shop.clone(),
         target_service: "api".into(),
         caller_cluster: "cluster-b".into(),
         caller_service: "web".into(),
+        caller_identity: Some(WorkloadIdentity {
+            trust_domain: "cluster.local".into(),
+            namespace: "storefront".into(),
+            service_account: "web".into(),
+        }),
+        exported: ExportedService {
+            fqdn: "api.shop.svc.clusterset.local".into(),
+            service: Some("api".into()),
+            ports: vec![xcc_registry::catalog::NamedPort {
+                name: "http".into(),
+                port: 8080,
+                protocol: "TCP".into(),
+            }],
+            selector: Some("app.kubernetes.io/name=api".into()),
+        },
         resolver_cluster: "cluster-b".into(),
         since: std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000),
         applied: vec![],
     };
-    use xcc_registry::federation::grants::GrantMode;
     let mut kinds = Vec::new();
     for mode in [GrantMode::Istio, GrantMode::Gateway, GrantMode::Cilium] {
-        let objects = xcc_registry::federation::kube_grants::desired_objects(mode, &route);
+        let config = GrantConfig {
+            gateway: Some(GatewayRef {
+                namespace: "gateways".into(),
+                name: "mesh".into(),
+            }),
+            ..GrantConfig::new(mode)
+        };
+        let objects = xcc_registry::federation::kube_grants::desired_objects(&config, &route)
+            .unwrap_or_else(|e| panic!("{mode:?}: {e}"));
         assert!(!objects.is_empty(), "{mode:?} writes nothing");
         for object in objects {
             let api = xcc_testkube::api_for(&client, &object).await;

@@ -7,6 +7,8 @@
 //! error that names the rule and quotes the input, and [`service_name`] always yields a valid
 //! DNS-1035 label.
 
+use std::collections::BTreeMap;
+
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
@@ -22,6 +24,11 @@ pub const IMPORTED_LABEL: &str = "connectivity.tanzu.vmware.com/imported";
 pub const REMOTE_REGISTRY_LABEL: &str = "connectivity.tanzu.vmware.com/remote-registry";
 /// ServiceRecord annotation: decimal port of the importer's Service. Travels as a Hamlet label.
 pub const SERVICE_PORT_ANNOTATION: &str = "connectivity.tanzu.vmware.com/service-port";
+/// ServiceRecord annotation (xcc addition): the pod selector of the exported workload as
+/// `key=value,...` (sorted), copied by the publisher from the exporting Service's
+/// `spec.selector`; on other exports (an HTTPProxy) the user sets it on the source. Grant
+/// policies (`--grant-mode istio|cilium`) select the workload with it.
+pub const WORKLOAD_SELECTOR_ANNOTATION: &str = "connectivity.tanzu.vmware.com/workload-selector";
 /// Optional ServiceRecord annotation: a load-balancer VIP the binder writes into the Service's
 /// `status.loadBalancer.ingress[0].ip`.
 pub const VIP_ANNOTATION: &str = "connectivity.tanzu.vmware.com/vip";
@@ -312,6 +319,50 @@ pub fn policy_object_name(prefix: &str, parts: &[&str]) -> String {
     format!("{prefix}{hex}")
 }
 
+/// Most entries a workload selector may have.
+pub const MAX_SELECTOR_LABELS: usize = 32;
+
+/// Whether `key` is a Kubernetes label key: an optional DNS-1123 subdomain prefix and `/`, then
+/// a name of 1 to 63 characters of `[A-Za-z0-9-_.]` starting and ending with a letter or digit.
+pub fn is_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    prefix.is_none_or(is_dns1123_subdomain) && !name.is_empty() && is_label_value(name)
+}
+
+/// A selector written as `key=value,...` (as [`format_selector`] writes it): at least one and at
+/// most [`MAX_SELECTOR_LABELS`] entries, each key a [label key](is_label_key) given once, each
+/// value a [label value](is_label_value). The error quotes the offending entry.
+pub fn parse_selector(raw: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for item in raw.split(',') {
+        let Some((key, value)) = item.split_once('=') else {
+            return Err(format!("{item:?} is not key=value"));
+        };
+        if !is_label_key(key) || !is_label_value(value) {
+            return Err(format!("{item:?} is not a label key and value"));
+        }
+        if out.insert(key.to_string(), value.to_string()).is_some() {
+            return Err(format!("key {key:?} given twice"));
+        }
+        if out.len() > MAX_SELECTOR_LABELS {
+            return Err(format!("more than {MAX_SELECTOR_LABELS} entries"));
+        }
+    }
+    Ok(out)
+}
+
+/// `key=value,...` of a selector, sorted by key (what [`parse_selector`] reads).
+pub fn format_selector(selector: &BTreeMap<String, String>) -> String {
+    selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The multi-cluster name of a Service: `<service>.<namespace>.svc.clusterset.local`.
 pub fn clusterset_fqdn(service: &str, namespace: &str) -> String {
     format!("{service}.{namespace}.svc.{CLUSTERSET_ZONE}")
@@ -585,6 +636,44 @@ mod tests {
         assert_eq!(
             clusterset_fqdn("web", "shop"),
             "web.shop.svc.clusterset.local"
+        );
+    }
+
+    #[test]
+    fn selectors_round_trip_and_refuse_what_is_not_a_label() {
+        let sel = BTreeMap::from([
+            ("app.kubernetes.io/name".to_string(), "api".to_string()),
+            ("tier".to_string(), "".to_string()),
+        ]);
+        let text = format_selector(&sel);
+        assert_eq!(text, "app.kubernetes.io/name=api,tier=");
+        assert_eq!(parse_selector(&text), Ok(sel));
+        assert_eq!(
+            parse_selector("app"),
+            Err(r#""app" is not key=value"#.to_string())
+        );
+        assert_eq!(
+            parse_selector("a=1,a=2"),
+            Err(r#"key "a" given twice"#.to_string())
+        );
+        for bad in [
+            "",
+            "=x",
+            "a b=c",
+            "Bad_/x=1",
+            "a=b c",
+            "a/b/c=1",
+            "-a=1",
+            &format!("a={}", "x".repeat(64)),
+        ] {
+            assert!(parse_selector(bad).is_err(), "{bad:?}");
+        }
+        let many: Vec<String> = (0..=MAX_SELECTOR_LABELS)
+            .map(|i| format!("k{i}=v"))
+            .collect();
+        assert_eq!(
+            parse_selector(&many.join(",")),
+            Err(format!("more than {MAX_SELECTOR_LABELS} entries"))
         );
     }
 }

@@ -27,7 +27,7 @@ use xcc_proto::crd::{
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::{
     self, CLUSTERS_ANNOTATION, EXPORT_LABEL, FQDN_ANNOTATION, LABEL_PREFIX, NODE_ROLE_MASTER_LABEL,
-    SERVICE_PORT_ANNOTATION,
+    SERVICE_PORT_ANNOTATION, WORKLOAD_SELECTOR_ANNOTATION,
 };
 
 use crate::httpproxy::HTTPProxy;
@@ -433,6 +433,14 @@ pub fn from_service(
             .collect(),
     );
     let mut annotations = passed_annotations(&service.metadata);
+    // The pods behind the Service, for grant policies at the registry (which never reads
+    // Services). A Service without a selector keeps the one its user annotated, if any.
+    if let Some(selector) = svc_spec.selector.as_ref().filter(|s| !s.is_empty()) {
+        annotations.insert(
+            WORKLOAD_SELECTOR_ANNOTATION.to_string(),
+            names::format_selector(selector),
+        );
+    }
     // Hamlet peers know one port only: the first one.
     if let Some(first) = ports.first() {
         annotations.insert(SERVICE_PORT_ANNOTATION.to_string(), first.port.to_string());

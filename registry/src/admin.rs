@@ -341,9 +341,21 @@ impl api::admin_server::Admin for AdminService {
             // cluster's behalf is not possible from here: evaluate locally instead.
             return Ok(Response::new(self.explain_locally(&r)?));
         }
+        let identity = crate::federation::grants::WorkloadIdentity::from_wire(
+            &r.requester_trust_domain,
+            &r.requester_namespace,
+            &r.requester_service_account,
+        )
+        .map_err(Status::invalid_argument)?;
         let answer = self
             .level
-            .query(target, &r.requester_service, false, self.query_timeout)
+            .query_as(
+                target,
+                &r.requester_service,
+                identity,
+                false,
+                self.query_timeout,
+            )
             .await;
         Ok(Response::new(decision_from_answer(&answer)))
     }

@@ -63,6 +63,21 @@ pub struct FederationConfig {
     pub import_retry: Duration,
     /// What the owner of a service applies when a caller is granted.
     pub grant_mode: crate::federation::grants::GrantMode,
+    /// `--grant-mode gateway`: the Gateway every HTTPRoute attaches to.
+    pub grant_gateway: Option<crate::federation::grants::GatewayRef>,
+    /// The trust domain of a caller cluster's workloads (`{cluster}` = its name).
+    pub grant_trust_domain: String,
+}
+
+impl FederationConfig {
+    /// The grant settings together.
+    pub fn grants(&self) -> crate::federation::grants::GrantConfig {
+        crate::federation::grants::GrantConfig {
+            mode: self.grant_mode,
+            gateway: self.grant_gateway.clone(),
+            trust_domain: self.grant_trust_domain.clone(),
+        }
+    }
 }
 
 impl Default for FederationConfig {
@@ -76,6 +91,8 @@ impl Default for FederationConfig {
             query_timeout: Duration::from_secs(5),
             import_retry: Duration::from_secs(30),
             grant_mode: Default::default(),
+            grant_gateway: None,
+            grant_trust_domain: crate::federation::grants::DEFAULT_TRUST_DOMAIN.into(),
         }
     }
 }
@@ -403,12 +420,17 @@ impl Registry {
                 });
             }
         }
+        config
+            .federation
+            .grants()
+            .check()
+            .map_err(anyhow::Error::msg)?;
         let level = Level::new(cluster.clone(), None, catalog.clone(), gate.clone());
         if let StoreConfig::File { state_dir, .. } = &config.store
             && config.federation.grant_mode != crate::federation::grants::GrantMode::None
         {
             level.set_grant_sink(Arc::new(
-                crate::federation::grants::FileGrants::new(state_dir, config.federation.grant_mode)
+                crate::federation::grants::FileGrants::new(state_dir, config.federation.grants())
                     .with_context(|| format!("preparing {}/grants", state_dir.display()))?,
             ));
         }
@@ -590,7 +612,7 @@ impl Registry {
                     != crate::federation::grants::GrantMode::None)
                     .then(|| {
                         let g = crate::store::kube::GrantWiring {
-                            mode: config.federation.grant_mode,
+                            config: config.federation.grants(),
                             level: level.clone(),
                             metrics: Default::default(),
                             store_errors: metrics.store_errors.clone(),

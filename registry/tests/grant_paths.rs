@@ -7,13 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use xcc_proto::names::policy_object_name;
+use xcc_proto::names::{WORKLOAD_SELECTOR_ANNOTATION, policy_object_name};
 use xcc_proto::xcc::federation::v1 as fed;
 use xcc_registry::Catalog;
 use xcc_registry::authz::{Gate, Policies};
 use xcc_registry::catalog::{ServiceEntry, ServiceKey, Source};
 use xcc_registry::federation::Level;
-use xcc_registry::federation::grants::{FileGrants, GrantMode};
+use xcc_registry::federation::grants::{FileGrants, GrantConfig, GrantMode};
 
 /// The owner `b2`, exporting `shop/api`, writing Istio grants under `state/grants/`.
 fn owner(state: &Path) -> Level {
@@ -24,7 +24,9 @@ fn owner(state: &Path) -> Level {
         fqdn: "api.shop.svc.clusterset.local".into(),
         endpoints: vec![],
         ports: vec![],
-        labels: Default::default(),
+        labels: [(WORKLOAD_SELECTOR_ANNOTATION, "app=api")]
+            .into_iter()
+            .collect(),
         allowed_requesters: vec![],
         origin: None,
         revision: 0,
@@ -39,7 +41,7 @@ fn owner(state: &Path) -> Level {
         ),
     );
     level.set_grant_sink(Arc::new(
-        FileGrants::new(state, GrantMode::Istio).expect("grants dir"),
+        FileGrants::new(state, GrantConfig::new(GrantMode::Istio)).expect("grants dir"),
     ));
     level
 }
@@ -56,6 +58,9 @@ fn notification(namespace: &str, service: &str) -> fed::ParentMessage {
                 route_id: 1,
                 target_cluster: "b2".into(),
                 resolver_cluster: "b".into(),
+                caller_trust_domain: "cluster.local".into(),
+                caller_namespace: "storefront".into(),
+                caller_service_account: "web".into(),
             },
         )),
     }

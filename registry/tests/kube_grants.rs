@@ -1,7 +1,17 @@
-//! The Kubernetes parts of the hierarchy against the in-process fake API server: grant objects
-//! and `status.grants` written by [`KubeGrants`] (applied, unchanged, revoked, ordering, objects
-//! we do not own, a resource type that is not served), and Cedar policies from a watched
-//! ConfigMap (applied, rejected with the key named, fixed, deleted, 410 Gone).
+//! The Kubernetes side of the hierarchy's grants, on a real API server (`xcc_testkube`) with the
+//! upstream CRDs of Istio, the Gateway API and Cilium installed: [`KubeGrants`] runs as the
+//! registry's ServiceAccount bound to exactly the RBAC of `deploy/overlays/grants-<mode>`, and
+//! the tests read back what the server stored — each kind is accepted by its real schema
+//! (`security.istio.io/v1`, `gateway.networking.k8s.io/v1`, `cilium.io/v2`), carries the
+//! caller's workload identity and the exported service's own selector, FQDN and port, and
+//! `status.grants` of the exported ServiceRecord records the callers. Also: unchanged grants
+//! cost no write (from the API server's audit log), objects we do not own are left alone, and
+//! the last wish wins.
+//!
+//! On the in-process fake, because the real server cannot do it on demand without disturbing
+//! the tests sharing it: a resource type that is not served and becomes served (the shared
+//! control plane has the CRDs installed for every other test here), and a watch answered
+//! `410 Gone` after compaction (Cedar policies from a ConfigMap).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,78 +19,124 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use xcc_kube_fake::{FakeApiServer, Verb, crds};
+use xcc_kube_fake::{FakeApiServer, crds};
 use xcc_proto::crd::ServiceRecord;
-use xcc_proto::names::{EXPORT_LABEL, policy_object_name};
+use xcc_proto::names::{EXPORT_LABEL, WORKLOAD_SELECTOR_ANNOTATION, policy_object_name};
 use xcc_registry::authz::Policies;
 use xcc_registry::authz_configmap::spawn_policy_configmap;
 use xcc_registry::catalog::{Endpoint, ServiceEntry, ServiceKey, Source};
 use xcc_registry::federation::grants::{
-    CALLER_ANNOTATION, GrantMode, GrantSink, MANAGED_BY_LABEL, SOURCE_NAME_LABEL,
+    CALLER_ANNOTATION, ExportedService, GatewayRef, GrantConfig, GrantMode, GrantSink,
+    MANAGED_BY_LABEL, SOURCE_NAME_LABEL, WorkloadIdentity,
 };
 use xcc_registry::federation::kube_grants::{Backoff, KubeGrants, Progress};
 use xcc_registry::federation::level::OwnerRoute;
 use xcc_registry::metrics::Metrics;
 use xcc_registry::store::file::FileErrors;
+use xcc_testkube::ControlPlane;
 
-const NS: &str = "shop";
-const WAIT: Duration = Duration::from_secs(20);
+const WAIT: Duration = Duration::from_secs(30);
 const ISTIO: &str = "security.istio.io/v1";
-const AP: &str = "authorizationpolicies";
-const AP_RESOURCE: &str = "authorizationpolicies.security.istio.io";
 const SR_API: &str = "connectivity.tanzu.vmware.com/v1alpha1";
-const SR_STATUS: &str = "servicerecords.connectivity.tanzu.vmware.com/status";
+const FQDN: &str = "api.shop.xcc.test";
+/// The exported record's name (records are named after their FQDN).
+const RECORD: &str = FQDN;
 
-async fn server(with_istio: bool) -> FakeApiServer {
-    let mut b = FakeApiServer::builder().namespace(NS).namespace("xcc");
-    for spec in crds::all() {
-        if with_istio || spec.plural != AP {
-            b = b.resource(spec);
-        }
-    }
-    b.start().await
+/// The shared control plane with xcc's and the upstream CRDs installed, a fresh namespace, and
+/// the registry's identity there under `deploy/overlays/grants-<mode>`.
+async fn setup(
+    test: &str,
+    mode: &str,
+) -> Option<(&'static ControlPlane, String, Client, Client, String)> {
+    let cp = xcc_testkube::shared(test)?;
+    cp.apply_dir(&xcc_testkube::upstream_crds()).await;
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+    let ns = cp.namespace("grants").await;
+    let id = cp
+        .identity(&ns, &format!("overlays/grants-{mode}"), "xcc-registry")
+        .await;
+    Some((
+        cp,
+        ns.clone(),
+        cp.client().await,
+        id.client().await,
+        id.user,
+    ))
 }
 
-fn route(caller: &str) -> OwnerRoute {
+/// The exported record of a Service `api-svc` (ports 53/UDP and 8080/TCP, selector
+/// `app.kubernetes.io/name=api`), as the publisher writes it; returns what the owner grants.
+async fn exported_record(admin: &Client, ns: &str) -> ExportedService {
+    let api: Api<ServiceRecord> = Api::namespaced(admin.clone(), ns);
+    let sr: ServiceRecord = serde_json::from_value(json!({
+        "apiVersion": SR_API, "kind": "ServiceRecord",
+        "metadata": {
+            "name": RECORD, "namespace": ns,
+            "labels": {EXPORT_LABEL: ""},
+            "annotations": {WORKLOAD_SELECTOR_ANNOTATION: "app.kubernetes.io/name=api"},
+        },
+        "spec": {
+            "fqdn": FQDN,
+            "endpoints": [{"address": "10.0.0.1", "port": 8080}],
+            "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "http", "port": 8080}],
+            "origin": {"namespace": ns, "name": "api-svc", "kind": "Service"},
+        },
+    }))
+    .unwrap();
+    let stored = api.create(&PostParams::default(), &sr).await.unwrap();
+    let entry = xcc_registry::store::kube::records::export_entry("b2", &stored).unwrap();
+    ExportedService::of(&entry)
+}
+
+fn identity(namespace: &str) -> WorkloadIdentity {
+    WorkloadIdentity {
+        trust_domain: "cluster.local".into(),
+        namespace: namespace.into(),
+        service_account: "web-sa".into(),
+    }
+}
+
+fn route(ns: &str, caller: &str, exported: &ExportedService) -> OwnerRoute {
     OwnerRoute {
-        target_namespace: NS.into(),
-        target_service: "api".into(),
+        target_namespace: ns.into(),
+        target_service: RECORD.into(),
         caller_cluster: caller.into(),
         caller_service: "web".into(),
+        caller_identity: Some(identity("storefront")),
+        exported: exported.clone(),
         resolver_cluster: "b".into(),
         since: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
         applied: vec![],
     }
 }
 
-fn ap_name(caller: &str) -> String {
-    policy_object_name("allow-to-", &[NS, "api", caller, "web"])
+fn config(mode: GrantMode) -> GrantConfig {
+    GrantConfig {
+        gateway: Some(GatewayRef {
+            namespace: "gateways".into(),
+            name: "mesh".into(),
+        }),
+        ..GrantConfig::new(mode)
+    }
 }
 
-async fn exported_record(client: &Client) {
-    let api: Api<ServiceRecord> = Api::namespaced(client.clone(), NS);
-    let sr: ServiceRecord = serde_json::from_value(json!({
-        "apiVersion": SR_API, "kind": "ServiceRecord",
-        "metadata": {"name": "api", "namespace": NS, "labels": {EXPORT_LABEL: ""}},
-        "spec": {"fqdn": "api.shop.xcc.test", "endpoints": [{"address": "10.0.0.1", "port": 443}]},
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &sr).await.unwrap();
+fn name(prefix: &str, ns: &str, caller: &str) -> String {
+    policy_object_name(prefix, &[ns, RECORD, caller, "web"])
 }
 
-fn sink(server: &FakeApiServer, mode: GrantMode, cancel: &CancellationToken) -> Arc<KubeGrants> {
+fn sink(client: Client, mode: GrantMode, cancel: &CancellationToken) -> Arc<KubeGrants> {
     KubeGrants::spawn_with(
-        server.client(),
-        mode,
+        client,
+        config(mode),
         Backoff {
-            min: Duration::from_millis(20),
-            max: Duration::from_millis(200),
+            min: Duration::from_millis(50),
+            max: Duration::from_millis(400),
         },
         Counter::default(),
         cancel.clone(),
@@ -106,6 +162,31 @@ async fn settled(g: &KubeGrants) -> Progress {
     until(&mut rx, "the grant writer to settle", |p| p.pending == 0).await
 }
 
+/// Polling a condition on the API server's state (nothing to await there): each `tick` waits
+/// 50 ms, and fails the test once [`WAIT`] has passed.
+struct Retry {
+    what: &'static str,
+    deadline: tokio::time::Instant,
+}
+
+impl Retry {
+    fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            deadline: tokio::time::Instant::now() + WAIT,
+        }
+    }
+
+    async fn tick(&self) {
+        assert!(
+            tokio::time::Instant::now() < self.deadline,
+            "timed out waiting for {}",
+            self.what
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Poll `f` every 20 ms until it holds (a condition on the fake's state).
 async fn poll(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -118,66 +199,162 @@ async fn poll(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-fn status_grants(server: &FakeApiServer) -> Value {
-    let sr = server
-        .get(SR_API, "servicerecords", Some(NS), "api")
-        .unwrap();
+fn dynamic(
+    client: &Client,
+    ns: &str,
+    api_version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    let (group, version) = api_version.split_once('/').unwrap();
+    let ar = kube::api::ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: api_version.into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Api::namespaced_with(client.clone(), ns, &ar)
+}
+
+fn aps(admin: &Client, ns: &str) -> Api<DynamicObject> {
+    dynamic(
+        admin,
+        ns,
+        ISTIO,
+        "AuthorizationPolicy",
+        "authorizationpolicies",
+    )
+}
+
+async fn get(api: &Api<DynamicObject>, name: &str) -> Option<Value> {
+    api.get_opt(name)
+        .await
+        .unwrap()
+        .map(|o| serde_json::to_value(o).unwrap())
+}
+
+async fn status_grants(admin: &Client, ns: &str) -> Value {
+    let api: Api<ServiceRecord> = Api::namespaced(admin.clone(), ns);
+    let sr = serde_json::to_value(api.get(RECORD).await.unwrap()).unwrap();
     sr["status"]["grants"].clone()
+}
+
+async fn events(admin: &Client, ns: &str) -> Vec<Value> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin.clone(), ns);
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|e| serde_json::to_value(e).unwrap())
+        .collect()
+}
+
+/// The write requests (`verb resource`) `user` sent so far, from the audit log. A request of
+/// `user` made afterwards (a read of a ConfigMap named `marker`) is awaited first, so every
+/// earlier request is in the log.
+async fn writes_of(
+    cp: &ControlPlane,
+    user_client: &Client,
+    user: &str,
+    ns: &str,
+    marker: &str,
+) -> Vec<String> {
+    let _ = Api::<ConfigMap>::namespaced(user_client.clone(), ns)
+        .get_opt(marker)
+        .await;
+    let retry = Retry::new("the marker request in the audit log");
+    while !cp.audit().iter().any(|e| {
+        e["user"]["username"] == user
+            && e["objectRef"]["name"] == marker
+            && e["stage"] == "ResponseComplete"
+    }) {
+        retry.tick().await;
+    }
+    cp.audit()
+        .iter()
+        .filter(|e| e["user"]["username"] == user && e["stage"] == "ResponseComplete")
+        .filter(|e| {
+            matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete")
+            )
+        })
+        .map(|e| {
+            let o = &e["objectRef"];
+            let sub = o["subresource"]
+                .as_str()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default();
+            format!(
+                "{} {}{sub}",
+                e["verb"].as_str().unwrap(),
+                o["resource"].as_str().unwrap()
+            )
+        })
+        .collect()
 }
 
 #[tokio::test]
 async fn istio_grant_applied_unchanged_and_revoked() {
-    let server = server(true).await;
-    exported_record(&server.client()).await;
+    let Some((cp, ns, admin, client, user)) =
+        setup("istio_grant_applied_unchanged_and_revoked", "istio").await
+    else {
+        return;
+    };
+    let exported = exported_record(&admin, &ns).await;
     let cancel = CancellationToken::new();
-    let g = sink(&server, GrantMode::Istio, &cancel);
-    server.reset_counters();
+    let g = sink(client.clone(), GrantMode::Istio, &cancel);
 
-    let refs = g.apply(&route("b1")).unwrap();
+    let refs = g.apply(&route(&ns, "b1", &exported)).unwrap();
     assert_eq!(
         refs,
-        [format!("AuthorizationPolicy/{NS}/{}", ap_name("b1"))]
+        [format!(
+            "AuthorizationPolicy/{ns}/{}",
+            name("allow-to-", &ns, "b1")
+        )]
     );
     assert_eq!(settled(&g).await, Progress::default());
-    let ap = server
-        .get(ISTIO, AP, Some(NS), &ap_name("b1"))
-        .expect("AuthorizationPolicy");
+    let ap = get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1"))
+        .await
+        .expect("AuthorizationPolicy stored");
     assert_eq!(ap["metadata"]["labels"][MANAGED_BY_LABEL], "xcc-registry");
-    assert_eq!(ap["metadata"]["labels"][SOURCE_NAME_LABEL], "api");
+    assert_eq!(ap["metadata"]["labels"][SOURCE_NAME_LABEL], RECORD);
     assert_eq!(ap["metadata"]["annotations"][CALLER_ANNOTATION], "b1/web");
     assert_eq!(
         ap["spec"],
         json!({
-            "selector": {"matchLabels": {"app": "api"}},
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "api"}},
             "action": "ALLOW",
-            "rules": [{"from": [{"source": {"principals": ["cluster.local/ns/b1/sa/web"]}}]}],
-        })
+            "rules": [{"from": [{"source": {"principals": ["cluster.local/ns/storefront/sa/web-sa"]}}]}],
+        }),
+        "exactly what the server stored"
     );
     assert_eq!(
         ap["metadata"]["managedFields"][0]["manager"], "xcc-registry",
         "server-side applied by our field manager"
     );
     assert_eq!(
-        status_grants(&server),
+        status_grants(&admin, &ns).await,
         json!([{"callerCluster": "b1", "callerService": "web", "since": "2023-11-14T22:13:20Z"}])
     );
-    let writes = server.writes();
-    assert_eq!(writes.get(AP_RESOURCE, Verb::Patch), 1, "{writes}");
-    assert_eq!(writes.get(SR_STATUS, Verb::Patch), 1, "{writes}");
     // An Event on the record tells operators who was granted.
-    poll("the Granted event", || {
-        server
-            .list("events.k8s.io/v1", "events", Some(NS))
-            .iter()
-            .any(|e| e["reason"] == "Granted" && e["regarding"]["name"] == "api")
-    })
-    .await;
+    let retry = Retry::new("the Granted event");
+    while !events(&admin, &ns)
+        .await
+        .iter()
+        .any(|e| e["reason"] == "Granted" && e["regarding"]["name"] == RECORD)
+    {
+        retry.tick().await;
+    }
 
     // A second caller is added next to the first.
-    g.apply(&route("a9")).unwrap();
+    g.apply(&route(&ns, "a9", &exported)).unwrap();
     settled(&g).await;
     assert_eq!(
-        status_grants(&server)
+        status_grants(&admin, &ns)
+            .await
             .as_array()
             .unwrap()
             .iter()
@@ -188,93 +365,169 @@ async fn istio_grant_applied_unchanged_and_revoked() {
 
     // Re-applying an unchanged grant (here, after a restart of the writer) writes nothing.
     cancel.cancel();
+    let before = writes_of(cp, &client, &user, &ns, "marker-1").await;
+    for write in [
+        "patch authorizationpolicies",
+        "patch servicerecords/status",
+        "create events",
+    ] {
+        assert!(before.iter().any(|w| w == write), "{write} in {before:?}");
+    }
     let cancel = CancellationToken::new();
-    let g = sink(&server, GrantMode::Istio, &cancel);
-    server.reset_counters();
-    let mut later = route("b1");
+    let g = sink(client.clone(), GrantMode::Istio, &cancel);
+    let mut later = route(&ns, "b1", &exported);
     later.since += Duration::from_secs(3600);
     g.apply(&later).unwrap();
-    g.apply(&route("a9")).unwrap();
+    g.apply(&route(&ns, "a9", &exported)).unwrap();
     settled(&g).await;
-    // Not even a no-op request: the writer compares before it writes.
-    assert_eq!(server.requests().total(), 0, "{}", server.requests());
+    let after = writes_of(cp, &client, &user, &ns, "marker-2").await;
     assert_eq!(
-        status_grants(&server)[1]["since"],
+        after[before.len()..],
+        [] as [String; 0],
+        "no write for unchanged grants"
+    );
+    assert_eq!(
+        status_grants(&admin, &ns).await[1]["since"],
         "2023-11-14T22:13:20Z",
         "the first since is kept"
     );
 
-    // Revoke: the object goes, the caller leaves the status; the other grant stays.
-    g.remove(&route("b1")).unwrap();
+    // A new workload identity of the same caller changes the object in place.
+    let mut moved = route(&ns, "b1", &exported);
+    moved.caller_identity = Some(identity("checkout"));
+    g.apply(&moved).unwrap();
     assert_eq!(settled(&g).await, Progress::default());
-    assert_eq!(server.get(ISTIO, AP, Some(NS), &ap_name("b1")), None);
-    assert!(server.get(ISTIO, AP, Some(NS), &ap_name("a9")).is_some());
+    let ap = get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1"))
+        .await
+        .unwrap();
     assert_eq!(
-        status_grants(&server),
+        ap["spec"]["rules"][0]["from"][0]["source"]["principals"],
+        json!(["cluster.local/ns/checkout/sa/web-sa"])
+    );
+
+    // Revoke: the object goes, the caller leaves the status; the other grant stays.
+    g.remove(&moved).unwrap();
+    assert_eq!(settled(&g).await, Progress::default());
+    assert_eq!(
+        get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1")).await,
+        None
+    );
+    assert!(
+        get(&aps(&admin, &ns), &name("allow-to-", &ns, "a9"))
+            .await
+            .is_some()
+    );
+    assert_eq!(
+        status_grants(&admin, &ns).await,
         json!([{"callerCluster": "a9", "callerService": "web", "since": "2023-11-14T22:13:20Z"}])
     );
-    g.remove(&route("a9")).unwrap();
+    g.remove(&route(&ns, "a9", &exported)).unwrap();
     settled(&g).await;
-    assert_eq!(server.list(ISTIO, AP, Some(NS)), Vec::<Value>::new());
-    assert_eq!(status_grants(&server), Value::Null);
+    assert!(
+        aps(&admin, &ns)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert_eq!(status_grants(&admin, &ns).await, Value::Null);
     // Removing again is a no-op.
-    server.reset_counters();
-    g.remove(&route("a9")).unwrap();
+    let before = writes_of(cp, &client, &user, &ns, "marker-3").await;
+    g.remove(&route(&ns, "a9", &exported)).unwrap();
     settled(&g).await;
-    assert_eq!(server.requests().total(), 0, "{}", server.requests());
+    let after = writes_of(cp, &client, &user, &ns, "marker-4").await;
+    assert_eq!(after[before.len()..], [] as [String; 0]);
+    assert_eq!(cp.forbidden(&user), Vec::<String>::new());
     cancel.cancel();
 }
 
 #[tokio::test]
-async fn gateway_and_cilium_objects_land_in_their_resources() {
-    let server = server(true).await;
-    exported_record(&server.client()).await;
-    let cancel = CancellationToken::new();
-    for (mode, api_version, plural, prefix) in [
+async fn gateway_and_cilium_objects_are_accepted_by_their_real_schemas() {
+    let test = "gateway_and_cilium_objects_are_accepted_by_their_real_schemas";
+    for (mode, overlay, api_version, kind, plural, prefix, spec) in [
         (
             GrantMode::Gateway,
+            "gateway",
             "gateway.networking.k8s.io/v1",
+            "HTTPRoute",
             "httproutes",
             "route-",
+            json!({
+                "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                "namespace": "gateways", "name": "mesh"}],
+                "hostnames": [FQDN],
+                "rules": [{"backendRefs": [{"group": "", "kind": "Service", "name": "api-svc",
+                                            "port": 8080, "weight": 1}],
+                           "matches": [{"path": {"type": "PathPrefix", "value": "/"}}]}],
+            }),
         ),
         (
             GrantMode::Cilium,
+            "cilium",
             "cilium.io/v2",
+            "CiliumNetworkPolicy",
             "ciliumnetworkpolicies",
             "cnp-mesh-",
+            json!({
+                "endpointSelector": {"matchLabels": {"app.kubernetes.io/name": "api"}},
+                "ingress": [{"fromEndpoints": [{"matchLabels": {
+                    "io.cilium.k8s.policy.cluster": "b1",
+                    "k8s:io.kubernetes.pod.namespace": "storefront",
+                    "io.cilium.k8s.policy.serviceaccount": "web-sa",
+                }}]}],
+            }),
         ),
     ] {
-        let g = sink(&server, mode, &cancel);
-        let refs = g.apply(&route("b1")).unwrap();
-        settled(&g).await;
-        let name = policy_object_name(prefix, &[NS, "api", "b1", "web"]);
-        assert!(refs[0].ends_with(&format!("/{NS}/{name}")), "{refs:?}");
-        let o = server
-            .get(api_version, plural, Some(NS), &name)
-            .expect(plural);
+        let Some((cp, ns, admin, client, user)) = setup(test, overlay).await else {
+            return;
+        };
+        let exported = exported_record(&admin, &ns).await;
+        let cancel = CancellationToken::new();
+        let g = sink(client, mode, &cancel);
+        let refs = g.apply(&route(&ns, "b1", &exported)).unwrap();
+        assert_eq!(settled(&g).await, Progress::default(), "{kind} accepted");
+        let object_name = name(prefix, &ns, "b1");
+        assert_eq!(refs, [format!("{kind}/{ns}/{object_name}")]);
+        let api = dynamic(&admin, &ns, api_version, kind, plural);
+        let o = get(&api, &object_name).await.expect(plural);
         assert_eq!(o["metadata"]["labels"][MANAGED_BY_LABEL], "xcc-registry");
-        g.remove(&route("b1")).unwrap();
+        // Exactly what the server stored (with the defaults its schema adds).
+        assert_eq!(o["spec"], spec, "{kind}");
+        g.remove(&route(&ns, "b1", &exported)).unwrap();
         settled(&g).await;
-        assert_eq!(server.get(api_version, plural, Some(NS), &name), None);
+        assert_eq!(get(&api, &object_name).await, None);
+        assert_eq!(cp.forbidden(&user), Vec::<String>::new());
+        cancel.cancel();
     }
-    cancel.cancel();
 }
 
 #[tokio::test]
 async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
-    let server = server(true).await;
-    exported_record(&server.client()).await;
-    let name = ap_name("b1");
-    let theirs = json!({
+    let Some((cp, ns, admin, client, user)) = setup(
+        "an_object_we_do_not_manage_is_never_changed_or_deleted",
+        "istio",
+    )
+    .await
+    else {
+        return;
+    };
+    let exported = exported_record(&admin, &ns).await;
+    let object_name = name("allow-to-", &ns, "b1");
+    let theirs: DynamicObject = serde_json::from_value(json!({
         "apiVersion": ISTIO, "kind": "AuthorizationPolicy",
-        "metadata": {"name": name, "namespace": NS, "labels": {"team": "shop"}},
+        "metadata": {"name": object_name, "namespace": ns, "labels": {"team": "shop"}},
         "spec": {"action": "DENY"},
-    });
-    server.put_raw(theirs).unwrap();
-    let before = server.get(ISTIO, AP, Some(NS), &name).unwrap();
+    }))
+    .unwrap();
+    aps(&admin, &ns)
+        .create(&PostParams::default(), &theirs)
+        .await
+        .unwrap();
+    let before = get(&aps(&admin, &ns), &object_name).await.unwrap();
     let cancel = CancellationToken::new();
-    let g = sink(&server, GrantMode::Istio, &cancel);
-    g.apply(&route("b1")).unwrap();
+    let g = sink(client.clone(), GrantMode::Istio, &cancel);
+    g.apply(&route(&ns, "b1", &exported)).unwrap();
     let mut rx = g.progress();
     let p = until(&mut rx, "the conflict to be reported", |p| {
         !p.errors.is_empty()
@@ -283,30 +536,20 @@ async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
     assert_eq!(
         p.errors.values().cloned().collect::<Vec<_>>(),
         [format!(
-            "AuthorizationPolicy/{NS}/{name} exists and is not managed by xcc-registry; left alone"
+            "AuthorizationPolicy/{ns}/{object_name} exists and is not managed by xcc-registry; left alone"
         )]
     );
-    assert!(
-        g.metrics()
-            .errors
-            .get_or_create(&kind("AuthorizationPolicy"))
-            .get()
-            >= 1
-    );
     // Reported once on the object itself, however often the grant is retried.
-    poll("the conflict event", || {
-        server
-            .list("events.k8s.io/v1", "events", Some(NS))
-            .iter()
-            .any(|e| {
-                e["type"] == "Warning"
-                    && e["reason"] == "GrantConflict"
-                    && e["regarding"]["kind"] == "AuthorizationPolicy"
-                    && e["regarding"]["name"] == name.as_str()
-            })
-    })
-    .await;
-    poll("a retry", || {
+    let retry = Retry::new("the conflict event");
+    while !events(&admin, &ns).await.iter().any(|e| {
+        e["type"] == "Warning"
+            && e["reason"] == "GrantConflict"
+            && e["regarding"]["kind"] == "AuthorizationPolicy"
+            && e["regarding"]["name"] == object_name.as_str()
+    }) {
+        retry.tick().await;
+    }
+    poll("retries", || {
         g.metrics()
             .errors
             .get_or_create(&kind("AuthorizationPolicy"))
@@ -314,8 +557,8 @@ async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
             >= 3
     })
     .await;
-    let conflicts: Vec<Value> = server
-        .list("events.k8s.io/v1", "events", Some(NS))
+    let conflicts: Vec<Value> = events(&admin, &ns)
+        .await
         .into_iter()
         .filter(|e| e["reason"] == "GrantConflict")
         .collect();
@@ -325,11 +568,14 @@ async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
         Value::Null,
         "not repeated on retries"
     );
-    g.remove(&route("b1")).unwrap();
+    g.remove(&route(&ns, "b1", &exported)).unwrap();
     assert_eq!(settled(&g).await, Progress::default());
-    assert_eq!(server.get(ISTIO, AP, Some(NS), &name), Some(before));
-    assert_eq!(server.requests().get(AP_RESOURCE, Verb::Delete), 0);
-    assert_eq!(server.requests().get(AP_RESOURCE, Verb::Patch), 0);
+    assert_eq!(get(&aps(&admin, &ns), &object_name).await, Some(before));
+    let writes = writes_of(cp, &client, &user, &ns, "marker").await;
+    assert!(
+        !writes.iter().any(|w| w.ends_with(" authorizationpolicies")),
+        "{writes:?}"
+    );
     cancel.cancel();
 }
 
@@ -339,45 +585,93 @@ fn kind(k: &str) -> xcc_registry::federation::kube_grants::KindLabels {
 
 #[tokio::test]
 async fn apply_then_remove_ends_removed_and_the_last_wish_wins() {
-    let server = server(true).await;
-    exported_record(&server.client()).await;
+    let Some((_cp, ns, admin, client, _user)) = setup(
+        "apply_then_remove_ends_removed_and_the_last_wish_wins",
+        "istio",
+    )
+    .await
+    else {
+        return;
+    };
+    let exported = exported_record(&admin, &ns).await;
+    let r = route(&ns, "b1", &exported);
+    let object_name = name("allow-to-", &ns, "b1");
     let cancel = CancellationToken::new();
-    let g = sink(&server, GrantMode::Istio, &cancel);
-    g.apply(&route("b1")).unwrap();
-    g.remove(&route("b1")).unwrap();
+    let g = sink(client, GrantMode::Istio, &cancel);
+    g.apply(&r).unwrap();
+    g.remove(&r).unwrap();
     assert_eq!(settled(&g).await, Progress::default());
-    assert_eq!(server.get(ISTIO, AP, Some(NS), &ap_name("b1")), None);
-    assert_eq!(status_grants(&server), Value::Null);
+    assert_eq!(get(&aps(&admin, &ns), &object_name).await, None);
+    assert_eq!(status_grants(&admin, &ns).await, Value::Null);
 
     // Interleave with the writer: whatever was in flight, the last call decides.
     for _ in 0..20 {
-        g.apply(&route("b1")).unwrap();
+        g.apply(&r).unwrap();
         tokio::task::yield_now().await;
-        g.remove(&route("b1")).unwrap();
+        g.remove(&r).unwrap();
     }
     settled(&g).await;
-    assert_eq!(server.get(ISTIO, AP, Some(NS), &ap_name("b1")), None);
-    assert_eq!(status_grants(&server), Value::Null);
+    assert_eq!(get(&aps(&admin, &ns), &object_name).await, None);
+    assert_eq!(status_grants(&admin, &ns).await, Value::Null);
     for _ in 0..20 {
-        g.remove(&route("b1")).unwrap();
+        g.remove(&r).unwrap();
         tokio::task::yield_now().await;
-        g.apply(&route("b1")).unwrap();
+        g.apply(&r).unwrap();
     }
     settled(&g).await;
-    assert!(server.get(ISTIO, AP, Some(NS), &ap_name("b1")).is_some());
-    assert_eq!(status_grants(&server).as_array().map(Vec::len), Some(1));
+    assert!(get(&aps(&admin, &ns), &object_name).await.is_some());
+    assert_eq!(
+        status_grants(&admin, &ns).await.as_array().map(Vec::len),
+        Some(1)
+    );
     cancel.cancel();
+}
+
+// ----- on the in-process fake -----
+
+const NS: &str = "shop";
+const AP: &str = "authorizationpolicies";
+
+async fn server(with_istio: bool) -> FakeApiServer {
+    let mut b = FakeApiServer::builder().namespace(NS).namespace("xcc");
+    for spec in crds::all() {
+        if with_istio || spec.plural != AP {
+            b = b.resource(spec);
+        }
+    }
+    b.start().await
 }
 
 #[tokio::test]
 async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
     let server = server(false).await;
-    exported_record(&server.client()).await;
+    let exported = ExportedService {
+        selector: Some("app=api".into()),
+        ..Default::default()
+    };
+    let r = OwnerRoute {
+        target_service: "api".into(),
+        ..route(NS, "b1", &exported)
+    };
+    let records: Api<ServiceRecord> = Api::namespaced(server.client(), NS);
+    let sr: ServiceRecord = serde_json::from_value(json!({
+        "apiVersion": SR_API, "kind": "ServiceRecord",
+        "metadata": {"name": "api", "namespace": NS, "labels": {EXPORT_LABEL: ""}},
+        "spec": {"fqdn": "api.shop.xcc.test", "endpoints": [{"address": "10.0.0.1", "port": 443}]},
+    }))
+    .unwrap();
+    records.create(&PostParams::default(), &sr).await.unwrap();
+    let status_grants = || {
+        server
+            .get(SR_API, "servicerecords", Some(NS), "api")
+            .unwrap()["status"]["grants"]
+            .clone()
+    };
     let cancel = CancellationToken::new();
     let store_errors = Counter::default();
     let g = KubeGrants::spawn_with(
         server.client(),
-        GrantMode::Istio,
+        config(GrantMode::Istio),
         Backoff {
             min: Duration::from_millis(20),
             max: Duration::from_millis(100),
@@ -385,7 +679,7 @@ async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
         store_errors.clone(),
         cancel.clone(),
     );
-    g.apply(&route("b1")).unwrap();
+    g.apply(&r).unwrap();
     let mut rx = g.progress();
     let p = until(&mut rx, "the missing CRD to be reported", |p| {
         !p.errors.is_empty()
@@ -409,14 +703,15 @@ async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
             >= 2
     );
     // The grant itself is recorded on the record meanwhile.
-    assert_eq!(status_grants(&server)[0]["callerCluster"], "b1");
+    assert_eq!(status_grants()[0]["callerCluster"], "b1");
 
     server
         .register(crds::istio_authorization_policies())
         .unwrap();
     let p = until(&mut rx, "the grant to be applied", |p| p.pending == 0).await;
     assert_eq!(p, Progress::default());
-    assert!(server.get(ISTIO, AP, Some(NS), &ap_name("b1")).is_some());
+    let object_name = policy_object_name("allow-to-", &[NS, "api", "b1", "web"]);
+    assert!(server.get(ISTIO, AP, Some(NS), &object_name).is_some());
     cancel.cancel();
 }
 
@@ -454,36 +749,49 @@ fn deny(cluster: &str) -> String {
     )
 }
 
-fn configmap(data: &[(&str, &str)]) -> ConfigMap {
+fn configmap(ns: &str, data: &[(&str, &str)]) -> ConfigMap {
     serde_json::from_value(json!({
-        "metadata": {"name": CM, "namespace": "xcc"},
+        "metadata": {"name": CM, "namespace": ns},
         "data": data.iter().map(|(k, v)| (k.to_string(), Value::from(*v))).collect::<serde_json::Map<_, _>>(),
     }))
     .unwrap()
 }
 
-async fn put_configmap(api: &Api<ConfigMap>, data: &[(&str, &str)]) {
+async fn put_configmap(api: &Api<ConfigMap>, ns: &str, data: &[(&str, &str)]) {
     api.patch(
         CM,
         &PatchParams::apply("test").force(),
-        &Patch::Apply(&configmap(data)),
+        &Patch::Apply(&configmap(ns, data)),
     )
     .await
     .unwrap();
 }
 
+/// Wait until the policies in `handle` satisfy `f` (the watch swaps them in; nothing to await).
+async fn policies_until(handle: &Handle, what: &'static str, f: impl Fn(&Handle) -> bool) {
+    let retry = Retry::new(what);
+    while !f(handle) {
+        retry.tick().await;
+    }
+}
+
 #[tokio::test]
 async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
-    let server = server(false).await;
-    let client = server.client();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "xcc");
+    let test = "policies_from_a_configmap_applied_rejected_fixed_and_deleted";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    let ns = cp.namespace("policies").await;
+    let id = cp.identity(&ns, "base", "xcc-registry").await;
+    let admin = cp.client().await;
+    let api: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
     let handle: Handle = Arc::new(RwLock::new(Arc::new(Policies::default_set())));
     let errors = FileErrors::default();
     let metrics = Metrics::default();
     let cancel = CancellationToken::new();
     let mut w = spawn_policy_configmap(
-        client.clone(),
-        "xcc",
+        id.client().await,
+        &ns,
         CM,
         handle.clone(),
         errors.clone(),
@@ -497,10 +805,11 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
     // A valid policy: the decision changes.
     put_configmap(
         &api,
+        &ns,
         &[("deny.cedar", &deny("b1")), ("README", "not a policy")],
     )
     .await;
-    poll("the policy to apply", || !allowed(&handle, "b1")).await;
+    policies_until(&handle, "the policy to apply", |h| !allowed(h, "b1")).await;
     assert!(allowed(&handle, "b3"));
     assert_eq!(
         handle.read().unwrap().policy_ids(),
@@ -512,13 +821,14 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
     let mut errs = errors.subscribe();
     put_configmap(
         &api,
+        &ns,
         &[("deny.cedar", &deny("b3")), ("broken.cedar", "permit (")],
     )
     .await;
     let reported = until(&mut errs, "the error", |e| !e.is_empty()).await;
     assert_eq!(reported.len(), 1);
     assert!(
-        reported[0].starts_with("ConfigMap xcc/xcc-policies: key broken.cedar: "),
+        reported[0].starts_with(&format!("ConfigMap {ns}/xcc-policies: key broken.cedar: ")),
         "{reported:?}"
     );
     assert!(!allowed(&handle, "b1"), "previous set kept");
@@ -527,40 +837,35 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
         "the rejected change is not half-applied"
     );
     assert_eq!(metrics.store_errors.get(), 1);
-    poll("the Warning event on the ConfigMap", || {
-        server
-            .list("events.k8s.io/v1", "events", Some("xcc"))
-            .iter()
-            .any(|e| {
-                e["type"] == "Warning"
-                    && e["reason"] == "InvalidPolicy"
-                    && e["regarding"]["kind"] == "ConfigMap"
-                    && e["regarding"]["name"] == CM
-                    && e["note"]
-                        .as_str()
-                        .is_some_and(|n| n.contains("broken.cedar"))
-            })
-    })
-    .await;
+    let retry = Retry::new("the Warning event on the ConfigMap");
+    while !events(&admin, &ns).await.iter().any(|e| {
+        e["type"] == "Warning"
+            && e["reason"] == "InvalidPolicy"
+            && e["regarding"]["kind"] == "ConfigMap"
+            && e["regarding"]["name"] == CM
+            && e["note"]
+                .as_str()
+                .is_some_and(|n| n.contains("broken.cedar"))
+    }) {
+        retry.tick().await;
+    }
 
     // Fixed: applied, error cleared.
-    put_configmap(&api, &[("deny.cedar", &deny("b3"))]).await;
+    put_configmap(&api, &ns, &[("deny.cedar", &deny("b3"))]).await;
     until(&mut errs, "the error to clear", Vec::is_empty).await;
-    poll("the fixed policy to apply", || allowed(&handle, "b1")).await;
+    policies_until(&handle, "the fixed policy to apply", |h| allowed(h, "b1")).await;
     assert!(!allowed(&handle, "b3"));
     assert_eq!(metrics.store_errors.get(), 1);
 
-    // Survives a 410 Gone (relist) and keeps following changes.
-    server.compact();
-    put_configmap(&api, &[("deny.cedar", &deny("b4"))]).await;
-    poll("the change after 410 to apply", || !allowed(&handle, "b4")).await;
-    assert!(allowed(&handle, "b3"));
-
     // Deleted: back to the defaults.
     api.delete(CM, &DeleteParams::default()).await.unwrap();
-    poll("the defaults", || handle.read().unwrap().is_default_only()).await;
-    assert!(allowed(&handle, "b4"));
+    policies_until(&handle, "the defaults", |h| {
+        h.read().unwrap().is_default_only()
+    })
+    .await;
+    assert!(allowed(&handle, "b3"));
     assert_eq!(errors.get(), Vec::<String>::new());
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
 
     cancel.cancel();
     tokio::time::timeout(WAIT, w.task).await.unwrap().unwrap();
@@ -568,12 +873,16 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
 
 #[tokio::test]
 async fn a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ignored() {
-    let server = server(false).await;
-    let client = server.client();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "xcc");
-    put_configmap(&api, &[("x.cedar", "forbid (")]).await;
+    let test = "a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ignored";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    let ns = cp.namespace("policies").await;
+    let id = cp.identity(&ns, "base", "xcc-registry").await;
+    let api: Api<ConfigMap> = Api::namespaced(cp.client().await, &ns);
+    put_configmap(&api, &ns, &[("x.cedar", "forbid (")]).await;
     let other: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "unrelated", "namespace": "xcc"},
+        "metadata": {"name": "unrelated", "namespace": ns},
         "data": {"deny.cedar": deny("b1")},
     }))
     .unwrap();
@@ -582,8 +891,8 @@ async fn a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ig
     let errors = FileErrors::default();
     let cancel = CancellationToken::new();
     let mut w = spawn_policy_configmap(
-        client,
-        "xcc",
+        id.client().await,
+        &ns,
         CM,
         handle.clone(),
         errors.clone(),
@@ -594,10 +903,39 @@ async fn a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ig
     let e = errors.get();
     assert_eq!(e.len(), 1);
     assert!(
-        e[0].starts_with("ConfigMap xcc/xcc-policies: key x.cedar: "),
+        e[0].starts_with(&format!("ConfigMap {ns}/xcc-policies: key x.cedar: ")),
         "{e:?}"
     );
     assert!(handle.read().unwrap().is_default_only());
     assert!(allowed(&handle, "b1"));
     cancel.cancel();
+}
+
+/// On the fake: the real server compacts on its own schedule, not on demand.
+#[tokio::test]
+async fn the_policy_watch_survives_410_gone() {
+    let server = server(false).await;
+    let client = server.client();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "xcc");
+    let handle: Handle = Arc::new(RwLock::new(Arc::new(Policies::default_set())));
+    let cancel = CancellationToken::new();
+    let mut w = spawn_policy_configmap(
+        client,
+        "xcc",
+        CM,
+        handle.clone(),
+        FileErrors::default(),
+        Metrics::default(),
+        cancel.clone(),
+    );
+    until(&mut w.synced, "the first sync", |s| *s).await;
+    put_configmap(&api, "xcc", &[("deny.cedar", &deny("b1"))]).await;
+    poll("the policy to apply", || !allowed(&handle, "b1")).await;
+    // The watch is answered 410 Gone: it lists again and keeps following changes.
+    server.compact();
+    put_configmap(&api, "xcc", &[("deny.cedar", &deny("b4"))]).await;
+    poll("the change after 410 to apply", || !allowed(&handle, "b4")).await;
+    assert!(allowed(&handle, "b1"));
+    cancel.cancel();
+    tokio::time::timeout(WAIT, w.task).await.unwrap().unwrap();
 }

@@ -455,7 +455,7 @@ fn cluster_ip_service_exports_its_cluster_ips_under_the_clusterset_name() {
         json!({CLUSTERS_ANNOTATION: "wc-beta-px, wc-beta-hq,,wc-beta-hq",
                "connectivity.tanzu.vmware.com/vip": "1.2.3.4"}),
         json!({"type": "ClusterIP", "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd00::10"],
-               "ports": mysql_ports()}),
+               "ports": mysql_ports(), "selector": {"tier": "db", "app.kubernetes.io/name": "mysql"}}),
         json!({}),
     );
     let config = Config {
@@ -516,8 +516,14 @@ fn cluster_ip_service_exports_its_cluster_ips_under_the_clusterset_name() {
             "connectivity.tanzu.vmware.com/origin-namespace",
             SERVICE_PORT_ANNOTATION,
             "connectivity.tanzu.vmware.com/vip",
+            WORKLOAD_SELECTOR_ANNOTATION,
         ],
-        "the clusters annotation is consumed, the origin is added"
+        "the clusters annotation is consumed, the origin and the selector are added"
+    );
+    // The Service's pods, for the owner's grant policies.
+    assert_eq!(
+        annotations[WORKLOAD_SELECTOR_ANNOTATION],
+        "app.kubernetes.io/name=mysql,tier=db"
     );
     assert_eq!(annotations[SERVICE_PORT_ANNOTATION], "3306");
     assert_eq!(annotations["connectivity.tanzu.vmware.com/vip"], "1.2.3.4");

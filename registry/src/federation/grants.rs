@@ -1,27 +1,44 @@
 //! What the owner of a service creates when a caller is granted access (`--grant-mode`):
-//! nothing, an Istio AuthorizationPolicy admitting the caller's identity, a Gateway API
-//! HTTPRoute exposing the service (seed 000), or a CiliumNetworkPolicy admitting the caller's
-//! cluster and service account (Cilium cluster mesh labels). Objects are named
-//! `{prefix}{hash8}` (seed 002) so names are stable, short and collision-free, and carry the
-//! service's name in a label for discoverability.
+//! nothing, an Istio AuthorizationPolicy admitting the caller's workload identity, a Gateway API
+//! HTTPRoute exposing the service on a configured Gateway (seed 000), or a CiliumNetworkPolicy
+//! admitting the caller's cluster, namespace and service account (Cilium cluster mesh labels).
+//! Objects are named `{prefix}{hash8}` (seed 002) so names are stable, short and collision-free,
+//! and carry the service's name in a label for discoverability.
 //!
-//! Generation is pure; [`GrantSink`] applies or removes the objects (files in file mode).
+//! Where each field comes from:
+//! * the caller: its cluster (bound to the authenticated child session that asked) and its
+//!   workload identity ([`WorkloadIdentity`], carried in the query and the route notification);
+//!   the identity's trust domain must be the one this registry assigns to the caller's cluster
+//!   ([`GrantConfig::trust_domain`]), so a child cannot name workloads of another trust domain;
+//! * the service: this registry's own export ([`ExportedService`], from its catalog entry, never
+//!   from the wire): FQDN, ports, the exporting Service (the record's origin) and the pod
+//!   selector the publisher copied from that Service ([`WORKLOAD_SELECTOR_ANNOTATION`]);
+//! * the Gateway an HTTPRoute attaches to: configuration ([`GrantConfig::gateway`]).
 //!
-//! Every field of a route comes from the wire (a route notification relayed by the parent), so
-//! [`check_route`] holds each one to the Kubernetes rule of what it names before it reaches an
-//! object, a label or a file name, and [`FileGrants`] checks again that each file it writes or
-//! removes is a plain file name directly under `grants/`. Which services may be granted at all
-//! (only this cluster's own exports, to callers they admit) is decided by the caller of the sink,
-//! the federation level (`owner_check`).
+//! A grant whose caller sent no workload identity writes no Istio or Cilium object (there is no
+//! principal to admit, and admitting a whole namespace or cluster would be a wildcard nobody
+//! asked for); an export without a selector writes none either (an ALLOW policy without a
+//! selector would apply to every workload of the namespace). Both are reported as the grant's
+//! error. Generation is pure; [`GrantSink`] applies or removes the objects (files in file mode).
+//!
+//! Every field of a route that comes from the wire is held by [`check_route`] to the Kubernetes
+//! rule of what it names before it reaches an object, a label or a file name, and
+//! [`FileGrants`] checks again that each file it writes or removes is a plain file name directly
+//! under `grants/`. Which services may be granted at all (only this cluster's own exports, to
+//! callers they admit) is decided by the caller of the sink, the federation level
+//! (`owner_check`).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use xcc_proto::names::{
-    is_dns1123_label, is_dns1123_subdomain, is_label_value, policy_object_name,
+    WORKLOAD_SELECTOR_ANNOTATION, is_dns1123_label, is_dns1123_subdomain, is_label_value,
+    parse_selector, policy_object_name,
 };
 
 use super::level::OwnerRoute;
+use crate::catalog::{NamedPort, ServiceEntry};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GrantMode {
@@ -44,6 +61,216 @@ impl std::str::FromStr for GrantMode {
                 "grant mode {other:?}: use none, istio, gateway or cilium"
             )),
         }
+    }
+}
+
+/// The Gateway an HTTPRoute attaches to (`--grant-gateway namespace/name`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for GatewayRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((namespace, name))
+                if is_dns1123_label(namespace) && is_dns1123_subdomain(name) =>
+            {
+                Ok(GatewayRef {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                })
+            }
+            _ => Err(format!(
+                "gateway {s:?}: use <namespace>/<name> of a Gateway (a namespace and an object name)"
+            )),
+        }
+    }
+}
+
+/// The default of [`GrantConfig::trust_domain`]: Istio's default trust domain, which every
+/// cluster of a mesh that shares one root of trust uses.
+pub const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+
+/// How the owner of a service writes grants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrantConfig {
+    pub mode: GrantMode,
+    /// Gateway mode: the Gateway every HTTPRoute attaches to (required in that mode).
+    pub gateway: Option<GatewayRef>,
+    /// The trust domain of a caller cluster's workloads; `{cluster}` stands for the caller's
+    /// cluster name (`{cluster}.mesh.example` for a trust domain per cluster). A caller whose
+    /// workload identity names another trust domain is refused.
+    pub trust_domain: String,
+}
+
+impl Default for GrantConfig {
+    fn default() -> Self {
+        Self {
+            mode: GrantMode::None,
+            gateway: None,
+            trust_domain: DEFAULT_TRUST_DOMAIN.into(),
+        }
+    }
+}
+
+impl GrantConfig {
+    pub fn new(mode: GrantMode) -> Self {
+        Self {
+            mode,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the configuration can write what its mode needs (checked at start).
+    pub fn check(&self) -> Result<(), String> {
+        if self.mode == GrantMode::Gateway && self.gateway.is_none() {
+            return Err("--grant-mode gateway needs --grant-gateway <namespace>/<name>".into());
+        }
+        let sample = self.trust_domain_of("a");
+        if !is_dns1123_subdomain(&sample) {
+            return Err(format!(
+                "grant trust domain {:?} is not a DNS name (with {{cluster}} for the caller's cluster)",
+                self.trust_domain
+            ));
+        }
+        Ok(())
+    }
+
+    /// The trust domain this registry assigns to `cluster`'s workloads.
+    pub fn trust_domain_of(&self, cluster: &str) -> String {
+        self.trust_domain.replace("{cluster}", cluster)
+    }
+}
+
+/// A calling workload as the mesh names it: `<trust domain>/ns/<namespace>/sa/<service account>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkloadIdentity {
+    pub trust_domain: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+impl WorkloadIdentity {
+    /// The identity of three wire fields: all empty is no identity; otherwise each must hold
+    /// (see [`WorkloadIdentity::check`]).
+    pub fn from_wire(
+        trust_domain: &str,
+        namespace: &str,
+        service_account: &str,
+    ) -> Result<Option<Self>, String> {
+        if trust_domain.is_empty() && namespace.is_empty() && service_account.is_empty() {
+            return Ok(None);
+        }
+        let id = Self {
+            trust_domain: trust_domain.into(),
+            namespace: namespace.into(),
+            service_account: service_account.into(),
+        };
+        id.check().map(|()| Some(id))
+    }
+
+    /// The trust domain is a DNS name (lowercase, at most 253 characters: stricter than SPIFFE,
+    /// which also allows `_`), the namespace a DNS-1123 label, the service account a DNS-1123
+    /// subdomain of at most 63 characters (Cilium matches it as a label value). The error
+    /// names the field and quotes the value.
+    pub fn check(&self) -> Result<(), String> {
+        if !is_dns1123_subdomain(&self.trust_domain) {
+            return Err(format!(
+                "workload trust domain {:?} is not a DNS name",
+                self.trust_domain
+            ));
+        }
+        if !is_dns1123_label(&self.namespace) {
+            return Err(format!(
+                "workload namespace {:?} is not a namespace name (DNS-1123 label)",
+                self.namespace
+            ));
+        }
+        if !is_dns1123_subdomain(&self.service_account) || !is_label_value(&self.service_account) {
+            return Err(format!(
+                "workload service account {:?} is not a DNS-1123 subdomain of at most 63 characters",
+                self.service_account
+            ));
+        }
+        Ok(())
+    }
+
+    /// The three wire fields of an optional identity (empty for none).
+    pub fn to_wire(id: Option<&Self>) -> (String, String, String) {
+        id.map(|i| {
+            (
+                i.trust_domain.clone(),
+                i.namespace.clone(),
+                i.service_account.clone(),
+            )
+        })
+        .unwrap_or_default()
+    }
+
+    /// The principal Istio matches (`source.principals`): the SPIFFE ID without `spiffe://`.
+    pub fn principal(&self) -> String {
+        format!(
+            "{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
+}
+
+impl std::fmt::Display for WorkloadIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.principal())
+    }
+}
+
+/// What a grant needs to know of the granted service: this registry's own export, as its
+/// catalog entry holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ExportedService {
+    pub fqdn: String,
+    /// The exporting Service's name, when the export's origin is a Service.
+    pub service: Option<String>,
+    pub ports: Vec<NamedPort>,
+    /// The exporting Service's pod selector, as the publisher wrote it
+    /// ([`WORKLOAD_SELECTOR_ANNOTATION`], `key=value,...`), unparsed.
+    pub selector: Option<String>,
+}
+
+impl ExportedService {
+    pub fn of(entry: &ServiceEntry) -> Self {
+        Self {
+            fqdn: entry.fqdn.clone(),
+            service: entry
+                .origin
+                .as_ref()
+                .filter(|o| o.kind == "Service")
+                .map(|o| o.name.clone()),
+            ports: entry.ports.clone(),
+            selector: entry
+                .labels
+                .get(WORKLOAD_SELECTOR_ANNOTATION)
+                .map(str::to_string),
+        }
+    }
+
+    /// The pod selector of the exporting workload.
+    fn selector(&self) -> Result<BTreeMap<String, String>, String> {
+        let raw = self.selector.as_deref().ok_or_else(|| {
+            format!(
+                "the export {} has no {WORKLOAD_SELECTOR_ANNOTATION} annotation (the publisher \
+                 copies a Service's selector; set it on other exports): a policy without a \
+                 selector would cover every workload of the namespace",
+                self.fqdn
+            )
+        })?;
+        parse_selector(raw).map_err(|e| {
+            format!(
+                "the export {}: {WORKLOAD_SELECTOR_ANNOTATION}: {e}",
+                self.fqdn
+            )
+        })
     }
 }
 
@@ -75,56 +302,131 @@ fn parts(r: &OwnerRoute) -> [&str; 4] {
     ]
 }
 
-/// The objects for `route` in `mode` (empty for `None`).
-pub fn objects(mode: GrantMode, r: &OwnerRoute) -> Vec<Value> {
+/// `(apiVersion, kind, name prefix)` of the object `mode` writes.
+fn kind_of(mode: GrantMode) -> Option<(&'static str, &'static str, &'static str)> {
     match mode {
-        GrantMode::None => vec![],
-        GrantMode::Istio => vec![json!({
-            "apiVersion": "security.istio.io/v1",
-            "kind": "AuthorizationPolicy",
-            "metadata": metadata(policy_object_name("allow-to-", &parts(r)), r),
-            "spec": {
-                "selector": {"matchLabels": {"app": r.target_service}},
+        GrantMode::None => None,
+        GrantMode::Istio => Some(("security.istio.io/v1", "AuthorizationPolicy", "allow-to-")),
+        GrantMode::Gateway => Some(("gateway.networking.k8s.io/v1", "HTTPRoute", "route-")),
+        GrantMode::Cilium => Some(("cilium.io/v2", "CiliumNetworkPolicy", "cnp-mesh-")),
+    }
+}
+
+/// The identity of the caller, checked against the trust domain `cfg` assigns its cluster.
+fn caller_identity<'a>(
+    cfg: &GrantConfig,
+    r: &'a OwnerRoute,
+) -> Result<&'a WorkloadIdentity, String> {
+    let id = r.caller_identity.as_ref().ok_or_else(|| {
+        format!(
+            "{}/{} asked without a workload identity: there is no principal to admit",
+            r.caller_cluster, r.caller_service
+        )
+    })?;
+    let expected = cfg.trust_domain_of(&r.caller_cluster);
+    if id.trust_domain != expected {
+        return Err(format!(
+            "{}/{} claims {}, but the workloads of cluster {} are in trust domain {expected:?}",
+            r.caller_cluster, r.caller_service, id, r.caller_cluster
+        ));
+    }
+    Ok(id)
+}
+
+/// The objects for `route` under `cfg` (empty for mode `None`), or why none can be written.
+pub fn objects(cfg: &GrantConfig, r: &OwnerRoute) -> Result<Vec<Value>, String> {
+    let Some((api_version, kind, prefix)) = kind_of(cfg.mode) else {
+        return Ok(vec![]);
+    };
+    let spec = match cfg.mode {
+        GrantMode::None => return Ok(vec![]),
+        GrantMode::Istio => {
+            let id = caller_identity(cfg, r)?;
+            json!({
+                "selector": {"matchLabels": r.exported.selector()?},
                 "action": "ALLOW",
-                "rules": [{
-                    "from": [{"source": {"principals": [
-                        // The caller's workload identity as seed 000 spells it.
-                        format!("cluster.local/ns/{}/sa/{}", r.caller_cluster, r.caller_service)
-                    ]}}]
+                "rules": [{"from": [{"source": {"principals": [id.principal()]}}]}],
+            })
+        }
+        GrantMode::Gateway => {
+            let gateway = cfg
+                .gateway
+                .as_ref()
+                .ok_or("no Gateway configured (--grant-gateway)")?;
+            let service = r.exported.service.as_deref().ok_or_else(|| {
+                format!(
+                    "the export {} is not a Service: an HTTPRoute needs a Service backend",
+                    r.exported.fqdn
+                )
+            })?;
+            // The first TCP port: the one Hamlet peers know as the service's port.
+            let port = r
+                .exported
+                .ports
+                .iter()
+                .find(|p| p.protocol.eq_ignore_ascii_case("TCP"))
+                .ok_or_else(|| format!("the export {} has no TCP port", r.exported.fqdn))?;
+            json!({
+                "parentRefs": [{
+                    "group": "gateway.networking.k8s.io",
+                    "kind": "Gateway",
+                    "namespace": gateway.namespace,
+                    "name": gateway.name,
                 }],
-            },
-        })],
-        GrantMode::Gateway => vec![json!({
-            "apiVersion": "gateway.networking.k8s.io/v1",
-            "kind": "HTTPRoute",
-            "metadata": metadata(policy_object_name("route-", &parts(r)), r),
-            "spec": {
-                "parentRefs": [{"name": "mesh-gateway"}],
-                "hostnames": [format!("{}.{}.global", r.target_service, r.target_namespace)],
-                "rules": [{"backendRefs": [{"name": r.target_service, "port": 80}]}],
-            },
-        })],
-        GrantMode::Cilium => vec![json!({
-            "apiVersion": "cilium.io/v2",
-            "kind": "CiliumNetworkPolicy",
-            "metadata": metadata(policy_object_name("cnp-mesh-", &parts(r)), r),
-            "spec": {
-                "endpointSelector": {"matchLabels": {"app": r.target_service}},
+                "hostnames": [r.exported.fqdn],
+                "rules": [{"backendRefs": [{
+                    "group": "",
+                    "kind": "Service",
+                    "name": service,
+                    "port": port.port,
+                }]}],
+            })
+        }
+        GrantMode::Cilium => {
+            let id = caller_identity(cfg, r)?;
+            json!({
+                "endpointSelector": {"matchLabels": r.exported.selector()?},
                 "ingress": [{"fromEndpoints": [{"matchLabels": {
                     "io.cilium.k8s.policy.cluster": r.caller_cluster,
-                    "io.cilium.k8s.policy.serviceaccount": r.caller_service,
+                    "k8s:io.kubernetes.pod.namespace": id.namespace,
+                    "io.cilium.k8s.policy.serviceaccount": id.service_account,
                 }}]}],
-            },
-        })],
-    }
+            })
+        }
+    };
+    Ok(vec![json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": metadata(policy_object_name(prefix, &parts(r)), r),
+        "spec": spec,
+    })])
+}
+
+/// The kind, namespace and name of every object `mode` writes for `route`, whatever their
+/// content (what a revocation removes, even when the content can no longer be computed).
+pub fn object_keys(mode: GrantMode, r: &OwnerRoute) -> Vec<Value> {
+    kind_of(mode)
+        .map(|(api_version, kind, prefix)| {
+            json!({
+                "apiVersion": api_version,
+                "kind": kind,
+                "metadata": {
+                    "name": policy_object_name(prefix, &parts(r)),
+                    "namespace": r.target_namespace,
+                },
+            })
+        })
+        .into_iter()
+        .collect()
 }
 
 /// Check every name of a route against the Kubernetes rule of what it names, before any of it is
 /// used: the target namespace is a namespace (DNS-1123 label); the target service names an
-/// exported record (DNS-1123 subdomain) and is written as the `app` label value (at most 63
+/// exported record (DNS-1123 subdomain) and is written as a label value (at most 63
 /// characters); the caller cluster is a cluster name (DNS-1123 label); the caller service is a
-/// service account (DNS-1123 subdomain) written as a label value. The error names the field and
-/// quotes the value.
+/// service account (DNS-1123 subdomain) written as a label value; the caller's workload
+/// identity, if any, holds ([`WorkloadIdentity::check`]). The error names the field and quotes
+/// the value.
 pub fn check_route(r: &OwnerRoute) -> Result<(), String> {
     let bad = |field: &str, value: &str, rule: &str| {
         Err(format!("route {field} {value:?} is not {rule}"))
@@ -150,14 +452,19 @@ pub fn check_route(r: &OwnerRoute) -> Result<(), String> {
             "a cluster name (DNS-1123 label)",
         );
     }
-    if !is_dns1123_subdomain(&r.caller_service) || !is_label_value(&r.caller_service) {
+    if !r.caller_service.is_empty()
+        && (!is_dns1123_subdomain(&r.caller_service) || !is_label_value(&r.caller_service))
+    {
         return bad(
             "caller service",
             &r.caller_service,
             "a DNS-1123 subdomain of at most 63 characters",
         );
     }
-    Ok(())
+    match &r.caller_identity {
+        Some(id) => id.check().map_err(|e| format!("route caller {e}")),
+        None => Ok(()),
+    }
 }
 
 /// `namespace/name` of an object.
@@ -194,14 +501,14 @@ impl GrantSink for NoGrants {
 /// pipeline to apply; removed on revoke.
 pub struct FileGrants {
     dir: PathBuf,
-    mode: GrantMode,
+    config: GrantConfig,
 }
 
 impl FileGrants {
-    pub fn new(state_dir: &Path, mode: GrantMode) -> std::io::Result<Self> {
+    pub fn new(state_dir: &Path, config: GrantConfig) -> std::io::Result<Self> {
         let dir = state_dir.join("grants");
         std::fs::create_dir_all(&dir)?;
-        Ok(Self { dir, mode })
+        Ok(Self { dir, config })
     }
 
     /// The file of object `o`: `grants/<namespace>.<name>.yaml`. Both parts must be names
@@ -231,7 +538,7 @@ impl GrantSink for FileGrants {
     fn apply(&self, route: &OwnerRoute) -> Result<Vec<String>, String> {
         check_route(route)?;
         let mut refs = vec![];
-        for o in objects(self.mode, route) {
+        for o in objects(&self.config, route)? {
             let text = serde_yaml::to_string(&o).map_err(|e| e.to_string())?;
             let path = self.path(&o)?;
             let tmp = path.with_extension("tmp");
@@ -245,7 +552,7 @@ impl GrantSink for FileGrants {
 
     fn remove(&self, route: &OwnerRoute) -> Result<(), String> {
         check_route(route)?;
-        for o in objects(self.mode, route) {
+        for o in object_keys(self.config.mode, route) {
             let path = self.path(&o)?;
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -263,16 +570,59 @@ mod tests {
     use super::*;
     use std::time::SystemTime;
 
+    fn identity() -> WorkloadIdentity {
+        WorkloadIdentity {
+            trust_domain: "cluster.local".into(),
+            namespace: "storefront".into(),
+            service_account: "web-sa".into(),
+        }
+    }
+
     fn route() -> OwnerRoute {
         OwnerRoute {
             target_namespace: "shop".into(),
             target_service: "api".into(),
             caller_cluster: "b1".into(),
             caller_service: "web".into(),
+            caller_identity: Some(identity()),
+            exported: ExportedService {
+                fqdn: "api.shop.svc.clusterset.local".into(),
+                service: Some("api-svc".into()),
+                ports: vec![
+                    NamedPort {
+                        name: "dns".into(),
+                        port: 53,
+                        protocol: "UDP".into(),
+                    },
+                    NamedPort {
+                        name: "http".into(),
+                        port: 8080,
+                        protocol: "TCP".into(),
+                    },
+                ],
+                selector: Some("app.kubernetes.io/name=api,tier=backend".into()),
+            },
             resolver_cluster: "b".into(),
             since: SystemTime::UNIX_EPOCH,
             applied: vec![],
         }
+    }
+
+    fn config(mode: GrantMode) -> GrantConfig {
+        GrantConfig {
+            mode,
+            gateway: Some(GatewayRef {
+                namespace: "gateways".into(),
+                name: "mesh".into(),
+            }),
+            trust_domain: DEFAULT_TRUST_DOMAIN.into(),
+        }
+    }
+
+    fn one(mode: GrantMode, r: &OwnerRoute) -> Value {
+        let mut objects = objects(&config(mode), r).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(objects.len(), 1);
+        objects.remove(0)
     }
 
     #[test]
@@ -280,46 +630,244 @@ mod tests {
         let expect =
             xcc_proto::names::policy_object_name("allow-to-", &["shop", "api", "b1", "web"]);
         assert!(expect.starts_with("allow-to-") && expect.len() == "allow-to-".len() + 8);
-        let o = &objects(GrantMode::Istio, &route())[0];
+        let o = one(GrantMode::Istio, &route());
         assert_eq!(o["metadata"]["name"], expect.as_str());
         assert_eq!(o["metadata"]["namespace"], "shop");
         assert_eq!(o["metadata"]["labels"][SOURCE_NAME_LABEL], "api");
+        assert_eq!(o["metadata"]["annotations"][CALLER_ANNOTATION], "b1/web");
+        assert_eq!(objects(&config(GrantMode::None), &route()), Ok(vec![]));
+        // What a revocation removes names exactly the objects a grant writes.
+        for mode in [GrantMode::Istio, GrantMode::Gateway, GrantMode::Cilium] {
+            let o = one(mode, &route());
+            let k = &object_keys(mode, &route())[0];
+            assert_eq!(
+                (
+                    &k["apiVersion"],
+                    &k["kind"],
+                    &k["metadata"]["name"],
+                    &k["metadata"]["namespace"]
+                ),
+                (
+                    &o["apiVersion"],
+                    &o["kind"],
+                    &o["metadata"]["name"],
+                    &o["metadata"]["namespace"]
+                )
+            );
+        }
+        assert!(object_keys(GrantMode::None, &route()).is_empty());
+    }
+
+    #[test]
+    fn istio_admits_the_callers_workload_identity_on_the_exported_pods() {
+        let o = one(GrantMode::Istio, &route());
+        assert_eq!(
+            (&o["apiVersion"], &o["kind"]),
+            (
+                &json!("security.istio.io/v1"),
+                &json!("AuthorizationPolicy")
+            )
+        );
+        assert_eq!(
+            o["spec"],
+            json!({
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "api", "tier": "backend"}},
+                "action": "ALLOW",
+                "rules": [{"from": [{"source": {"principals": [
+                    "cluster.local/ns/storefront/sa/web-sa"
+                ]}}]}],
+            })
+        );
+    }
+
+    #[test]
+    fn gateway_routes_the_exported_fqdn_to_the_exporting_service_on_the_configured_gateway() {
+        let o = one(GrantMode::Gateway, &route());
+        assert_eq!(o["apiVersion"], "gateway.networking.k8s.io/v1");
+        assert_eq!(
+            o["spec"],
+            json!({
+                "parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway",
+                                "namespace": "gateways", "name": "mesh"}],
+                "hostnames": ["api.shop.svc.clusterset.local"],
+                "rules": [{"backendRefs": [{"group": "", "kind": "Service", "name": "api-svc", "port": 8080}]}],
+            })
+        );
+        // The route exposes the service; it does not depend on a caller identity.
+        let mut anonymous = route();
+        anonymous.caller_identity = None;
+        assert_eq!(one(GrantMode::Gateway, &anonymous)["spec"], o["spec"]);
+        let mut not_a_service = route();
+        not_a_service.exported.service = None;
+        assert_eq!(
+            objects(&config(GrantMode::Gateway), &not_a_service),
+            Err("the export api.shop.svc.clusterset.local is not a Service: an HTTPRoute needs a Service backend".into())
+        );
+        let mut udp_only = route();
+        udp_only.exported.ports.truncate(1);
+        assert_eq!(
+            objects(&config(GrantMode::Gateway), &udp_only),
+            Err("the export api.shop.svc.clusterset.local has no TCP port".into())
+        );
+        let no_gateway = GrantConfig::new(GrantMode::Gateway);
+        assert_eq!(
+            objects(&no_gateway, &route()),
+            Err("no Gateway configured (--grant-gateway)".into())
+        );
+        assert_eq!(
+            no_gateway.check(),
+            Err("--grant-mode gateway needs --grant-gateway <namespace>/<name>".into())
+        );
+    }
+
+    #[test]
+    fn cilium_admits_the_callers_cluster_namespace_and_service_account() {
+        let o = one(GrantMode::Cilium, &route());
+        assert_eq!(o["apiVersion"], "cilium.io/v2");
+        assert_eq!(
+            o["spec"],
+            json!({
+                "endpointSelector": {"matchLabels": {"app.kubernetes.io/name": "api", "tier": "backend"}},
+                "ingress": [{"fromEndpoints": [{"matchLabels": {
+                    "io.cilium.k8s.policy.cluster": "b1",
+                    "k8s:io.kubernetes.pod.namespace": "storefront",
+                    "io.cilium.k8s.policy.serviceaccount": "web-sa",
+                }}]}],
+            })
+        );
+        assert!(object_ref(&o).starts_with("CiliumNetworkPolicy/shop/cnp-mesh-"));
+    }
+
+    #[test]
+    fn no_identity_no_selector_or_a_foreign_trust_domain_write_nothing() {
+        for mode in [GrantMode::Istio, GrantMode::Cilium] {
+            let mut anonymous = route();
+            anonymous.caller_identity = None;
+            assert_eq!(
+                objects(&config(mode), &anonymous),
+                Err(
+                    "b1/web asked without a workload identity: there is no principal to admit"
+                        .into()
+                )
+            );
+            let mut foreign = route();
+            foreign.caller_identity = Some(WorkloadIdentity {
+                trust_domain: "a.mesh".into(),
+                ..identity()
+            });
+            assert_eq!(
+                objects(&config(mode), &foreign),
+                Err("b1/web claims a.mesh/ns/storefront/sa/web-sa, but the workloads of cluster b1 are in trust domain \"cluster.local\"".into())
+            );
+            let mut unselected = route();
+            unselected.exported.selector = None;
+            let e = objects(&config(mode), &unselected)
+                .err()
+                .unwrap_or_default();
+            assert!(
+                e.starts_with(
+                    "the export api.shop.svc.clusterset.local has no \
+                     connectivity.tanzu.vmware.com/workload-selector annotation"
+                ),
+                "{e}"
+            );
+            unselected.exported.selector = Some("app=api,*=x".into());
+            assert_eq!(
+                objects(&config(mode), &unselected),
+                Err("the export api.shop.svc.clusterset.local: connectivity.tanzu.vmware.com/workload-selector: \"*=x\" is not a label key and value".into())
+            );
+        }
+        // A trust domain per cluster: b1's workloads are in b1.mesh.
+        let per_cluster = GrantConfig {
+            trust_domain: "{cluster}.mesh".into(),
+            ..config(GrantMode::Istio)
+        };
+        assert_eq!(per_cluster.check(), Ok(()));
+        let mut r = route();
+        assert!(objects(&per_cluster, &r).is_err());
+        r.caller_identity = Some(WorkloadIdentity {
+            trust_domain: "b1.mesh".into(),
+            ..identity()
+        });
+        let o = &objects(&per_cluster, &r).unwrap_or_default()[0];
         assert_eq!(
             o["spec"]["rules"][0]["from"][0]["source"]["principals"][0],
-            "cluster.local/ns/b1/sa/web"
+            "b1.mesh/ns/storefront/sa/web-sa"
         );
-        assert!(objects(GrantMode::None, &route()).is_empty());
+        assert!(
+            GrantConfig {
+                trust_domain: "{cluster}/x".into(),
+                ..config(GrantMode::Istio)
+            }
+            .check()
+            .is_err()
+        );
     }
 
     #[test]
-    fn gateway_and_cilium_shapes() {
-        let g = &objects(GrantMode::Gateway, &route())[0];
+    fn workload_identities_from_the_wire_are_checked() {
+        assert_eq!(WorkloadIdentity::from_wire("", "", ""), Ok(None));
         assert_eq!(
-            (g["kind"].as_str(), g["spec"]["hostnames"][0].as_str()),
-            (Some("HTTPRoute"), Some("api.shop.global"))
+            WorkloadIdentity::from_wire("cluster.local", "storefront", "web-sa"),
+            Ok(Some(identity()))
         );
-        let c = &objects(GrantMode::Cilium, &route())[0];
-        assert_eq!(c["apiVersion"], "cilium.io/v2");
         assert_eq!(
-            c["spec"]["ingress"][0]["fromEndpoints"][0]["matchLabels"]["io.cilium.k8s.policy.cluster"],
-            "b1"
+            WorkloadIdentity::to_wire(Some(&identity())),
+            ("cluster.local".into(), "storefront".into(), "web-sa".into())
         );
-        assert!(object_ref(c).starts_with("CiliumNetworkPolicy/shop/cnp-mesh-"));
+        assert_eq!(
+            WorkloadIdentity::from_wire("", "storefront", "web-sa"),
+            Err(r#"workload trust domain "" is not a DNS name"#.into())
+        );
+        let long = "a".repeat(64);
+        for (td, ns, sa) in [
+            ("cluster.local", "", "web"),
+            ("cluster.local", "ns", ""),
+            ("Cluster.Local", "ns", "web"),
+            ("spiffe://cluster.local", "ns", "web"),
+            ("cluster.local/ns/x", "ns", "web"),
+            ("*", "ns", "web"),
+            ("cluster.local", "a.b", "web"),
+            ("cluster.local", "ns", "web/sa/x"),
+            ("cluster.local", "ns", "*"),
+            ("cluster.local", long.as_str(), "web"),
+            ("cluster.local", "ns", long.as_str()),
+            (&format!("{}.local", "a.".repeat(130)), "ns", "web"),
+        ] {
+            assert!(
+                WorkloadIdentity::from_wire(td, ns, sa).is_err(),
+                "{td:?} {ns:?} {sa:?}"
+            );
+        }
     }
 
     #[test]
-    fn file_grants_write_and_remove() {
+    fn file_grants_write_the_objects_and_remove_them() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let sink = FileGrants::new(dir.path(), GrantMode::Istio).expect("sink");
+        let sink = FileGrants::new(dir.path(), config(GrantMode::Istio)).expect("sink");
         let refs = sink.apply(&route()).expect("apply");
-        assert_eq!(refs.len(), 1);
+        let want = one(GrantMode::Istio, &route());
+        assert_eq!(refs, [object_ref(&want)]);
         let files: Vec<_> = std::fs::read_dir(dir.path().join("grants"))
             .expect("dir")
             .flatten()
             .collect();
         assert_eq!(files.len(), 1);
+        assert_eq!(
+            files[0].file_name().to_string_lossy(),
+            format!(
+                "shop.{}.yaml",
+                want["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        );
         let text = std::fs::read_to_string(files[0].path()).expect("read");
-        assert!(text.contains("kind: AuthorizationPolicy"), "{text}");
+        let written: Value = serde_yaml::from_str(&text).expect("yaml");
+        assert_eq!(written, want, "the same object as kube mode computes");
+        // Without an identity nothing is written, and the reason is the error.
+        let mut anonymous = route();
+        anonymous.caller_service = "batch".into();
+        anonymous.caller_identity = None;
+        assert!(sink.apply(&anonymous).is_err());
         sink.remove(&route()).expect("remove");
         assert_eq!(
             std::fs::read_dir(dir.path().join("grants"))
@@ -356,13 +904,29 @@ mod tests {
         }
         assert!(with(&|r| r.caller_cluster = "b1/x".into()).is_err());
         assert!(with(&|r| r.caller_service = "web\n".into()).is_err());
+        assert_eq!(
+            with(&|r| r.caller_service.clear()),
+            Ok(()),
+            "a cluster-wide grant"
+        );
         assert_eq!(with(&|r| r.target_service = "api.v2".into()), Ok(()));
+        assert_eq!(
+            with(&|r| r.caller_identity = Some(WorkloadIdentity {
+                namespace: "a/b".into(),
+                ..identity()
+            })),
+            Err(
+                r#"route caller workload namespace "a/b" is not a namespace name (DNS-1123 label)"#
+                    .into()
+            )
+        );
     }
 
     #[test]
     fn file_grants_refuse_hostile_names_without_touching_the_disk() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let sink = FileGrants::new(&dir.path().join("state"), GrantMode::Istio).expect("sink");
+        let sink =
+            FileGrants::new(&dir.path().join("state"), config(GrantMode::Istio)).expect("sink");
         let mut r = route();
         r.target_namespace = dir.path().join("abs").display().to_string();
         assert!(sink.apply(&r).is_err());
@@ -377,5 +941,19 @@ mod tests {
                 .count(),
             0
         );
+    }
+
+    #[test]
+    fn gateway_refs_parse_namespace_and_name() {
+        assert_eq!(
+            "gateways/mesh".parse::<GatewayRef>(),
+            Ok(GatewayRef {
+                namespace: "gateways".into(),
+                name: "mesh".into(),
+            })
+        );
+        for bad in ["mesh", "/mesh", "gateways/", "a/b/c", "A/mesh", "ns/Mesh"] {
+            assert!(bad.parse::<GatewayRef>().is_err(), "{bad}");
+        }
     }
 }

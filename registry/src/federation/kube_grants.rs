@@ -41,7 +41,9 @@ use tracing::{debug, info, warn};
 use xcc_proto::crd::{Grant, ServiceRecord};
 use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL};
 
-use super::grants::{GrantMode, GrantSink, MANAGED_BY_LABEL, check_route, object_ref, objects};
+use super::grants::{
+    GrantConfig, GrantSink, MANAGED_BY_LABEL, check_route, object_keys, object_ref, objects,
+};
 use super::level::OwnerRoute;
 
 /// Field manager of every grant write.
@@ -78,14 +80,14 @@ pub fn api_resource(object: &Value) -> Result<ApiResource, String> {
 }
 
 /// The objects of `route` as written in kube mode: [`objects`] with our managed-by value.
-pub fn desired_objects(mode: GrantMode, route: &OwnerRoute) -> Vec<Value> {
-    objects(mode, route)
+pub fn desired_objects(config: &GrantConfig, route: &OwnerRoute) -> Result<Vec<Value>, String> {
+    Ok(objects(config, route)?
         .into_iter()
         .map(|mut o| {
             o["metadata"]["labels"][MANAGED_BY_LABEL] = Value::String(MANAGER.to_string());
             o
         })
-        .collect()
+        .collect())
 }
 
 /// Whether an object carries our managed-by label (the only objects we change or delete).
@@ -270,7 +272,7 @@ pub struct Progress {
 }
 
 struct Shared {
-    mode: GrantMode,
+    config: GrantConfig,
     metrics: GrantMetrics,
     inner: Mutex<Inner>,
     wake: Notify,
@@ -296,9 +298,18 @@ impl Shared {
                 retry_at: None,
                 error: None,
             });
-            // A grant that is still wanted keeps its first `since`; a new one starts now.
-            if present && !slot.present {
-                slot.route = route.clone();
+            // A grant that is still wanted keeps its first `since` (and takes the caller's
+            // identity and the export as they are now); a new one starts now.
+            if present {
+                let since = if slot.present {
+                    slot.route.since
+                } else {
+                    route.since
+                };
+                slot.route = OwnerRoute {
+                    since,
+                    ..route.clone()
+                };
             }
             slot.present = present;
             slot.generation = generation;
@@ -344,24 +355,24 @@ impl KubeGrants {
     /// Start the writer task (it ends when `cancel` fires) with the default backoff.
     pub fn spawn(
         client: Client,
-        mode: GrantMode,
+        config: GrantConfig,
         store_errors: Counter,
         cancel: CancellationToken,
     ) -> Arc<Self> {
-        Self::spawn_with(client, mode, Backoff::default(), store_errors, cancel)
+        Self::spawn_with(client, config, Backoff::default(), store_errors, cancel)
     }
 
     /// [`KubeGrants::spawn`] with explicit retry settings.
     pub fn spawn_with(
         client: Client,
-        mode: GrantMode,
+        config: GrantConfig,
         backoff: Backoff,
         store_errors: Counter,
         cancel: CancellationToken,
     ) -> Arc<Self> {
         Self::spawn_shared(
             client,
-            mode,
+            config,
             backoff,
             GrantMetrics::default(),
             store_errors,
@@ -373,14 +384,14 @@ impl KubeGrants {
     /// this replica became the leader).
     pub fn spawn_shared(
         client: Client,
-        mode: GrantMode,
+        config: GrantConfig,
         backoff: Backoff,
         metrics: GrantMetrics,
         store_errors: Counter,
         cancel: CancellationToken,
     ) -> Arc<Self> {
         let shared = Arc::new(Shared {
-            mode,
+            config,
             metrics: metrics.clone(),
             inner: Mutex::new(Inner::default()),
             wake: Notify::new(),
@@ -421,7 +432,7 @@ impl GrantSink for KubeGrants {
         // Names from the wire are checked before they reach an object, a label or a request
         // path; which services may be granted at all is decided by the federation level.
         check_route(route)?;
-        let refs = desired_objects(self.shared.mode, route)
+        let refs = desired_objects(&self.shared.config, route)?
             .iter()
             .map(object_ref)
             .collect();
@@ -548,7 +559,19 @@ impl Worker {
     /// failures are returned together.
     async fn reconcile(&self, route: &OwnerRoute, present: bool) -> Result<(), Vec<StepError>> {
         let mut errors = vec![];
-        for object in desired_objects(self.shared.mode, route) {
+        let objects = if present {
+            desired_objects(&self.shared.config, route)
+        } else {
+            Ok(object_keys(self.shared.config.mode, route))
+        };
+        let objects = objects.unwrap_or_else(|message| {
+            errors.push(StepError {
+                kind: "grant".to_string(),
+                message,
+            });
+            vec![]
+        });
+        for object in objects {
             let kind = object["kind"].as_str().unwrap_or_default().to_string();
             let result = if present {
                 self.ensure_object(&object).await
@@ -754,16 +777,49 @@ fn not_served(ar: &ApiResource, e: &kube::Error) -> String {
 mod tests {
     use super::*;
 
+    use crate::federation::grants::{ExportedService, GatewayRef, GrantMode, WorkloadIdentity};
+
     fn route(caller: &str) -> OwnerRoute {
         OwnerRoute {
             target_namespace: "shop".into(),
             target_service: "api".into(),
             caller_cluster: caller.into(),
             caller_service: "web".into(),
+            caller_identity: Some(WorkloadIdentity {
+                trust_domain: "cluster.local".into(),
+                namespace: "web".into(),
+                service_account: "web".into(),
+            }),
+            exported: ExportedService {
+                fqdn: "api.shop.svc.clusterset.local".into(),
+                service: Some("api".into()),
+                ports: vec![crate::catalog::NamedPort {
+                    name: "http".into(),
+                    port: 80,
+                    protocol: "TCP".into(),
+                }],
+                selector: Some("app=api".into()),
+            },
             resolver_cluster: "b".into(),
             since: SystemTime::UNIX_EPOCH + Duration::from_millis(1_700_000_000_250),
             applied: vec![],
         }
+    }
+
+    fn config(mode: GrantMode) -> GrantConfig {
+        GrantConfig {
+            gateway: Some(GatewayRef {
+                namespace: "gw".into(),
+                name: "mesh".into(),
+            }),
+            ..GrantConfig::new(mode)
+        }
+    }
+
+    fn desired(mode: GrantMode) -> Value {
+        desired_objects(&config(mode), &route("b1"))
+            .unwrap_or_default()
+            .remove(0)
     }
 
     #[test]
@@ -772,8 +828,7 @@ mod tests {
             [GrantMode::Istio, GrantMode::Gateway, GrantMode::Cilium]
                 .into_iter()
                 .map(|m| {
-                    let o = &desired_objects(m, &route("b1"))[0];
-                    let ar = api_resource(o).unwrap_or_else(|e| panic!("{e}"));
+                    let ar = api_resource(&desired(m)).unwrap_or_else(|e| panic!("{e}"));
                     (ar.group, ar.version, ar.plural)
                 })
                 .collect();
@@ -784,7 +839,10 @@ mod tests {
         ]
         .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()));
         assert_eq!(got, want);
-        assert!(desired_objects(GrantMode::None, &route("b1")).is_empty());
+        assert_eq!(
+            desired_objects(&config(GrantMode::None), &route("b1")),
+            Ok(vec![])
+        );
         assert_eq!(
             api_resource(&json!({"apiVersion": "v1", "kind": "Pod"})).err(),
             Some("no resource known for kind \"Pod\"".to_string())
@@ -793,9 +851,11 @@ mod tests {
 
     #[test]
     fn objects_carry_our_label_and_compare_on_owned_fields() {
-        let o = &desired_objects(GrantMode::Istio, &route("b1"))[0];
+        let o = &desired(GrantMode::Istio);
         assert!(is_ours(o));
-        assert!(!is_ours(&objects(GrantMode::Istio, &route("b1"))[0]));
+        assert!(!is_ours(
+            &objects(&config(GrantMode::Istio), &route("b1")).unwrap_or_default()[0]
+        ));
         let mut current = o.clone();
         current["metadata"]["labels"]["extra"] = json!("x");
         current["metadata"]["resourceVersion"] = json!("7");

@@ -21,6 +21,7 @@ use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::convert::{announcement, entry_from_announcement};
+use super::grants::{ExportedService, WorkloadIdentity};
 use super::tree::{Direction, Tree};
 
 mod queries;
@@ -79,6 +80,8 @@ struct RouteQueue {
 struct Grant {
     correlation_id: u64,
     since: SystemTime,
+    /// The workload identity of the latest granted query (carried to the owner).
+    identity: Option<WorkloadIdentity>,
 }
 
 /// A route this registry holds as the owner of the target service.
@@ -88,6 +91,10 @@ pub struct OwnerRoute {
     pub target_service: String,
     pub caller_cluster: String,
     pub caller_service: String,
+    /// The caller's workload identity from its query, if it sent one.
+    pub caller_identity: Option<WorkloadIdentity>,
+    /// The granted service as this registry (its owner) exports it.
+    pub exported: ExportedService,
     pub resolver_cluster: String,
     pub since: SystemTime,
     /// Objects applied for the grant (per `--grant-mode`), as `Kind/namespace/name`.
@@ -97,6 +104,8 @@ pub struct OwnerRoute {
 struct Subscription {
     target: Target,
     requester_service: String,
+    /// The asking workload's identity, sent with every (re-)issue of the question.
+    identity: Option<WorkloadIdentity>,
     answer: Option<fed::ServiceQueryResponse>,
     waiters: Vec<oneshot::Sender<fed::ServiceQueryResponse>>,
     /// Kept and re-issued after reconnects (imports); one-off admin queries are not.
@@ -879,7 +888,7 @@ impl Level {
             .subs
             .iter()
             .filter(|(_, s)| s.persistent)
-            .map(|(id, s)| self.query_msg(*id, &s.target, &s.requester_service))
+            .map(|(id, s)| self.query_msg(*id, s))
             .collect();
         for e in self.inner.catalog.list(&Default::default()) {
             if e.source.in_subtree() {

@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::super::convert::{response_for, target_matches};
-use super::super::grants::check_route;
+use super::super::grants::{ExportedService, WorkloadIdentity, check_route};
 use super::super::tree::Direction;
 use super::{Grant, Level, OwnerRoute, Subscription, Target, msg_down, msg_up, send_up};
 use crate::catalog::{ServiceEntry, Source};
@@ -31,13 +31,33 @@ impl Level {
     /// A query from a child (or ourselves): resolve here, or forward up.
     pub fn handle_query(&self, q: fed::ServiceQuery) {
         let target = Target::from_query(&q);
+        // The identity is hostile input like every field: a malformed one costs this query.
+        let identity = match WorkloadIdentity::from_wire(
+            &q.requester_trust_domain,
+            &q.requester_namespace,
+            &q.requester_service_account,
+        ) {
+            Ok(identity) => identity,
+            Err(e) => {
+                warn!(requester = %q.requester_cluster, %target, error = %e, "query refused");
+                self.route_answer(fed::ServiceQueryResponse {
+                    correlation_id: q.correlation_id,
+                    requester_cluster: q.requester_cluster.clone(),
+                    requester_service: q.requester_service.clone(),
+                    resolver_cluster: self.inner.cluster.clone(),
+                    error: format!("invalid query: {e}"),
+                    ..Default::default()
+                });
+                return;
+            }
+        };
         if let Some(entry) = self.lookup(&target) {
             let decision =
                 self.gate()
                     .discover(&entry, &q.requester_cluster, &q.requester_service, true);
             let resp = response_for(&q, &entry, &decision, &self.inner.cluster);
             if decision.allowed {
-                self.grant(&entry, &q);
+                self.grant(&entry, &q, identity);
             }
             debug!(requester = %q.requester_cluster, %target, allowed = decision.allowed, "resolved");
             self.route_answer(resp);
@@ -69,7 +89,14 @@ impl Level {
         }
     }
 
-    pub(super) fn grant(&self, entry: &ServiceEntry, q: &fed::ServiceQuery) {
+    /// Record the grant of `entry` to the asker of `q` (workload `identity`, from `q`, checked)
+    /// and route it to the owner.
+    pub(super) fn grant(
+        &self,
+        entry: &ServiceEntry,
+        q: &fed::ServiceQuery,
+        identity: Option<WorkloadIdentity>,
+    ) {
         let key = (q.requester_cluster.clone(), q.requester_service.clone());
         let new = {
             let mut st = self.lock();
@@ -80,6 +107,7 @@ impl Level {
                 Grant {
                     correlation_id: q.correlation_id,
                     since: SystemTime::now(),
+                    identity: identity.clone(),
                 },
             );
             new
@@ -87,6 +115,8 @@ impl Level {
         // Re-sent on every granted query: delivery is idempotent at the owner, and a re-issued
         // query after a restart is how a lost grant is rebuilt.
         let _ = new;
+        let (caller_trust_domain, caller_namespace, caller_service_account) =
+            WorkloadIdentity::to_wire(identity.as_ref());
         self.route_notification(fed::RouteNotification {
             target_namespace: entry.key.namespace.clone(),
             target_service: entry.key.name.clone(),
@@ -96,6 +126,9 @@ impl Level {
             route_id: 0,
             target_cluster: entry.key.cluster.clone(),
             resolver_cluster: self.inner.cluster.clone(),
+            caller_trust_domain,
+            caller_namespace,
+            caller_service_account,
         });
     }
 
@@ -104,13 +137,29 @@ impl Level {
         let mut st = self.lock();
         match st.tree.direction(&n.target_cluster) {
             Direction::Local => {
-                if !n.revoked
-                    && let Err(e) = self.owner_check(&n)
-                {
-                    drop(st);
-                    warn!(error = %e, resolver = %n.resolver_cluster, "refusing a route grant");
-                    return false;
-                }
+                // What is granted is our own export as we hold it, never the wire's idea of it;
+                // a revocation needs only the names.
+                let exported = match self.owner_check(&n) {
+                    Ok(entry) => ExportedService::of(&entry),
+                    Err(_) if n.revoked => ExportedService::default(),
+                    Err(e) => {
+                        drop(st);
+                        warn!(error = %e, resolver = %n.resolver_cluster, "refusing a route grant");
+                        return false;
+                    }
+                };
+                let caller_identity = match WorkloadIdentity::from_wire(
+                    &n.caller_trust_domain,
+                    &n.caller_namespace,
+                    &n.caller_service_account,
+                ) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        drop(st);
+                        warn!(caller = %n.caller_cluster, resolver = %n.resolver_cluster, error = %e, "route notification refused");
+                        return false;
+                    }
+                };
                 let key = (
                     n.target_namespace.clone(),
                     n.target_service.clone(),
@@ -122,6 +171,8 @@ impl Level {
                     target_service: n.target_service.clone(),
                     caller_cluster: n.caller_cluster.clone(),
                     caller_service: n.caller_service.clone(),
+                    caller_identity,
+                    exported,
                     resolver_cluster: n.resolver_cluster.clone(),
                     since: SystemTime::now(),
                     applied: vec![],
@@ -134,13 +185,25 @@ impl Level {
                 }
                 let changed = if n.revoked {
                     st.owner_routes.remove(&key).is_some()
-                } else if let std::collections::btree_map::Entry::Vacant(slot) =
-                    st.owner_routes.entry(key.clone())
-                {
-                    slot.insert(route.clone());
-                    true
                 } else {
-                    false
+                    match st.owner_routes.entry(key.clone()) {
+                        std::collections::btree_map::Entry::Vacant(slot) => {
+                            slot.insert(route.clone());
+                            true
+                        }
+                        // A new caller identity or a changed export (ports, selector) is
+                        // applied again; the grant keeps its first `since`.
+                        std::collections::btree_map::Entry::Occupied(mut slot) => {
+                            let held = slot.get_mut();
+                            let changed = held.caller_identity != route.caller_identity
+                                || held.exported != route.exported;
+                            if changed {
+                                held.caller_identity = route.caller_identity.clone();
+                                held.exported = route.exported.clone();
+                            }
+                            changed
+                        }
+                    }
                 };
                 drop(st);
                 if changed {
@@ -192,7 +255,10 @@ impl Level {
     /// forge a notification; it cannot make the owner open a service it never exported
     /// (`kube-system/coredns`) or to a caller the service itself does not admit. Revocations
     /// are always accepted.
-    pub(crate) fn owner_check(&self, n: &fed::RouteNotification) -> Result<(), String> {
+    pub(crate) fn owner_check(
+        &self,
+        n: &fed::RouteNotification,
+    ) -> Result<Arc<ServiceEntry>, String> {
         let key = crate::catalog::ServiceKey::new(
             &self.inner.cluster,
             &n.target_namespace,
@@ -215,7 +281,7 @@ impl Level {
                 n.caller_cluster, n.caller_service
             ));
         }
-        Ok(())
+        Ok(entry)
     }
 
     /// Send an answer (or push) toward its requester.
@@ -270,24 +336,38 @@ impl Level {
         self.bump();
     }
 
-    pub(super) fn query_msg(
-        &self,
-        id: u64,
-        target: &Target,
-        requester_service: &str,
-    ) -> fed::ServiceQuery {
-        let (namespace, name, fqdn) = match target {
+    /// The wire form of question `id`.
+    pub(super) fn query_msg(&self, id: u64, s: &Subscription) -> fed::ServiceQuery {
+        let (namespace, name, fqdn) = match &s.target {
             Target::Name { namespace, name } => (namespace.clone(), name.clone(), String::new()),
             Target::Fqdn(f) => (String::new(), String::new(), f.clone()),
         };
+        let (requester_trust_domain, requester_namespace, requester_service_account) =
+            WorkloadIdentity::to_wire(s.identity.as_ref());
         fed::ServiceQuery {
             namespace,
             name,
             requester_cluster: self.inner.cluster.clone(),
-            requester_service: requester_service.to_string(),
+            requester_service: s.requester_service.clone(),
             correlation_id: id,
             fqdn,
+            requester_trust_domain,
+            requester_namespace,
+            requester_service_account,
         }
+    }
+
+    /// The identity the question (`target`, `requester_service`) is asked with, if it is held.
+    fn held_identity(
+        &self,
+        target: &Target,
+        requester_service: &str,
+    ) -> Option<Option<WorkloadIdentity>> {
+        let st = self.lock();
+        let id = st
+            .sub_index
+            .get(&(target.clone(), requester_service.to_string()))?;
+        st.subs.get(id).map(|s| s.identity.clone())
     }
 
     /// The cached answer for (`target`, `requester_service`), if one is held.
@@ -315,7 +395,24 @@ impl Level {
         persistent: bool,
         timeout: Duration,
     ) -> fed::ServiceQueryResponse {
-        if let Some(hit) = self.cached(&target, requester_service) {
+        self.query_as(target, requester_service, None, persistent, timeout)
+            .await
+    }
+
+    /// [`Level::query`] on behalf of the workload `identity` (what a grant admits). A question
+    /// already held for (`target`, `requester_service`) is asked again when the identity differs.
+    pub async fn query_as(
+        &self,
+        target: Target,
+        requester_service: &str,
+        identity: Option<WorkloadIdentity>,
+        persistent: bool,
+        timeout: Duration,
+    ) -> fed::ServiceQueryResponse {
+        if let Some(hit) = self
+            .cached(&target, requester_service)
+            .filter(|_| self.held_identity(&target, requester_service) == Some(identity.clone()))
+        {
             return hit;
         }
         let (tx, rx) = oneshot::channel();
@@ -328,24 +425,21 @@ impl Level {
                     let id = st.next_id;
                     st.next_id += 1;
                     st.sub_index.insert(key, id);
-                    st.subs.insert(
-                        id,
-                        Subscription {
-                            target: target.clone(),
-                            requester_service: requester_service.to_string(),
-                            answer: None,
-                            waiters: vec![],
-                            persistent,
-                        },
-                    );
                     id
                 }
             };
-            if let Some(s) = st.subs.get_mut(&id) {
-                s.persistent |= persistent;
-                s.waiters.push(tx);
-            }
-            self.query_msg(id, &target, requester_service)
+            let s = st.subs.entry(id).or_insert_with(|| Subscription {
+                target: target.clone(),
+                requester_service: requester_service.to_string(),
+                identity: None,
+                answer: None,
+                waiters: vec![],
+                persistent,
+            });
+            s.persistent |= persistent;
+            s.identity = identity;
+            s.waiters.push(tx);
+            self.query_msg(id, s)
         };
         let id = q.correlation_id;
         self.handle_query(q);
@@ -405,17 +499,16 @@ impl Level {
                 let id = st.next_id;
                 st.next_id += 1;
                 st.sub_index.insert(key, id);
-                st.subs.insert(
-                    id,
-                    Subscription {
-                        target: target.clone(),
-                        requester_service: service.clone(),
-                        answer: None,
-                        waiters: vec![],
-                        persistent: true,
-                    },
-                );
-                ask.push(self.query_msg(id, target, service));
+                let s = Subscription {
+                    target: target.clone(),
+                    requester_service: service.clone(),
+                    identity: None,
+                    answer: None,
+                    waiters: vec![],
+                    persistent: true,
+                };
+                ask.push(self.query_msg(id, &s));
+                st.subs.insert(id, s);
             }
         }
         for q in ask {
@@ -437,7 +530,7 @@ impl Level {
                             .as_ref()
                             .is_none_or(|a| !(a.found && a.access_allowed) || a.revoked)
                 })
-                .map(|(id, s)| self.query_msg(*id, &s.target, &s.requester_service))
+                .map(|(id, s)| self.query_msg(*id, s))
                 .collect()
         };
         for q in ask {

@@ -5,6 +5,7 @@ use tracing::info;
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::super::convert::response_for;
+use super::super::grants::WorkloadIdentity;
 use super::{Grant, Level};
 use crate::catalog::CatalogEvent;
 
@@ -51,13 +52,15 @@ impl Level {
             _ => None,
         };
         for ((cluster, service), grant) in grants {
+            let (caller_trust_domain, caller_namespace, caller_service_account) =
+                WorkloadIdentity::to_wire(grant.identity.as_ref());
             let q = fed::ServiceQuery {
                 namespace: key.namespace.clone(),
                 name: key.name.clone(),
                 requester_cluster: cluster.clone(),
                 requester_service: service.clone(),
                 correlation_id: grant.correlation_id,
-                fqdn: String::new(),
+                ..Default::default()
             };
             let (resp, still, gone) = match &current {
                 Some(e) => {
@@ -96,6 +99,9 @@ impl Level {
                     route_id: 0,
                     target_cluster: key.cluster.clone(),
                     resolver_cluster: self.inner.cluster.clone(),
+                    caller_trust_domain,
+                    caller_namespace,
+                    caller_service_account,
                 });
             } else {
                 if !gone {
@@ -119,6 +125,9 @@ impl Level {
                     route_id: 0,
                     target_cluster: key.cluster.clone(),
                     resolver_cluster: self.inner.cluster.clone(),
+                    caller_trust_domain,
+                    caller_namespace,
+                    caller_service_account,
                 });
             }
             self.route_answer(resp);

@@ -6,6 +6,7 @@ use xcc_proto::xcc::federation::v1 as fed;
 
 use super::*;
 use crate::authz::Policies;
+use crate::federation::grants::WorkloadIdentity;
 
 /// A level whose policies let `b` carry `b1` and `b2` (the parent's configuration of its
 /// children); nobody else carries anything but itself.
@@ -83,7 +84,10 @@ fn route_notifications_wait_for_an_absent_child_and_are_acked_hop_by_hop() {
         requester_cluster: "b".into(),
         requester_service: "web".into(),
         correlation_id: 7,
-        fqdn: String::new(),
+        requester_trust_domain: "cluster.local".into(),
+        requester_namespace: "storefront".into(),
+        requester_service_account: "web-sa".into(),
+        ..Default::default()
     });
     let n = next_route(&mut rx);
     assert_eq!(
@@ -94,6 +98,15 @@ fn route_notifications_wait_for_an_absent_child_and_are_acked_hop_by_hop() {
             n.caller_service.as_str()
         ),
         (1, "b2", "b", "web")
+    );
+    // The caller's workload identity travels with the grant to the owner.
+    assert_eq!(
+        (
+            n.caller_trust_domain.as_str(),
+            n.caller_namespace.as_str(),
+            n.caller_service_account.as_str()
+        ),
+        ("cluster.local", "storefront", "web-sa")
     );
     assert_eq!(b.children()[0].4, 1, "queued until acknowledged");
 
@@ -143,6 +156,7 @@ fn the_owner_records_a_route_once_and_drops_it_on_revoke() {
         route_id: 3,
         target_cluster: "b2".into(),
         resolver_cluster: "b".into(),
+        ..Default::default()
     };
     let msg = |n: fed::RouteNotification| fed::ParentMessage {
         payload: Some(fed::parent_message::Payload::RouteNotification(n)),
@@ -150,7 +164,42 @@ fn the_owner_records_a_route_once_and_drops_it_on_revoke() {
     b2.on_parent_message(msg(n.clone())).expect("ok");
     b2.on_parent_message(msg(n.clone())).expect("idempotent");
     assert_eq!(b2.owner_routes().len(), 1);
-    assert_eq!(b2.owner_routes()[0].resolver_cluster, "b");
+    let held = &b2.owner_routes()[0];
+    assert_eq!(held.resolver_cluster, "b");
+    assert_eq!(held.caller_identity, None);
+    // What is granted is the owner's own export, not anything the notification says.
+    assert_eq!(held.exported.fqdn, local_api(&[]).fqdn);
+    assert_eq!(held.exported.ports, local_api(&[]).ports);
+    // A new identity for the same caller replaces the held one (and is applied again).
+    let with_identity = fed::RouteNotification {
+        caller_trust_domain: "cluster.local".into(),
+        caller_namespace: "storefront".into(),
+        caller_service_account: "web-sa".into(),
+        ..n.clone()
+    };
+    b2.on_parent_message(msg(with_identity.clone()))
+        .expect("ok");
+    assert_eq!(b2.owner_routes().len(), 1);
+    assert_eq!(
+        b2.owner_routes()[0]
+            .caller_identity
+            .as_ref()
+            .map(|i| i.principal()),
+        Some("cluster.local/ns/storefront/sa/web-sa".to_string())
+    );
+    // A malformed identity costs the notification, and the held grant stays as it was.
+    b2.on_parent_message(msg(fed::RouteNotification {
+        caller_namespace: "../kube-system".into(),
+        ..with_identity
+    }))
+    .expect("ok");
+    assert_eq!(
+        b2.owner_routes()[0]
+            .caller_identity
+            .as_ref()
+            .map(|i| i.namespace.as_str()),
+        Some("storefront")
+    );
     b2.on_parent_message(msg(fed::RouteNotification { revoked: true, ..n }))
         .expect("ok");
     assert!(b2.owner_routes().is_empty());
@@ -521,4 +570,38 @@ fn a_grandchild_away_keeps_its_names() {
     root.child_announcement("b", &api_announcement())
         .expect("the owner holds its name again");
     assert!(root.child_announcement("a9", &shadow).is_err());
+}
+
+/// A workload identity is hostile input: a malformed one costs the query (answered with the
+/// reason, no grant recorded); a valid one is recorded with the grant.
+#[tokio::test]
+async fn a_malformed_workload_identity_costs_the_query() {
+    let b = level("b");
+    b.catalog().upsert(local_api(&[]));
+    let target = Target::Name {
+        namespace: "shop".into(),
+        name: "api".into(),
+    };
+    let timeout = std::time::Duration::from_secs(5);
+    let bad = WorkloadIdentity {
+        trust_domain: "cluster.local".into(),
+        namespace: "storefront".into(),
+        service_account: "*".into(),
+    };
+    let answer = b
+        .query_as(target.clone(), "web", Some(bad.clone()), false, timeout)
+        .await;
+    assert!(!answer.found && !answer.access_allowed);
+    assert_eq!(
+        answer.error,
+        r#"invalid query: workload service account "*" is not a DNS-1123 subdomain of at most 63 characters"#
+    );
+    assert!(b.resolver_grants().is_empty());
+    let good = WorkloadIdentity {
+        service_account: "web-sa".into(),
+        ..bad
+    };
+    let answer = b.query_as(target, "web", Some(good), false, timeout).await;
+    assert!(answer.access_allowed, "{answer:?}");
+    assert_eq!(b.resolver_grants().len(), 1);
 }

@@ -112,7 +112,7 @@ pub(crate) struct Parts {
 
 /// What the leader needs to write grant objects ([`KubeGrants`]).
 pub(crate) struct GrantWiring {
-    pub mode: crate::federation::grants::GrantMode,
+    pub config: crate::federation::grants::GrantConfig,
     pub level: crate::federation::Level,
     pub metrics: crate::federation::kube_grants::GrantMetrics,
     pub store_errors: prometheus_client::metrics::counter::Counter,
@@ -126,7 +126,7 @@ impl GrantWiring {
         use crate::federation::grants::GrantSink as _;
         let grants = KubeGrants::spawn_shared(
             client,
-            self.mode,
+            self.config.clone(),
             crate::federation::kube_grants::Backoff::default(),
             self.metrics.clone(),
             self.store_errors.clone(),
@@ -154,7 +154,7 @@ impl GrantWiring {
                 warn!(error = %e, "cannot remove the objects of a revoked grant");
             }
         }
-        info!(mode = ?self.mode, routes = now.len(), "grant writer started");
+        info!(mode = ?self.config.mode, routes = now.len(), "grant writer started");
     }
 }
 
