@@ -1616,7 +1616,7 @@ async fn parent_unreachable_imports_unavailable_and_stored_records_kept() {
         condition(&status, "Synced").map(|c| (c.0, c.1)),
         Some(("False".to_string(), "Pending".to_string()))
     );
-    assert_eq!(lab.sr_names().await, [name.clone()]);
+    assert_eq!(lab.sr_names().await, std::slice::from_ref(&name));
     assert_eq!(lab.uid_of(&name).await, uid(&stored));
     assert_eq!(lab.sr_deletes(), 0);
     lab.assert_not_forbidden();
