@@ -1,8 +1,7 @@
 //! An in-process fake Kubernetes API server for tests.
 //!
 //! [`FakeApiServer::start`] serves plain HTTP on `127.0.0.1:0`. kube-rs clients connect through
-//! [`FakeApiServer::client`]; child processes through a kubeconfig written by
-//! [`FakeApiServer::write_kubeconfig`]. Tests can also read and write the store directly
+//! [`FakeApiServer::client`]. Tests can also read and write the store directly
 //! ([`FakeApiServer::get`], [`FakeApiServer::list`], [`FakeApiServer::put_raw`]), count requests
 //! ([`FakeApiServer::requests`], [`FakeApiServer::writes`]) and expire the watch history
 //! ([`FakeApiServer::compact`]) to exercise 410 Gone recovery.
@@ -42,7 +41,6 @@ mod apply;
 mod counters;
 pub mod crds;
 mod defaults;
-mod discovery;
 mod fields;
 mod gc;
 mod meta;
@@ -58,7 +56,6 @@ mod watch;
 mod write;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -127,7 +124,6 @@ pub struct Builder {
     allow_special_endpoint_ips: bool,
     namespaces: Vec<String>,
     resources: Vec<ResourceSpec>,
-    crds: Vec<Value>,
 }
 
 impl Default for Builder {
@@ -138,7 +134,6 @@ impl Default for Builder {
             allow_special_endpoint_ips: false,
             namespaces: Vec::new(),
             resources: Vec::new(),
-            crds: Vec::new(),
         }
     }
 }
@@ -174,12 +169,6 @@ impl Builder {
         self
     }
 
-    /// Registers every served version of a CustomResourceDefinition at start.
-    pub fn crd(mut self, crd: Value) -> Self {
-        self.crds.push(crd);
-        self
-    }
-
     /// Starts the server.
     ///
     /// # Panics
@@ -194,11 +183,6 @@ impl Builder {
     /// Starts the server, reporting setup errors.
     pub async fn try_start(self) -> Result<FakeApiServer, StartError> {
         let mut registry = Registry::with_builtins();
-        for crd in &self.crds {
-            for spec in ResourceSpec::from_crd(crd)? {
-                registry.register(spec)?;
-            }
-        }
         for spec in self.resources {
             registry.register(spec)?;
         }
@@ -325,32 +309,9 @@ impl FakeApiServer {
         }
     }
 
-    /// A kubeconfig pointing at this server over plain HTTP, context `fake`, namespace `default`.
-    pub fn kubeconfig_yaml(&self) -> String {
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\nusers:\n- name: fake\n  user: {{}}\npreferences: {{}}\n",
-            self.url()
-        )
-    }
-
-    /// Writes [`FakeApiServer::kubeconfig_yaml`] to `path` (for child processes).
-    pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> std::io::Result<()> {
-        std::fs::write(path, self.kubeconfig_yaml())
-    }
-
     /// Registers (or re-registers) a custom resource; served immediately.
     pub fn register(&self, spec: ResourceSpec) -> Result<(), RegisterError> {
         self.shared.lock().registry.register(spec)
-    }
-
-    /// Registers every served version of a CustomResourceDefinition (storage version first).
-    pub fn register_crd(&self, crd: &Value) -> Result<(), RegisterError> {
-        let specs = ResourceSpec::from_crd(crd)?;
-        let mut s = self.shared.lock();
-        for spec in specs {
-            s.registry.register(spec)?;
-        }
-        Ok(())
     }
 
     /// Creates a namespace if it does not exist (as `kube-apiserver`, through validation).
@@ -402,29 +363,6 @@ impl FakeApiServer {
         };
         self.shared.notify(rv);
         Ok(out)
-    }
-
-    /// Removes an object immediately, ignoring finalizers (garbage collection of its dependents
-    /// still runs). Returns the removed object.
-    pub fn delete_raw(
-        &self,
-        api_version: &str,
-        plural: &str,
-        namespace: Option<&str>,
-        name: &str,
-    ) -> Option<Value> {
-        let (g, v) = split_api_version(api_version);
-        let (out, rv) = {
-            let mut s = self.shared.lock();
-            let res = s.registry.find(g, v, plural)?;
-            let out = s
-                .take(&res, &key(&res, namespace.unwrap_or_default(), name), None)
-                .map(|o| present(&o, &res));
-            s.gc_sweep();
-            (out, s.resource_version())
-        };
-        self.shared.notify(rv);
-        out
     }
 
     /// The latest resourceVersion handed out.

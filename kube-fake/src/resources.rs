@@ -320,22 +320,6 @@ fn pod_lists(prefix: &str) -> Vec<(String, ListKind)> {
     v
 }
 
-const ALL_VERBS: [&str; 8] = [
-    "create",
-    "delete",
-    "deletecollection",
-    "get",
-    "list",
-    "patch",
-    "update",
-    "watch",
-];
-
-/// The verbs advertised for every resource (the fake implements all of them).
-pub(crate) fn verbs() -> &'static [&'static str] {
-    &ALL_VERBS
-}
-
 struct BuiltinDef {
     b: Option<Builtin>,
     group: &'static str,
@@ -696,36 +680,6 @@ impl Registry {
     pub fn all(&self) -> &[Arc<Resource>] {
         &self.resources
     }
-
-    /// Group names in registration order, core group (`""`) excluded.
-    pub fn groups(&self) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for r in &self.resources {
-            if !r.spec.group.is_empty() && !out.contains(&r.spec.group) {
-                out.push(r.spec.group.clone());
-            }
-        }
-        out
-    }
-
-    /// Versions of a group in registration order (the first is the preferred one).
-    pub fn versions(&self, group: &str) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for r in self.resources.iter().filter(|r| r.spec.group == group) {
-            if !out.contains(&r.spec.version) {
-                out.push(r.spec.version.clone());
-            }
-        }
-        out
-    }
-
-    pub fn in_group_version(&self, group: &str, version: &str) -> Vec<Arc<Resource>> {
-        self.resources
-            .iter()
-            .filter(|r| r.spec.group == group && r.spec.version == version)
-            .cloned()
-            .collect()
-    }
 }
 
 #[cfg(test)]
@@ -762,10 +716,7 @@ mod tests {
                 .map(|t| t.storage_version.clone()),
             Some("v1alpha1".into())
         );
-        assert_eq!(
-            r.versions("x.io"),
-            vec!["v1alpha1".to_string(), "v1".to_string()]
-        );
+        assert!(r.find("x.io", "v1alpha1", "things").is_some());
         assert_eq!(
             r.register(ResourceSpec::new("x.io", "v2", "Thing", "things", false)),
             Err(RegisterError::Inconsistent("x.io/v2/things".into()))

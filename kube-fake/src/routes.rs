@@ -1,6 +1,6 @@
 //! HTTP front end: parses Kubernetes REST paths (`/api/v1/...`, `/apis/{group}/{version}/...`,
 //! namespaced and cluster-scoped, `/status`), query parameters and bodies, counts the request,
-//! and dispatches to discovery, GET/LIST/WATCH, or the write pipelines in `write` and `gc`.
+//! and dispatches to GET/LIST/WATCH, or the write pipelines in `write` and `gc`.
 //! Every failure leaves as a `metav1.Status` body; malformed input is a 400 or 422, never a panic.
 
 use std::collections::HashMap;
@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 
 use crate::Shared;
 use crate::counters::Verb;
-use crate::discovery;
 use crate::fields::Scope;
 use crate::gc::{DeleteOpts, Propagation};
 use crate::patch;
@@ -106,36 +105,8 @@ async fn dispatch(
     body: Body,
 ) -> Result<Response, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    let aggregated = discovery::wants_aggregated(accept);
-    let discovery_doc = |doc: Option<Value>| -> Result<Response, ApiError> {
-        if method != Method::GET {
-            return Err(ApiError::method_not_allowed());
-        }
-        doc.map(|d| json_response(200, &d))
-            .ok_or_else(ApiError::no_route)
-    };
     match segs.as_slice() {
-        ["version"] => discovery_doc(Some(discovery::version())),
         ["healthz" | "livez" | "readyz"] => Ok((StatusCode::OK, "ok").into_response()),
-        ["api"] | ["apis"] if aggregated && method == Method::GET => {
-            let reg = shared.lock().registry.clone();
-            let doc = discovery::aggregated(&reg, segs[0] == "api");
-            Ok((
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, discovery::AGGREGATED_V2)],
-                doc.to_string(),
-            )
-                .into_response())
-        }
-        ["api"] => discovery_doc(Some(discovery::core_versions(&shared.addr.to_string()))),
-        ["api", v] => discovery_doc(discovery::resource_list(&shared.lock().registry, "", v)),
-        ["apis"] => discovery_doc(Some(discovery::group_list(&shared.lock().registry))),
-        ["apis", g] => discovery_doc(discovery::group(&shared.lock().registry, g)),
-        ["apis", g, v] => discovery_doc(discovery::resource_list(&shared.lock().registry, g, v)),
         ["api", v, rest @ ..] => resource(shared, method, "", v, rest, query, headers, body).await,
         ["apis", g, v, rest @ ..] => {
             resource(shared, method, g, v, rest, query, headers, body).await

@@ -37,6 +37,13 @@ fn widget_crd() -> Value {
     })
 }
 
+/// Every served version of the widget CRD (storage version first).
+fn register_widgets(server: &FakeApiServer) {
+    for spec in ResourceSpec::from_crd(&widget_crd()).unwrap() {
+        server.register(spec).unwrap();
+    }
+}
+
 fn widgets(server: &FakeApiServer, version: &str) -> Api<DynamicObject> {
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("example.com", version, "Widget"),
@@ -54,7 +61,7 @@ fn widget(version: &str, spec: Value) -> DynamicObject {
 #[tokio::test]
 async fn crd_schema_prunes_defaults_and_validates() {
     let server = FakeApiServer::start().await;
-    server.register_crd(&widget_crd()).unwrap();
+    register_widgets(&server);
     let api = widgets(&server, "v1");
     let created = api
         .create(
@@ -92,7 +99,7 @@ async fn crd_schema_prunes_defaults_and_validates() {
 #[tokio::test]
 async fn apply_merges_schema_list_maps_by_key() {
     let server = FakeApiServer::start().await;
-    server.register_crd(&widget_crd()).unwrap();
+    register_widgets(&server);
     let api = widgets(&server, "v1");
     let cfg = |rules: Value| json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": {"size": 1, "rules": rules}});
     api.patch(
@@ -126,7 +133,8 @@ async fn apply_merges_schema_list_maps_by_key() {
 
 #[tokio::test]
 async fn served_versions_share_storage() {
-    let server = FakeApiServer::builder().crd(widget_crd()).start().await;
+    let server = FakeApiServer::start().await;
+    register_widgets(&server);
     let beta = widgets(&server, "v1beta1");
     beta.create(
         &PostParams::default(),

@@ -1,5 +1,5 @@
 //! Create, read, list, replace and delete through kube-rs typed and dynamic clients: status
-//! bodies, conflicts, namespaces, names, selectors, pagination, discovery, kubeconfig, counters.
+//! bodies, conflicts, namespaces, names, selectors, pagination, counters.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -7,8 +7,7 @@ mod common;
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service};
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::discovery::{Discovery, Scope as DiscoveryScope};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 use xcc_kube_fake::{FakeApiServer, Verb, crds};
 
@@ -315,73 +314,6 @@ async fn unknown_resources_are_404_status() {
             "the server could not find the requested resource"
         )
     );
-}
-
-#[tokio::test]
-async fn discovery_legacy_and_aggregated() {
-    let server = FakeApiServer::start().await;
-    server.register(crds::service_records()).unwrap();
-    let client = server.client();
-    for discovery in [
-        Discovery::new(client.clone()).run().await.unwrap(),
-        Discovery::new(client.clone())
-            .run_aggregated()
-            .await
-            .unwrap(),
-    ] {
-        let (ar, caps) = discovery
-            .groups()
-            .find(|g| g.name() == "connectivity.tanzu.vmware.com")
-            .and_then(|g| g.recommended_kind("ServiceRecord"))
-            .unwrap();
-        assert_eq!(
-            (ar.plural.as_str(), ar.version.as_str()),
-            ("servicerecords", "v1alpha1")
-        );
-        assert_eq!(caps.scope, DiscoveryScope::Namespaced);
-        assert!(caps.supports_operation("watch"));
-        assert_eq!(
-            caps.subresources
-                .iter()
-                .map(|(a, _)| a.plural.as_str())
-                .collect::<Vec<_>>(),
-            vec!["status"]
-        );
-        let (ns, caps) = discovery
-            .groups()
-            .find(|g| g.name() == "")
-            .and_then(|g| g.recommended_kind("Namespace"))
-            .unwrap();
-        assert_eq!(
-            (ns.plural.as_str(), caps.scope),
-            ("namespaces", DiscoveryScope::Cluster)
-        );
-        assert!(discovery.groups().any(|g| g.name() == "discovery.k8s.io"));
-    }
-    let version = client.apiserver_version().await.unwrap();
-    assert_eq!(
-        (version.major.as_str(), version.minor.as_str()),
-        ("1", "35")
-    );
-}
-
-#[tokio::test]
-async fn kubeconfig_for_child_processes() {
-    let server = FakeApiServer::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&path).unwrap();
-    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
-    assert_eq!(config.cluster_url.to_string(), format!("{}/", server.url()));
-    let client = Client::try_from(config).unwrap();
-    let svc = Api::<Service>::default_namespaced(client)
-        .get("kubernetes")
-        .await
-        .unwrap();
-    assert_eq!(svc.spec.unwrap().cluster_ip.as_deref(), Some("10.96.0.1"));
 }
 
 #[tokio::test]

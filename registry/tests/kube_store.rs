@@ -1,72 +1,431 @@
-//! `--store kube` against the in-process fake API server, with real registries (mTLS on
+//! `--store kube` on a real API server (`xcc_testkube`), with real registries (mTLS on
 //! loopback) as remotes: reference §5.5 RC-01..RC-13, §5.6 OD-01/OD-02 in their fixed form,
 //! NEW-01..NEW-03, exports (label removal → DELETE, imported records never exported, S7), RR in
-//! another namespace, RR deletion, zero writes at steady state, 410 Gone recovery, leader
-//! election. Every wait polls the fake or the catalog with a timeout; nothing sleeps to
-//! synchronise (the only fixed waits are the quiet periods over which writes are counted).
+//! another namespace, RR deletion, zero writes at steady state, restart, leader election.
+//!
+//! The registry under test runs as the ServiceAccount `xcc-registry` bound exactly to the RBAC
+//! rendered from `deploy/base` (`deploy/overlays/grants-istio` for the grant test), with a token
+//! from the TokenRequest API, so a missing rule fails a test; every test ends by checking the
+//! audit log shows it was refused nothing. Writes are counted from the API server's audit log.
+//! Waits on API state are watches; waits on the registry's own state re-check on its catalog
+//! or peer events, or poll with a timeout; nothing sleeps to synchronise (the only fixed wait
+//! is the quiet period over which writes are counted).
+//!
+//! The registry reads RemoteRegistries and exported ServiceRecords in every namespace (and
+//! reports those RemoteRegistries outside its own), so two registries on one API server would
+//! report each other's: the tests of this binary share one control plane but take turns, each
+//! starting from a cluster without RemoteRegistries or ServiceRecords.
+//!
+//! Two tests stay on the in-process fake (module [`fake`]): they need what a real API server
+//! cannot be made to do on demand (410 Gone after compaction; an object's UID changing without
+//! a watch event in between).
+
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use common::*;
+use futures::StreamExt;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::runtime::watcher::{self, Event};
 use serde_json::{Value, json};
-use xcc_kube_fake::{FakeApiServer, Verb, crds};
-use xcc_proto::crd::RemoteRegistry;
+use xcc_proto::crd::{RemoteRegistry, ServiceRecord};
 use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::store::kube::KubeConfig;
 use xcc_registry::{Registry, RegistryConfig, StoreConfig};
+use xcc_testkube::{ControlPlane, Identity};
 
-const NS: &str = "cross-cluster-connectivity";
 const RR: &str = "some-remote-registry";
 const H: &str = "06df7236"; // fnv1a32("some-remote-registry")
 const V: &str = "connectivity.tanzu.vmware.com/v1alpha1";
 const IMPORTED: &str = "connectivity.tanzu.vmware.com/imported";
 const REMOTE_LABEL: &str = "connectivity.tanzu.vmware.com/remote-registry";
 const EXPORT: &str = "connectivity.tanzu.vmware.com/export";
-/// The fake's request-counter name of ServiceRecords.
-const SR_RES: &str = "servicerecords.connectivity.tanzu.vmware.com";
 
-async fn fake() -> FakeApiServer {
-    let mut b = FakeApiServer::builder()
-        .namespace(NS)
-        .namespace("elsewhere")
-        .namespace("shop");
-    for r in crds::all() {
-        b = b.resource(r);
+/// Objects of one kind in one namespace, by name, as JSON.
+type Objects = BTreeMap<String, Value>;
+
+/// One test at a time on the shared control plane (see the module comment).
+fn turn() -> &'static tokio::sync::Mutex<()> {
+    static TURN: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
+    TURN.get_or_init(Default::default)
+}
+
+/// A test's share of the control plane: its turn, the registry's namespace (where `deploy/`
+/// installs it) and the registry's ServiceAccount there.
+struct Lab {
+    cp: &'static ControlPlane,
+    admin: kube::Client,
+    ns: String,
+    id: Identity,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Lab {
+    /// `None` (after a skip line) without a control plane, unless one is required.
+    async fn new(test: &str) -> Option<Self> {
+        Self::with_rbac(test, "base").await
     }
-    b.start().await
+
+    /// The registry bound to the RBAC of the `deploy/` directory `overlay`.
+    async fn with_rbac(test: &str, overlay: &str) -> Option<Self> {
+        let cp = xcc_testkube::shared(test)?;
+        let turn = turn().lock().await;
+        cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+        let admin = cp.client().await;
+        // What earlier tests left: their registries are gone, their objects must not be seen.
+        for ar in [ar_rr(), ar_sr()] {
+            let api: Api<DynamicObject> = Api::all_with(admin.clone(), &ar);
+            for o in api.list(&ListParams::default()).await.unwrap() {
+                let ns = o.metadata.namespace.clone().unwrap();
+                let name = o.metadata.name.clone().unwrap();
+                let _ = Api::<DynamicObject>::namespaced_with(admin.clone(), &ns, &ar)
+                    .delete(&name, &DeleteParams::default())
+                    .await;
+            }
+        }
+        let ns = cp.namespace("registry").await;
+        let id = cp.identity(&ns, overlay, "xcc-registry").await;
+        Some(Self {
+            cp,
+            admin,
+            ns,
+            id,
+            _turn: turn,
+        })
+    }
+
+    async fn namespace(&self, prefix: &str) -> String {
+        self.cp.namespace(prefix).await
+    }
+
+    /// The store as the registry's ServiceAccount.
+    async fn kube_config(&self, leader_elect: bool) -> KubeConfig {
+        let mut k = KubeConfig::new(self.id.client().await, leader_elect);
+        k.status_resync = Duration::from_millis(100);
+        k
+    }
+
+    /// The importing registry ("west") on the kube store.
+    async fn west(&self, pki: &Pki) -> (Registry, tokio_util::sync::CancellationToken) {
+        self.west_with(pki, |_| {}).await
+    }
+
+    async fn west_with(
+        &self,
+        pki: &Pki,
+        f: impl FnOnce(&mut RegistryConfig),
+    ) -> (Registry, tokio_util::sync::CancellationToken) {
+        let mut cfg = RegistryConfig::loopback(pki.cluster("west"));
+        cfg.namespace = self.ns.clone();
+        cfg.store = StoreConfig::Kube(self.kube_config(false).await);
+        cfg.client.backoff = Backoff {
+            min: Duration::from_millis(50),
+            max: Duration::from_millis(400),
+        };
+        cfg.client.quiet_period = Duration::from_millis(300);
+        f(&mut cfg);
+        start_with(cfg).await
+    }
+
+    fn api(&self, ar: &ApiResource, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.admin.clone(), ns, ar)
+    }
+
+    fn srs(&self, ns: &str) -> Api<ServiceRecord> {
+        Api::namespaced(self.admin.clone(), ns)
+    }
+
+    fn rrs(&self, ns: &str) -> Api<RemoteRegistry> {
+        Api::namespaced(self.admin.clone(), ns)
+    }
+
+    /// Create `obj` (a ServiceRecord or RemoteRegistry, in its namespace) as the admin;
+    /// returns the stored object.
+    async fn create(&self, obj: Value) -> Value {
+        let ar = if obj["kind"] == "RemoteRegistry" {
+            ar_rr()
+        } else {
+            ar_sr()
+        };
+        let ns = obj["metadata"]["namespace"].as_str().unwrap().to_string();
+        let o: DynamicObject = serde_json::from_value(obj).unwrap();
+        let created = self
+            .api(&ar, &ns)
+            .create(&PostParams::default(), &o)
+            .await
+            .unwrap_or_else(|e| panic!("create {:?}: {e}", o.metadata.name));
+        serde_json::to_value(created).unwrap()
+    }
+
+    /// Create a RemoteRegistry for the remote at `addr`; returns its UID.
+    async fn create_rr(
+        &self,
+        name: &str,
+        ns: &str,
+        addr: std::net::SocketAddr,
+        domains: Option<&[&str]>,
+    ) -> String {
+        let rr = self
+            .create(rr_body(name, ns, &addr.to_string(), domains))
+            .await;
+        rr["metadata"]["uid"].as_str().unwrap().to_string()
+    }
+
+    async fn set_domains(&self, name: &str, domains: &[&str]) -> i64 {
+        let rr = self
+            .rrs(&self.ns)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"allowedDomains": domains}})),
+            )
+            .await
+            .expect("patch RR");
+        rr.metadata.generation.expect("generation")
+    }
+
+    async fn records(&self, ns: &str) -> Objects {
+        let api = self.api(&ar_sr(), ns);
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|o| {
+                (
+                    o.metadata.name.clone().unwrap(),
+                    serde_json::to_value(o).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    async fn sr_names(&self) -> Vec<String> {
+        self.records(&self.ns).await.into_keys().collect()
+    }
+
+    async fn sr(&self, name: &str) -> Option<Value> {
+        self.records(&self.ns).await.remove(name)
+    }
+
+    async fn uid_of(&self, name: &str) -> String {
+        uid(&self.sr(name).await.expect("record"))
+    }
+
+    /// Wait (on a watch) until the registry's namespace holds exactly the records `want`.
+    async fn wait_names(&self, want: Vec<String>) -> Objects {
+        await_objects(
+            self.api(&ar_sr(), &self.ns),
+            &format!("records {want:?}"),
+            |o| o.keys().eq(want.iter()),
+        )
+        .await
+    }
+
+    /// Wait (on a watch) until `cond` holds for the record `name` (`None`: absent).
+    async fn wait_sr(
+        &self,
+        ns: &str,
+        name: &str,
+        what: &str,
+        cond: impl Fn(Option<&Value>) -> bool,
+    ) -> Option<Value> {
+        await_objects(self.api(&ar_sr(), ns), what, |o| cond(o.get(name)))
+            .await
+            .remove(name)
+    }
+
+    /// Wait (on a watch) until `cond` holds for the status of the RemoteRegistry `name`.
+    async fn wait_rr(
+        &self,
+        ns: &str,
+        name: &str,
+        what: &str,
+        cond: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let status = |o: &Objects| o.get(name).map_or(Value::Null, |r| r["status"].clone());
+        status(&await_objects(self.api(&ar_rr(), ns), what, |o| cond(&status(o))).await)
+    }
+
+    async fn wait_synced(&self, name: &str) -> Value {
+        self.wait_rr(&self.ns, name, &format!("{name} Synced=True"), |s| {
+            condition(s, "Synced").is_some_and(|c| c.0 == "True")
+        })
+        .await
+    }
+
+    /// The registry's writes so far (audit log): `verb resource[/subresource] ns/name code`.
+    fn writes(&self) -> Vec<String> {
+        self.cp
+            .audit()
+            .iter()
+            .filter(|e| e["user"]["username"] == self.id.user)
+            .filter(|e| {
+                ["create", "update", "patch", "delete", "deletecollection"]
+                    .iter()
+                    .any(|v| e["verb"] == *v)
+            })
+            .map(|e| {
+                let o = &e["objectRef"];
+                let sub = o["subresource"]
+                    .as_str()
+                    .map(|s| format!("/{s}"))
+                    .unwrap_or_default();
+                format!(
+                    "{} {}{sub} {}/{} {}",
+                    e["verb"].as_str().unwrap_or_default(),
+                    o["resource"].as_str().unwrap_or_default(),
+                    o["namespace"].as_str().unwrap_or_default(),
+                    o["name"].as_str().unwrap_or_default(),
+                    e["responseStatus"]["code"],
+                )
+            })
+            .collect()
+    }
+
+    /// ServiceRecords the registry deleted so far.
+    fn sr_deletes(&self) -> usize {
+        self.sr_writes(|w| w.starts_with("delete ") && w.ends_with(" 200"))
+    }
+
+    /// ServiceRecords the registry created so far (server-side apply creating is a patch
+    /// answered 201).
+    fn sr_creates(&self) -> usize {
+        self.sr_writes(|w| w.ends_with(" 201"))
+    }
+
+    fn sr_writes(&self, f: impl Fn(&str) -> bool) -> usize {
+        self.writes()
+            .iter()
+            .filter(|w| w.split(' ').nth(1) == Some("servicerecords") && f(w))
+            .count()
+    }
+
+    /// The audit log is written as each request completes, possibly just after its answer:
+    /// wait until `count` reaches `n`, then it must be exactly `n`.
+    async fn assert_count(&self, what: &str, count: impl Fn(&Self) -> usize, n: usize) {
+        wait_for(what, || count(self), |c| *c >= n).await;
+        assert_eq!(count(self), n, "{what}: {:#?}", self.writes());
+    }
+
+    /// Nothing the registry asked for was refused (and the audit log did record its requests).
+    fn assert_not_forbidden(&self) {
+        assert!(
+            self.cp
+                .audit()
+                .iter()
+                .any(|e| e["user"]["username"] == self.id.user),
+            "no request of {} in the audit log",
+            self.id.user
+        );
+        assert_eq!(self.cp.forbidden(&self.id.user), Vec::<String>::new());
+    }
 }
 
-fn kube_config(api: &FakeApiServer, leader_elect: bool) -> KubeConfig {
-    let mut k = KubeConfig::new(api.client(), leader_elect);
-    k.status_resync = Duration::from_millis(100);
-    k
+fn ar_sr() -> ApiResource {
+    ApiResource::erase::<ServiceRecord>(&())
 }
 
-/// The importing registry ("west") on the kube store.
-async fn west(pki: &Pki, api: &FakeApiServer) -> (Registry, tokio_util::sync::CancellationToken) {
-    west_with(pki, api, |_| {}).await
+fn ar_rr() -> ApiResource {
+    ApiResource::erase::<RemoteRegistry>(&())
 }
 
-async fn west_with(
-    pki: &Pki,
-    api: &FakeApiServer,
-    f: impl FnOnce(&mut RegistryConfig),
-) -> (Registry, tokio_util::sync::CancellationToken) {
-    let mut cfg = RegistryConfig::loopback(pki.cluster("west"));
-    cfg.namespace = NS.into();
-    cfg.store = StoreConfig::Kube(kube_config(api, false));
-    cfg.client.backoff = Backoff {
-        min: Duration::from_millis(50),
-        max: Duration::from_millis(400),
+fn uid(o: &Value) -> String {
+    o["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Watch `api` until `cond` holds for its objects; panic with `what` and the last state
+/// after [`WAIT`].
+async fn await_objects(
+    api: Api<DynamicObject>,
+    what: &str,
+    cond: impl Fn(&Objects) -> bool,
+) -> Objects {
+    let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut state = Objects::new();
+    let mut listing = Objects::new();
+    let mut listed = false;
+    let entry = |o: DynamicObject| {
+        (
+            o.metadata.name.clone().unwrap(),
+            serde_json::to_value(o).unwrap(),
+        )
     };
-    cfg.client.quiet_period = Duration::from_millis(300);
-    f(&mut cfg);
-    start_with(cfg).await
+    loop {
+        if listed && cond(&state) {
+            return state;
+        }
+        let ev = match tokio::time::timeout_at(deadline, stream.next()).await {
+            Err(_) => panic!("timed out waiting for {what}; last state: {state:#?}"),
+            Ok(ev) => ev.expect("the watch ended"),
+        };
+        match ev {
+            Ok(Event::Init) => listing.clear(),
+            Ok(Event::InitApply(o)) => {
+                listing.extend([entry(o)]);
+            }
+            Ok(Event::InitDone) => {
+                state = std::mem::take(&mut listing);
+                listed = true;
+            }
+            Ok(Event::Apply(o)) => {
+                state.extend([entry(o)]);
+            }
+            Ok(Event::Delete(o)) => {
+                state.remove(&entry(o).0);
+            }
+            Err(e) => panic!("watching for {what}: {e}"),
+        }
+    }
+}
+
+/// Poll the registry's in-process state every 20 ms until `cond` holds; panic with `what`
+/// (and the last state) after [`WAIT`].
+async fn wait_for<T: std::fmt::Debug>(
+    what: &str,
+    mut probe: impl FnMut() -> T,
+    cond: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let v = probe();
+        if cond(&v) {
+            return v;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}; last state: {v:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Wait until `cond` holds for the registry's peers, re-checking on every peer change.
+async fn wait_peers(reg: &Registry, what: &str, cond: impl Fn(&Registry) -> bool) {
+    let mut rx = reg.peers.subscribe();
+    let fut = async {
+        while !cond(reg) {
+            rx.changed().await.expect("peer table closed");
+        }
+    };
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for: {what}"));
+}
+
+fn runs_client(reg: &Registry, name: &str) -> bool {
+    reg.peers.list().iter().any(|p| p.name == name)
 }
 
 /// An exporting registry ("east", memory store, end-of-snapshot marker on offer).
@@ -91,59 +450,6 @@ fn rr_body(name: &str, ns: &str, addr: &str, domains: Option<&[&str]>) -> Value 
         "metadata": {"name": name, "namespace": ns},
         "spec": spec,
     })
-}
-
-async fn create_rr(
-    api: &FakeApiServer,
-    name: &str,
-    ns: &str,
-    addr: std::net::SocketAddr,
-    domains: Option<&[&str]>,
-) -> RemoteRegistry {
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), ns);
-    let rr: RemoteRegistry =
-        serde_json::from_value(rr_body(name, ns, &addr.to_string(), domains)).expect("rr");
-    rrs.create(&PostParams::default(), &rr)
-        .await
-        .expect("create RR")
-}
-
-async fn set_domains(api: &FakeApiServer, name: &str, domains: &[&str]) -> i64 {
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
-    let rr = rrs
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"allowedDomains": domains}})),
-        )
-        .await
-        .expect("patch RR");
-    rr.metadata.generation.expect("generation")
-}
-
-fn sr_names(api: &FakeApiServer) -> Vec<String> {
-    let mut v: Vec<String> = api
-        .list(V, "servicerecords", Some(NS))
-        .iter()
-        .map(|o| {
-            o["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        })
-        .collect();
-    v.sort();
-    v
-}
-
-fn sr(api: &FakeApiServer, name: &str) -> Option<Value> {
-    api.get(V, "servicerecords", Some(NS), name)
-}
-
-fn rr_status(api: &FakeApiServer, ns: &str, name: &str) -> Value {
-    api.get(V, "remoteregistries", Some(ns), name)
-        .map(|o| o["status"].clone())
-        .unwrap_or(Value::Null)
 }
 
 fn condition(status: &Value, type_: &str) -> Option<(String, String, String)> {
@@ -173,60 +479,12 @@ fn imported_names(fqdns: &[&str]) -> Vec<String> {
     v
 }
 
-/// Poll `cond` every 20 ms until it holds; panic with `what` (and the last state) after WAIT.
-async fn wait_for<T: std::fmt::Debug>(
-    what: &str,
-    mut probe: impl FnMut() -> T,
-    cond: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let v = probe();
-        if cond(&v) {
-            return v;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}; last state: {v:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn wait_names(api: &FakeApiServer, want: Vec<String>) {
-    wait_for(
-        &format!("records {want:?}"),
-        || sr_names(api),
-        |n| *n == want,
-    )
-    .await;
-}
-
-async fn wait_synced(api: &FakeApiServer, name: &str) -> Value {
-    wait_for(
-        &format!("{name} Synced=True"),
-        || rr_status(api, NS, name),
-        |s| condition(s, "Synced").is_some_and(|c| c.0 == "True"),
-    )
-    .await
-}
-
-/// Store an object as given (fixed UIDs, states clients cannot create).
-fn put(api: &FakeApiServer, obj: Value) {
-    api.put_raw(obj).expect("put_raw");
-}
-
-fn raw_rr(name: &str, uid: &str, addr: &str) -> Value {
-    let mut v = rr_body(name, NS, addr, None);
-    v["metadata"]["uid"] = json!(uid);
-    v["metadata"]["generation"] = json!(1);
-    v
-}
-
-fn raw_import(name: &str, fqdn: &str, remote: &str, owner_uid: &str) -> Value {
+/// An import as an earlier run of the registry stored it.
+fn import_body(ns: &str, name: &str, fqdn: &str, remote: &str, owner_uid: &str) -> Value {
     json!({
         "apiVersion": V, "kind": "ServiceRecord",
         "metadata": {
-            "name": name, "namespace": NS, "uid": format!("uid-{name}"),
+            "name": name, "namespace": ns,
             "labels": {IMPORTED: "", REMOTE_LABEL: remote},
             "ownerReferences": [{"apiVersion": V, "kind": "RemoteRegistry", "name": remote, "uid": owner_uid}],
         },
@@ -234,38 +492,56 @@ fn raw_import(name: &str, fqdn: &str, remote: &str, owner_uid: &str) -> Value {
     })
 }
 
-fn raw_record(name: &str, labels: Value) -> Value {
+/// A record of someone else's (a user's, or exported).
+fn record_body(ns: &str, name: &str, labels: Value) -> Value {
     json!({
         "apiVersion": V, "kind": "ServiceRecord",
-        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"), "labels": labels},
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
         "spec": {"fqdn": "user.example.org", "endpoints": []},
     })
 }
 
-fn uid_of(api: &FakeApiServer, name: &str) -> String {
-    sr(api, name).expect("record")["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
+fn exported_sr(ns: &str, name: &str, fqdn: &str, labels: Value, annotations: Value) -> Value {
+    json!({
+        "apiVersion": V, "kind": "ServiceRecord",
+        "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations},
+        "spec": {"fqdn": fqdn, "endpoints": [{"address": "10.1.0.1", "port": 443}]},
+    })
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
 }
 
 // ----- RC-01..RC-05, RC-10, zero writes at steady state -----
 
 #[tokio::test]
 async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes() {
+    let Some(lab) =
+        Lab::new("rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes").await
+    else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let long = format!("{}.some.domain", "a".repeat(63));
     let (east, _ec) = east(&pki, &["some-service.some.domain", &long]).await;
-    let api = fake().await;
-    let (west, _wc) = west_with(&pki, &api, |c| {
-        c.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
-    })
-    .await;
-    let rr = create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    let uid = rr.metadata.uid.clone().expect("uid");
+    let (west, _wc) = lab
+        .west_with(&pki, |c| {
+            c.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        })
+        .await;
+    let uid = lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
 
-    wait_names(&api, imported_names(&["some-service.some.domain", &long])).await;
-    let status = wait_synced(&api, RR).await;
+    lab.wait_names(imported_names(&["some-service.some.domain", &long]))
+        .await;
+    let status = lab.wait_synced(RR).await;
     // RC-01, RC-02 (plus our Connected/Synced conditions and counters).
     assert_eq!(condition_types(&status), ["Valid", "Connected", "Synced"]);
     assert_eq!(
@@ -278,14 +554,15 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
     );
     assert_eq!(status["observedGeneration"], json!(1));
     assert!(status["lastSyncTime"].is_string(), "{status}");
-    wait_for(
-        "importedRecords 2",
-        || rr_status(&api, NS, RR),
-        |s| s["importedRecords"] == json!(2),
-    )
+    lab.wait_rr(&lab.ns, RR, "importedRecords 2", |s| {
+        s["importedRecords"] == json!(2)
+    })
     .await;
     // RC-03..RC-05: name, labels, annotations, owner references, spec.
-    let r = sr(&api, &format!("some-service.some.domain-{H}")).expect("record");
+    let r = lab
+        .sr(&format!("some-service.some.domain-{H}"))
+        .await
+        .expect("record");
     assert_eq!(
         r["metadata"]["labels"],
         json!({IMPORTED: "", REMOTE_LABEL: RR})
@@ -304,17 +581,16 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
     );
 
     // Zero writes at steady state: count over a quiet period that spans many status resyncs
-    // (100 ms) and a forced relist of both watches (410 Gone).
-    let before = api.writes();
-    let st_before = rr_status(&api, NS, RR);
-    api.compact();
+    // (100 ms). (That a relist writes nothing either is shown on the fake: `fake`.)
+    let before = lab.writes();
+    let st_before = lab.wait_rr(&lab.ns, RR, "status", |_| true).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let after = api.writes();
+    let after = lab.writes();
     assert_eq!(
-        after,
-        before,
+        after[before.len()..],
+        [] as [String; 0],
         "writes at steady state; RemoteRegistry status before {st_before:#}, after {:#}",
-        rr_status(&api, NS, RR)
+        lab.wait_rr(&lab.ns, RR, "status", |_| true).await
     );
 
     let addr = west.metrics_addr.expect("metrics bound");
@@ -331,23 +607,17 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
         !metrics.contains("verb=\"Delete\""),
         "no deletes: {metrics}"
     );
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    out
+    assert_eq!(lab.sr_deletes(), 0);
+    lab.assert_not_forbidden();
 }
 
 // ----- RC-06..RC-09: allowedDomains -----
 
 #[tokio::test]
 async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
+    let Some(lab) = Lab::new("rc_06_to_09_allowed_domains_tighten_and_loosen").await else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let all = [
         "some-service.some.domain",
@@ -359,9 +629,9 @@ async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
         "yet.another.domain",
     ];
     let (east, _ec) = east(&pki, &all).await;
-    let api = fake().await;
-    let (_west, _wc) = west(&pki, &api).await;
-    create_rr(&api, RR, NS, east.hamlet_addr, Some(&[])).await;
+    let (_west, _wc) = lab.west(&pki).await;
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, Some(&[]))
+        .await;
     let seven = imported_names(&[
         "some-service.some.domain",
         "other.some.domain",
@@ -372,28 +642,25 @@ async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
         "yet.another.domain",
     ]);
     // RC-06
-    wait_names(&api, seven.clone()).await;
+    let records = lab.wait_names(seven.clone()).await;
     // C7: the canonical FQDN is stored.
     assert_eq!(
-        sr(&api, &format!("domain.with.mixed.case-{H}")).expect("r")["spec"]["fqdn"],
+        records[&format!("domain.with.mixed.case-{H}")]["spec"]["fqdn"],
         "domain.with.mixed.case"
     );
     // RC-07
-    let g = set_domains(&api, RR, &["some.domain"]).await;
-    wait_names(
-        &api,
-        imported_names(&["some-service.some.domain", "other.some.domain"]),
-    )
+    let g = lab.set_domains(RR, &["some.domain"]).await;
+    lab.wait_names(imported_names(&[
+        "some-service.some.domain",
+        "other.some.domain",
+    ]))
     .await;
-    wait_for(
-        "observedGeneration",
-        || rr_status(&api, NS, RR),
-        |s| s["observedGeneration"] == json!(g),
-    )
+    lab.wait_rr(&lab.ns, RR, "observedGeneration", |s| {
+        s["observedGeneration"] == json!(g)
+    })
     .await;
     // RC-08
-    set_domains(
-        &api,
+    lab.set_domains(
         RR,
         &[
             "some.domain",
@@ -403,36 +670,36 @@ async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
         ],
     )
     .await;
-    wait_names(
-        &api,
-        imported_names(&[
-            "some-service.some.domain",
-            "other.some.domain",
-            "some.other.domain",
-            "domain.with.dot.at.end",
-            "domain.with.mixed.case",
-        ]),
-    )
+    lab.wait_names(imported_names(&[
+        "some-service.some.domain",
+        "other.some.domain",
+        "some.other.domain",
+        "domain.with.dot.at.end",
+        "domain.with.mixed.case",
+    ]))
     .await;
     // RC-09
-    let g = set_domains(&api, RR, &[]).await;
-    wait_names(&api, seven).await;
-    wait_for(
-        "observedGeneration",
-        || rr_status(&api, NS, RR),
-        |s| s["observedGeneration"] == json!(g),
-    )
+    let g = lab.set_domains(RR, &[]).await;
+    lab.wait_names(seven).await;
+    lab.wait_rr(&lab.ns, RR, "observedGeneration", |s| {
+        s["observedGeneration"] == json!(g)
+    })
     .await;
+    lab.assert_not_forbidden();
 }
 
 // ----- RC-11 / OD-01 (fixed form), NEW-02, NEW-03 -----
 
 /// Pre-existing records: our stale and live imports (labels + UID), another RemoteRegistry's
-/// import, an exported record and an unlabelled record. After the sweep (marker or quiet period) only our stale import
-/// is gone; our live import is the same object (updated in place).
-async fn stale_imports_removed_scoped(marker: bool) {
+/// import, an exported record and an unlabelled record. After the sweep (marker or quiet
+/// period) only our stale import is gone; our live import is the same object (updated in
+/// place).
+async fn stale_imports_removed_scoped(test: &str, marker: bool) {
+    let Some(lab) = Lab::new(test).await else {
+        return;
+    };
+    let ns = lab.ns.as_str();
     let pki = Pki::new("xcc.test");
-    let api = fake().await;
     let live = ["some-service.some.domain", "another-service.some.domain"];
     // The remote stays up until the end of the test.
     let mut _east = None;
@@ -449,33 +716,33 @@ async fn stale_imports_removed_scoped(marker: bool) {
         _go = Some(c);
         addr
     };
-    put(&api, raw_rr(RR, "remote-registry-uid", &addr.to_string()));
-    put(&api, raw_rr("other", "other-uid", "127.0.0.1:1"));
-    put(
-        &api,
-        raw_import(
+    let rr_uid = lab.create_rr(RR, ns, addr, None).await;
+    let closed: std::net::SocketAddr = "127.0.0.1:1".parse().unwrap();
+    let other_uid = lab.create_rr("other", ns, closed, None).await;
+    let mut uids = BTreeMap::new();
+    for body in [
+        import_body(
+            ns,
             &format!("some-service.some.domain-{H}"),
             "some-service.some.domain",
             RR,
-            "remote-registry-uid",
+            &rr_uid,
         ),
-    );
-    put(
-        &api,
-        raw_import(
+        import_body(
+            ns,
             &format!("orphaned-service-record-{H}"),
             "orphaned-service-record",
             RR,
-            "remote-registry-uid",
+            &rr_uid,
         ),
-    );
-    put(
-        &api,
-        raw_import("x.other-1", "x.other", "other", "other-uid"),
-    );
-    put(&api, raw_record("exported", json!({EXPORT: ""})));
-    put(&api, raw_record("unlabelled", json!({})));
-    let (_west, _wc) = west(&pki, &api).await;
+        import_body(ns, "x.other-1", "x.other", "other", &other_uid),
+        record_body(ns, "exported", json!({EXPORT: ""})),
+        record_body(ns, "unlabelled", json!({})),
+    ] {
+        let o = lab.create(body).await;
+        uids.insert(o["metadata"]["name"].as_str().unwrap().to_string(), uid(&o));
+    }
+    let (_west, _wc) = lab.west(&pki).await;
 
     let mut want = vec![
         format!("another-service.some.domain-{H}"),
@@ -485,45 +752,57 @@ async fn stale_imports_removed_scoped(marker: bool) {
         "x.other-1".to_string(),
     ];
     want.sort();
-    wait_names(&api, want).await;
+    lab.wait_names(want).await;
     if marker {
         // A plain Hamlet server sends no marker; the client reports Synced on its next batch.
-        wait_synced(&api, RR).await;
+        lab.wait_synced(RR).await;
     }
     // Updated in place, never re-created.
-    assert_eq!(
-        uid_of(&api, &format!("some-service.some.domain-{H}")),
-        format!("uid-some-service.some.domain-{H}")
-    );
-    assert_eq!(
-        sr(&api, &format!("some-service.some.domain-{H}")).expect("r")["spec"]["endpoints"],
-        json!([{"address": "10.0.0.1", "port": 443}])
-    );
+    let live_name = format!("some-service.some.domain-{H}");
+    let r = lab
+        .wait_sr(ns, &live_name, "the live import updated", |r| {
+            r.is_some_and(|r| {
+                r["spec"]["endpoints"] == json!([{"address": "10.0.0.1", "port": 443}])
+            })
+        })
+        .await
+        .expect("record");
+    assert_eq!(uid(&r), uids[&live_name]);
     for n in ["x.other-1", "exported", "unlabelled"] {
-        assert_eq!(uid_of(&api, n), format!("uid-{n}"));
+        assert_eq!(lab.uid_of(n).await, uids[n]);
     }
-    assert_eq!(
-        api.writes().get(SR_RES, Verb::Delete),
-        1,
-        "only the orphan was deleted"
-    );
+    lab.assert_count("the orphan deleted", Lab::sr_deletes, 1)
+        .await;
+    lab.assert_not_forbidden();
 }
 
 #[tokio::test]
 async fn rc_11_od_01_stale_imports_removed_after_the_marker_scoped_to_labels_and_uid() {
-    stale_imports_removed_scoped(true).await;
+    stale_imports_removed_scoped(
+        "rc_11_od_01_stale_imports_removed_after_the_marker_scoped_to_labels_and_uid",
+        true,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn od_01_new_02_stale_imports_removed_after_the_quiet_period_against_a_go_server() {
-    stale_imports_removed_scoped(false).await;
+    stale_imports_removed_scoped(
+        "od_01_new_02_stale_imports_removed_after_the_quiet_period_against_a_go_server",
+        false,
+    )
+    .await;
 }
 
 /// NEW-02 with two live RemoteRegistries: A's sweep removes A's stale import only.
 #[tokio::test]
 async fn new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
+    let Some(lab) = Lab::new("new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone").await
+    else {
+        return;
+    };
+    let ns = lab.ns.as_str();
     let pki = Pki::new("xcc.test");
-    let api = fake().await;
     let (a, _ac) = east(&pki, &["a.some.domain"]).await;
     let (b, _bc) = {
         let (reg, c) = start(pki.cluster("north")).await;
@@ -531,31 +810,31 @@ async fn new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
             .upsert(export("north", "ns", "b.some.domain", "10.0.0.2"));
         (reg, c)
     };
-    put(&api, raw_rr("rr-a", "uid-a", &a.hamlet_addr.to_string()));
-    put(&api, raw_rr("rr-b", "uid-b", &b.hamlet_addr.to_string()));
+    let uid_a = lab.create_rr("rr-a", ns, a.hamlet_addr, None).await;
+    let uid_b = lab.create_rr("rr-b", ns, b.hamlet_addr, None).await;
     let ha = xcc_proto::names::hash8("rr-a");
     let hb = xcc_proto::names::hash8("rr-b");
-    put(
-        &api,
-        raw_import(
-            &format!("stale.some.domain-{ha}"),
-            "stale.some.domain",
-            "rr-a",
-            "uid-a",
-        ),
-    );
-    put(
-        &api,
-        raw_import(
+    lab.create(import_body(
+        ns,
+        &format!("stale.some.domain-{ha}"),
+        "stale.some.domain",
+        "rr-a",
+        &uid_a,
+    ))
+    .await;
+    let kept = lab
+        .create(import_body(
+            ns,
             &format!("b.some.domain-{hb}"),
             "b.some.domain",
             "rr-b",
-            "uid-b",
-        ),
-    );
-    put(&api, raw_record("exported", json!({EXPORT: ""})));
-    put(&api, raw_record("unlabelled", json!({})));
-    let (_west, _wc) = west(&pki, &api).await;
+            &uid_b,
+        ))
+        .await;
+    lab.create(record_body(ns, "exported", json!({EXPORT: ""})))
+        .await;
+    lab.create(record_body(ns, "unlabelled", json!({}))).await;
+    let (_west, _wc) = lab.west(&pki).await;
     let mut want = vec![
         format!("a.some.domain-{ha}"),
         format!("b.some.domain-{hb}"),
@@ -563,39 +842,39 @@ async fn new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
         "unlabelled".to_string(),
     ];
     want.sort();
-    wait_names(&api, want).await;
-    wait_synced(&api, "rr-a").await;
-    wait_synced(&api, "rr-b").await;
-    assert_eq!(
-        uid_of(&api, &format!("b.some.domain-{hb}")),
-        format!("uid-b.some.domain-{hb}")
-    );
-    assert_eq!(api.writes().get(SR_RES, Verb::Delete), 1);
+    lab.wait_names(want).await;
+    lab.wait_synced("rr-a").await;
+    lab.wait_synced("rr-b").await;
+    assert_eq!(lab.uid_of(&format!("b.some.domain-{hb}")).await, uid(&kept));
+    lab.assert_count("A's stale import deleted", Lab::sr_deletes, 1)
+        .await;
+    lab.assert_not_forbidden();
 }
 
 /// NEW-03: a remote that exports nothing still gets its stale import removed.
 #[tokio::test]
 async fn new_03_remote_exporting_nothing_stale_import_removed() {
+    let Some(lab) = Lab::new("new_03_remote_exporting_nothing_stale_import_removed").await else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
-    let api = fake().await;
     let (e, _ec) = east(&pki, &[]).await;
-    put(
-        &api,
-        raw_rr(RR, "remote-registry-uid", &e.hamlet_addr.to_string()),
-    );
-    put(
-        &api,
-        raw_import(
-            &format!("gone.some.domain-{H}"),
-            "gone.some.domain",
-            RR,
-            "remote-registry-uid",
-        ),
-    );
-    let (_west, _wc) = west(&pki, &api).await;
-    wait_names(&api, vec![]).await;
-    let status = wait_synced(&api, RR).await;
+    let rr_uid = lab.create_rr(RR, &lab.ns, e.hamlet_addr, None).await;
+    lab.create(import_body(
+        &lab.ns,
+        &format!("gone.some.domain-{H}"),
+        "gone.some.domain",
+        RR,
+        &rr_uid,
+    ))
+    .await;
+    let (_west, _wc) = lab.west(&pki).await;
+    lab.wait_names(vec![]).await;
+    let status = lab.wait_synced(RR).await;
     assert_eq!(status["importedRecords"], json!(0));
+    lab.assert_count("the stale import deleted", Lab::sr_deletes, 1)
+        .await;
+    lab.assert_not_forbidden();
 }
 
 /// OD-02 (fixed form): records received on a connection that never completes a snapshot
@@ -603,77 +882,91 @@ async fn new_03_remote_exporting_nothing_stale_import_removed() {
 /// server that completes its snapshot, the stale record is removed and the live one kept.
 #[tokio::test]
 async fn od_02_no_sweep_before_a_complete_snapshot_then_only_the_stale_record_goes() {
+    let Some(lab) =
+        Lab::new("od_02_no_sweep_before_a_complete_snapshot_then_only_the_stale_record_goes").await
+    else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
-    let api = fake().await;
     let server = GoLikeServer::default();
     *server.state.lock().expect("lock") = vec![fs("some-service.some.domain", "10.0.0.7")];
     let (go_addr, _go) = serve_go_like(server.clone(), pki.cluster("go-peer")).await;
     let (e, _ec) = east(&pki, &["some-service.some.domain"]).await;
-    put(
-        &api,
-        raw_rr(RR, "remote-registry-uid", &go_addr.to_string()),
-    );
-    put(
-        &api,
-        raw_import(
-            &format!("orphaned-service-record-{H}"),
-            "orphaned-service-record",
-            RR,
-            "remote-registry-uid",
-        ),
-    );
-    let (_west, _wc) = west_with(&pki, &api, |c| {
-        c.client.quiet_period = Duration::from_secs(3600);
-    })
+    let rr_uid = lab.create_rr(RR, &lab.ns, go_addr, None).await;
+    lab.create(import_body(
+        &lab.ns,
+        &format!("orphaned-service-record-{H}"),
+        "orphaned-service-record",
+        RR,
+        &rr_uid,
+    ))
     .await;
+    let (_west, _wc) = lab
+        .west_with(&pki, |c| {
+            c.client.quiet_period = Duration::from_secs(3600);
+        })
+        .await;
     let live = format!("some-service.some.domain-{H}");
-    wait_for(
+    lab.wait_sr(
+        &lab.ns,
+        &live,
         "the record from the first connection",
-        || sr(&api, &live).map(|r| r["spec"]["endpoints"][0]["address"].clone()),
-        |a| a.as_ref().is_some_and(|a| a == "10.0.0.7"),
+        |r| r.is_some_and(|r| r["spec"]["endpoints"][0]["address"] == "10.0.0.7"),
     )
     .await;
     server.wait_requests(2).await;
     assert_eq!(
-        sr_names(&api),
+        lab.sr_names().await,
         imported_names(&["orphaned-service-record", "some-service.some.domain"]),
         "no sweep without a complete snapshot"
     );
-    let uid = uid_of(&api, &live);
+    assert_eq!(lab.sr_deletes(), 0);
+    let live_uid = lab.uid_of(&live).await;
 
     // Reset: the RemoteRegistry now points at a server that completes its snapshot.
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
-    rrs.patch(
-        RR,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"address": e.hamlet_addr.to_string()}})),
-    )
-    .await
-    .expect("patch RR");
-    wait_names(&api, imported_names(&["some-service.some.domain"])).await;
-    assert_eq!(uid_of(&api, &live), uid, "kept, updated in place");
-    assert_eq!(
-        sr(&api, &live).expect("r")["spec"]["endpoints"],
-        json!([{"address": "10.0.0.1", "port": 443}])
-    );
-    assert_eq!(api.writes().get(SR_RES, Verb::Delete), 1);
+    lab.rrs(&lab.ns)
+        .patch(
+            RR,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"address": e.hamlet_addr.to_string()}})),
+        )
+        .await
+        .expect("patch RR");
+    let records = lab
+        .wait_names(imported_names(&["some-service.some.domain"]))
+        .await;
+    let r = lab
+        .wait_sr(&lab.ns, &live, "the live record updated", |r| {
+            r.is_some_and(|r| {
+                r["spec"]["endpoints"] == json!([{"address": "10.0.0.1", "port": 443}])
+            })
+        })
+        .await
+        .expect("record");
+    assert_eq!(uid(&records[&live]), live_uid, "kept, updated in place");
+    assert_eq!(uid(&r), live_uid, "kept, updated in place");
+    lab.assert_count("the stale record deleted", Lab::sr_deletes, 1)
+        .await;
+    lab.assert_not_forbidden();
 }
 
 // ----- RC-12, RC-13: invalid allowedDomains -----
 
 #[tokio::test]
 async fn rc_12_invalid_domains_nothing_imported_and_reported() {
+    let Some(lab) = Lab::new("rc_12_invalid_domains_nothing_imported_and_reported").await else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (east, _ec) = east(&pki, &["some-service.some.domain"]).await;
-    let api = fake().await;
-    let (west, _wc) = west(&pki, &api).await;
-    create_rr(&api, RR, NS, east.hamlet_addr, Some(&["invalid..domain"])).await;
-    let status = wait_for(
-        "Valid=False",
-        || rr_status(&api, NS, RR),
-        |s| condition(s, "Valid").is_some_and(|c| c.0 == "False"),
-    )
-    .await;
+    let (west, _wc) = lab.west(&pki).await;
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, Some(&["invalid..domain"]))
+        .await;
+    let status = lab
+        .wait_rr(&lab.ns, RR, "Valid=False", |s| {
+            condition(s, "Valid").is_some_and(|c| c.0 == "False")
+        })
+        .await;
     let expected =
         xcc_proto::domains::validate_allowed_domains(RR, &["invalid..domain".to_string()])
             .expect_err("invalid");
@@ -684,55 +977,64 @@ async fn rc_12_invalid_domains_nothing_imported_and_reported() {
         Some(("False".into(), "InvalidDomain".into(), expected))
     );
     assert_eq!(status["observedGeneration"], json!(1));
-    assert!(sr_names(&api).is_empty());
-    assert!(west.peers.list().iter().all(|p| p.name != RR), "no client");
+    assert!(lab.sr_names().await.is_empty());
+    assert!(!runs_client(&west, RR), "no client");
+    lab.assert_not_forbidden();
 }
 
 #[tokio::test]
 async fn rc_13_c4_update_to_invalid_domains_stops_the_client_and_removes_imports() {
+    let Some(lab) =
+        Lab::new("rc_13_c4_update_to_invalid_domains_stops_the_client_and_removes_imports").await
+    else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (east, _ec) = east(&pki, &["some-service.some.domain"]).await;
-    let api = fake().await;
-    let (west, _wc) = west(&pki, &api).await;
-    create_rr(&api, RR, NS, east.hamlet_addr, Some(&["some.domain"])).await;
-    wait_names(&api, imported_names(&["some-service.some.domain"])).await;
-    wait_synced(&api, RR).await;
-    let g = set_domains(&api, RR, &["invalid..domain"]).await;
-    let status = wait_for(
-        "Valid=False at the new generation",
-        || rr_status(&api, NS, RR),
-        |s| {
+    let (west, _wc) = lab.west(&pki).await;
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, Some(&["some.domain"]))
+        .await;
+    lab.wait_names(imported_names(&["some-service.some.domain"]))
+        .await;
+    lab.wait_synced(RR).await;
+    let g = lab.set_domains(RR, &["invalid..domain"]).await;
+    let status = lab
+        .wait_rr(&lab.ns, RR, "Valid=False at the new generation", |s| {
             s["observedGeneration"] == json!(g)
                 && condition(s, "Valid").is_some_and(|c| c.0 == "False")
-        },
-    )
-    .await;
+        })
+        .await;
     let (_, reason, message) = condition(&status, "Valid").expect("Valid");
     assert_eq!(reason, "InvalidDomain");
     assert!(message.contains("Invalid domain"), "{message}");
-    wait_names(&api, vec![]).await;
-    wait_for(
-        "client stopped",
-        || west.peers.list().iter().any(|p| p.name == RR),
-        |running| !running,
-    )
-    .await;
+    lab.wait_names(vec![]).await;
+    // No owner went away: the registry deleted the import itself (no garbage collection).
+    lab.assert_count("the import deleted", Lab::sr_deletes, 1)
+        .await;
+    wait_peers(&west, "client stopped", |w| !runs_client(w, RR)).await;
     assert!(imported_fqdns(&west.catalog, RR).is_empty());
+    lab.assert_not_forbidden();
 }
 
 // ----- NEW-01: restart -----
 
 #[tokio::test]
 async fn new_01_restart_with_an_observed_rr_reconnects_and_resyncs_without_duplicates() {
+    let Some(lab) =
+        Lab::new("new_01_restart_with_an_observed_rr_reconnects_and_resyncs_without_duplicates")
+            .await
+    else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (east, _ec) = east(&pki, &["a.some.domain", "b.some.domain"]).await;
-    let api = fake().await;
-    let (west1, c1) = west(&pki, &api).await;
-    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    wait_names(&api, imported_names(&["a.some.domain", "b.some.domain"])).await;
-    let s = wait_synced(&api, RR).await;
+    let (west1, c1) = lab.west(&pki).await;
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
+    lab.wait_names(imported_names(&["a.some.domain", "b.some.domain"]))
+        .await;
+    let s = lab.wait_synced(RR).await;
     assert_eq!(s["observedGeneration"], json!(1));
-    let uid_a = uid_of(&api, &format!("a.some.domain-{H}"));
+    let uid_a = lab.uid_of(&format!("a.some.domain-{H}")).await;
     c1.cancel();
     west1.shutdown().await.expect("clean shutdown");
 
@@ -744,124 +1046,137 @@ async fn new_01_restart_with_an_observed_rr_reconnects_and_resyncs_without_dupli
     ));
     east.catalog
         .upsert(export("east", "ns", "c.some.domain", "10.0.0.3"));
-    let deletes_before = api.writes().get(SR_RES, Verb::Delete);
+    let deletes_before = lab.sr_deletes();
 
-    let (west2, _c2) = west(&pki, &api).await;
-    wait_names(&api, imported_names(&["a.some.domain", "c.some.domain"])).await;
-    wait_for(
-        "connected again",
-        || {
-            west2
-                .peers
-                .list()
-                .iter()
-                .any(|p| p.name == RR && p.state() == xcc_registry::peers::PeerState::Connected)
-        },
-        |c| *c,
-    )
+    let (west2, _c2) = lab.west(&pki).await;
+    lab.wait_names(imported_names(&["a.some.domain", "c.some.domain"]))
+        .await;
+    wait_peers(&west2, "connected again", |w| {
+        w.peers
+            .list()
+            .iter()
+            .any(|p| p.name == RR && p.state() == xcc_registry::peers::PeerState::Connected)
+    })
     .await;
     assert_eq!(
-        uid_of(&api, &format!("a.some.domain-{H}")),
+        lab.uid_of(&format!("a.some.domain-{H}")).await,
         uid_a,
         "not re-created"
     );
-    assert_eq!(
-        api.writes().get(SR_RES, Verb::Delete) - deletes_before,
-        1,
-        "only b was deleted"
-    );
+    lab.assert_count("only b deleted", |l| l.sr_deletes() - deletes_before, 1)
+        .await;
     // The catalog mirrors an import right after it is stored, so it may trail the API by a step.
-    wait_for(
-        "west's catalog holds a and c",
-        || imported_fqdns(&west2.catalog, RR),
-        |f| *f == ["a.some.domain", "c.some.domain"],
-    )
+    wait_catalog(&west2.catalog, "west's catalog holds a and c", |c| {
+        imported_fqdns(c, RR) == ["a.some.domain", "c.some.domain"]
+    })
     .await;
+    lab.assert_not_forbidden();
 }
 
 // ----- RR lifecycle -----
 
 #[tokio::test]
 async fn c5_rr_in_another_namespace_is_reported_and_not_handled() {
+    let Some(lab) = Lab::new("c5_rr_in_another_namespace_is_reported_and_not_handled").await else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (east, _ec) = east(&pki, &["some-service.some.domain"]).await;
-    let api = fake().await;
-    let (west, _wc) = west(&pki, &api).await;
-    create_rr(&api, RR, "elsewhere", east.hamlet_addr, None).await;
-    let status = wait_for(
-        "WrongNamespace",
-        || rr_status(&api, "elsewhere", RR),
-        |s| condition(s, "Valid").is_some(),
-    )
-    .await;
+    let (west, _wc) = lab.west(&pki).await;
+    let elsewhere = lab.namespace("elsewhere").await;
+    lab.create_rr(RR, &elsewhere, east.hamlet_addr, None).await;
+    let status = lab
+        .wait_rr(&elsewhere, RR, "WrongNamespace", |s| {
+            condition(s, "Valid").is_some()
+        })
+        .await;
     let (st, reason, message) = condition(&status, "Valid").expect("Valid");
     assert_eq!((st.as_str(), reason.as_str()), ("False", "WrongNamespace"));
     assert!(
-        message.contains("\"elsewhere\"") && message.contains(NS),
+        message.contains(&format!("\"{elsewhere}\"")) && message.contains(&lab.ns),
         "{message}"
     );
-    assert!(api.list(V, "servicerecords", None).is_empty());
-    assert!(west.peers.list().iter().all(|p| p.name != RR));
+    let all: Api<DynamicObject> = Api::all_with(lab.admin.clone(), &ar_sr());
+    assert!(
+        all.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(!runs_client(&west, RR));
+    assert_eq!(lab.sr_writes(|_| true), 0);
+    lab.assert_not_forbidden();
 }
 
+/// On a real cluster the garbage collector removes the imports of a deleted RemoteRegistry
+/// too; either way they go and the client stops.
 #[tokio::test]
 async fn rr_deleted_its_imports_are_removed_and_the_client_stops() {
+    let Some(lab) = Lab::new("rr_deleted_its_imports_are_removed_and_the_client_stops").await
+    else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (east, _ec) = east(&pki, &["a.some.domain"]).await;
-    let api = fake().await;
-    let (west, _wc) = west(&pki, &api).await;
-    put(&api, raw_record("unlabelled", json!({})));
-    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    wait_names(
-        &api,
-        vec![format!("a.some.domain-{H}"), "unlabelled".to_string()],
-    )
-    .await;
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
-    rrs.delete(RR, &DeleteParams::default())
+    let (west, _wc) = lab.west(&pki).await;
+    lab.create(record_body(&lab.ns, "unlabelled", json!({})))
+        .await;
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
+    lab.wait_names(vec![format!("a.some.domain-{H}"), "unlabelled".to_string()])
+        .await;
+    wait_peers(&west, "client running", |w| runs_client(w, RR)).await;
+    lab.rrs(&lab.ns)
+        .delete(RR, &DeleteParams::default())
         .await
         .expect("delete RR");
-    wait_names(&api, vec!["unlabelled".to_string()]).await;
-    wait_for(
-        "client stopped",
-        || west.peers.list().iter().any(|p| p.name == RR),
-        |running| !running,
-    )
+    lab.wait_names(vec!["unlabelled".to_string()]).await;
+    wait_peers(&west, "client stopped", |w| !runs_client(w, RR)).await;
+    wait_catalog(&west.catalog, "imports gone from the catalog", |c| {
+        imported_fqdns(c, RR).is_empty()
+    })
     .await;
-    assert!(imported_fqdns(&west.catalog, RR).is_empty());
+    lab.assert_not_forbidden();
 }
 
 #[tokio::test]
 async fn c9_foreign_record_of_the_same_name_is_reported_never_taken_over() {
+    let Some(lab) =
+        Lab::new("c9_foreign_record_of_the_same_name_is_reported_never_taken_over").await
+    else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (east, _ec) = east(&pki, &["some-service.some.domain", "b.some.domain"]).await;
-    let api = fake().await;
     let name = format!("some-service.some.domain-{H}");
-    put(&api, raw_record(&name, json!({})));
-    let (_west, _wc) = west(&pki, &api).await;
-    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    wait_names(&api, vec![format!("b.some.domain-{H}"), name.clone()]).await;
-    let status = wait_for(
-        "conflict reported",
-        || rr_status(&api, NS, RR),
-        |s| condition(s, "Synced").is_some_and(|c| c.0 == "True" && c.2.contains(&name)),
-    )
-    .await;
+    let foreign = lab.create(record_body(&lab.ns, &name, json!({}))).await;
+    let (_west, _wc) = lab.west(&pki).await;
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
+    let records = lab
+        .wait_names(vec![format!("b.some.domain-{H}"), name.clone()])
+        .await;
+    let status = lab
+        .wait_rr(&lab.ns, RR, "conflict reported", |s| {
+            condition(s, "Synced").is_some_and(|c| c.0 == "True" && c.2.contains(&name))
+        })
+        .await;
     // The conflicting import has no record of ours.
     assert_eq!(status["importedRecords"], json!(1));
-    let r = sr(&api, &name).expect("record");
-    assert_eq!(r["metadata"]["uid"], json!(format!("uid-{name}")));
-    assert_eq!(r["metadata"]["labels"], json!({}));
+    let r = &records[&name];
+    assert_eq!(r["metadata"], foreign["metadata"], "not written");
+    assert_eq!(r["spec"], foreign["spec"]);
     assert_eq!(r["spec"]["fqdn"], "user.example.org");
+    assert!(r["metadata"]["labels"].is_null());
     assert!(r["metadata"]["ownerReferences"].is_null());
-    let events = wait_for(
+    let ar = ApiResource::erase::<k8s_openapi::api::events::v1::Event>(&());
+    let events = await_objects(
+        lab.api(&ar, &lab.ns),
         "an ImportConflict Event on the RemoteRegistry",
-        || api.list("events.k8s.io/v1", "events", Some(NS)),
-        |evs| evs.iter().any(|e| e["reason"] == "ImportConflict"),
+        |evs| evs.values().any(|e| e["reason"] == "ImportConflict"),
     )
     .await;
     let ev = events
-        .iter()
+        .values()
         .find(|e| e["reason"] == "ImportConflict")
         .expect("event");
     assert_eq!(ev["type"], "Warning");
@@ -871,34 +1186,26 @@ async fn c9_foreign_record_of_the_same_name_is_reported_never_taken_over() {
         ev["note"].as_str().is_some_and(|n| n.contains(&name)),
         "{ev}"
     );
+    assert_eq!(
+        lab.sr(&name).await.unwrap()["metadata"],
+        foreign["metadata"]
+    );
+    lab.assert_not_forbidden();
 }
 
 // ----- exports -----
 
-fn exported_sr(ns: &str, name: &str, fqdn: &str, labels: Value, annotations: Value) -> Value {
-    json!({
-        "apiVersion": V, "kind": "ServiceRecord",
-        "metadata": {"name": name, "namespace": ns, "labels": labels, "annotations": annotations},
-        "spec": {"fqdn": fqdn, "endpoints": [{"address": "10.1.0.1", "port": 443}]},
-    })
-}
-
 #[tokio::test]
 async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported() {
-    let pki = Pki::new("xcc.test");
-    let api = fake().await;
-    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "shop");
-    let create = |v: Value| {
-        let srs = srs.clone();
-        async move {
-            let r: xcc_proto::crd::ServiceRecord = serde_json::from_value(v).expect("sr");
-            srs.create(&PostParams::default(), &r)
-                .await
-                .expect("create");
-        }
+    let Some(lab) =
+        Lab::new("exports_label_removal_and_deletion_send_deletes_imported_never_exported").await
+    else {
+        return;
     };
-    create(exported_sr(
-        "shop",
+    let pki = Pki::new("xcc.test");
+    let shop = lab.namespace("shop").await;
+    lab.create(exported_sr(
+        &shop,
         "web.shop.example.org",
         "web.shop.example.org",
         json!({EXPORT: ""}),
@@ -909,40 +1216,39 @@ async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported
         }),
     ))
     .await;
-    create(exported_sr(
-        "shop",
+    lab.create(exported_sr(
+        &shop,
         "imported-too",
         "imp.shop.example.org",
         json!({EXPORT: "", IMPORTED: ""}),
         json!({}),
     ))
     .await;
-    create(exported_sr(
-        "shop",
+    lab.create(exported_sr(
+        &shop,
         "not-exported",
         "no.shop.example.org",
         json!({}),
         json!({}),
     ))
     .await;
-    let (west, _wc) = west(&pki, &api).await;
+    let (west, _wc) = lab.west(&pki).await;
     wait_for("ready", || west.health.is_ready(), |r| *r).await;
-    let fqdns = || -> Vec<String> {
-        west.catalog
-            .list(&xcc_registry::catalog::ListFilter {
-                source: Some(xcc_registry::catalog::Source::Local),
-                ..Default::default()
-            })
-            .iter()
-            .map(|e| e.fqdn.clone())
-            .collect()
+    let fqdns = |c: &xcc_registry::Catalog| -> Vec<String> {
+        c.list(&xcc_registry::catalog::ListFilter {
+            source: Some(xcc_registry::catalog::Source::Local),
+            ..Default::default()
+        })
+        .iter()
+        .map(|e| e.fqdn.clone())
+        .collect()
     };
-    assert_eq!(fqdns(), ["web.shop.example.org"]);
+    assert_eq!(fqdns(&west.catalog), ["web.shop.example.org"]);
     let entry = west
         .catalog
         .get(&xcc_registry::catalog::ServiceKey::new(
             "west",
-            "shop",
+            &shop,
             "web.shop.example.org",
         ))
         .expect("entry");
@@ -962,6 +1268,7 @@ async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported
     assert_eq!(first.fqdn.as_deref(), Some("web.shop.example.org"));
 
     // The label comes off: consumers get a DELETE (S1).
+    let srs = lab.srs(&shop);
     srs.patch(
         "web.shop.example.org",
         &PatchParams::default(),
@@ -982,7 +1289,7 @@ async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported
             Some("web.shop.example.org")
         )
     );
-    assert!(fqdns().is_empty());
+    assert!(fqdns(&west.catalog).is_empty());
 
     // Labelled again, then deleted: CREATE/UPDATE, then DELETE.
     srs.patch(
@@ -992,73 +1299,33 @@ async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported
     )
     .await
     .expect("label");
-    wait_for("exported again", fqdns, |f| f.len() == 1).await;
+    wait_catalog(&west.catalog, "exported again", |c| fqdns(c).len() == 1).await;
     srs.delete("web.shop.example.org", &DeleteParams::default())
         .await
         .expect("delete");
-    wait_for("export removed", fqdns, |f| f.is_empty()).await;
-}
-
-#[tokio::test]
-async fn watch_410_gone_recovery_exports_and_remote_registries() {
-    let pki = Pki::new("xcc.test");
-    let (east, _ec) = east(&pki, &["a.some.domain", "b.other.domain"]).await;
-    let api = fake().await;
-    let (west, _wc) = west(&pki, &api).await;
-    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    wait_names(&api, imported_names(&["a.some.domain", "b.other.domain"])).await;
-    wait_synced(&api, RR).await;
-
-    api.compact();
-    // Changes after the compaction are seen by the re-listed watches.
-    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "shop");
-    let r: xcc_proto::crd::ServiceRecord = serde_json::from_value(exported_sr(
-        "shop",
-        "web",
-        "web.shop.example.org",
-        json!({EXPORT: ""}),
-        json!({}),
-    ))
-    .expect("sr");
-    srs.create(&PostParams::default(), &r)
-        .await
-        .expect("create");
-    set_domains(&api, RR, &["some.domain"]).await;
-    wait_names(&api, imported_names(&["a.some.domain"])).await;
-    wait_for(
-        "export after 410",
-        || {
-            west.catalog
-                .get(&xcc_registry::catalog::ServiceKey::new(
-                    "west", "shop", "web",
-                ))
-                .is_some()
-        },
-        |b| *b,
-    )
-    .await;
+    wait_catalog(&west.catalog, "export removed", |c| fqdns(c).is_empty()).await;
+    // Exports are read, never written.
+    assert_eq!(lab.sr_writes(|_| true), 0);
+    lab.assert_not_forbidden();
 }
 
 #[tokio::test]
 async fn leader_election_holds_the_lease_and_imports() {
+    let Some(lab) = Lab::new("leader_election_holds_the_lease_and_imports").await else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (east, _ec) = east(&pki, &["a.some.domain"]).await;
-    let api = fake().await;
-    let (_west, _wc) = west_with(&pki, &api, |c| {
-        c.store = StoreConfig::Kube(kube_config(&api, true));
-    })
-    .await;
-    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    wait_names(&api, imported_names(&["a.some.domain"])).await;
-    let lease = api
-        .get("coordination.k8s.io/v1", "leases", Some(NS), "xcc-registry")
-        .expect("lease");
-    assert!(
-        lease["spec"]["holderIdentity"]
-            .as_str()
-            .is_some_and(|h| !h.is_empty()),
-        "{lease}"
-    );
+    let store = StoreConfig::Kube(lab.kube_config(true).await);
+    let (_west, _wc) = lab.west_with(&pki, |c| c.store = store).await;
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
+    lab.wait_names(imported_names(&["a.some.domain"])).await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(lab.admin.clone(), &lab.ns);
+    let lease = leases.get("xcc-registry").await.expect("lease");
+    let holder = lease.spec.and_then(|s| s.holder_identity);
+    assert!(holder.as_ref().is_some_and(|h| !h.is_empty()), "{holder:?}");
+    lab.assert_not_forbidden();
 }
 
 // ----- hierarchy imports through the same sink -----
@@ -1068,6 +1335,9 @@ async fn leader_election_holds_the_lease_and_imports() {
 /// RemoteRegistry removes them.
 #[tokio::test]
 async fn parent_rr_hierarchy_imports_become_imported_records() {
+    let Some(lab) = Lab::new("parent_rr_hierarchy_imports_become_imported_records").await else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (root, _rc) = start(pki.cluster("root")).await;
     let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
@@ -1088,219 +1358,52 @@ async fn parent_rr_hierarchy_imports_become_imported_records() {
     api_entry.allowed_requesters = vec!["west/web".into()];
     owner.catalog.upsert(api_entry);
 
-    let api = fake().await;
-    let (west, _wc) = west(&pki, &api).await;
-    let mut body = rr_body("hier", NS, &root.hamlet_addr.to_string(), None);
+    let (west, _wc) = lab.west(&pki).await;
+    let mut body = rr_body("hier", &lab.ns, &root.hamlet_addr.to_string(), None);
     body["spec"]["role"] = json!("Parent");
     body["spec"]["imports"] =
         json!([{"namespace": "shop", "name": "api", "requesterService": "web"}]);
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
-    let rr: RemoteRegistry = serde_json::from_value(body).expect("rr");
-    let rr = rrs
-        .create(&PostParams::default(), &rr)
-        .await
-        .expect("create RR");
+    let rr = lab.create(body).await;
     let fqdn = xcc_proto::names::clusterset_fqdn("api", "shop");
     let name = xcc_proto::names::imported_record_name(&fqdn, "hier").expect("name");
-    wait_names(&api, vec![name.clone()]).await;
-    let r = sr(&api, &name).expect("record");
+    let records = lab.wait_names(vec![name.clone()]).await;
+    let r = &records[&name];
     assert_eq!(
         r["metadata"]["labels"],
         json!({IMPORTED: "", REMOTE_LABEL: "hier"})
     );
     assert_eq!(
         r["metadata"]["ownerReferences"],
-        json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": "hier", "uid": rr.metadata.uid.clone().expect("uid")}])
+        json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": "hier", "uid": uid(&rr)}])
     );
     assert_eq!(
         r["spec"],
         json!({"fqdn": fqdn, "endpoints": [{"address": "10.2.0.1", "port": 443}]})
     );
-    let status = wait_for(
-        "parent connected, one import",
-        || rr_status(&api, NS, "hier"),
-        |s| {
+    let status = lab
+        .wait_rr(&lab.ns, "hier", "parent connected, one import", |s| {
             condition(s, "Connected").is_some_and(|c| c.0 == "True")
                 && s["importedRecords"] == json!(1)
-        },
-    )
-    .await;
+        })
+        .await;
     assert_eq!(
         condition(&status, "Valid").map(|c| c.0),
         Some("True".to_string())
     );
 
-    rrs.delete("hier", &DeleteParams::default())
+    lab.rrs(&lab.ns)
+        .delete("hier", &DeleteParams::default())
         .await
         .expect("delete RR");
-    wait_names(&api, vec![]).await;
-    wait_for(
+    lab.wait_names(vec![]).await;
+    wait_catalog(
+        &west.catalog,
         "hierarchy imports gone from the catalog",
-        || {
-            west.catalog
-                .list(&xcc_registry::catalog::ListFilter {
-                    source: Some(xcc_registry::catalog::Source::Hierarchy("hier".into())),
-                    ..Default::default()
-                })
-                .len()
-        },
-        |n| *n == 0,
+        |c| hierarchy_count(c) == 0,
     )
     .await;
+    lab.assert_not_forbidden();
 }
-
-// ----- measurement (not a pass/fail timing; run by hand) -----
-
-/// How long importing N records into the fake API server takes, and how many API writes it
-/// costs. `XCC_KUBE_IMPORT_N` (default 2000). Run:
-/// `cargo test --release -p xcc-registry --test kube_store -- --ignored --nocapture import_throughput`
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "measurement; prints numbers"]
-async fn import_throughput() {
-    let n: usize = std::env::var("XCC_KUBE_IMPORT_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000);
-    let pki = Pki::new("xcc.test");
-    let fqdns: Vec<String> = (0..n).map(|i| format!("svc-{i}.some.domain")).collect();
-    let refs: Vec<&str> = fqdns.iter().map(String::as_str).collect();
-    let (east, _ec) = east(&pki, &refs).await;
-    let api = fake().await;
-    let (west, _wc) = west_with(&pki, &api, |c| {
-        c.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
-    })
-    .await;
-    let t0 = std::time::Instant::now();
-    create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    wait_for(
-        "all imported",
-        || api.list(V, "servicerecords", Some(NS)).len(),
-        |c| *c == n,
-    )
-    .await;
-    let imported = t0.elapsed();
-    wait_synced(&api, RR).await;
-    let synced = t0.elapsed();
-    let writes = api.writes();
-    println!(
-        "imported {n} records in {imported:?} (Synced after {synced:?}); applies {}, deletes {}, status writes {}",
-        writes.get(SR_RES, Verb::Patch),
-        writes.get(SR_RES, Verb::Delete),
-        writes.get(
-            "remoteregistries.connectivity.tanzu.vmware.com/status",
-            Verb::Patch
-        ),
-    );
-    let metrics = http_get(west.metrics_addr.expect("metrics"), "/metrics").await;
-    for line in metrics
-        .lines()
-        .filter(|l| l.starts_with("xcc_kube_reconciles_total"))
-    {
-        println!("{line}");
-    }
-}
-
-/// C9: a RemoteRegistry deleted and re-created under the same name (new UID): its imports come
-/// back owned by the new UID.
-#[tokio::test]
-async fn c9_recreated_rr_owns_its_imports_again() {
-    let pki = Pki::new("xcc.test");
-    let (east, _ec) = east(&pki, &["a.some.domain"]).await;
-    let api = fake().await;
-    let (_west, _wc) = west(&pki, &api).await;
-    let first = create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    let name = format!("a.some.domain-{H}");
-    wait_names(&api, vec![name.clone()]).await;
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
-    rrs.delete(RR, &DeleteParams::default())
-        .await
-        .expect("delete RR");
-    let second = create_rr(&api, RR, NS, east.hamlet_addr, None).await;
-    let new_uid = second.metadata.uid.clone().expect("uid");
-    assert_ne!(first.metadata.uid, second.metadata.uid);
-    wait_for(
-        "the import owned by the new RemoteRegistry",
-        || sr(&api, &name).map(|r| r["metadata"]["ownerReferences"].clone()),
-        |o| {
-            o.as_ref().is_some_and(|o| {
-                *o == json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": RR, "uid": new_uid}])
-            })
-        },
-    )
-    .await;
-    assert_eq!(sr_names(&api), std::slice::from_ref(&name));
-
-    // The UID changes in one step (as after a relist that missed the deletion): the record is
-    // re-pointed at the new owner in place, not deleted and re-created.
-    let record_uid = uid_of(&api, &name);
-    put(
-        &api,
-        raw_rr(
-            "some-remote-registry",
-            "third-uid",
-            &east.hamlet_addr.to_string(),
-        ),
-    );
-    wait_for(
-        "the import re-pointed at the third UID",
-        || sr(&api, &name).map(|r| r["metadata"]["ownerReferences"].clone()),
-        |o| {
-            o.as_ref().is_some_and(|o| {
-                *o == json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": RR, "uid": "third-uid"}])
-            })
-        },
-    )
-    .await;
-    assert_eq!(uid_of(&api, &name), record_uid, "updated in place");
-}
-
-/// S5: the same FQDN exported from two namespaces is two catalog entries; Hamlet serves one
-/// (reported as a conflict) and falls over to the other when it goes, so the name stays served.
-#[tokio::test]
-async fn s5_duplicate_fqdn_across_namespaces_stays_served_until_both_go() {
-    let pki = Pki::new("xcc.test");
-    let api = fake().await;
-    for ns in ["shop", "elsewhere"] {
-        let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), ns);
-        let r: xcc_proto::crd::ServiceRecord = serde_json::from_value(exported_sr(
-            ns,
-            "web",
-            "web.example.org",
-            json!({EXPORT: ""}),
-            json!({}),
-        ))
-        .expect("sr");
-        srs.create(&PostParams::default(), &r)
-            .await
-            .expect("create");
-    }
-    let (west, _wc) = west(&pki, &api).await;
-    wait_for("ready", || west.health.is_ready(), |r| *r).await;
-    let served = |w: &Registry| {
-        w.catalog
-            .hamlet_get("web.example.org")
-            .map(|e| e.key.namespace.clone())
-    };
-    assert_eq!(served(&west).as_deref(), Some("elsewhere"));
-    assert_eq!(west.catalog.hamlet_conflicts().len(), 1);
-    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "elsewhere");
-    srs.delete("web", &DeleteParams::default())
-        .await
-        .expect("delete");
-    wait_for(
-        "served from shop",
-        || served(&west),
-        |s| s.as_deref() == Some("shop"),
-    )
-    .await;
-    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "shop");
-    srs.delete("web", &DeleteParams::default())
-        .await
-        .expect("delete");
-    wait_for("not served", || served(&west), |s| s.is_none()).await;
-}
-
-// ----- hierarchy: per-import status, restart without churn -----
 
 /// A root (memory store, one Cedar policy forbidding `shop/secret`) and an owner below it
 /// exporting `shop/api` and `shop/secret` for `west/web` and `shop/other` for someone else.
@@ -1348,15 +1451,15 @@ forbid (principal, action == Xcc::Action::"discover", resource) when { resource.
     (root, owner, policies, vec![rc, oc])
 }
 
-fn parent_rr(root: std::net::SocketAddr, imports: Value) -> RemoteRegistry {
-    let mut body = rr_body("hier", NS, &root.to_string(), None);
+fn parent_rr(ns: &str, root: std::net::SocketAddr, imports: Value) -> Value {
+    let mut body = rr_body("hier", ns, &root.to_string(), None);
     body["spec"]["role"] = json!("Parent");
     body["spec"]["imports"] = imports;
-    serde_json::from_value(body).expect("rr")
+    body
 }
 
-fn hierarchy_count(reg: &Registry) -> usize {
-    reg.catalog
+fn hierarchy_count(catalog: &xcc_registry::Catalog) -> usize {
+    catalog
         .list(&xcc_registry::catalog::ListFilter {
             source: Some(xcc_registry::catalog::Source::Hierarchy("hier".into())),
             ..Default::default()
@@ -1368,37 +1471,34 @@ fn hierarchy_count(reg: &Registry) -> usize {
 /// answered; a restart keeps the imported record (same UID, no delete, no create).
 #[tokio::test]
 async fn parent_rr_reports_each_import_and_a_restart_does_not_churn_its_records() {
+    let Some(lab) =
+        Lab::new("parent_rr_reports_each_import_and_a_restart_does_not_churn_its_records").await
+    else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
     let (root, _owner, _policies, _cancels) = tree(&pki).await;
-    let api = fake().await;
-    let (west1, c1) = west(&pki, &api).await;
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
-    rrs.create(
-        &PostParams::default(),
-        &parent_rr(
-            root.hamlet_addr,
-            json!([
-                {"namespace": "shop", "name": "api", "requesterService": "web"},
-                {"namespace": "shop", "name": "other", "requesterService": "web"},
-                {"namespace": "shop", "name": "secret", "requesterService": "web"},
-                {"fqdn": "nope.shop.svc.clusterset.local", "requesterService": "web"},
-            ]),
-        ),
-    )
-    .await
-    .expect("create RR");
+    let (west1, c1) = lab.west(&pki).await;
+    lab.create(parent_rr(
+        &lab.ns,
+        root.hamlet_addr,
+        json!([
+            {"namespace": "shop", "name": "api", "requesterService": "web"},
+            {"namespace": "shop", "name": "other", "requesterService": "web"},
+            {"namespace": "shop", "name": "secret", "requesterService": "web"},
+            {"fqdn": "nope.shop.svc.clusterset.local", "requesterService": "web"},
+        ]),
+    ))
+    .await;
     let fqdn = xcc_proto::names::clusterset_fqdn("api", "shop");
     let name = xcc_proto::names::imported_record_name(&fqdn, "hier").expect("name");
-    wait_names(&api, vec![name.clone()]).await;
-    let status = wait_for(
-        "hier Synced=True with one import",
-        || rr_status(&api, NS, "hier"),
-        |s| {
+    lab.wait_names(vec![name.clone()]).await;
+    let status = lab
+        .wait_rr(&lab.ns, "hier", "hier Synced=True with one import", |s| {
             condition(s, "Synced").is_some_and(|c| c.0 == "True")
                 && s["importedRecords"] == json!(1)
-        },
-    )
-    .await;
+        })
+        .await;
     assert_eq!(
         condition(&status, "Synced").map(|c| (c.1, c.2)),
         Some((
@@ -1454,106 +1554,123 @@ async fn parent_rr_reports_each_import_and_a_restart_does_not_churn_its_records(
     );
 
     // Restart: the stored import is kept while the new process asks again.
-    let uid = uid_of(&api, &name);
+    let record_uid = lab.uid_of(&name).await;
     c1.cancel();
     west1.shutdown().await.expect("clean shutdown");
-    let deletes = api.writes().get(SR_RES, Verb::Delete);
-    let creates = api.writes().get(SR_RES, Verb::Create);
-    let (west2, _c2) = west(&pki, &api).await;
-    wait_for(
+    let deletes = lab.sr_deletes();
+    let creates = lab.sr_creates();
+    assert_eq!(creates, 1, "{:#?}", lab.writes());
+    let (west2, _c2) = lab.west(&pki).await;
+    wait_catalog(
+        &west2.catalog,
         "the restarted registry imports again",
-        || hierarchy_count(&west2),
-        |n| *n == 1,
+        |c| hierarchy_count(c) == 1,
     )
     .await;
-    assert_eq!(uid_of(&api, &name), uid, "the record was not re-created");
-    assert_eq!(api.writes().get(SR_RES, Verb::Delete) - deletes, 0);
-    assert_eq!(api.writes().get(SR_RES, Verb::Create) - creates, 0);
-    assert_eq!(sr_names(&api), [name]);
+    assert_eq!(
+        lab.uid_of(&name).await,
+        record_uid,
+        "the record was not re-created"
+    );
+    assert_eq!(lab.sr_deletes() - deletes, 0);
+    assert_eq!(lab.sr_creates() - creates, 0);
+    assert_eq!(lab.sr_names().await, [name]);
+    lab.assert_not_forbidden();
 }
 
 /// With the parent unreachable every import is `Unavailable`, `Synced` stays False, and the
 /// stored imports are left alone (nothing is deleted while nothing is known).
 #[tokio::test]
 async fn parent_unreachable_imports_unavailable_and_stored_records_kept() {
+    let Some(lab) =
+        Lab::new("parent_unreachable_imports_unavailable_and_stored_records_kept").await
+    else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
-    let api = fake().await;
     // A port nobody listens on.
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr")
     };
-    let rr = parent_rr(
-        closed,
-        json!([{"namespace": "shop", "name": "api", "requesterService": "web"}]),
-    );
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
-    let rr = rrs
-        .create(&PostParams::default(), &rr)
-        .await
-        .expect("create RR");
+    let rr = lab
+        .create(parent_rr(
+            &lab.ns,
+            closed,
+            json!([{"namespace": "shop", "name": "api", "requesterService": "web"}]),
+        ))
+        .await;
     let fqdn = xcc_proto::names::clusterset_fqdn("api", "shop");
     let name = xcc_proto::names::imported_record_name(&fqdn, "hier").expect("name");
     // What an earlier run imported.
-    put(
-        &api,
-        raw_import(
-            &name,
-            &fqdn,
-            "hier",
-            rr.metadata.uid.as_deref().expect("uid"),
-        ),
-    );
-    let (_west, _wc) = west(&pki, &api).await;
-    let status = wait_for(
-        "the import reported unavailable",
-        || rr_status(&api, NS, "hier"),
-        |s| s["imports"][0]["state"] == json!("Unavailable"),
-    )
-    .await;
+    let stored = lab
+        .create(import_body(&lab.ns, &name, &fqdn, "hier", &uid(&rr)))
+        .await;
+    let (_west, _wc) = lab.west(&pki).await;
+    let status = lab
+        .wait_rr(&lab.ns, "hier", "the import reported unavailable", |s| {
+            s["imports"][0]["state"] == json!("Unavailable")
+        })
+        .await;
     assert_eq!(
         condition(&status, "Synced").map(|c| (c.0, c.1)),
         Some(("False".to_string(), "Pending".to_string()))
     );
-    assert_eq!(sr_names(&api), [name]);
-    assert_eq!(api.writes().get(SR_RES, Verb::Delete), 0);
+    assert_eq!(lab.sr_names().await, std::slice::from_ref(&name));
+    assert_eq!(lab.uid_of(&name).await, uid(&stored));
+    assert_eq!(lab.sr_deletes(), 0);
+    lab.assert_not_forbidden();
 }
 
 // ----- grants at the owner (kube mode) -----
 
-/// The owner runs on the kube store with `--grant-mode istio` below a root; a requester asks
-/// the hierarchy for the owner's exported ServiceRecord. The owner applies the
+/// The owner runs on the kube store with `--grant-mode istio` (and the RBAC of
+/// `deploy/overlays/grants-istio`, the upstream Istio CRD installed) below a root; a requester
+/// asks the hierarchy for the owner's exported ServiceRecord. The owner applies the
 /// AuthorizationPolicy and records the caller in the record's `status.grants`; when the record
 /// stops admitting the caller, the grant is revoked: the policy is deleted and the caller
 /// dropped from the status.
 #[tokio::test]
 async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes_it() {
     use xcc_registry::federation::Target;
-    let pki = Pki::new("xcc.test");
-    let (root, _rc) = start(pki.cluster("root")).await;
-    let api = fake().await;
-    let fqdn = xcc_proto::names::clusterset_fqdn("api", "shop");
-    put(
-        &api,
-        json!({
-            "apiVersion": V, "kind": "ServiceRecord",
-            "metadata": {"name": "api", "namespace": "shop", "uid": "uid-api", "labels": {EXPORT: ""}},
-            "spec": {"fqdn": fqdn, "endpoints": [{"address": "10.2.0.1", "port": 443}],
-                     "allowedRequesters": ["west/web"]},
-        }),
-    );
-    let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
-    ocfg.namespace = NS.into();
-    ocfg.store = StoreConfig::Kube(kube_config(&api, false));
-    ocfg.federation.grant_mode = xcc_registry::federation::grants::GrantMode::Istio;
-    let (_owner, _oc) = start_with(ocfg).await;
-    let rrs: Api<RemoteRegistry> = Api::namespaced(api.client(), NS);
-    rrs.create(
-        &PostParams::default(),
-        &parent_rr(root.hamlet_addr, json!([])),
+    let Some(lab) = Lab::with_rbac(
+        "granted_hierarchy_query_applies_the_grant_object_and_revocation_removes_it",
+        "overlays/grants-istio",
     )
     .await
-    .expect("create RR");
+    else {
+        return;
+    };
+    let istio = xcc_testkube::upstream_crds().join("security.istio.io_authorizationpolicies.yaml");
+    lab.cp
+        .apply(&xcc_testkube::yaml_docs(
+            &std::fs::read_to_string(istio).unwrap(),
+        ))
+        .await;
+    let pki = Pki::new("xcc.test");
+    let (root, _rc) = start(pki.cluster("root")).await;
+    let shop = lab.namespace("shop").await;
+    let fqdn = xcc_proto::names::clusterset_fqdn("api", &shop);
+    lab.create(json!({
+        "apiVersion": V, "kind": "ServiceRecord",
+        "metadata": {"name": "api", "namespace": shop, "labels": {EXPORT: ""}},
+        "spec": {"fqdn": fqdn, "endpoints": [{"address": "10.2.0.1", "port": 443}],
+                 "allowedRequesters": ["west/web"]},
+    }))
+    .await;
+    let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
+    ocfg.namespace = lab.ns.clone();
+    ocfg.store = StoreConfig::Kube(lab.kube_config(false).await);
+    ocfg.federation.grant_mode = xcc_registry::federation::grants::GrantMode::Istio;
+    let (_owner, _oc) = start_with(ocfg).await;
+    lab.create(parent_rr(&lab.ns, root.hamlet_addr, json!([])))
+        .await;
+    // The requester asks once the owner is in the tree (a question asked before is answered
+    // "not found" and asked again only after `import_retry`, 30 s).
+    lab.wait_rr(&lab.ns, "hier", "the owner joined the hierarchy", |s| {
+        condition(s, "Connected").is_some_and(|c| c.0 == "True")
+    })
+    .await;
 
     let mut wcfg = RegistryConfig::loopback(pki.cluster("west"));
     wcfg.federation.parent = Some(xcc_registry::federation::link::ParentSpec {
@@ -1564,28 +1681,28 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
     });
     wcfg.federation.imports = vec![(
         Target::Name {
-            namespace: "shop".into(),
+            namespace: shop.clone(),
             name: "api".into(),
         },
         "web".into(),
     )];
     let (west, _wc) = start_with(wcfg).await;
 
-    let ap = xcc_proto::names::policy_object_name("allow-to-", &["shop", "api", "west", "web"]);
-    let policy = wait_for(
+    let ap = xcc_proto::names::policy_object_name("allow-to-", &[&shop, "api", "west", "web"]);
+    let policies = ApiResource {
+        group: "security.istio.io".into(),
+        version: "v1".into(),
+        api_version: "security.istio.io/v1".into(),
+        kind: "AuthorizationPolicy".into(),
+        plural: "authorizationpolicies".into(),
+    };
+    let found = await_objects(
+        lab.api(&policies, &shop),
         "the AuthorizationPolicy at the owner",
-        || {
-            api.get(
-                "security.istio.io/v1",
-                "authorizationpolicies",
-                Some("shop"),
-                &ap,
-            )
-        },
-        Option::is_some,
+        |o| o.contains_key(&ap),
     )
-    .await
-    .expect("policy");
+    .await;
+    let policy = &found[&ap];
     assert_eq!(
         policy["spec"]["rules"][0]["from"][0]["source"]["principals"],
         json!(["cluster.local/ns/west/sa/web"])
@@ -1594,69 +1711,49 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
         policy["metadata"]["labels"]["app.kubernetes.io/managed-by"],
         json!("xcc-registry")
     );
-    let grants = wait_for(
-        "status.grants on the exported record",
-        || {
-            api.get(V, "servicerecords", Some("shop"), "api")
-                .map(|o| o["status"]["grants"].clone())
-                .unwrap_or(Value::Null)
-        },
-        |g| g.is_array(),
-    )
-    .await;
-    let callers: Vec<(Value, Value)> = grants
+    let record = lab
+        .wait_sr(&shop, "api", "status.grants on the exported record", |r| {
+            r.is_some_and(|r| r["status"]["grants"].is_array())
+        })
+        .await
+        .expect("record");
+    let callers: Vec<(Value, Value)> = record["status"]["grants"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|g| (g["callerCluster"].clone(), g["callerService"].clone()))
         .collect();
     assert_eq!(callers, [(json!("west"), json!("web"))]);
-    wait_for(
-        "the requester imports the service",
-        || {
-            west.catalog
-                .list(&xcc_registry::catalog::ListFilter {
-                    source: Some(xcc_registry::catalog::Source::Hierarchy("up".into())),
-                    ..Default::default()
-                })
-                .len()
-        },
-        |n| *n == 1,
-    )
+    wait_catalog(&west.catalog, "the requester imports the service", |c| {
+        c.list(&xcc_registry::catalog::ListFilter {
+            source: Some(xcc_registry::catalog::Source::Hierarchy("up".into())),
+            ..Default::default()
+        })
+        .len()
+            == 1
+    })
     .await;
 
     // Revocation: the record no longer admits west.
-    let srs: Api<xcc_proto::crd::ServiceRecord> = Api::namespaced(api.client(), "shop");
-    srs.patch(
-        "api",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"allowedRequesters": ["c9/x"]}})),
-    )
-    .await
-    .expect("patch record");
-    wait_for(
+    lab.srs(&shop)
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"allowedRequesters": ["c9/x"]}})),
+        )
+        .await
+        .expect("patch record");
+    await_objects(
+        lab.api(&policies, &shop),
         "the AuthorizationPolicy deleted",
-        || {
-            api.get(
-                "security.istio.io/v1",
-                "authorizationpolicies",
-                Some("shop"),
-                &ap,
-            )
-        },
-        Option::is_none,
+        |o| !o.contains_key(&ap),
     )
     .await;
-    wait_for(
-        "the caller dropped from status.grants",
-        || {
-            api.get(V, "servicerecords", Some("shop"), "api")
-                .map(|o| o["status"]["grants"].clone())
-                .unwrap_or(Value::Null)
-        },
-        |g| g.as_array().is_none_or(Vec::is_empty),
-    )
+    lab.wait_sr(&shop, "api", "the caller dropped from status.grants", |r| {
+        r.is_some_and(|r| r["status"]["grants"].as_array().is_none_or(Vec::is_empty))
+    })
     .await;
+    lab.assert_not_forbidden();
 }
 
 // ----- policies from a ConfigMap (kube mode) -----
@@ -1666,13 +1763,15 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
 #[tokio::test]
 async fn policy_configmap_is_read_before_ready_and_followed() {
     use k8s_openapi::api::core::v1::ConfigMap;
+    let Some(lab) = Lab::new("policy_configmap_is_read_before_ready_and_followed").await else {
+        return;
+    };
     let pki = Pki::new("xcc.test");
-    let api = fake().await;
-    let cms: Api<ConfigMap> = Api::namespaced(api.client(), NS);
+    let cms: Api<ConfigMap> = Api::namespaced(lab.admin.clone(), &lab.ns);
     let cm = |id: &str| -> ConfigMap {
         serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "xcc-policies", "namespace": NS},
+            "metadata": {"name": "xcc-policies", "namespace": lab.ns},
             "data": {"p.cedar": format!(
                 "@id(\"{id}\")\nforbid (principal, action == Xcc::Action::\"discover\", resource) when {{ resource.name == \"x\" }};"
             )},
@@ -1682,10 +1781,11 @@ async fn policy_configmap_is_read_before_ready_and_followed() {
     cms.create(&PostParams::default(), &cm("first"))
         .await
         .expect("create");
-    let (west, _wc) = west_with(&pki, &api, |c| {
-        c.federation.policy_configmap = Some("xcc-policies".into());
-    })
-    .await;
+    let (west, _wc) = lab
+        .west_with(&pki, |c| {
+            c.federation.policy_configmap = Some("xcc-policies".into());
+        })
+        .await;
     wait_for("ready", || west.health.is_ready(), |r| *r).await;
     assert_eq!(
         west.level.policies().policy_ids(),
@@ -1701,4 +1801,303 @@ async fn policy_configmap_is_read_before_ready_and_followed() {
     )
     .await;
     assert!(west.policy_errors.get().is_empty());
+    lab.assert_not_forbidden();
+}
+
+/// C9: a RemoteRegistry deleted and re-created under the same name (new UID): its imports come
+/// back owned by the new UID.
+#[tokio::test]
+async fn c9_recreated_rr_owns_its_imports_again() {
+    let Some(lab) = Lab::new("c9_recreated_rr_owns_its_imports_again").await else {
+        return;
+    };
+    let pki = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["a.some.domain"]).await;
+    let (_west, _wc) = lab.west(&pki).await;
+    let first = lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
+    let name = format!("a.some.domain-{H}");
+    lab.wait_names(vec![name.clone()]).await;
+    lab.rrs(&lab.ns)
+        .delete(RR, &DeleteParams::default())
+        .await
+        .expect("delete RR");
+    let second = lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
+    assert_ne!(first, second);
+    let want = json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": RR, "uid": second}]);
+    let records = await_objects(
+        lab.api(&ar_sr(), &lab.ns),
+        "the import owned by the new RemoteRegistry",
+        |o| {
+            o.len() == 1
+                && o.get(&name)
+                    .is_some_and(|r| r["metadata"]["ownerReferences"] == want)
+        },
+    )
+    .await;
+    assert_eq!(records.keys().collect::<Vec<_>>(), [&name]);
+    lab.assert_not_forbidden();
+}
+
+/// S5: the same FQDN exported from two namespaces is two catalog entries; Hamlet serves one
+/// (reported as a conflict) and falls over to the other when it goes, so the name stays served.
+#[tokio::test]
+async fn s5_duplicate_fqdn_across_namespaces_stays_served_until_both_go() {
+    let Some(lab) =
+        Lab::new("s5_duplicate_fqdn_across_namespaces_stays_served_until_both_go").await
+    else {
+        return;
+    };
+    let pki = Pki::new("xcc.test");
+    // Served first: the first namespace by name.
+    let elsewhere = lab.namespace("elsewhere").await;
+    let shop = lab.namespace("shop").await;
+    for ns in [&shop, &elsewhere] {
+        lab.create(exported_sr(
+            ns,
+            "web",
+            "web.example.org",
+            json!({EXPORT: ""}),
+            json!({}),
+        ))
+        .await;
+    }
+    let (west, _wc) = lab.west(&pki).await;
+    wait_for("ready", || west.health.is_ready(), |r| *r).await;
+    let served = |c: &xcc_registry::Catalog| {
+        c.hamlet_get("web.example.org")
+            .map(|e| e.key.namespace.clone())
+    };
+    assert_eq!(served(&west.catalog).as_deref(), Some(elsewhere.as_str()));
+    assert_eq!(west.catalog.hamlet_conflicts().len(), 1);
+    lab.srs(&elsewhere)
+        .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_catalog(&west.catalog, "served from shop", |c| {
+        served(c).as_deref() == Some(shop.as_str())
+    })
+    .await;
+    lab.srs(&shop)
+        .delete("web", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_catalog(&west.catalog, "not served", |c| served(c).is_none()).await;
+    lab.assert_not_forbidden();
+}
+
+// ----- measurement (not a pass/fail timing; run by hand) -----
+
+/// How long importing N records into the real API server takes, and how many API writes it
+/// costs. `XCC_KUBE_IMPORT_N` (default 2000). Run:
+/// `cargo test --release -p xcc-registry --test kube_store -- --ignored --nocapture import_throughput`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measurement; prints numbers"]
+async fn import_throughput() {
+    let Some(lab) = Lab::new("import_throughput").await else {
+        return;
+    };
+    let n: usize = std::env::var("XCC_KUBE_IMPORT_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let pki = Pki::new("xcc.test");
+    let fqdns: Vec<String> = (0..n).map(|i| format!("svc-{i}.some.domain")).collect();
+    let refs: Vec<&str> = fqdns.iter().map(String::as_str).collect();
+    let (east, _ec) = east(&pki, &refs).await;
+    let (west, _wc) = lab
+        .west_with(&pki, |c| {
+            c.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+        })
+        .await;
+    let t0 = std::time::Instant::now();
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
+    await_objects(lab.api(&ar_sr(), &lab.ns), "all imported", |o| o.len() == n).await;
+    let imported = t0.elapsed();
+    lab.wait_synced(RR).await;
+    let synced = t0.elapsed();
+    let writes = lab.writes();
+    let count = |p: &str| writes.iter().filter(|w| w.starts_with(p)).count();
+    println!(
+        "imported {n} records in {imported:?} (Synced after {synced:?}); applies {}, deletes {}, status writes {}",
+        count("patch servicerecords "),
+        count("delete servicerecords "),
+        count("patch remoteregistries/status "),
+    );
+    let metrics = http_get(west.metrics_addr.expect("metrics"), "/metrics").await;
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("xcc_kube_reconciles_total"))
+    {
+        println!("{line}");
+    }
+}
+
+/// What a real API server cannot be made to do on demand, on the in-process fake API server:
+///
+/// * **410 Gone**: a real server answers a watch with 410 only once etcd was compacted past
+///   its resourceVersion *and* the server's watch cache no longer holds it — nothing a test
+///   can trigger. The fake's `compact` forces both watches (exports, RemoteRegistries) to
+///   relist; a relist at steady state must write nothing, and changes after it are seen.
+/// * **A UID changing in one step**: on a real server every deletion reaches an open watch,
+///   so the registry always sees a re-created RemoteRegistry's deletion first. The fake stores
+///   the new object in place, as a relist that missed the deletion would show it.
+mod fake {
+    use super::*;
+    use xcc_kube_fake::{FakeApiServer, crds};
+
+    const NS: &str = "cross-cluster-connectivity";
+
+    async fn server() -> FakeApiServer {
+        FakeApiServer::builder()
+            .namespace(NS)
+            .namespace("shop")
+            .resource(crds::service_records())
+            .resource(crds::remote_registries())
+            .start()
+            .await
+    }
+
+    async fn west(
+        pki: &Pki,
+        api: &FakeApiServer,
+    ) -> (Registry, tokio_util::sync::CancellationToken) {
+        let mut k = KubeConfig::new(api.client(), false);
+        k.status_resync = Duration::from_millis(100);
+        let mut cfg = RegistryConfig::loopback(pki.cluster("west"));
+        cfg.namespace = NS.into();
+        cfg.store = StoreConfig::Kube(k);
+        cfg.client.backoff = Backoff {
+            min: Duration::from_millis(50),
+            max: Duration::from_millis(400),
+        };
+        cfg.client.quiet_period = Duration::from_millis(300);
+        start_with(cfg).await
+    }
+
+    async fn create_rr(api: &FakeApiServer, addr: std::net::SocketAddr, domains: Option<&[&str]>) {
+        let rr: RemoteRegistry =
+            serde_json::from_value(rr_body(RR, NS, &addr.to_string(), domains)).unwrap();
+        Api::<RemoteRegistry>::namespaced(api.client(), NS)
+            .create(&PostParams::default(), &rr)
+            .await
+            .expect("create RR");
+    }
+
+    fn names(api: &FakeApiServer) -> Vec<String> {
+        let mut v: Vec<String> = api
+            .list(V, "servicerecords", Some(NS))
+            .iter()
+            .map(|o| {
+                o["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn rr_status(api: &FakeApiServer) -> Value {
+        api.get(V, "remoteregistries", Some(NS), RR)
+            .map(|o| o["status"].clone())
+            .unwrap_or(Value::Null)
+    }
+
+    #[tokio::test]
+    async fn watch_410_gone_relists_write_nothing_at_steady_state_and_miss_no_change() {
+        let pki = Pki::new("xcc.test");
+        let (east, _ec) = east(&pki, &["a.some.domain", "b.other.domain"]).await;
+        let api = server().await;
+        let (west, _wc) = west(&pki, &api).await;
+        create_rr(&api, east.hamlet_addr, None).await;
+        let want = imported_names(&["a.some.domain", "b.other.domain"]);
+        wait_for("both imports", || names(&api), |n| *n == want).await;
+        wait_for(
+            "Synced, importedRecords 2",
+            || rr_status(&api),
+            |s| {
+                condition(s, "Synced").is_some_and(|c| c.0 == "True")
+                    && s["importedRecords"] == json!(2)
+            },
+        )
+        .await;
+
+        // Zero writes over a quiet period with a forced relist of both watches.
+        let before = api.writes();
+        let st_before = rr_status(&api);
+        api.compact();
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            api.writes(),
+            before,
+            "writes at steady state; RemoteRegistry status before {st_before:#}, after {:#}",
+            rr_status(&api)
+        );
+
+        // Changes after the compaction are seen by the re-listed watches.
+        api.compact();
+        let r: ServiceRecord = serde_json::from_value(exported_sr(
+            "shop",
+            "web",
+            "web.shop.example.org",
+            json!({EXPORT: ""}),
+            json!({}),
+        ))
+        .unwrap();
+        Api::<ServiceRecord>::namespaced(api.client(), "shop")
+            .create(&PostParams::default(), &r)
+            .await
+            .expect("create");
+        Api::<RemoteRegistry>::namespaced(api.client(), NS)
+            .patch(
+                RR,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"allowedDomains": ["some.domain"]}})),
+            )
+            .await
+            .expect("patch RR");
+        let want = imported_names(&["a.some.domain"]);
+        wait_for("the tightened imports", || names(&api), |n| *n == want).await;
+        wait_catalog(&west.catalog, "export after 410", |c| {
+            c.get(&xcc_registry::catalog::ServiceKey::new(
+                "west", "shop", "web",
+            ))
+            .is_some()
+        })
+        .await;
+    }
+
+    /// C9: the UID changes in one step (as after a relist that missed the deletion): the
+    /// record is re-pointed at the new owner in place, not deleted and re-created.
+    #[tokio::test]
+    async fn c9_rr_uid_changing_in_one_step_repoints_the_import_in_place() {
+        let pki = Pki::new("xcc.test");
+        let (east, _ec) = east(&pki, &["a.some.domain"]).await;
+        let api = server().await;
+        let (_west, _wc) = west(&pki, &api).await;
+        create_rr(&api, east.hamlet_addr, None).await;
+        let name = format!("a.some.domain-{H}");
+        let want = vec![name.clone()];
+        wait_for("the import", || names(&api), |n| *n == want).await;
+        let record = || {
+            api.get(V, "servicerecords", Some(NS), &name)
+                .expect("record")
+        };
+        let record_uid = uid(&record());
+        let mut rr = rr_body(RR, NS, &east.hamlet_addr.to_string(), None);
+        rr["metadata"]["uid"] = json!("third-uid");
+        rr["metadata"]["generation"] = json!(1);
+        api.put_raw(rr).expect("put_raw");
+        let third =
+            json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": RR, "uid": "third-uid"}]);
+        wait_for(
+            "the import re-pointed at the third UID",
+            || record()["metadata"]["ownerReferences"].clone(),
+            |o| *o == third,
+        )
+        .await;
+        assert_eq!(uid(&record()), record_uid, "updated in place");
+        assert_eq!(names(&api), want);
+    }
 }
