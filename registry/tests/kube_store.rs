@@ -1653,7 +1653,8 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
     let fqdn = xcc_proto::names::clusterset_fqdn("api", &shop);
     lab.create(json!({
         "apiVersion": V, "kind": "ServiceRecord",
-        "metadata": {"name": "api", "namespace": shop, "labels": {EXPORT: ""}},
+        "metadata": {"name": "api", "namespace": shop, "labels": {EXPORT: ""},
+                     "annotations": {xcc_proto::names::WORKLOAD_SELECTOR_ANNOTATION: "app=api"}},
         "spec": {"fqdn": fqdn, "endpoints": [{"address": "10.2.0.1", "port": 443}],
                  "allowedRequesters": ["west/web"]},
     }))
@@ -1687,6 +1688,35 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
         "web".into(),
     )];
     let (west, _wc) = start_with(wcfg).await;
+    wait_catalog(&west.catalog, "the requester imports the service", |c| {
+        c.list(&xcc_registry::catalog::ListFilter {
+            source: Some(xcc_registry::catalog::Source::Hierarchy("up".into())),
+            ..Default::default()
+        })
+        .len()
+            == 1
+    })
+    .await;
+    // The import asks as the cluster, with no workload identity: a grant without one opens
+    // no mesh object. Asking on behalf of a workload does.
+    let answer = west
+        .level
+        .query_as(
+            Target::Name {
+                namespace: shop.clone(),
+                name: "api".into(),
+            },
+            "web",
+            Some(xcc_registry::federation::grants::WorkloadIdentity {
+                trust_domain: "cluster.local".into(),
+                namespace: "storefront".into(),
+                service_account: "web".into(),
+            }),
+            true,
+            std::time::Duration::from_secs(30),
+        )
+        .await;
+    assert!(answer.access_allowed, "{answer:?}");
 
     let ap = xcc_proto::names::policy_object_name("allow-to-", &[&shop, "api", "west", "web"]);
     let policies = ApiResource {
@@ -1705,7 +1735,7 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
     let policy = &found[&ap];
     assert_eq!(
         policy["spec"]["rules"][0]["from"][0]["source"]["principals"],
-        json!(["cluster.local/ns/west/sa/web"])
+        json!(["cluster.local/ns/storefront/sa/web"])
     );
     assert_eq!(
         policy["metadata"]["labels"]["app.kubernetes.io/managed-by"],
@@ -1724,15 +1754,6 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
         .map(|g| (g["callerCluster"].clone(), g["callerService"].clone()))
         .collect();
     assert_eq!(callers, [(json!("west"), json!("web"))]);
-    wait_catalog(&west.catalog, "the requester imports the service", |c| {
-        c.list(&xcc_registry::catalog::ListFilter {
-            source: Some(xcc_registry::catalog::Source::Hierarchy("up".into())),
-            ..Default::default()
-        })
-        .len()
-            == 1
-    })
-    .await;
 
     // Revocation: the record no longer admits west.
     lab.srs(&shop)
