@@ -260,7 +260,7 @@ impl Controller {
             w.registries,
             ctx.clone(),
             stop.clone(),
-            RegistryEvents,
+            RegistryEvents::default(),
         ));
         tasks.spawn(follow(
             Api::<Service>::all(client.clone()),
@@ -423,12 +423,12 @@ impl OnEvent<ServiceRecord> for RecordEvents {
 }
 
 /// RemoteRegistries: a change of `spec.materialize` moves its records between keys.
-struct RegistryEvents;
+#[derive(Default)]
+struct RegistryEvents(keys::Modes);
 
 impl OnEvent<RemoteRegistry> for RegistryEvents {
     fn on_event(&mut self, ctx: &Ctx, event: &watcher::Event<RemoteRegistry>) {
-        if let watcher::Event::Apply(rr) | watcher::Event::Delete(rr) = event {
-            let name = rr.name_any();
+        if let Some(name) = self.0.changed(event) {
             ctx.queue.add_all(
                 ctx.records
                     .state()
