@@ -89,6 +89,19 @@ pub fn managed(meta: &ObjectMeta) -> bool {
     label_is(meta, MANAGED_BY_LABEL, BINDER_MANAGER)
 }
 
+/// Whether an EndpointSlice is the binder's slice of the Service `service_name` (both labels).
+fn slice_of(slice: &EndpointSlice, service_name: &str) -> bool {
+    label_is(
+        &slice.metadata,
+        ENDPOINTSLICE_MANAGED_BY_LABEL,
+        BINDER_MANAGER,
+    ) && label_is(
+        &slice.metadata,
+        ENDPOINTSLICE_SERVICE_NAME_LABEL,
+        service_name,
+    )
+}
+
 fn not_managed(kind: &'static str, namespace: &str, name: &str) -> ApplyError {
     ApplyError::NotManaged {
         kind,
@@ -250,10 +263,36 @@ fn error<'a>(
 /// A Service, Endpoints or EndpointSlice of the same name that the binder does not manage is
 /// never taken over: the sync stops with [`ApplyError::NotManaged`] before writing anything of
 /// that object (the Service is checked first, so a foreign Service means no write at all).
+/// Lists the Service's EndpointSlices to find stale ones; a controller with a watch cache of
+/// them uses [`sync_group_known`] instead.
 pub async fn sync_group(
     client: &Client,
     namespace: &str,
     m: &Materialized,
+) -> Result<Written, ApplyError> {
+    let service_name = m.service.name_any();
+    let selector = format!(
+        "{ENDPOINTSLICE_SERVICE_NAME_LABEL}={service_name},{ENDPOINTSLICE_MANAGED_BY_LABEL}={BINDER_MANAGER}"
+    );
+    let existing = Api::<EndpointSlice>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(error("list", "EndpointSlice", namespace, &service_name))?;
+    sync_group_known(client, namespace, m, existing.items.iter()).await
+}
+
+/// [`sync_group`] with the binder's EndpointSlices in `namespace` given (from a watch cache),
+/// so a reconcile costs no list: on a real API server a list is a consistent read that waits
+/// for the watch cache to catch up with etcd, tens of milliseconds where a get by name takes
+/// one or two. Each desired object is still read by name before it is written (the cache may
+/// not hold a slice written a moment ago, and one someone else created is never taken over);
+/// only the stale slices come from `known`: one the cache does not show yet is deleted when
+/// its watch event reconciles the group again.
+pub async fn sync_group_known<'a>(
+    client: &Client,
+    namespace: &str,
+    m: &Materialized,
+    known: impl IntoIterator<Item = &'a EndpointSlice>,
 ) -> Result<Written, ApplyError> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut written = Written::default();
@@ -308,28 +347,21 @@ pub async fn sync_group(
     }
 
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
-    let selector = format!(
-        "{ENDPOINTSLICE_SERVICE_NAME_LABEL}={service_name},{ENDPOINTSLICE_MANAGED_BY_LABEL}={BINDER_MANAGER}"
-    );
-    let existing = slices
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(error("list", "EndpointSlice", namespace, &service_name))?;
     for slice in &m.slices {
         let slice_name = slice.name_any();
-        let stored = existing.items.iter().find(|s| s.name_any() == slice_name);
-        if stored.is_some_and(|s| slice_up_to_date(s, slice)) {
-            continue;
-        }
-        if stored.is_none()
-            && slices
-                .get_opt(&slice_name)
-                .await
-                .map_err(error("get", "EndpointSlice", namespace, &slice_name))?
-                .is_some()
-        {
-            // A slice of this name exists without the binder's labels: someone else's.
-            return Err(not_managed("EndpointSlice", namespace, &slice_name));
+        let stored = slices.get_opt(&slice_name).await.map_err(error(
+            "get",
+            "EndpointSlice",
+            namespace,
+            &slice_name,
+        ))?;
+        match &stored {
+            // A slice of this name without the binder's labels: someone else's.
+            Some(s) if !slice_of(s, &service_name) => {
+                return Err(not_managed("EndpointSlice", namespace, &slice_name));
+            }
+            Some(s) if slice_up_to_date(s, slice) => continue,
+            _ => {}
         }
         slices
             .patch(&slice_name, &params, &Patch::Apply(slice))
@@ -340,7 +372,7 @@ pub async fn sync_group(
             written.created.push(format!("EndpointSlice/{slice_name}"));
         }
     }
-    for stale in stale_slices(&service_name, &m.slices, existing.items.iter()) {
+    for stale in stale_slices(&service_name, &m.slices, known) {
         match slices.delete(&stale, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}

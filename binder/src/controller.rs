@@ -634,7 +634,15 @@ impl Ctx {
         for d in &m.dropped {
             tracing::debug!(record = %d.record, endpoint = %d.endpoint, reason = d.reason, "endpoint left out");
         }
-        let found = match apply::sync_group(&self.client, &group.namespace, &m).await {
+        let known = self.slices.state();
+        let found = match apply::sync_group_known(
+            &self.client,
+            &group.namespace,
+            &m,
+            known.iter().map(AsRef::as_ref),
+        )
+        .await
+        {
             Ok(written) => {
                 self.count_written(&written, &group.namespace).await;
                 m.conflict.as_ref().map(|c| Found {
