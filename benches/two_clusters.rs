@@ -12,9 +12,11 @@
 //! processes (release build) under the RBAC of `deploy/`, real mTLS between the registries.
 //!
 //! 1. Latency: one Service at a time is labelled for export in A (server-side apply); the clock
-//!    starts before the apply and stops when B's API server holds an EndpointSlice with its cluster IP. p50/p90/p99/max.
+//!    starts before the apply and stops when a watch on B's API server delivers an
+//!    EndpointSlice with its cluster IP. p50/p90/p99/max.
 //! 2. Bulk: `--records` Services exported at once (16 applies in flight); time until B holds a
-//!    Service for each.
+//!    Service for each, and then until the binder's last writes (Endpoints, `Created` Event) of
+//!    every one are in, so that the steady window starts after the bulk phase.
 //! 3. Steady state: nothing changes for `--steady-seconds`; the API servers' audit logs give the
 //!    xcc processes' requests per verb and resource, per minute. Lease renewals (leader
 //!    election) are reported separately: they are the only writes expected.
@@ -26,7 +28,10 @@ mod clusters;
 
 use std::time::{Duration, Instant};
 
-use clusters::{NS, World, exported_service, remote_registry, slice_addresses, wait_for};
+use clusters::{NS, World, exported_service, remote_registry, wait_for};
+use futures::StreamExt as _;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::watcher;
 use xcc_proto::names::service_name;
 
 const LOG: &str = "warn";
@@ -106,7 +111,17 @@ async fn run(args: Args) {
     .await;
     let logs = || format!("{}{}", a.logs(), b.logs());
 
-    // 1. One export at a time.
+    // 1. One export at a time. B's EndpointSlices are watched (a poll would add its own
+    // interval and a consistent list, tens of milliseconds, to every sample).
+    let mut slices = {
+        use kube::runtime::WatchStreamExt as _;
+        let api: kube::Api<EndpointSlice> = kube::Api::namespaced(b.client(), NS);
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed()
+    };
+    // Listed before the first sample, so that no sample pays for the initial list.
+    while !matches!(slices.next().await, Some(Ok(watcher::Event::InitDone))) {}
     let mut latencies = Vec::with_capacity(args.samples);
     for i in 0..args.samples {
         let name = format!("lat-{i}");
@@ -126,21 +141,30 @@ async fn run(args: Args) {
         )
         .await;
         let svc = service_name(&format!("{name}.bench.svc.clusterset.local"));
-        wait_for(
-            "the EndpointSlice in B",
-            Duration::from_secs(60),
-            async || (slice_addresses(&b, NS, &svc).await == [ip.clone()]).then_some(()),
-            logs,
-        )
+        let seen = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(event) = slices.next().await {
+                let Ok(watcher::Event::Apply(slice) | watcher::Event::InitApply(slice)) = event
+                else {
+                    continue;
+                };
+                let labels = slice.metadata.labels.unwrap_or_default();
+                if labels.get("kubernetes.io/service-name") == Some(&svc)
+                    && slice.endpoints.iter().any(|e| e.addresses == [ip.clone()])
+                {
+                    return;
+                }
+            }
+        })
         .await;
+        assert!(seen.is_ok(), "no EndpointSlice for {svc} in B\n{}", logs());
         latencies.push(started.elapsed());
     }
+    drop(slices);
     latencies.sort();
 
     // 2. Many at once.
     let started = Instant::now();
     {
-        use futures::StreamExt as _;
         let a = &a;
         futures::stream::iter(0..args.records)
             .map(|i| async move {
@@ -158,7 +182,7 @@ async fn run(args: Args) {
     let want = args.records + args.samples;
     // When each stage held every record: A's exported records (publisher), B's imported
     // records (both registries), B's Services (binder).
-    let (mut exported_at, mut imported_at) = (None, None);
+    let (mut exported_at, mut imported_at, mut services_at) = (None, None, None);
     wait_for(
         "every Service in B",
         Duration::from_secs(900),
@@ -178,13 +202,29 @@ async fn run(args: Args) {
             if imported_at.is_none() && b.imported().await.len() >= want {
                 imported_at = Some(started.elapsed());
             }
-            let n = b
-                .list("v1", "services", Some(NS))
+            let managed = async |plural| {
+                b.list("v1", plural, Some(NS))
+                    .await
+                    .iter()
+                    .filter(|s| {
+                        s["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "xcc-binder"
+                    })
+                    .count()
+            };
+            if managed("services").await < want {
+                return None;
+            }
+            services_at.get_or_insert(started.elapsed());
+            // The binder writes a new group's Service, EndpointSlice, Endpoints and then its
+            // `Created` Event: the bulk phase is over when the last of those is there, not
+            // when the last Service is (the steady window would see the rest).
+            let created = b
+                .list("events.k8s.io/v1", "events", Some(NS))
                 .await
                 .iter()
-                .filter(|s| s["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "xcc-binder")
+                .filter(|e| e["reason"] == "Created" && e["regarding"]["kind"] == "Service")
                 .count();
-            (n >= want).then_some(())
+            (managed("endpoints").await >= want && created >= want).then_some(())
         },
         logs,
     )
@@ -205,10 +245,11 @@ async fn run(args: Args) {
         ms(latencies.last().copied().unwrap_or_default())
     );
     println!(
-        "== bulk: {} exports applied in {} ms; all {} Services present in B after {} ms",
+        "== bulk: {} exports applied in {} ms; all {} Services present in B after {} ms, with their Endpoints and Events after {} ms",
         args.records,
         ms(applied),
         want,
+        services_at.map_or("-".into(), ms),
         ms(converged)
     );
     println!(
@@ -258,14 +299,24 @@ async fn run(args: Args) {
             .filter(|((v, r), _)| mutating(v) && r != "leases")
             .map(|((v, r), n)| format!("{v} {r}: {n}"))
             .collect();
-        println!(
-            "  writes other than Leases: {}",
-            if other.is_empty() {
-                "none".to_string()
-            } else {
-                other.join(", ")
-            }
-        );
+        let reads: Vec<String> = per
+            .iter()
+            .filter(|((v, r), _)| !mutating(v) && r != "leases")
+            .map(|((v, r), n)| format!("{v} {r}: {n}"))
+            .collect();
+        for (what, list) in [
+            ("writes other than Leases", other),
+            ("reads other than Leases", reads),
+        ] {
+            println!(
+                "  {what}: {}",
+                if list.is_empty() {
+                    "none".to_string()
+                } else {
+                    list.join(", ")
+                }
+            );
+        }
     }
     for p in [
         a.publisher.take(),

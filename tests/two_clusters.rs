@@ -10,7 +10,8 @@
 //! global Services with the origins' names and namespaces, removed with their export label and
 //! kept across another registry restart; the RemoteRegistry deleted → every import and what
 //! the binder made of it gone (owner references, collected by the real garbage collector). At
-//! the end no request of any xcc process was refused (403) and each sent an `xcc/` User-Agent.
+//! the end no request of any xcc process was refused (403), each sent an `xcc/` User-Agent, and
+//! the binder's reconciles listed no EndpointSlices (they read by name and use the watch).
 //! Every step waits on API state, never on time.
 
 #![allow(clippy::unwrap_used)]
@@ -341,4 +342,25 @@ async fn export_in_a_is_reachable_by_name_in_b() {
             c.name
         );
     }
+    // The binder reads what it writes by name and knows its EndpointSlices from its watch: no
+    // reconcile lists them (a list is a consistent read on a real API server, tens of
+    // milliseconds on every reconcile). Its lists in the namespace are its watches' own.
+    let binder = format!("system:serviceaccount:{NS}:xcc-binder");
+    let listed: Vec<String> =
+        b.cp.audit()
+            .iter()
+            .filter(|e| {
+                e["user"]["username"] == binder.as_str()
+                    && e["verb"] == "list"
+                    && e["objectRef"]["resource"] == "endpointslices"
+                    && e["objectRef"]["namespace"] == NS
+            })
+            .map(|e| e["requestURI"].as_str().unwrap_or_default().to_string())
+            .filter(|uri| uri.contains("kubernetes.io%2Fservice-name"))
+            .collect();
+    assert_eq!(
+        listed,
+        Vec::<String>::new(),
+        "EndpointSlice lists per reconcile"
+    );
 }

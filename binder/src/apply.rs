@@ -14,6 +14,7 @@
 
 use std::collections::BTreeMap;
 
+use futures::TryFutureExt as _;
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Service, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -87,6 +88,19 @@ fn label_is(meta: &ObjectMeta, key: &str, value: &str) -> bool {
 /// Whether an object carries the binder's `app.kubernetes.io/managed-by` label.
 pub fn managed(meta: &ObjectMeta) -> bool {
     label_is(meta, MANAGED_BY_LABEL, BINDER_MANAGER)
+}
+
+/// Whether an EndpointSlice is the binder's slice of the Service `service_name` (both labels).
+fn slice_of(slice: &EndpointSlice, service_name: &str) -> bool {
+    label_is(
+        &slice.metadata,
+        ENDPOINTSLICE_MANAGED_BY_LABEL,
+        BINDER_MANAGER,
+    ) && label_is(
+        &slice.metadata,
+        ENDPOINTSLICE_SERVICE_NAME_LABEL,
+        service_name,
+    )
 }
 
 fn not_managed(kind: &'static str, namespace: &str, name: &str) -> ApplyError {
@@ -248,99 +262,166 @@ fn error<'a>(
 /// binder's EndpointSlices of this Service that `m` no longer has.
 ///
 /// A Service, Endpoints or EndpointSlice of the same name that the binder does not manage is
-/// never taken over: the sync stops with [`ApplyError::NotManaged`] before writing anything of
-/// that object (the Service is checked first, so a foreign Service means no write at all).
+/// never taken over: every object of the group is read and checked before anything is written,
+/// so the sync stops with [`ApplyError::NotManaged`] without a write. The objects are then
+/// written concurrently (their owners are the records, not one another), so a new group costs
+/// two round trips rather than one per object. Lists the Service's EndpointSlices to find stale ones; a controller with a watch cache of
+/// them uses [`sync_group_known`] instead.
 pub async fn sync_group(
     client: &Client,
     namespace: &str,
     m: &Materialized,
 ) -> Result<Written, ApplyError> {
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let mut written = Written::default();
     let service_name = m.service.name_any();
-
-    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
-    let current = services.get_opt(&service_name).await.map_err(error(
-        "get",
-        "Service",
-        namespace,
-        &service_name,
-    ))?;
-    if let Some(c) = &current
-        && !managed(&c.metadata)
-    {
-        return Err(not_managed("Service", namespace, &service_name));
-    }
-    let existed = current.is_some();
-    let current = match current {
-        Some(c) if service_up_to_date(&c, &m.service) => c,
-        _ => {
-            if let Some(c) = &current {
-                take_back_ports(&services, c, &m.service, &mut written).await?;
-            }
-            let stored = services
-                .patch(&service_name, &params, &Patch::Apply(&m.service))
-                .await
-                .map_err(error("apply", "Service", namespace, &service_name))?;
-            written.applied.push(format!("Service/{service_name}"));
-            if !existed {
-                written.created.push(format!("Service/{service_name}"));
-            }
-            stored
-        }
-    };
-    let want_ips: Vec<String> = m.vip.iter().cloned().collect();
-    if ingress_ips(&current) != want_ips {
-        let ingress: Vec<_> = want_ips.iter().map(|ip| json!({"ip": ip})).collect();
-        let status = json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": service_name},
-            "status": {"loadBalancer": {"ingress": ingress}},
-        });
-        services
-            .patch_status(&service_name, &params, &Patch::Apply(&status))
-            .await
-            .map_err(error("apply status", "Service", namespace, &service_name))?;
-        written
-            .applied
-            .push(format!("Service/{service_name}/status"));
-    }
-
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
     let selector = format!(
         "{ENDPOINTSLICE_SERVICE_NAME_LABEL}={service_name},{ENDPOINTSLICE_MANAGED_BY_LABEL}={BINDER_MANAGER}"
     );
-    let existing = slices
+    let existing = Api::<EndpointSlice>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(&selector))
         .await
         .map_err(error("list", "EndpointSlice", namespace, &service_name))?;
-    for slice in &m.slices {
-        let slice_name = slice.name_any();
-        let stored = existing.items.iter().find(|s| s.name_any() == slice_name);
-        if stored.is_some_and(|s| slice_up_to_date(s, slice)) {
-            continue;
+    sync_group_known(client, namespace, m, existing.items.iter()).await
+}
+
+/// [`sync_group`] with the binder's EndpointSlices in `namespace` given (from a watch cache),
+/// so a reconcile costs no list: on a real API server a list is a consistent read that waits
+/// for the watch cache to catch up with etcd, tens of milliseconds where a get by name takes
+/// one or two. Each desired object is still read by name before it is written (the cache may
+/// not hold a slice written a moment ago, and one someone else created is never taken over);
+/// only the stale slices come from `known`: one the cache does not show yet is deleted when
+/// its watch event reconciles the group again.
+pub async fn sync_group_known<'a>(
+    client: &Client,
+    namespace: &str,
+    m: &Materialized,
+    known: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> Result<Written, ApplyError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let service_name = m.service.name_any();
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), namespace);
+
+    // Every object of the group is read at once, and checked before anything is written.
+    let (service, stored_slices, stored_endpoints) = futures::try_join!(
+        services
+            .get_opt(&service_name)
+            .map_err(error("get", "Service", namespace, &service_name)),
+        futures::future::try_join_all(m.slices.iter().map(|slice| {
+            let slice_name = slice.name_any();
+            let slices = &slices;
+            async move {
+                slices.get_opt(&slice_name).await.map_err(error(
+                    "get",
+                    "EndpointSlice",
+                    namespace,
+                    &slice_name,
+                ))
+            }
+        })),
+        endpoints.get_opt(&service_name).map_err(error(
+            "get",
+            "Endpoints",
+            namespace,
+            &service_name
+        )),
+    )?;
+    if service.as_ref().is_some_and(|c| !managed(&c.metadata)) {
+        return Err(not_managed("Service", namespace, &service_name));
+    }
+    for (slice, stored) in m.slices.iter().zip(&stored_slices) {
+        // A slice of this name without the binder's labels: someone else's.
+        if stored.as_ref().is_some_and(|s| !slice_of(s, &service_name)) {
+            return Err(not_managed("EndpointSlice", namespace, &slice.name_any()));
         }
-        if stored.is_none()
-            && slices
-                .get_opt(&slice_name)
+    }
+    if stored_endpoints
+        .as_ref()
+        .is_some_and(|c| !managed(&c.metadata))
+    {
+        return Err(not_managed("Endpoints", namespace, &service_name));
+    }
+
+    // The objects do not depend on one another (the owners are the records): written at once.
+    let service_writes = async {
+        let mut applied = vec![];
+        let existed = service.is_some();
+        let current = match service {
+            Some(c) if service_up_to_date(&c, &m.service) => c,
+            _ => {
+                if let Some(c) = &service {
+                    let mut taken = Written::default();
+                    take_back_ports(&services, c, &m.service, &mut taken).await?;
+                    applied = taken.applied;
+                }
+                let stored = services
+                    .patch(&service_name, &params, &Patch::Apply(&m.service))
+                    .await
+                    .map_err(error("apply", "Service", namespace, &service_name))?;
+                applied.push(format!("Service/{service_name}"));
+                stored
+            }
+        };
+        let want_ips: Vec<String> = m.vip.iter().cloned().collect();
+        if ingress_ips(&current) != want_ips {
+            let ingress: Vec<_> = want_ips.iter().map(|ip| json!({"ip": ip})).collect();
+            let status = json!({
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": service_name},
+                "status": {"loadBalancer": {"ingress": ingress}},
+            });
+            services
+                .patch_status(&service_name, &params, &Patch::Apply(&status))
                 .await
-                .map_err(error("get", "EndpointSlice", namespace, &slice_name))?
-                .is_some()
-        {
-            // A slice of this name exists without the binder's labels: someone else's.
-            return Err(not_managed("EndpointSlice", namespace, &slice_name));
+                .map_err(error("apply status", "Service", namespace, &service_name))?;
+            applied.push(format!("Service/{service_name}/status"));
         }
-        slices
-            .patch(&slice_name, &params, &Patch::Apply(slice))
+        Ok::<_, SyncError>((applied, existed))
+    };
+    let (slices, params) = (&slices, &params);
+    let slice_writes = futures::future::try_join_all(m.slices.iter().zip(&stored_slices).map(
+        |(slice, stored)| async move {
+            let slice_name = slice.name_any();
+            if stored.as_ref().is_some_and(|s| slice_up_to_date(s, slice)) {
+                return Ok(None);
+            }
+            slices
+                .patch(&slice_name, params, &Patch::Apply(slice))
+                .await
+                .map_err(error("apply", "EndpointSlice", namespace, &slice_name))?;
+            Ok::<_, SyncError>(Some((slice_name, stored.is_some())))
+        },
+    ));
+    let endpoints_write = async {
+        if stored_endpoints
+            .as_ref()
+            .is_some_and(|c| endpoints_up_to_date(c, &m.endpoints))
+        {
+            return Ok(false);
+        }
+        endpoints
+            .patch(&service_name, params, &Patch::Apply(&m.endpoints))
             .await
-            .map_err(error("apply", "EndpointSlice", namespace, &slice_name))?;
+            .map_err(error("apply", "Endpoints", namespace, &service_name))?;
+        Ok::<_, SyncError>(true)
+    };
+    let ((service_applied, service_existed), slices_applied, endpoints_applied) =
+        futures::try_join!(service_writes, slice_writes, endpoints_write)?;
+
+    // Reported in a fixed order: Service, EndpointSlices, Endpoints.
+    let mut written = Written::default();
+    if !service_existed && !service_applied.is_empty() {
+        written.created.push(format!("Service/{service_name}"));
+    }
+    written.applied = service_applied;
+    for (slice_name, existed) in slices_applied.into_iter().flatten() {
         written.applied.push(format!("EndpointSlice/{slice_name}"));
-        if stored.is_none() {
+        if !existed {
             written.created.push(format!("EndpointSlice/{slice_name}"));
         }
     }
-    for stale in stale_slices(&service_name, &m.slices, existing.items.iter()) {
+    for stale in stale_slices(&service_name, &m.slices, known) {
         match slices.delete(&stale, &DeleteParams::default()).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -348,27 +429,9 @@ pub async fn sync_group(
         }
         written.deleted.push(stale);
     }
-
-    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), namespace);
-    let current = endpoints.get_opt(&service_name).await.map_err(error(
-        "get",
-        "Endpoints",
-        namespace,
-        &service_name,
-    ))?;
-    if let Some(c) = &current
-        && !managed(&c.metadata)
-    {
-        return Err(not_managed("Endpoints", namespace, &service_name));
-    }
-    let existed = current.is_some();
-    if !current.is_some_and(|c| endpoints_up_to_date(&c, &m.endpoints)) {
-        endpoints
-            .patch(&service_name, &params, &Patch::Apply(&m.endpoints))
-            .await
-            .map_err(error("apply", "Endpoints", namespace, &service_name))?;
+    if endpoints_applied {
         written.applied.push(format!("Endpoints/{service_name}"));
-        if !existed {
+        if stored_endpoints.is_none() {
             written.created.push(format!("Endpoints/{service_name}"));
         }
     }

@@ -260,7 +260,7 @@ impl Controller {
             w.registries,
             ctx.clone(),
             stop.clone(),
-            RegistryEvents,
+            RegistryEvents::default(),
         ));
         tasks.spawn(follow(
             Api::<Service>::all(client.clone()),
@@ -423,12 +423,12 @@ impl OnEvent<ServiceRecord> for RecordEvents {
 }
 
 /// RemoteRegistries: a change of `spec.materialize` moves its records between keys.
-struct RegistryEvents;
+#[derive(Default)]
+struct RegistryEvents(keys::Modes);
 
 impl OnEvent<RemoteRegistry> for RegistryEvents {
     fn on_event(&mut self, ctx: &Ctx, event: &watcher::Event<RemoteRegistry>) {
-        if let watcher::Event::Apply(rr) | watcher::Event::Delete(rr) = event {
-            let name = rr.name_any();
+        if let Some(name) = self.0.changed(event) {
             ctx.queue.add_all(
                 ctx.records
                     .state()
@@ -634,7 +634,15 @@ impl Ctx {
         for d in &m.dropped {
             tracing::debug!(record = %d.record, endpoint = %d.endpoint, reason = d.reason, "endpoint left out");
         }
-        let found = match apply::sync_group(&self.client, &group.namespace, &m).await {
+        let known = self.slices.state();
+        let found = match apply::sync_group_known(
+            &self.client,
+            &group.namespace,
+            &m,
+            known.iter().map(AsRef::as_ref),
+        )
+        .await
+        {
             Ok(written) => {
                 self.count_written(&written, &group.namespace).await;
                 m.conflict.as_ref().map(|c| Found {

@@ -1,10 +1,15 @@
 //! What a watch event is about: the reconcile keys of imported records and of the objects the
 //! binder manages. Pure.
 
+use std::collections::HashMap;
+
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use kube::runtime::watcher;
 use xcc_proto::crd::{
-    CILIUM_GLOBAL_ANNOTATION, ENDPOINTSLICE_SERVICE_NAME_LABEL, Materialize, ServiceRecord,
+    CILIUM_GLOBAL_ANNOTATION, ENDPOINTSLICE_SERVICE_NAME_LABEL, Materialize, RemoteRegistry,
+    ServiceRecord,
 };
 use xcc_proto::names::{self, FQDN_ANNOTATION, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
 
@@ -133,6 +138,48 @@ pub fn slice_service_name(meta: &ObjectMeta) -> Option<&str> {
     label(meta, ENDPOINTSLICE_SERVICE_NAME_LABEL)
 }
 
+/// Each RemoteRegistry's `spec.materialize` as last seen, so that only a change of it moves the
+/// registry's records between keys. Anything else about a RemoteRegistry (its status, which
+/// the registry rewrites whenever its import count changes) concerns no key: reconciling every
+/// record of the registry on each such event cost a full pass of reads per imported record.
+/// A registry that is not known counts as `Service`, as in the binder's reconcile.
+#[derive(Debug, Default)]
+pub struct Modes {
+    seen: HashMap<String, Materialize>,
+    listing: HashMap<String, Materialize>,
+}
+
+impl Modes {
+    /// Take `event` in; the name of the registry whose records changed materialisation, if
+    /// any. A relist changes nothing here (every key is reconciled after one anyway).
+    pub fn changed(&mut self, event: &watcher::Event<RemoteRegistry>) -> Option<String> {
+        let (name, before, now) = match event {
+            watcher::Event::Apply(rr) => {
+                let now = rr.spec.materialize();
+                (rr.name_any(), self.seen.insert(rr.name_any(), now), now)
+            }
+            watcher::Event::Delete(rr) => (
+                rr.name_any(),
+                self.seen.remove(&rr.name_any()),
+                Materialize::default(),
+            ),
+            watcher::Event::Init => {
+                self.listing.clear();
+                return None;
+            }
+            watcher::Event::InitApply(rr) => {
+                self.listing.insert(rr.name_any(), rr.spec.materialize());
+                return None;
+            }
+            watcher::Event::InitDone => {
+                self.seen = std::mem::take(&mut self.listing);
+                return None;
+            }
+        };
+        (before.unwrap_or_default() != now).then_some(name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -229,5 +276,49 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn only_a_change_of_materialize_moves_a_registrys_records() {
+        let rr = |materialize: Option<&str>, imported: i64| -> RemoteRegistry {
+            let mut spec =
+                json!({"address": "b:443", "tlsConfig": {"serverCA": "", "serverName": "b"}});
+            if let Some(m) = materialize {
+                spec["materialize"] = json!(m);
+            }
+            serde_json::from_value(json!({
+                "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "RemoteRegistry",
+                "metadata": {"name": "b", "namespace": "xcc"},
+                "spec": spec,
+                "status": {"importedRecords": imported},
+            }))
+            .unwrap()
+        };
+        let mut modes = Modes::default();
+        let apply = |m: &mut Modes, r| m.changed(&watcher::Event::Apply(r));
+        // New, with the default: its records were `Service` already.
+        assert_eq!(apply(&mut modes, rr(None, 0)), None);
+        // The registry writes its status with every import: no key concerned.
+        assert_eq!(apply(&mut modes, rr(None, 1)), None);
+        assert_eq!(apply(&mut modes, rr(Some("Service"), 2)), None);
+        assert_eq!(
+            apply(&mut modes, rr(Some("CiliumGlobalService"), 2)),
+            Some("b".to_string())
+        );
+        assert_eq!(apply(&mut modes, rr(Some("CiliumGlobalService"), 3)), None);
+        // Gone: its records fall back to `Service`.
+        assert_eq!(
+            modes.changed(&watcher::Event::Delete(rr(Some("CiliumGlobalService"), 3))),
+            Some("b".to_string())
+        );
+        assert_eq!(
+            apply(&mut modes, rr(Some("CiliumGlobalService"), 0)),
+            Some("b".to_string())
+        );
+        // A relist replaces what was seen without naming anything.
+        assert_eq!(modes.changed(&watcher::Event::Init), None);
+        assert_eq!(modes.changed(&watcher::Event::InitDone), None);
+        assert_eq!(apply(&mut modes, rr(None, 0)), None);
+        assert_eq!(modes.changed(&watcher::Event::Delete(rr(None, 0))), None);
     }
 }
