@@ -111,8 +111,9 @@ impl Journal {
         Ok(j)
     }
 
-    /// Cut the file at `end`, durably.
+    /// Cut the file at `end`, durably (retried by the next append if this fails).
     fn cut(&mut self) -> std::io::Result<()> {
+        self.torn = true;
         self.file.set_len(self.end)?;
         self.file.sync_all()?;
         self.len = self.end;
