@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use notify::Watcher as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use xcc_proto::import_journal::{Change, Line, Put};
+use xcc_proto::import_journal::{self, Change, Put};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::{API_VERSION, FQDN_ANNOTATION, canonical_fqdn, imported_record_name};
 use xcc_proto::resources::{self, ObjectMeta, ServiceRecord};
@@ -159,6 +159,24 @@ struct Stamp {
 struct Stamps {
     snapshot: Option<Stamp>,
     journal: Option<Stamp>,
+    /// A file was modified less than [`RACY`] before it was read: equal stamps prove nothing.
+    racy: bool,
+}
+
+/// The registry appends to a journal in place (its length stays the same) and file timestamps
+/// are coarse, so a file modified this shortly before it was read may change again without its
+/// stamp changing: such a remote is read again on the next scan.
+const RACY: Duration = Duration::from_secs(2);
+
+impl Stamps {
+    /// These stamps as remembered after a read that started at `read_at`.
+    fn read_at(mut self, read_at: SystemTime) -> Self {
+        self.racy = [self.snapshot, self.journal]
+            .into_iter()
+            .flatten()
+            .any(|s| s.modified.is_none_or(|m| m + RACY > read_at));
+        self
+    }
 }
 
 /// The directory as last read: per remote, the stamps of its files and the last good records.
@@ -212,11 +230,12 @@ impl ImportsDir {
             if self.files.get(remote).is_some_and(|(s, _)| s == stamps) {
                 continue;
             }
+            let read_at = SystemTime::now();
             match read_remote(remote, snapshot.as_deref(), journal.as_deref(), &mut errors) {
                 Ok(records) => {
                     let slot = self.files.entry(remote.clone()).or_default();
                     changed |= slot.1 != records;
-                    *slot = (*stamps, records);
+                    *slot = (stamps.read_at(read_at), records);
                 }
                 Err(e) => {
                     // Keep the last good records; remember the stamps so a broken file is
@@ -285,24 +304,23 @@ fn read_remote(
     let Some(path) = journal else {
         return Ok(by_fqdn.into_values().collect());
     };
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
         // Compacted away between the listing and this read: the snapshot holds it all.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(format!("{}: {e}", path.display())),
     };
     let namespace = by_fqdn.values().find_map(|r| r.metadata.namespace.clone());
-    for (n, raw) in text.lines().enumerate() {
-        match Line::parse(raw) {
-            Ok(Some(Change::Put(p))) => {
+    for (n, change) in import_journal::changes(&bytes) {
+        match change {
+            Ok(Change::Put(p)) => {
                 let record = journal_record(remote, namespace.clone(), p);
                 by_fqdn.insert(record.spec.fqdn.clone(), record);
             }
-            Ok(Some(Change::Del(fqdn))) => {
+            Ok(Change::Del(fqdn)) => {
                 by_fqdn.remove(&fqdn);
             }
-            Ok(None) => {}
-            Err(e) => errors.push(format!("{} line {}: {e}; skipped", path.display(), n + 1)),
+            Err(e) => errors.push(format!("{} line {n}: {e}; skipped", path.display())),
         }
     }
     Ok(by_fqdn.into_values().collect())

@@ -185,3 +185,39 @@ fn a_remote_is_its_snapshot_with_its_journal_replayed_in_order() {
     assert!(changed);
     assert_eq!(state.records()["west"][0].spec.fqdn, "web.west.test");
 }
+
+/// The registry appends to its journal in place (zeros ahead of the appends, so the length stays
+/// the same) and two appends can carry the same coarse modification time: a journal modified
+/// shortly before it was read is read again, so the second append is not missed.
+#[test]
+fn an_append_in_place_with_the_same_stamp_is_still_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("east.journal");
+    let line = |fqdn: &str| {
+        format!(
+            r#"{{"put":{{"fqdn":"{fqdn}","endpoints":[{{"address":"10.0.0.1","port":443}}]}}}}"#
+        ) + "\n"
+    };
+    let mtime = SystemTime::now() + Duration::from_secs(60);
+    let write = |text: String| {
+        let mut bytes = text.into_bytes();
+        bytes.resize(4096, 0);
+        std::fs::write(&path, bytes).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+    };
+    write(line("a.xcc.test"));
+    let mut state = ImportsDir::new(dir.path());
+    assert_eq!(state.rescan(), (true, vec![]));
+    write(line("a.xcc.test") + &line("b.xcc.test"));
+    assert_eq!(state.rescan(), (true, vec![]));
+    let fqdns: Vec<String> = state.records()["east"]
+        .iter()
+        .map(|r| r.spec.fqdn.clone())
+        .collect();
+    assert_eq!(fqdns, ["a.xcc.test", "b.xcc.test"]);
+}

@@ -178,7 +178,7 @@ async fn never_acking_consumer_does_not_delay_others() {
 }
 
 /// A NACK is counted and the current resource is sent again after the backoff — as a CREATE,
-/// since the consumer never accepted it.
+/// since the consumer never accepted it — for both API versions' resources.
 #[tokio::test]
 async fn nack_is_counted_and_resent() {
     let pki = Pki::new("xcc.test");
@@ -186,19 +186,27 @@ async fn nack_is_counted_and_resent() {
     east.catalog
         .upsert(export("east", "a", "one.xcc.test", "10.0.0.1"));
     let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
-    let mut c = Consumer::connect(&west, east.hamlet_addr, false)
-        .await
-        .expect("subscribe");
-    let s = c.next().await;
-    c.nack(&s.nonce, "cannot persist").await;
-    let again = c.next().await;
-    assert_eq!(
-        (again.op, again.fqdn.as_deref()),
-        (Operation::Create, Some("one.xcc.test"))
-    );
-    assert_ne!(again.nonce, s.nonce);
-    c.ack(&again.nonce).await;
-    assert_eq!(east.metrics.hamlet_nacks.get(), 1);
+    let urls = [
+        xcc_proto::FEDERATED_SERVICE_V1ALPHA1_URL,
+        xcc_proto::FEDERATED_SERVICE_V1ALPHA2_URL,
+    ];
+    for (n, url) in urls.into_iter().enumerate() {
+        let ch = channel(&west, east.hamlet_addr).await.expect("channel");
+        let mut c = Consumer::on_channel(ch, false, url)
+            .await
+            .expect("subscribe");
+        let s = c.next().await;
+        assert_eq!(s.op, Operation::Create, "{url}");
+        c.nack(&s.nonce, "cannot persist").await;
+        let again = c.next().await;
+        assert_eq!(again.op, Operation::Create, "never accepted: {url}");
+        if url == xcc_proto::FEDERATED_SERVICE_V1ALPHA1_URL {
+            assert_eq!(again.fqdn.as_deref(), Some("one.xcc.test"));
+        }
+        assert_ne!(again.nonce, s.nonce);
+        c.ack(&again.nonce).await;
+        assert_eq!(east.metrics.hamlet_nacks.get(), n as u64 + 1);
+    }
 }
 
 /// Allowed requesters filter what each consumer is streamed.

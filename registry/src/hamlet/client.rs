@@ -435,7 +435,6 @@ async fn stream_once(
     let mut seen: HashSet<String> = HashSet::new();
     let mut swept = false;
     let mut healthy = false;
-    let mut rng = rand::rngs::StdRng::from_os_rng();
     let mut clock = SweepClock::new(
         SweepRule::new(ctx.config.quiet_period, ctx.config.max_sweep_delay),
         tokio::time::Instant::now(),
@@ -447,7 +446,7 @@ async fn stream_once(
             _ = tokio::time::sleep_until(clock.deadline()), if !marker && !swept => {
                 swept = true;
                 healthy = true;
-                sweep(ctx, spec, &mut imports, &seen, stats, &mut rng).await;
+                sweep(ctx, spec, &mut imports, &seen, stats).await;
                 continue;
             }
         };
@@ -537,23 +536,21 @@ async fn stream_once(
         }
         // Stored, then ACKed, then mirrored into the catalog: a lock-step server prepares its
         // next response while the catalog is updated.
-        if !changed.is_empty() {
-            store_until_stored(ctx, spec, &imports, &changed, stats, &mut rng).await;
-        }
-        for reply in replies {
-            if req_tx.send(reply).await.is_err() {
-                return End::Retry {
-                    error: "request stream closed".into(),
-                    healthy,
-                };
-            }
+        if store_then_answer(ctx, spec, &imports, &changed, replies, &req_tx, stats)
+            .await
+            .is_err()
+        {
+            return End::Retry {
+                error: "request stream closed".into(),
+                healthy,
+            };
         }
         if !changed.is_empty() {
             mirror(ctx, spec, &imports, &changed, stats);
         }
         if marker_seen && !swept {
             swept = true;
-            sweep(ctx, spec, &mut imports, &seen, stats, &mut rng).await;
+            sweep(ctx, spec, &mut imports, &seen, stats).await;
         }
         if marker_seen || swept {
             healthy = true;
@@ -578,6 +575,26 @@ async fn store(
             ctx.metrics.store_errors.inc();
             format!("persisting imports: {e:#}")
         })
+}
+
+/// Store a batch (when it changed anything), then send its replies: no ACK leaves before the
+/// sink holds the batch (the file sink: on stable storage). `Err` when the stream is gone.
+async fn store_then_answer(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    imports: &BTreeMap<String, Imported>,
+    changed: &BTreeSet<String>,
+    replies: Vec<rd1::StreamRequest>,
+    req_tx: &mpsc::Sender<rd1::StreamRequest>,
+    stats: &PeerStats,
+) -> Result<(), mpsc::error::SendError<rd1::StreamRequest>> {
+    if !changed.is_empty() {
+        store_until_stored(ctx, spec, imports, changed, stats).await;
+    }
+    for reply in replies {
+        req_tx.send(reply).await?;
+    }
+    Ok(())
 }
 
 /// Mirror a stored batch into the catalog.
@@ -613,10 +630,11 @@ async fn store_until_stored(
     imports: &BTreeMap<String, Imported>,
     changed: &BTreeSet<String>,
     stats: &PeerStats,
-    rng: &mut impl Rng,
 ) {
     let mut attempt = 0u32;
+    let mut rng = None;
     while let Err(error) = store(ctx, spec, imports, changed).await {
+        let rng = rng.get_or_insert_with(rand::rngs::StdRng::from_os_rng);
         let delay = ctx.config.backoff.delay(attempt, rng);
         attempt = attempt.saturating_add(1);
         stats.set_error(error.clone());
@@ -635,7 +653,6 @@ async fn sweep(
     imports: &mut BTreeMap<String, Imported>,
     seen: &HashSet<String>,
     stats: &PeerStats,
-    rng: &mut impl Rng,
 ) {
     let stale: BTreeSet<String> = imports
         .keys()
@@ -646,7 +663,7 @@ async fn sweep(
         imports.retain(|fqdn, _| seen.contains(fqdn));
         info!(remote = %spec.name, removed = stale.len(), "removing imports the remote no longer exports");
         ctx.metrics.client_stale_removed.inc_by(stale.len() as u64);
-        store_until_stored(ctx, spec, imports, &stale, stats, rng).await;
+        store_until_stored(ctx, spec, imports, &stale, stats).await;
         mirror(ctx, spec, imports, &stale, stats);
     }
 }
@@ -667,6 +684,114 @@ fn end_for(status: tonic::Status, healthy: bool) -> End {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client context around `sink` (TLS material is needed to build one; nothing dials).
+    fn context(dir: &std::path::Path, sink: Arc<dyn ImportSink>) -> ClientContext {
+        use xcc_certs::pki::{Ca, IssueRequest, write_issued};
+        let ca = Ca::generate("xcc.test").expect("CA");
+        let issued = ca.issue(&IssueRequest::cluster("west")).expect("issue");
+        let files = write_issued(&dir.join("tls"), &ca, &issued).expect("write");
+        ClientContext {
+            catalog: Catalog::new(),
+            peers: Default::default(),
+            metrics: Default::default(),
+            tls: xcc_certs::reload::ReloadingTls::load(files).expect("tls"),
+            sink,
+            config: ClientConfig {
+                backoff: Backoff {
+                    min: Duration::from_millis(1),
+                    max: Duration::from_millis(1),
+                },
+                ..Default::default()
+            },
+        }
+    }
+
+    /// The ACKs of a batch leave only after the journal holding it is on stable storage: the
+    /// flush (an injected syncer, failing once like a full disk) finds no reply sent yet, and the
+    /// replies follow the successful flush.
+    #[tokio::test]
+    async fn a_batch_is_acknowledged_only_after_its_journal_is_flushed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (req_tx, req_rx) = mpsc::channel::<rd1::StreamRequest>(8);
+        let req_rx = Arc::new(std::sync::Mutex::new(req_rx));
+        let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let journal = dir.path().join("imports/east.journal");
+        let (rx, l, path) = (req_rx.clone(), log.clone(), journal.clone());
+        let sink = crate::store::file::FileImportSink::new(dir.path(), "ns")
+            .expect("sink")
+            .with_syncer(move |file| {
+                let mut log = l.lock().expect("log");
+                while let Ok(reply) = rx.lock().expect("rx").try_recv() {
+                    log.push(format!("reply {}", reply.response_nonce));
+                }
+                let bytes = std::fs::read(&path)?;
+                let lines = xcc_proto::import_journal::changes(&bytes).count();
+                if log.is_empty() {
+                    log.push(format!("sync failed ({lines} lines written)"));
+                    return Err(std::io::Error::other("No space left on device"));
+                }
+                log.push(format!("sync ({lines} lines written)"));
+                file.sync_data()
+            });
+        let ctx = context(dir.path(), Arc::new(sink));
+        let spec = RemoteSpec {
+            name: "east".into(),
+            address: "127.0.0.1:1".into(),
+            server_name: "localhost".into(),
+            roots: None,
+            allowed_domains: vec![],
+        };
+        let mut imports = BTreeMap::new();
+        for fqdn in ["a.x.test", "b.x.test"] {
+            imports.insert(
+                fqdn.to_string(),
+                Imported {
+                    fqdn: fqdn.into(),
+                    raw_fqdn: fqdn.into(),
+                    endpoints: vec![crate::catalog::Endpoint {
+                        address: "10.0.0.1".into(),
+                        port: 443,
+                    }],
+                    labels: BTreeMap::new(),
+                },
+            );
+        }
+        let changed: BTreeSet<String> = imports.keys().cloned().collect();
+        let guard = ctx.peers.register(
+            PeerKind::RemoteRegistry,
+            spec.name.clone(),
+            "",
+            spec.address.clone(),
+        );
+        let stats = guard.stats.clone();
+        store_then_answer(
+            &ctx,
+            &spec,
+            &imports,
+            &changed,
+            vec![ack("n1".into()), ack("n2".into())],
+            &req_tx,
+            &stats,
+        )
+        .await
+        .expect("answered");
+        while let Ok(reply) = req_rx.lock().expect("rx").try_recv() {
+            log.lock()
+                .expect("log")
+                .push(format!("reply {}", reply.response_nonce));
+        }
+        assert_eq!(
+            *log.lock().expect("log"),
+            [
+                "sync failed (2 lines written)",
+                "sync (2 lines written)",
+                "reply n1",
+                "reply n2"
+            ]
+        );
+        assert_eq!(ctx.metrics.store_errors.get(), 1);
+    }
 
     #[test]
     fn backoff_grows_exponentially_within_floor_and_cap() {

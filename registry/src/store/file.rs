@@ -32,7 +32,7 @@ use crate::hamlet::client::RemoteSpec;
 use crate::hamlet::convert::{Imported, LABEL_PASSTHROUGH_PREFIX};
 
 mod imports;
-pub use imports::{FileImportSink, SYNC_INTERVAL};
+pub use imports::FileImportSink;
 
 pub const EXPORTS_DIR: &str = "exports";
 pub const REMOTES_DIR: &str = "remotes";

@@ -5,29 +5,34 @@
 //! imports/<remote>.journal   one JSON line per change since then: {"put":{..}} or {"del":fqdn}
 //! ```
 //!
-//! A batch from the Hamlet client appends its changes to the journal (bytes ∝ the batch) before
-//! the client ACKs, so a killed process loses nothing it acknowledged. The journal is flushed to
-//! stable storage (`fdatasync`) at most [`SYNC_INTERVAL`] after a write: a lock-step server
-//! (the Go reference) sends one response per ACK, and a flush per response would bound the import
-//! rate by the disk's flush latency. A power loss can cost the last [`SYNC_INTERVAL`] of
-//! acknowledged changes; the remote resends all of its state on the next stream, and the stale
-//! sweep removes what it no longer has. When the journal outgrows the snapshot file, the whole
-//! set is written as a new snapshot (temporary file, fsync, rename) and the journal emptied, so
-//! the bytes written stay proportional to what was imported. Reading is the snapshot, then the
-//! journal in order; a line torn by a crash mid-append is skipped with a warning.
+//! A batch from the Hamlet client is appended to the journal (bytes ∝ the batch) and flushed to
+//! stable storage (`fdatasync`) before [`ImportSink::persist_changes`] returns, and the client
+//! ACKs only after that: neither a killed process nor a power loss loses anything acknowledged.
+//! A lock-step server (the Go reference) waits for each ACK, so the flush is on its path once per
+//! response and must be cheap: the journal is extended ahead of the appends with written zeros
+//! ([`GROW`] at a time, flushed with the file size), so an append overwrites blocks that already
+//! exist and its flush writes those blocks and no metadata. Readers stop at the zero tail and
+//! ignore a torn last line ([`xcc_proto::import_journal::end`]); on opening, the writer cuts a
+//! torn tail so that a later append cannot leave part of it behind its own end.
+//!
+//! When the journal outgrows the snapshot file, the whole set is written in the background as a
+//! new snapshot (temporary file, fsync, rename, directory fsync) and the journal replaced by what
+//! was appended meanwhile, so the bytes written stay proportional to what was imported. Reading
+//! is the snapshot, then the journal in order; a complete line that does not parse is skipped
+//! with a warning.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tracing::warn;
-use xcc_proto::import_journal::{Change, Ep, Line, Put};
+use xcc_proto::import_journal::{self, Change, Ep, Line, Put};
 use xcc_proto::resources::{self, ServiceRecord};
 
 use super::{IMPORTS_DIR, imported_record};
@@ -35,9 +40,12 @@ use crate::catalog::Endpoint;
 use crate::hamlet::client::ImportSink;
 use crate::hamlet::convert::Imported;
 
-/// Longest time an appended change waits for `fdatasync` (see the module docs): short against
-/// any reconnect, long against one lock-step round trip (~0.1 ms on loopback).
-pub const SYNC_INTERVAL: Duration = Duration::from_millis(50);
+/// The journal file is extended in steps of this many bytes, written as zeros and flushed with
+/// the new size: the appends that fill them then flush only their own blocks.
+const GROW: u64 = 64 * 1024;
+/// An append at least this large that does not fit extends the file with its own bytes: its
+/// flush costs enough that the metadata is noise, and no zeros are written for it.
+const APPEND_DIRECT: usize = 16 * 1024;
 
 /// The journal is compacted once it is larger than this many times the snapshot file, and at
 /// least [`COMPACT_FLOOR`]: each compaction then writes at most a constant factor of what the
@@ -56,18 +64,101 @@ pub struct FileImportSink {
     namespace: String,
     journals: Mutex<HashMap<String, Arc<Mutex<Journal>>>>,
     written: Arc<AtomicU64>,
+    sync: Syncer,
 }
+
+/// Flushes an appended journal to stable storage (`fdatasync`; tests record the order).
+type Syncer = Arc<dyn Fn(&std::fs::File) -> std::io::Result<()> + Send + Sync>;
 
 /// One remote's open journal and the sizes that decide when to compact.
 struct Journal {
-    /// Shared so a flush can run without holding the lock (appends go on meanwhile).
-    file: Arc<std::fs::File>,
-    bytes: u64,
+    file: std::fs::File,
+    /// Where the next append goes: everything before it is flushed, `[end, len)` is zeros.
+    end: u64,
+    /// The file's length.
+    len: u64,
+    /// An append failed part-way: what it left after `end` is cut before the next one.
+    torn: bool,
     base_bytes: u64,
-    /// A flush is scheduled and will cover everything appended before it starts.
-    flush_pending: bool,
     /// Held by the one compaction of this remote that may run at a time.
     compaction: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Journal {
+    /// Open a journal for appending (creating it), cutting a torn tail (see the module docs).
+    fn open(path: &Path, base_bytes: u64) -> std::io::Result<Self> {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let end = import_journal::end(&bytes) as u64;
+        let mut j = Self {
+            file,
+            end,
+            len: bytes.len() as u64,
+            torn: bytes[end as usize..].iter().any(|b| *b != 0),
+            base_bytes,
+            compaction: Arc::default(),
+        };
+        if j.torn {
+            warn!(file = %path.display(), bytes = j.len - end, "cutting the torn tail of an import journal (an append interrupted by a crash, never acknowledged)");
+            j.cut()?;
+        }
+        Ok(j)
+    }
+
+    /// Cut the file at `end`, durably (retried by the next append if this fails).
+    fn cut(&mut self) -> std::io::Result<()> {
+        self.torn = true;
+        self.file.set_len(self.end)?;
+        self.file.sync_all()?;
+        self.len = self.end;
+        self.torn = false;
+        Ok(())
+    }
+
+    /// Append `bytes` and flush them (and any growth of the file) to stable storage with `sync`.
+    /// Returns the bytes written, zeros included. On error nothing counts as appended; the next
+    /// append writes at the same place.
+    fn append(&mut self, bytes: &[u8], sync: &Syncer) -> std::io::Result<u64> {
+        if self.torn {
+            self.cut()?;
+        }
+        self.torn = true;
+        let new_end = self.end + bytes.len() as u64;
+        self.file.write_all_at(bytes, self.end)?;
+        let mut written = bytes.len() as u64;
+        if new_end > self.len {
+            let new_len = if bytes.len() >= APPEND_DIRECT {
+                new_end
+            } else {
+                (new_end / GROW + 1) * GROW
+            };
+            write_zeros(&self.file, new_end, new_len)?;
+            written += new_len - new_end;
+            self.len = new_len;
+        }
+        sync(&self.file)?;
+        self.end = new_end;
+        self.torn = false;
+        Ok(written)
+    }
+}
+
+/// Write zeros over `[from, to)` of `file`.
+fn write_zeros(file: &std::fs::File, from: u64, to: u64) -> std::io::Result<()> {
+    const ZEROS: [u8; 8192] = [0; 8192];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(ZEROS.len() as u64);
+        file.write_all_at(&ZEROS[..n as usize], at)?;
+        at += n;
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -104,7 +195,18 @@ impl FileImportSink {
             namespace: namespace.into(),
             journals: Mutex::default(),
             written: Arc::default(),
+            sync: Arc::new(std::fs::File::sync_data),
         }
+    }
+
+    /// The same sink flushing its journals with `sync` (tests record when it runs).
+    #[cfg(test)]
+    pub(crate) fn with_syncer(
+        mut self,
+        sync: impl Fn(&std::fs::File) -> std::io::Result<()> + Send + Sync + 'static,
+    ) -> Self {
+        self.sync = Arc::new(sync);
+        self
     }
 
     /// A remote's imports as the ServiceRecords XCC would create (names, labels, annotations).
@@ -171,37 +273,28 @@ impl FileImportSink {
             Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         }
         let jpath = self.journal_path_for(remote);
-        match std::fs::read_to_string(&jpath) {
-            Ok(text) => replay(&mut imports, &text, &jpath),
+        match std::fs::read(&jpath) {
+            Ok(bytes) => replay(&mut imports, &bytes, &jpath),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).with_context(|| format!("reading {}", jpath.display())),
         }
         Ok(imports.into_values().collect())
     }
 
-    /// The remote's journal, opened (append mode) on first use.
+    /// The remote's journal, opened on first use.
     fn journal(&self, remote: &str) -> anyhow::Result<Arc<Mutex<Journal>>> {
         let mut all = lock(&self.journals);
         if let Some(j) = all.get(remote) {
             return Ok(j.clone());
         }
         let path = self.journal_path_for(remote);
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        let bytes = file.metadata()?.len();
         let base_bytes = std::fs::metadata(self.path_for(remote))
             .map(|m| m.len())
             .unwrap_or(0);
-        let j = Arc::new(Mutex::new(Journal {
-            file: Arc::new(file),
-            bytes,
-            base_bytes,
-            flush_pending: false,
-            compaction: Arc::default(),
-        }));
+        let j = Arc::new(Mutex::new(
+            Journal::open(&path, base_bytes)
+                .with_context(|| format!("opening {}", path.display()))?,
+        ));
         all.insert(remote.to_string(), j.clone());
         Ok(j)
     }
@@ -233,9 +326,8 @@ impl FileImportSink {
             write_atomic(&dir, &path, text.as_bytes())?;
             // The snapshot holds everything the journal did; replaying a journal over it would
             // be harmless, so a crash between these two steps loses nothing.
-            j.file.set_len(0)?;
-            j.file.sync_all()?;
-            j.bytes = 0;
+            j.end = 0;
+            j.cut()?;
             j.base_bytes = text.len() as u64;
             written.fetch_add(text.len() as u64, Ordering::Relaxed);
             Ok(())
@@ -255,7 +347,7 @@ impl FileImportSink {
     ) {
         let (compaction, covered) = {
             let j = lock(journal);
-            (j.compaction.clone(), j.bytes)
+            (j.compaction.clone(), j.end)
         };
         let Ok(running) = compaction.try_lock_owned() else {
             return;
@@ -276,24 +368,20 @@ impl FileImportSink {
                 written.fetch_add(text.len() as u64, Ordering::Relaxed);
                 // A crash here leaves the new snapshot and the whole journal: replaying the
                 // covered part over the snapshot yields the snapshot again, so nothing is lost.
+                // The new journal: what was appended meanwhile, then zeros to append into.
                 let mut j = lock(&journal);
-                let mut tail = Vec::new();
-                {
-                    use std::io::{Read as _, Seek as _};
-                    let mut f = std::fs::File::open(&jpath)?;
-                    f.seek(std::io::SeekFrom::Start(covered))?;
-                    f.read_to_end(&mut tail)?;
-                }
-                write_atomic(&dir, &jpath, &tail)?;
-                written.fetch_add(tail.len() as u64, Ordering::Relaxed);
-                j.file = Arc::new(
-                    std::fs::OpenOptions::new()
-                        .append(true)
-                        .open(&jpath)
-                        .with_context(|| format!("reopening {}", jpath.display()))?,
-                );
-                j.bytes = tail.len() as u64;
-                j.base_bytes = text.len() as u64;
+                let tail_len = j.end - covered;
+                let mut next = vec![0; ((tail_len / GROW + 1) * GROW) as usize];
+                j.file
+                    .read_exact_at(&mut next[..tail_len as usize], covered)?;
+                write_atomic(&dir, &jpath, &next)?;
+                written.fetch_add(next.len() as u64, Ordering::Relaxed);
+                *j = Journal {
+                    base_bytes: text.len() as u64,
+                    compaction: j.compaction.clone(),
+                    ..Journal::open(&jpath, 0)
+                        .with_context(|| format!("reopening {}", jpath.display()))?
+                };
                 Ok(())
             })
             .await;
@@ -325,12 +413,12 @@ fn snapshot_text(
     Ok(resources::to_yaml_documents(&records)?)
 }
 
-/// Apply journal `text` to `imports`. A line that does not parse (torn by a crash mid-append,
-/// or edited by hand) is skipped with a warning naming it; the others still apply.
-fn replay(imports: &mut BTreeMap<String, Imported>, text: &str, path: &Path) {
-    for (n, raw) in text.lines().enumerate() {
-        match Line::parse(raw) {
-            Ok(Some(Change::Put(p))) => {
+/// Apply a journal's content to `imports`. A complete line that does not parse (edited by hand)
+/// is skipped with a warning naming it; the others still apply.
+fn replay(imports: &mut BTreeMap<String, Imported>, bytes: &[u8], path: &Path) {
+    for (n, change) in import_journal::changes(bytes) {
+        match change {
+            Ok(Change::Put(p)) => {
                 let i = Imported {
                     fqdn: p.fqdn.clone(),
                     raw_fqdn: p.fqdn,
@@ -346,12 +434,11 @@ fn replay(imports: &mut BTreeMap<String, Imported>, text: &str, path: &Path) {
                 };
                 imports.insert(i.fqdn.clone(), i);
             }
-            Ok(Some(Change::Del(fqdn))) => {
+            Ok(Change::Del(fqdn)) => {
                 imports.remove(&fqdn);
             }
-            Ok(None) => {}
             Err(e) => {
-                warn!(file = %path.display(), line = n + 1, error = %e, "unreadable journal line (torn by a crash?); skipped")
+                warn!(file = %path.display(), line = n, error = %e, "unreadable journal line; skipped")
             }
         }
     }
@@ -417,27 +504,27 @@ impl ImportSink for FileImportSink {
         async move {
             let lines = journal_lines(remote, &self.namespace, imports, changed)?;
             let journal = self.journal(remote)?;
-            // A few hundred bytes per change into the page cache: microseconds, so written here
-            // rather than on a blocking thread (a thread hop per lock-step response costs more).
-            let schedule_flush = {
-                let mut j = lock(&journal);
-                (&*j.file).write_all(lines.as_bytes()).with_context(|| {
-                    format!("appending to {}", self.journal_path_for(remote).display())
-                })?;
-                j.bytes += lines.len() as u64;
-                self.written
-                    .fetch_add(lines.len() as u64, Ordering::Relaxed);
-                !std::mem::replace(&mut j.flush_pending, true)
-            };
-            let compact = {
-                let j = lock(&journal);
-                j.bytes > (COMPACT_RATIO * j.base_bytes).max(COMPACT_FLOOR)
-            };
+            let (j, sync, path) = (
+                journal.clone(),
+                self.sync.clone(),
+                self.journal_path_for(remote),
+            );
+            // Durable before this returns (the client ACKs after): see the module docs.
+            let (written, compact) = tokio::task::spawn_blocking(move || {
+                let mut j = lock(&j);
+                let written = j
+                    .append(lines.as_bytes(), &sync)
+                    .with_context(|| format!("appending to {}", path.display()))?;
+                anyhow::Ok((
+                    written,
+                    j.end > (COMPACT_RATIO * j.base_bytes).max(COMPACT_FLOOR),
+                ))
+            })
+            .await
+            .context("journal writer task failed")??;
+            self.written.fetch_add(written, Ordering::Relaxed);
             if compact {
                 self.compact_in_background(remote, &journal, imports);
-            }
-            if schedule_flush {
-                tokio::spawn(flush_later(journal, self.journal_path_for(remote)));
             }
             Ok(())
         }
@@ -445,26 +532,8 @@ impl ImportSink for FileImportSink {
     }
 }
 
-/// Flush a journal to stable storage [`SYNC_INTERVAL`] after its first unflushed append; the
-/// appends made meanwhile ride along. The lock is not held during the flush.
-async fn flush_later(journal: Arc<Mutex<Journal>>, path: PathBuf) {
-    tokio::time::sleep(SYNC_INTERVAL).await;
-    let res = tokio::task::spawn_blocking(move || {
-        let file = {
-            let mut j = lock(&journal);
-            j.flush_pending = false;
-            j.file.clone()
-        };
-        file.sync_data()
-    })
-    .await;
-    match res {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => warn!(file = %path.display(), error = %e, "cannot flush the imports journal"),
-        Err(e) => warn!(file = %path.display(), error = %e, "journal flush task failed"),
-    }
-}
-
+/// Write `bytes` as `path` atomically and durably: a temporary file, flushed, renamed over
+/// `path`, and the directory flushed so that the rename survives a power loss.
 fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
@@ -472,6 +541,9 @@ fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     tmp.as_file().sync_all()?;
     tmp.persist(path)
         .with_context(|| format!("replacing {}", path.display()))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("flushing {}", dir.display()))?;
     Ok(())
 }
 
@@ -565,12 +637,32 @@ mod tests {
         sink.persist_changes("east", &imports, &changed)
             .await
             .expect("append");
-        let journal = std::fs::read_to_string(sink.journal_path_for("east")).expect("journal");
-        assert_eq!(journal.lines().count(), 2, "{journal}");
-        assert_eq!(sink.bytes_written() - before, journal.len() as u64);
+        // The two lines, then zeros to the first GROW boundary (flushed with the file's size).
+        let file = std::fs::read(sink.journal_path_for("east")).expect("journal");
+        let lines = &file[..import_journal::end(&file)];
+        assert_eq!(import_journal::changes(&file).count(), 2);
+        assert_eq!(file.len() as u64, GROW);
+        assert!(file[lines.len()..].iter().all(|b| *b == 0));
+        assert_eq!(sink.bytes_written() - before, GROW);
         assert!(
-            (journal.len() as u64) < base / 20,
+            (lines.len() as u64) < base / 20,
             "a change costs its own size"
+        );
+        // The next change overwrites zeros: its own bytes only, the file's length unchanged.
+        let before = sink.bytes_written();
+        imports.insert("s003.x.test".into(), imported("s003.x.test", "10.0.0.8"));
+        sink.persist_changes(
+            "east",
+            &imports,
+            &BTreeSet::from(["s003.x.test".to_string()]),
+        )
+        .await
+        .expect("append");
+        let file = std::fs::read(sink.journal_path_for("east")).expect("journal");
+        assert_eq!(file.len() as u64, GROW);
+        assert_eq!(
+            sink.bytes_written() - before,
+            (import_journal::end(&file) - lines.len()) as u64
         );
         assert_eq!(
             std::fs::metadata(sink.path_for("east"))
@@ -584,11 +676,39 @@ mod tests {
         let got = loaded(&again, "east");
         assert_eq!(got.len(), 99);
         assert!(got.contains(&("s001.x.test".into(), "10.0.0.9".into())));
+        assert!(got.contains(&("s003.x.test".into(), "10.0.0.8".into())));
         assert!(!got.iter().any(|(f, _)| f == "s002.x.test"));
     }
 
+    /// `persist_changes` returns only after the journal holding the batch was flushed.
     #[tokio::test]
-    async fn a_torn_last_line_is_skipped_and_the_rest_applies() {
+    async fn a_batch_is_flushed_before_persist_changes_returns() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let synced = Arc::new(Mutex::new(Vec::new()));
+        let (log, path) = (synced.clone(), dir.path().join("imports/east.journal"));
+        let sink = FileImportSink::new(dir.path(), "ns")
+            .expect("sink")
+            .with_syncer(move |file| {
+                let bytes = std::fs::read(&path)?;
+                lock(&log).push(import_journal::changes(&bytes).count());
+                file.sync_data()
+            });
+        let mut imports = BTreeMap::new();
+        for (n, f) in ["a.x.test", "b.x.test"].into_iter().enumerate() {
+            imports.insert(f.to_string(), imported(f, "10.0.0.1"));
+            sink.persist_changes("east", &imports, &BTreeSet::from([f.to_string()]))
+                .await
+                .expect("append");
+            // One flush per batch, covering it, before the call returned.
+            assert_eq!(*lock(&synced), (1..=n + 1).collect::<Vec<_>>());
+        }
+    }
+
+    /// A crash in the middle of an append leaves part of a line, or a later block of it without
+    /// the earlier one: readers stop there, and the next writer cuts it so that nothing of it can
+    /// reappear after a later, shorter append.
+    #[tokio::test]
+    async fn a_torn_tail_ends_the_journal_and_is_cut_before_the_next_append() {
         let dir = tempfile::tempdir().expect("tempdir");
         let sink = FileImportSink::new(dir.path(), "ns").expect("sink");
         let mut imports = BTreeMap::new();
@@ -596,22 +716,52 @@ mod tests {
         sink.persist_changes("east", &imports, &BTreeSet::from(["a.x.test".to_string()]))
             .await
             .expect("append");
-        // A crash in the middle of the next append.
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(sink.journal_path_for("east"))
+        let path = sink.journal_path_for("east");
+        let end = import_journal::end(&std::fs::read(&path).expect("read")) as u64;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
             .expect("open");
-        f.write_all(br#"{"put":{"fqdn":"b.x.te"#).expect("write");
+        // Part of a line at the end; a gap of zeros; the end of a line and a whole one that
+        // deletes `a` (a later block of the same append that reached the disk).
+        file.write_all_at(br#"{"put":{"fqdn":"b.x.te"#, end)
+            .expect("write");
+        let mut later = vec![b'x'; 400];
+        later.extend(b"\n{\"del\":\"a.x.test\"}\n");
+        file.write_all_at(&later, end + 100).expect("write");
+        drop(file);
         assert_eq!(
             loaded(&sink, "east"),
             [("a.x.test".into(), "10.0.0.1".into())]
+        );
+
+        // A restart, and one change shorter than what the crash left.
+        drop(sink);
+        let again = FileImportSink::new(dir.path(), "ns").expect("sink");
+        imports.insert("c.x.test".to_string(), imported("c.x.test", "10.0.0.3"));
+        again
+            .persist_changes("east", &imports, &BTreeSet::from(["c.x.test".to_string()]))
+            .await
+            .expect("append");
+        let bytes = std::fs::read(&path).expect("read");
+        let end = import_journal::end(&bytes);
+        assert!(bytes[end..].iter().all(|b| *b == 0), "the tail was cut");
+        assert_eq!(
+            loaded(&again, "east"),
+            [
+                ("a.x.test".into(), "10.0.0.1".into()),
+                ("c.x.test".into(), "10.0.0.3".into())
+            ]
         );
     }
 
     #[tokio::test]
     async fn a_growing_journal_is_compacted_into_the_snapshot() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let sink = FileImportSink::new(dir.path(), "ns").expect("sink");
+        // Bytes, not flushes, are under test here: 12,000 real flushes would take seconds.
+        let sink = FileImportSink::new(dir.path(), "ns")
+            .expect("sink")
+            .with_syncer(|_| Ok(()));
         let mut imports = BTreeMap::new();
         // Well past the 1 MiB floor, one change per batch as from a lock-step server.
         for i in 0..12_000 {
