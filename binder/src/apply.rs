@@ -440,12 +440,13 @@ pub async fn sync_group_known<'a>(
 
 /// Apply a Cilium global Service (from [`crate::desired::cilium::global_service`]) — seed 004:
 /// its namespace is created when missing (labelled as managed; an existing namespace is never
-/// touched), a Service of that name the binder does not manage is left alone
-/// ([`ApplyError::NotManaged`]), and the Service is applied only when the binder's fields
-/// differ.
+/// touched), a Service of that name the binder of `install` did not make (another install's
+/// global Service included) is left alone ([`ApplyError::NotManaged`]), and the Service is
+/// applied only when the binder's fields differ.
 pub async fn sync_global_service(
     client: &Client,
     desired: &Service,
+    install: &str,
 ) -> Result<Written, ApplyError> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut written = Written::default();
@@ -483,7 +484,9 @@ pub async fn sync_global_service(
         .await
         .map_err(error("get", "Service", &namespace, &name))?;
     match &current {
-        Some(c) if !managed(&c.metadata) => return Err(not_managed("Service", &namespace, &name)),
+        Some(c) if !crate::desired::cilium::may_write(Some(c), install) => {
+            return Err(not_managed("Service", &namespace, &name));
+        }
         Some(c) if service_up_to_date(c, desired) => {}
         _ => {
             if let Some(c) = &current {

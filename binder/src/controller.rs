@@ -15,9 +15,12 @@
 //! A group whose last record is gone has its objects removed (the API server's garbage
 //! collector does it through the owner references too; an explicit delete that finds nothing is
 //! fine). A global Service whose sources are gone follows seed 004's orphan rule: removed,
-//! unless local endpoints exist. Objects of the same name the binder does not manage are never
-//! touched: the records get a `Conflict` condition and a Warning Event instead, as they do when
-//! the sources of one FQDN disagree on ports.
+//! unless local endpoints exist; when the binder may not count them (403), it is kept, with a
+//! Warning Event once and retries with backoff. Objects of the same name the binder does not
+//! manage — global Services of another install (another namespace's binder) or without the
+//! install annotation ([`crate::desired::cilium::INSTALL_ANNOTATION`]) included — are never
+//! touched: the records get a `Conflict` condition and a Warning Event instead, as they do
+//! when the sources of one FQDN disagree on ports.
 //!
 //! Ready ([`Handle::is_ready`], `/readyz`) once every watch has listed and every key found then
 //! has been reconciled once.
@@ -65,7 +68,8 @@ pub const COMPONENT: &str = "xcc-binder";
 /// Settings of the controller.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Namespace of the deployment: imported records, RemoteRegistries, the Services made.
+    /// Namespace of the deployment: imported records, RemoteRegistries, the Services made; also
+    /// the install's identity on the global Services it makes in other namespaces.
     pub namespace: String,
     /// Reconciles running at once (different keys).
     pub workers: usize,
@@ -661,11 +665,11 @@ impl Ctx {
     async fn reconcile_global(&self, key: &Key, origin: &OriginKey) -> Result<(), ReconcileError> {
         let sources = self.sources(key);
         if sources.is_empty() {
-            self.forget_warning(key);
             return self.orphan_check(key, origin).await;
         }
         let refs: Vec<&ServiceRecord> = sources.iter().map(AsRef::as_ref).collect();
-        let desired = match cilium::global_service(origin, &refs) {
+        let install = self.config.namespace.as_str();
+        let desired = match cilium::global_service(origin, &refs, install) {
             Ok(s) => s,
             Err(CiliumSkip::Empty) => return self.orphan_check(key, origin).await,
             Err(e @ CiliumSkip::NoPorts(_)) => {
@@ -674,7 +678,7 @@ impl Ctx {
             }
         };
         self.forget_warning(key);
-        let found = match apply::sync_global_service(&self.client, &desired).await {
+        let found = match apply::sync_global_service(&self.client, &desired, install).await {
             Ok(written) => {
                 self.count_written(&written, &origin.namespace).await;
                 None
@@ -765,19 +769,23 @@ impl Ctx {
         Ok(())
     }
 
-    /// Seed 004's orphan rule for a global Service whose sources are gone.
+    /// Seed 004's orphan rule for a global Service whose sources are gone. Its warnings (kept,
+    /// check refused) are sent once, not again at every resync or retry.
     async fn orphan_check(&self, key: &Key, origin: &OriginKey) -> Result<(), ReconcileError> {
+        let install = self.config.namespace.as_str();
         let Some(svc) = self
             .services
             .get(&ObjectRef::new(&origin.name).within(&origin.namespace))
+            .filter(|svc| keys::is_global_service(svc, install))
         else {
+            self.forget_warning(key);
             return Ok(());
         };
-        if !keys::is_global_service(&svc) {
-            return Ok(());
-        }
-        let local = self.local_endpoints(origin).await?;
-        match cilium::orphan_decision(&svc, false, local) {
+        let local = match self.local_endpoints(origin).await {
+            Ok(local) => local,
+            Err(e) => return Err(self.orphan_check_failed(key, &svc, e).await),
+        };
+        match cilium::orphan_decision(&svc, install, false, local) {
             OrphanDecision::Delete => {
                 let api: Api<Service> = Api::namespaced(self.client.clone(), &origin.namespace);
                 if apply::delete_exact(
@@ -817,6 +825,30 @@ impl Ctx {
             }
         }
         Ok(())
+    }
+
+    /// The local endpoints of an orphaned global Service could not be counted: it is kept, and
+    /// the key retried with backoff. A refusal (403: e.g. the binder runs under
+    /// `overlays/importer` now, after it made the Service under `overlays/cilium`) will not mend
+    /// itself: a Warning Event on the Service and an error in the log, once.
+    async fn orphan_check_failed(&self, key: &Key, svc: &Service, e: SyncError) -> ReconcileError {
+        if matches!(&e.source, kube::Error::Api(s) if s.code == 403) {
+            let note = format!(
+                "no imported ServiceRecord for this global service is left, but its local endpoints cannot be counted ({e}); kept. Grant the binder deploy/overlays/cilium's rights, or delete the Service"
+            );
+            if self.note_warning(key, "OrphanCheckForbidden", &note) {
+                tracing::error!(%key, %note, "orphan check refused");
+                self.event(
+                    object_ref(svc),
+                    EventType::Warning,
+                    "OrphanCheckForbidden",
+                    "Delete",
+                    note,
+                )
+                .await;
+            }
+        }
+        e.into()
     }
 
     /// Endpoints of the Service `origin` that the binder did not write (EndpointSlices of

@@ -3,7 +3,8 @@
 //! `overlays/cilium`), so a missing rule fails (no request may be refused): reference §5.7
 //! SB-01..SB-08 through watches and reconciles, NEW-06 (no writes at steady state across a
 //! resync and a restart; the audit log counts writes), NEW-07, port conflicts, drift repair,
-//! foreign objects, the Cilium global-service mode (seed 004) and readiness. A forced relist
+//! foreign objects, the Cilium global-service mode (seed 004), other installs' global Services, a
+//! refused orphan check and readiness. A forced relist
 //! (410 Gone) cannot be had from a real server on demand: `relist.rs`, on the fake.
 //!
 //! No sleeps: waits on API state wake on the watches of what they check; only in-process
@@ -874,7 +875,8 @@ async fn cilium_global_services_follow_seed_004() {
         svc["metadata"]["annotations"],
         json!({"service.cilium.io/global": "true", "service.cilium.io/shared": "false",
                "connectivity.tanzu.vmware.com/fqdn": "mysql.shop.example.org",
-               "connectivity.tanzu.vmware.com/source-cluster": "east"})
+               "connectivity.tanzu.vmware.com/source-cluster": "east",
+               "binder.xcc/install": env.ns})
     );
     assert_eq!(
         svc["metadata"]["labels"],
@@ -999,13 +1001,158 @@ async fn cilium_global_services_follow_seed_004() {
             .resource_version,
         theirs.metadata.resource_version
     );
-    // The kept global Service goes before the next tests: their binders, in Service mode,
-    // would see it and are not granted what its orphan check reads (EndpointSlices in "shop").
-    Api::<Service>::namespaced(env.client.clone(), "shop")
-        .delete("mysql-svc", &DeleteParams::default())
+    env.delete_record("other.shop.example.org-east").await;
+
+    // Another install's global Service (and one made before the install annotation existed):
+    // never taken over, and not deleted as an orphan although it has no local endpoints.
+    for (name, install) in [
+        ("theirs-svc", Some("xcc-elsewhere")),
+        ("unstamped-svc", None),
+    ] {
+        let theirs = services
+            .create(&PostParams::default(), &made_global(name, install))
+            .await
+            .unwrap();
+        let record = format!("{name}.shop.example.org-east");
+        let mut rec = global_record(&record, "east");
+        rec["spec"]["origin"]["name"] = json!(name);
+        rec["spec"]["fqdn"] = json!(format!("{name}.shop.example.org"));
+        env.create_record(rec).await;
+        env.wait_condition(&[&record], "True", "NotManaged").await;
+        let before = env.handle.reconciles();
+        env.delete_record(&record).await;
+        // Idle again only once a reconcile succeeded, i.e. without the record.
+        env.poll("reconciled without the record", |e| {
+            e.handle.reconciles() > before && e.handle.is_idle()
+        })
+        .await;
+        assert_eq!(
+            services.get(name).await.unwrap().metadata.resource_version,
+            theirs.metadata.resource_version,
+            "{name} untouched"
+        );
+    }
+    // The kept global Service stays for the next tests: their binders are other installs.
+    env.stop().await;
+}
+
+/// A Cilium global Service as the binder of the install `install` (its namespace) makes it, or
+/// as one made before the install annotation existed (`None`).
+fn made_global(name: &str, install: Option<&str>) -> Service {
+    let mut svc = json!({
+        "metadata": {"name": name,
+                     "labels": {"app.kubernetes.io/managed-by": "xcc-binder"},
+                     "annotations": {"service.cilium.io/global": "true",
+                                     "service.cilium.io/shared": "false",
+                                     "connectivity.tanzu.vmware.com/fqdn": format!("{name}.example.org")}},
+        "spec": {"ports": [{"port": 3306}]},
+    });
+    if let Some(install) = install {
+        svc["metadata"]["annotations"]["binder.xcc/install"] = json!(install);
+    }
+    serde_json::from_value(svc).unwrap()
+}
+
+#[tokio::test]
+async fn service_mode_binders_leave_other_installs_global_services_alone() {
+    let Some(mut env) = Env::new(
+        "service_mode_binders_leave_other_installs_global_services_alone",
+        IMPORTER,
+    )
+    .await
+    else {
+        return;
+    };
+    // Left by a Cilium-mode binder of another install, or of none we can tell: this binder,
+    // under overlays/importer, may not even read what their orphan check needs.
+    let elsewhere = env.cp.namespace("shop").await;
+    let services: Api<Service> = Api::namespaced(env.client.clone(), &elsewhere);
+    let mut made = Vec::new();
+    for (name, install) in [
+        ("theirs-svc", Some("xcc-elsewhere")),
+        ("unstamped-svc", None),
+    ] {
+        made.push(
+            services
+                .create(&PostParams::default(), &made_global(name, install))
+                .await
+                .unwrap(),
+        );
+    }
+    let since = SystemTime::now();
+    env.run().await;
+    env.poll("ready and idle", |e| {
+        e.handle.is_ready() && e.handle.is_idle()
+    })
+    .await;
+    for svc in made {
+        assert_eq!(
+            services
+                .get(&svc.name_any())
+                .await
+                .unwrap()
+                .metadata
+                .resource_version,
+            svc.metadata.resource_version
+        );
+    }
+    env.assert_no_writes_since(since);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_orphan_check_keeps_the_service_and_warns_once() {
+    let Some(mut env) = Env::new(
+        "a_refused_orphan_check_keeps_the_service_and_warns_once",
+        IMPORTER,
+    )
+    .await
+    else {
+        return;
+    };
+    // This install made it in Cilium mode, and runs under overlays/importer now: the orphan
+    // check may not list the EndpointSlices there.
+    let shop = env.cp.namespace("shop").await;
+    let services: Api<Service> = Api::namespaced(env.client.clone(), &shop);
+    let ours = services
+        .create(
+            &PostParams::default(),
+            &made_global("mysql-svc", Some(env.ns.as_str())),
+        )
         .await
         .unwrap();
-    env.stop().await;
+    env.run().await;
+    let list = format!("list discovery.k8s.io/endpointslices in {shop:?}");
+    let event = format!("create events.k8s.io/events in {shop:?}");
+    // The audit log is no watch: polled. Retried with backoff, warned once.
+    env.poll("the orphan check retried", |e| {
+        e.cp.forbidden(&e.id.user)
+            .iter()
+            .filter(|f| **f == list)
+            .count()
+            >= 2
+    })
+    .await;
+    assert!(!env.handle.is_idle(), "a retry is pending");
+    let mut refused = env.cp.forbidden(&env.id.user);
+    refused.retain(|f| *f != list);
+    assert_eq!(
+        refused,
+        [event],
+        "one Warning Event (refused as well here), nothing else"
+    );
+    assert_eq!(
+        services
+            .get("mysql-svc")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        ours.metadata.resource_version,
+        "kept"
+    );
+    env.cancel.cancel();
+    env.task.take().unwrap().await.unwrap().unwrap();
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use xcc_proto::names::{self, FQDN_ANNOTATION, IMPORTED_LABEL, REMOTE_REGISTRY_LA
 
 use crate::apply::managed;
 use crate::desired::GroupKey;
-use crate::desired::cilium::OriginKey;
+use crate::desired::cilium::{self, OriginKey};
 
 /// One unit of reconciliation.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -104,20 +104,30 @@ pub fn contributes(record: &ServiceRecord, mode: Materialize, key: &Key) -> bool
     }
 }
 
-/// Whether a Service is a binder-made Cilium global Service.
-pub fn is_global_service(service: &Service) -> bool {
+/// Whether a Service is a binder-made Cilium global Service, of any install.
+fn is_any_global_service(service: &Service) -> bool {
     managed(&service.metadata)
         && annotation(&service.metadata, CILIUM_GLOBAL_ANNOTATION) == Some("true")
 }
 
-/// The key of a Service the binder manages: a global Service's origin, or (in `namespace`) the
-/// FQDN group named by its annotation. `None` for anything else.
+/// Whether a Service is a Cilium global Service made by the binder of `install` (its
+/// namespace); another install's, or one without the install annotation, is not.
+pub fn is_global_service(service: &Service, install: &str) -> bool {
+    is_any_global_service(service) && cilium::is_ours(&service.metadata, install)
+}
+
+/// The key of a Service the binder of `namespace` manages: one of its global Services' origin,
+/// or (in `namespace`) the FQDN group named by its annotation. `None` for anything else,
+/// another install's global Services included.
 pub fn service_key(service: &Service, namespace: &str) -> Option<Key> {
     if !managed(&service.metadata) {
         return None;
     }
     let ns = service.metadata.namespace.as_deref()?;
-    if is_global_service(service) {
+    if is_any_global_service(service) {
+        if !is_global_service(service, namespace) {
+            return None;
+        }
         return Some(Key::Global(OriginKey {
             namespace: ns.to_string(),
             name: service.metadata.name.clone()?,
@@ -248,7 +258,8 @@ mod tests {
                 &svc(
                     json!({"name": "web", "namespace": "shop", "labels": managed,
                     "annotations": {"connectivity.tanzu.vmware.com/fqdn": "web.x",
-                                    "service.cilium.io/global": "true"}})
+                                    "service.cilium.io/global": "true",
+                                    "binder.xcc/install": "xcc"}})
                 ),
                 "xcc"
             ),
@@ -257,6 +268,20 @@ mod tests {
                 name: "web".into()
             }))
         );
+        // Another install's global Service, or one without the install annotation, is not
+        // ours: no key, in any namespace (in the binder's own, not a group either).
+        for ns in ["shop", "xcc"] {
+            for install in [Some("other"), None] {
+                let mut annotations = json!({"connectivity.tanzu.vmware.com/fqdn": "web.x",
+                                             "service.cilium.io/global": "true"});
+                if let Some(install) = install {
+                    annotations["binder.xcc/install"] = json!(install);
+                }
+                let foreign = svc(json!({"name": "web", "namespace": ns, "labels": managed,
+                                         "annotations": annotations}));
+                assert_eq!(service_key(&foreign, "xcc"), None, "{ns} {install:?}");
+            }
+        }
         // Not managed, or a group Service outside the binder's namespace: no key.
         assert_eq!(
             service_key(

@@ -6,6 +6,11 @@
 //! Pure: imported records in, desired Service / Namespace and orphan decisions out. The Service
 //! has no owner reference: its lifetime follows seed 004's orphan rule ([`orphan_decision`]),
 //! tracked by the managed label and the source-cluster annotation.
+//!
+//! Global Services live outside the binder's namespace, where another xcc install may have
+//! made some too. Each carries the install that made it ([`INSTALL_ANNOTATION`]: the binder's
+//! namespace); a binder writes and deletes only its own. Any other global Service, one without
+//! the annotation included, is foreign: never written, never deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -18,6 +23,10 @@ use xcc_proto::crd::{
 use xcc_proto::names::{FQDN_ANNOTATION, REMOTE_REGISTRY_LABEL};
 
 use super::{Port, PortError, non_empty, resolved_ports, uid};
+
+/// The xcc install that made a global Service: the namespace of its binder. Not an XCC
+/// annotation (XCC has no Cilium mode); global Services without it are never touched.
+pub const INSTALL_ANNOTATION: &str = "binder.xcc/install";
 
 /// The origin object a group of imported records stands for.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,9 +96,13 @@ fn source_cluster(record: &ServiceRecord) -> Option<String> {
 
 /// The global Service for one origin: name and namespace of the origin, annotations
 /// `service.cilium.io/global: "true"`, `service.cilium.io/shared: "false"`, the source
-/// cluster(s) (sorted, comma-separated) and the FQDN; ports from the lowest-UID record with
-/// usable ports; no selector; the managed label.
-pub fn global_service(key: &OriginKey, records: &[&ServiceRecord]) -> Result<Service, CiliumSkip> {
+/// cluster(s) (sorted, comma-separated), the FQDN and `install` ([`INSTALL_ANNOTATION`]); ports
+/// from the lowest-UID record with usable ports; no selector; the managed label.
+pub fn global_service(
+    key: &OriginKey,
+    records: &[&ServiceRecord],
+    install: &str,
+) -> Result<Service, CiliumSkip> {
     let mut records = records.to_vec();
     records.sort_by(|a, b| uid(a).cmp(uid(b)));
     let Some(first) = records.first() else {
@@ -112,6 +125,7 @@ pub fn global_service(key: &OriginKey, records: &[&ServiceRecord]) -> Result<Ser
             xcc_proto::names::canonical_fqdn(&first.spec.fqdn)
                 .unwrap_or_else(|_| first.spec.fqdn.clone()),
         ),
+        (INSTALL_ANNOTATION.to_string(), install.to_string()),
     ]);
     if !clusters.is_empty() {
         annotations.insert(
@@ -171,11 +185,22 @@ pub fn namespace(name: &str) -> Namespace {
     }
 }
 
-/// Whether the binder may write the global Service over `existing`: nothing is there, or the
-/// binder made it. A Service of the same name the binder did not make is left alone (seed 004:
-/// "if svc exists → do nothing").
-pub fn may_write(existing: Option<&Service>) -> bool {
-    existing.is_none_or(|s| is_managed(&s.metadata))
+/// Whether a binder made this object, and the binder of `install` at that: the managed label
+/// and [`INSTALL_ANNOTATION`] `= install`.
+pub fn is_ours(meta: &ObjectMeta, install: &str) -> bool {
+    is_managed(meta)
+        && meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(INSTALL_ANNOTATION))
+            .is_some_and(|v| v == install)
+}
+
+/// Whether the binder of `install` may write the global Service over `existing`: nothing is
+/// there, or it made it. A Service of the same name it did not make — another install's, or
+/// nobody's — is left alone (seed 004: "if svc exists → do nothing").
+pub fn may_write(existing: Option<&Service>, install: &str) -> bool {
+    existing.is_none_or(|s| is_ours(&s.metadata, install))
 }
 
 /// What to do with a managed global Service during the orphan check.
@@ -187,15 +212,16 @@ pub enum OrphanDecision {
     Delete,
 }
 
-/// Seed 004's orphan rule for a Service: only managed Services are considered; one whose
+/// Seed 004's orphan rule for a Service: only those `install` made are considered; one whose
 /// source still exists is kept; one whose source is gone is deleted unless it has local
 /// endpoints (someone started serving it in this cluster).
 pub fn orphan_decision(
     service: &Service,
+    install: &str,
     source_present: bool,
     local_endpoints: usize,
 ) -> OrphanDecision {
-    if !is_managed(&service.metadata) || source_present || local_endpoints > 0 {
+    if !is_ours(&service.metadata, install) || source_present || local_endpoints > 0 {
         OrphanDecision::Keep
     } else {
         OrphanDecision::Delete

@@ -684,7 +684,7 @@ fn cilium_global_service_copies_name_namespace_and_ports() {
         namespace: "my-namespace".into(),
         name: "mysql-svc".into(),
     };
-    let service = cilium::global_service(&key, &groups[&key]).unwrap();
+    let service = cilium::global_service(&key, &groups[&key], "xcc").unwrap();
     assert_eq!(
         serde_json::to_value(&service).unwrap(),
         json!({
@@ -700,6 +700,7 @@ fn cilium_global_service_copies_name_namespace_and_ports() {
                     // r1 has no origin cluster: its remote registry names the source.
                     "connectivity.tanzu.vmware.com/source-cluster": "rr,wc-beta-px",
                     FQDN_ANNOTATION: "mysql-svc.my-namespace.svc.clusterset.local",
+                    "binder.xcc/install": "xcc",
                 },
             },
             "spec": {"type": "ClusterIP", "ports": [{"name": "mysql", "port": 3306, "protocol": "TCP"}]},
@@ -712,7 +713,7 @@ fn cilium_global_service_copies_name_namespace_and_ports() {
     assert_eq!(groups.len(), 1);
     assert_eq!(without.len(), 1);
     assert_eq!(
-        cilium::global_service(&key, &[]),
+        cilium::global_service(&key, &[], "xcc"),
         Err(cilium::CiliumSkip::Empty)
     );
 }
@@ -725,28 +726,87 @@ fn cilium_namespace_ownership_and_orphans() {
         namespace: "my-namespace".into(),
         name: "mysql-svc".into(),
     };
-    let managed = cilium::global_service(&key, &[&cilium_record("r", "1", Some("a"))]).unwrap();
-    let mut local = managed.clone();
+    let record = cilium_record("r", "1", Some("a"));
+    let ours = cilium::global_service(&key, &[&record], "xcc").unwrap();
+    let other_install = cilium::global_service(&key, &[&record], "xcc-other").unwrap();
+    // Made before the install annotation existed: foreign too.
+    let mut unstamped = ours.clone();
+    unstamped
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove(cilium::INSTALL_ANNOTATION);
+    let mut local = ours.clone();
     local.metadata.labels = None;
-    assert!(cilium::may_write(None));
-    assert!(cilium::may_write(Some(&managed)));
-    assert!(
-        !cilium::may_write(Some(&local)),
-        "a Service the binder did not make is left alone"
-    );
 
-    let table = [
-        (&managed, true, 0, OrphanDecision::Keep),
-        (&managed, false, 0, OrphanDecision::Delete),
-        (&managed, false, 2, OrphanDecision::Keep),
-        (&local, false, 0, OrphanDecision::Keep),
-    ];
-    for (service, present, local_endpoints, expected) in table {
-        assert_eq!(
-            cilium::orphan_decision(service, present, local_endpoints),
-            expected,
-            "present={present} local={local_endpoints} managed={}",
-            cilium::is_managed(&service.metadata)
+    assert!(cilium::may_write(None, "xcc"));
+    assert!(cilium::may_write(Some(&ours), "xcc"));
+    for (name, service) in [
+        ("another install's", &other_install),
+        ("an unstamped", &unstamped),
+        ("a local", &local),
+    ] {
+        assert!(
+            !cilium::may_write(Some(service), "xcc"),
+            "{name} Service is left alone"
         );
     }
+    assert!(cilium::may_write(Some(&other_install), "xcc-other"));
+
+    let table = [
+        ("ours", &ours, true, 0, OrphanDecision::Keep),
+        ("ours", &ours, true, 2, OrphanDecision::Keep),
+        ("ours", &ours, false, 0, OrphanDecision::Delete),
+        ("ours", &ours, false, 2, OrphanDecision::Keep),
+        (
+            "other install",
+            &other_install,
+            true,
+            0,
+            OrphanDecision::Keep,
+        ),
+        (
+            "other install",
+            &other_install,
+            true,
+            2,
+            OrphanDecision::Keep,
+        ),
+        (
+            "other install",
+            &other_install,
+            false,
+            0,
+            OrphanDecision::Keep,
+        ),
+        (
+            "other install",
+            &other_install,
+            false,
+            2,
+            OrphanDecision::Keep,
+        ),
+        ("unstamped", &unstamped, true, 0, OrphanDecision::Keep),
+        ("unstamped", &unstamped, true, 2, OrphanDecision::Keep),
+        ("unstamped", &unstamped, false, 0, OrphanDecision::Keep),
+        ("unstamped", &unstamped, false, 2, OrphanDecision::Keep),
+        ("local", &local, false, 0, OrphanDecision::Keep),
+    ];
+    for (name, service, present, local_endpoints, expected) in table {
+        assert_eq!(
+            cilium::orphan_decision(service, "xcc", present, local_endpoints),
+            expected,
+            "{name} present={present} local={local_endpoints}"
+        );
+    }
+    // The other install's binder deletes its own orphan, and not ours.
+    assert_eq!(
+        cilium::orphan_decision(&other_install, "xcc-other", false, 0),
+        OrphanDecision::Delete
+    );
+    assert_eq!(
+        cilium::orphan_decision(&ours, "xcc-other", false, 0),
+        OrphanDecision::Keep
+    );
 }
