@@ -1220,6 +1220,7 @@ fn level_probe_main(shape: &Shape) -> anyhow::Result<Probe> {
                 "127.0.0.1:1".into(),
                 &fed::SubtreeMembership {
                     clusters: clusters.into_iter().collect(),
+                    ..Default::default()
                 },
                 tx,
             )

@@ -1,0 +1,164 @@
+//! The child's stream to its parent as one state machine, driven by the transport's polls (as
+//! the Hamlet server's consumer streams are): a message is produced only when the parent's
+//! HTTP/2 window has room for it, so a slow parent slows the stream and nothing piles up.
+//!
+//! Order of a session: the subtree membership (queued by [`Level::begin_upward`]), every entry
+//! of the subtree read from the live catalog with a key cursor (a batch at a time, no lock held
+//! between batches and no copy of the subtree), the end-of-snapshot marker, then the persistent
+//! questions. Catalog changes and control messages (membership changes, queries, route
+//! acknowledgements) interleave as they come; a change for a key the cursor has not reached yet
+//! is simply sent twice, the second time with the same current content.
+//!
+//! If the catalog's change feed overflows while the parent is not reading (more changes than
+//! the feed holds), the stream starts the snapshot again right away in the same session:
+//! membership (the parent then tracks what this pass announces), every entry, the marker, at
+//! which the parent removes whatever the pass did not mention (deletions the feed lost).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use xcc_proto::xcc::federation::v1 as fed;
+
+use super::convert::announcement;
+use super::level::Level;
+use crate::catalog::{CatalogEvent, ServiceEntry, ServiceKey};
+
+/// Entries read from the catalog per cursor step.
+const BATCH: usize = 256;
+
+/// Progress of one pass over the subtree.
+#[derive(Default)]
+struct Cursor {
+    /// Last key handed out; the next batch starts after it.
+    after: Option<ServiceKey>,
+    batch: VecDeque<Arc<ServiceEntry>>,
+    /// Sent after the marker (the persistent questions, on the first pass).
+    then: Vec<fed::ServiceQuery>,
+}
+
+/// The upward stream of one parent session.
+pub struct Upward {
+    level: Level,
+    control: mpsc::Receiver<fed::ChildMessage>,
+    events: BroadcastStream<CatalogEvent>,
+    cursor: Option<Cursor>,
+    /// Messages due before anything else but control messages: a change read while checking
+    /// for control messages, the questions that follow the marker.
+    pending: VecDeque<fed::ChildMessage>,
+}
+
+impl Upward {
+    /// `control`: the receiving end of the [`super::level::Uplink`] given to
+    /// [`Level::begin_upward`]; `events`: the catalog's change feed, subscribed before that
+    /// call; `queries`: what it returned.
+    pub fn new(
+        level: Level,
+        control: mpsc::Receiver<fed::ChildMessage>,
+        events: tokio::sync::broadcast::Receiver<CatalogEvent>,
+        queries: Vec<fed::ServiceQuery>,
+    ) -> Self {
+        Self {
+            level,
+            control,
+            events: BroadcastStream::new(events),
+            cursor: Some(Cursor {
+                then: queries,
+                ..Default::default()
+            }),
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// The next message of the current pass, if one is running.
+    fn next_snapshot(&mut self) -> Option<fed::ChildMessage> {
+        let cursor = self.cursor.as_mut()?;
+        if cursor.batch.is_empty() {
+            cursor.batch = self
+                .level
+                .catalog()
+                .subtree_after(cursor.after.as_ref(), BATCH)
+                .into();
+        }
+        if let Some(e) = cursor.batch.pop_front() {
+            cursor.after = Some(e.key.clone());
+            return Some(up(fed::child_message::Payload::ServiceAnnouncement(
+                announcement(&e, false),
+            )));
+        }
+        let then = self.cursor.take().map(|c| c.then).unwrap_or_default();
+        self.pending.extend(
+            then.into_iter()
+                .map(|q| up(fed::child_message::Payload::ServiceQuery(q))),
+        );
+        Some(up(fed::child_message::Payload::SnapshotComplete(
+            fed::SnapshotComplete {
+                generation: self.level.catalog().revision(),
+            },
+        )))
+    }
+
+    fn poll_control(&mut self, cx: &mut Context<'_>) -> Option<fed::ChildMessage> {
+        match self.control.poll_recv(cx) {
+            Poll::Ready(m) => m,
+            Poll::Pending => None,
+        }
+    }
+}
+
+impl Stream for Upward {
+    type Item = fed::ChildMessage;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(m) = this.poll_control(cx) {
+            return Poll::Ready(Some(m));
+        }
+        if let Some(m) = this.pending.pop_front() {
+            return Poll::Ready(Some(m));
+        }
+        loop {
+            match Pin::new(&mut this.events).poll_next(cx) {
+                Poll::Ready(Some(Ok(ev))) => {
+                    let Some(m) = this.level.upward_event(&ev) else {
+                        continue;
+                    };
+                    // A control message queued before this change (a membership that now
+                    // carries its cluster) goes first.
+                    if let Some(c) = this.poll_control(cx) {
+                        this.pending.push_front(m);
+                        return Poll::Ready(Some(c));
+                    }
+                    return Poll::Ready(Some(m));
+                }
+                Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(missed)))) => {
+                    tracing::info!(
+                        missed,
+                        "catalog changes outran the parent; sending the subtree again"
+                    );
+                    this.cursor = Some(Cursor::default());
+                    let mut m = this.level.membership();
+                    if let Some(fed::child_message::Payload::Subtree(s)) = &mut m.payload {
+                        s.resync = true;
+                    }
+                    return Poll::Ready(Some(m));
+                }
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => break,
+            }
+        }
+        match this.next_snapshot() {
+            Some(m) => Poll::Ready(Some(m)),
+            None => Poll::Pending,
+        }
+    }
+}
+
+fn up(p: fed::child_message::Payload) -> fed::ChildMessage {
+    fed::ChildMessage { payload: Some(p) }
+}
