@@ -103,10 +103,13 @@ impl Upward {
         )))
     }
 
-    fn poll_control(&mut self, cx: &mut Context<'_>) -> Option<fed::ChildMessage> {
+    /// A control message if one is queued; `Err` once the level let go of the session's
+    /// [`super::level::Uplink`] (the link is down): the stream ends.
+    fn poll_control(&mut self, cx: &mut Context<'_>) -> Result<Option<fed::ChildMessage>, ()> {
         match self.control.poll_recv(cx) {
-            Poll::Ready(m) => m,
-            Poll::Pending => None,
+            Poll::Ready(Some(m)) => Ok(Some(m)),
+            Poll::Ready(None) => Err(()),
+            Poll::Pending => Ok(None),
         }
     }
 }
@@ -116,8 +119,10 @@ impl Stream for Upward {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
-        if let Some(m) = this.poll_control(cx) {
-            return Poll::Ready(Some(m));
+        match this.poll_control(cx) {
+            Ok(Some(m)) => return Poll::Ready(Some(m)),
+            Ok(None) => {}
+            Err(()) => return Poll::Ready(None),
         }
         if let Some(m) = this.pending.pop_front() {
             return Poll::Ready(Some(m));
@@ -130,7 +135,7 @@ impl Stream for Upward {
                     };
                     // A control message queued before this change (a membership that now
                     // carries its cluster) goes first.
-                    if let Some(c) = this.poll_control(cx) {
+                    if let Ok(Some(c)) = this.poll_control(cx) {
                         this.pending.push_front(m);
                         return Poll::Ready(Some(c));
                     }
