@@ -1228,7 +1228,7 @@ fn level_probe_main(shape: &Shape) -> anyhow::Result<Probe> {
         let mut clusters: BTreeSet<String> =
             (0..shape.leaves_per_mid).map(|l| leaf_name(m, l)).collect();
         clusters.insert(mid_name(m));
-        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let (tx, rx) = xcc_registry::federation::level::DownLink::new(64);
         level
             .attach_child(
                 &mid_name(m),
