@@ -78,18 +78,24 @@ impl Upward {
     /// The next message of the current pass, if one is running.
     fn next_snapshot(&mut self) -> Option<fed::ChildMessage> {
         let cursor = self.cursor.as_mut()?;
-        if cursor.batch.is_empty() {
-            cursor.batch = self
-                .level
-                .catalog()
-                .subtree_after(cursor.after.as_ref(), BATCH)
-                .into();
-        }
-        if let Some(e) = cursor.batch.pop_front() {
-            cursor.after = Some(e.key.clone());
-            return Some(up(fed::child_message::Payload::ServiceAnnouncement(
-                announcement(&e, false),
-            )));
+        let catalog = self.level.catalog();
+        loop {
+            if cursor.batch.is_empty() {
+                cursor.batch = catalog.subtree_after(cursor.after.as_ref(), BATCH).into();
+                if cursor.batch.is_empty() {
+                    break;
+                }
+            }
+            while let Some(e) = cursor.batch.pop_front() {
+                cursor.after = Some(e.key.clone());
+                // Read again as it is sent: a change since the batch was read may already
+                // have gone up, and an older copy must not follow it.
+                if let Some(e) = catalog.get(&e.key).filter(|e| e.source.in_subtree()) {
+                    return Some(up(fed::child_message::Payload::ServiceAnnouncement(
+                        announcement(&e, false),
+                    )));
+                }
+            }
         }
         let then = self.cursor.take().map(|c| c.then).unwrap_or_default();
         self.pending.extend(
