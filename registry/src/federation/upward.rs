@@ -10,9 +10,11 @@
 //! is simply sent twice, the second time with the same current content.
 //!
 //! If the catalog's change feed overflows while the parent is not reading (more changes than
-//! the feed holds), the stream starts the snapshot again right away in the same session:
-//! membership (the parent then tracks what this pass announces), every entry, the marker, at
-//! which the parent removes whatever the pass did not mention (deletions the feed lost).
+//! the feed holds), the stream sends the snapshot again in the same session: at once, or, if a
+//! pass is running, right after it (a pass is never restarted, so each one completes however
+//! fast the catalog changes). A pass sent again starts with a membership marked `resync` (the
+//! parent then tracks what it announces) and ends with the marker, at which the parent removes
+//! whatever the pass did not mention (deletions the feed lost).
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -51,6 +53,8 @@ pub struct Upward {
     /// Messages due before anything else but control messages: a change read while checking
     /// for control messages, the questions that follow the marker.
     pending: VecDeque<fed::ChildMessage>,
+    /// The change feed overflowed during the running pass: send another after it.
+    again: bool,
 }
 
 impl Upward {
@@ -72,6 +76,7 @@ impl Upward {
                 ..Default::default()
             }),
             pending: VecDeque::new(),
+            again: false,
         }
     }
 
@@ -102,11 +107,25 @@ impl Upward {
             then.into_iter()
                 .map(|q| up(fed::child_message::Payload::ServiceQuery(q))),
         );
+        if std::mem::take(&mut self.again) {
+            let m = self.start_pass();
+            self.pending.push_back(m);
+        }
         Some(up(fed::child_message::Payload::SnapshotComplete(
             fed::SnapshotComplete {
                 generation: self.level.catalog().revision(),
             },
         )))
+    }
+
+    /// Start another pass; returns the membership that opens it.
+    fn start_pass(&mut self) -> fed::ChildMessage {
+        self.cursor = Some(Cursor::default());
+        let mut m = self.level.membership();
+        if let Some(fed::child_message::Payload::Subtree(s)) = &mut m.payload {
+            s.resync = true;
+        }
+        m
     }
 
     /// A control message if one is queued; `Err` once the level let go of the session's
@@ -152,12 +171,11 @@ impl Stream for Upward {
                         missed,
                         "catalog changes outran the parent; sending the subtree again"
                     );
-                    this.cursor = Some(Cursor::default());
-                    let mut m = this.level.membership();
-                    if let Some(fed::child_message::Payload::Subtree(s)) = &mut m.payload {
-                        s.resync = true;
+                    if this.cursor.is_some() {
+                        this.again = true;
+                        continue;
                     }
-                    return Poll::Ready(Some(m));
+                    return Poll::Ready(Some(this.start_pass()));
                 }
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => break,
