@@ -521,7 +521,11 @@ pub fn print_tree(t: &api::Tree, output: Output) {
                 "imports": t.imports.iter().map(|i| json!({"target": i.target,
                     "requesterService": i.requester_service, "state": i.state, "reason": i.reason,
                     "ownerCluster": i.owner_cluster})).collect::<Vec<_>>(),
-                "rejections": t.rejections,
+                "refused": t.refused.iter().map(|r| json!({"kind": r.kind,
+                    "entry": refused_entry(r), "fqdn": r.fqdn, "code": r.code, "check": r.check,
+                    "policyIds": r.policy_ids, "refusedBy": r.refused_by, "reason": r.reason,
+                    "at": r.at.map(|t| t.seconds)})).collect::<Vec<_>>(),
+                "overflows": t.overflows,
             })
         ),
         Output::Table => {
@@ -573,9 +577,44 @@ pub fn print_tree(t: &api::Tree, output: Output) {
                     table(&["IMPORT", "AS", "STATE", "OWNER", "REASON"], &rows)
                 );
             }
-            for r in &t.rejections {
-                println!("refused by the parent: {r}");
+            if !t.refused.is_empty() {
+                let rows: Vec<Vec<String>> = t
+                    .refused
+                    .iter()
+                    .map(|r| {
+                        vec![
+                            r.kind.clone(),
+                            refused_entry(r),
+                            r.check.clone(),
+                            r.policy_ids.join(","),
+                            r.refused_by.clone(),
+                            r.reason.clone(),
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    table(
+                        &["REFUSED", "ENTRY", "CHECK", "POLICIES", "BY", "REASON"],
+                        &rows
+                    )
+                );
+            }
+            if t.overflows > 0 {
+                println!(
+                    "federation queue overflows (streams reset): {}",
+                    t.overflows
+                );
             }
         }
+    }
+}
+
+/// `cluster/namespace/name` of a refused entry (just the cluster for a subtree refusal).
+fn refused_entry(r: &api::RefusedEntry) -> String {
+    if r.name.is_empty() {
+        r.cluster.clone()
+    } else {
+        format!("{}/{}/{}", r.cluster, r.namespace, r.name)
     }
 }

@@ -565,6 +565,25 @@ impl api::admin_server::Admin for AdminService {
                     )
                 })
                 .collect(),
+            refused: self
+                .level
+                .rejections()
+                .into_iter()
+                .map(|(at, r)| api::RefusedEntry {
+                    code: tonic::Code::from_i32(r.code).description().to_string(),
+                    kind: r.kind,
+                    cluster: r.cluster,
+                    namespace: r.namespace,
+                    name: r.name,
+                    fqdn: r.fqdn,
+                    reason: r.reason,
+                    check: r.check,
+                    policy_ids: r.policy_ids,
+                    refused_by: r.refused_by,
+                    at: timestamp(Some(at)),
+                })
+                .collect(),
+            overflows: self.level.overflows().get(),
         }))
     }
 

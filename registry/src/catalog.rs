@@ -799,8 +799,13 @@ impl Default for Catalog {
 
 impl Catalog {
     pub fn new() -> Self {
-        let (events, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
-        let (hamlet, _) = broadcast::channel(CHANGE_CHANNEL_CAPACITY);
+        Self::with_change_capacity(CHANGE_CHANNEL_CAPACITY)
+    }
+
+    /// A catalog whose change channels hold `capacity` changes (tests of lagging receivers).
+    pub(crate) fn with_change_capacity(capacity: usize) -> Self {
+        let (events, _) = broadcast::channel(capacity);
+        let (hamlet, _) = broadcast::channel(capacity);
         Self {
             state: Arc::new(RwLock::new(State::default())),
             events,
@@ -950,6 +955,25 @@ impl Catalog {
             .entries
             .iter()
             .filter(|e| filter.matches(&e.0))
+            .map(|e| e.0.clone())
+            .collect()
+    }
+
+    /// Up to `limit` entries of this registry's subtree (local exports and children's
+    /// announcements) with keys after `after` (from the first with `None`), in key order: a
+    /// cursor over the live catalog that holds no lock and copies nothing between calls.
+    pub fn subtree_after(
+        &self,
+        after: Option<&ServiceKey>,
+        limit: usize,
+    ) -> Vec<Arc<ServiceEntry>> {
+        use std::ops::Bound;
+        let st = self.read();
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        st.entries
+            .range::<ServiceKey, _>((from, Bound::Unbounded))
+            .filter(|e| e.0.source.in_subtree())
+            .take(limit)
             .map(|e| e.0.clone())
             .collect()
     }

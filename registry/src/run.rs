@@ -426,6 +426,11 @@ impl Registry {
             .check()
             .map_err(anyhow::Error::msg)?;
         let level = Level::new(cluster.clone(), None, catalog.clone(), gate.clone());
+        registry.sub_registry_with_prefix("xcc").register(
+            "federation_queue_overflows",
+            "Federation messages that did not fit a queue (each reset its session); expected 0",
+            level.overflows(),
+        );
         if let StoreConfig::File { state_dir, .. } = &config.store
             && config.federation.grant_mode != crate::federation::grants::GrantMode::None
         {

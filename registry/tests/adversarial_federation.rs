@@ -187,6 +187,7 @@ fn membership(clusters: &[&str]) -> fed::ChildMessage {
         payload: Some(fed::child_message::Payload::Subtree(
             fed::SubtreeMembership {
                 clusters: clusters.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
             },
         )),
     }

@@ -435,6 +435,7 @@ fn membership(clusters: &[&str]) -> fed::ChildMessage {
         payload: Some(fed::child_message::Payload::Subtree(
             fed::SubtreeMembership {
                 clusters: clusters.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
             },
         )),
     }
@@ -587,4 +588,40 @@ async fn policy_reload_keeps_last_good_and_limits_zones() {
         vec!["no-c1"],
         "previous policies still in force"
     );
+}
+
+/// A child whose subtree is far larger than any queue on the way (8,192 messages) attaches:
+/// its snapshot streams at the parent's pace, and the parent ends with every service. Nothing
+/// overflowed on either side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_with_50000_services_attaches() {
+    const N: usize = 50_000;
+    let pki = Pki::new("xcc.test");
+    let root = node(&pki, "root", None, None).await;
+    let big = node(&pki, "big", Some(root.0.hamlet_addr), None).await;
+    let services: Vec<ServiceEntry> = (0..N)
+        .map(|i| service("big", "shop", &format!("svc-{i:05}"), "10.0.0.1", &[]))
+        .collect();
+    big.0.catalog.replace_source(&Source::Local, services);
+    // Longer than the common bound: 50,000 announcements, each checked by Cedar, in a debug
+    // build on a shared machine.
+    let mut changes = root.0.catalog.subscribe();
+    tokio::time::timeout(Duration::from_secs(300), async {
+        while root.0.catalog.len() < N {
+            let _ = changes.recv().await;
+        }
+    })
+    .await
+    .expect("the root holds all 50,000 services");
+    let keys = |c: &xcc_registry::Catalog| -> Vec<ServiceKey> {
+        c.list(&Default::default())
+            .iter()
+            .map(|e| e.key.clone())
+            .collect()
+    };
+    assert_eq!(keys(&root.0.catalog), keys(&big.0.catalog));
+    assert_eq!(root.0.level.overflows().get(), 0);
+    assert_eq!(big.0.level.overflows().get(), 0);
+    root.1.cancel();
+    big.1.cancel();
 }

@@ -1,20 +1,21 @@
 //! The child side: one long-lived link to the parent registry. On every (re)connect it sends the
 //! subtree membership, every subtree entry and the end-of-snapshot marker, re-issues the
-//! persistent queries, then streams catalog changes up; messages from the parent go to the
-//! [`Level`]. Reconnects use the same jittered exponential backoff as the Hamlet client.
+//! persistent queries, then streams catalog changes up ([`Upward`], paced by the parent's
+//! reading: no subtree is too large to attach); messages from the parent go to the [`Level`].
+//! Reconnects use the same jittered exponential backoff as the Hamlet client; a session reset
+//! because a control message did not fit its queue reconnects at once.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::SeedableRng;
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
-use super::level::Level;
+use super::level::{Level, Uplink};
+use super::upward::Upward;
 use crate::hamlet::client::Backoff;
 use crate::peers::{PeerKind, PeerState, PeerTable};
 
@@ -39,7 +40,8 @@ impl std::fmt::Debug for ParentSpec {
     }
 }
 
-/// Upward queue capacity; overflowing it forces a resynchronisation.
+/// Room for control messages (membership, queries, route acknowledgements) on the way up;
+/// overflowing it resets the session, which reconnects at once.
 const UP_QUEUE: usize = 8192;
 
 pub fn spawn(
@@ -98,7 +100,12 @@ async fn run(
     let mut attempt = 0u32;
     loop {
         stats.set_state(PeerState::Connecting);
-        let (healthy, error, fatal) = tokio::select! {
+        let End {
+            healthy,
+            error,
+            fatal,
+            reset,
+        } = tokio::select! {
             _ = cancel.cancelled() => break,
             r = session(&level, channel.clone(), &connector, &stats) => r,
         };
@@ -112,12 +119,16 @@ async fn run(
             warn!(parent = %spec.name, %error, "parent link stopped; fix the configuration and restart");
             break;
         }
-        let delay = backoff.delay(attempt, &mut rng);
-        attempt = attempt.saturating_add(1);
-        stats.set_state(PeerState::Backoff);
         stats
             .reconnects
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if reset {
+            info!(parent = %spec.name, %error, "parent session reset; reconnecting now");
+            continue;
+        }
+        let delay = backoff.delay(attempt, &mut rng);
+        attempt = attempt.saturating_add(1);
+        stats.set_state(PeerState::Backoff);
         info!(parent = %spec.name, %error, ?delay, "parent link down; reconnecting after backoff");
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -128,32 +139,50 @@ async fn run(
     stats.set_state(PeerState::Stopped);
 }
 
-/// One connection. Returns (got far enough to reset the backoff, why it ended, fatal).
+/// How a session ended.
+struct End {
+    /// Got far enough to reset the backoff.
+    healthy: bool,
+    error: String,
+    /// Unrecoverable without a configuration change.
+    fatal: bool,
+    /// A message did not fit the upward queue: reconnect at once, without backoff.
+    reset: bool,
+}
+
+impl End {
+    fn new(healthy: bool, error: impl Into<String>, fatal: bool) -> Self {
+        Self {
+            healthy,
+            error: error.into(),
+            fatal,
+            reset: false,
+        }
+    }
+}
+
+/// One connection.
 async fn session(
     level: &Level,
     channel: tonic::transport::Channel,
     connector: &xcc_certs::client::TlsConnector,
     stats: &crate::peers::PeerStats,
-) -> (bool, String, bool) {
-    let (up_tx, up_rx) = mpsc::channel::<fed::ChildMessage>(UP_QUEUE);
-    // Subscribe before taking the snapshot so no change falls between them.
-    let mut events = level.catalog().subscribe();
-    if !level.begin_upward(up_tx.clone()) {
-        return (
-            false,
-            "subtree snapshot larger than the upward queue".into(),
-            false,
-        );
-    }
+) -> End {
+    let (up, control) = Uplink::new(UP_QUEUE);
+    let reset = up.reset().clone();
+    // Subscribe before the stream reads the catalog so no change falls between them.
+    let events = level.catalog().subscribe();
+    let queries = level.begin_upward(up);
+    let upward = Upward::new(level.clone(), control, events, queries);
     let mut client = fed::federation_client::FederationClient::new(channel)
         .max_decoding_message_size(4 * 1024 * 1024);
-    let mut inbound = match client.connect(ReceiverStream::new(up_rx)).await {
+    let mut inbound = match client.connect(upward).await {
         Ok(r) => r.into_inner(),
         Err(s) => {
             // As with Hamlet: only Unauthenticated is final; a refused membership (cycle, a
             // cluster claimed twice) may be fixed on the other side, so keep retrying with backoff.
             let fatal = s.code() == tonic::Code::Unauthenticated;
-            return (false, format!("{:?}: {}", s.code(), s.message()), fatal);
+            return End::new(false, format!("{:?}: {}", s.code(), s.message()), fatal);
         }
     };
     if let Some(id) = connector.last_peer() {
@@ -165,36 +194,28 @@ async fn session(
     info!(cluster = %level.cluster(), "parent link established");
     loop {
         tokio::select! {
+            _ = reset.cancelled() => {
+                return End {
+                    reset: true,
+                    ..End::new(true, "the upward queue overflowed; resynchronising", false)
+                };
+            }
             m = inbound.message() => match m {
                 Ok(Some(msg)) => {
                     if let Err(e) = level.on_parent_message(msg) {
-                        return (false, e.to_string(), false);
+                        return End::new(false, e.to_string(), false);
                     }
                 }
-                Ok(None) => return (true, "parent closed the stream".into(), false),
+                Ok(None) => return End::new(true, "parent closed the stream", false),
                 Err(s) => {
                     let fatal = s.code() == tonic::Code::Unauthenticated;
-                    return (true, format!("{:?}: {}", s.code(), s.message()), fatal);
+                    return End {
+                        // The parent ended the session to have it resent (its queue to us
+                        // overflowed, or its policies changed): at once.
+                        reset: s.code() == tonic::Code::Unavailable,
+                        ..End::new(true, format!("{:?}: {}", s.code(), s.message()), fatal)
+                    };
                 }
-            },
-            ev = events.recv() => match ev {
-                Ok(ev) => {
-                    if let Some(m) = level.upward_event(&ev)
-                        && up_tx.try_send(m).is_err()
-                    {
-                        return (true, "upward queue full; resynchronising".into(), false);
-                    }
-                }
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    // Missed changes: send the whole subtree again; the parent prunes stale
-                    // entries at the end-of-snapshot marker.
-                    for m in level.upward_snapshot() {
-                        if up_tx.try_send(m).is_err() {
-                            return (true, "upward queue full; resynchronising".into(), false);
-                        }
-                    }
-                }
-                Err(broadcast::error::RecvError::Closed) => return (true, "catalog closed".into(), false),
             },
         }
     }

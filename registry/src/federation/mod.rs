@@ -9,5 +9,6 @@ pub mod level;
 pub mod link;
 pub mod session;
 pub mod tree;
+pub mod upward;
 
 pub use level::{Level, Target};

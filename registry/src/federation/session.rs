@@ -11,13 +11,12 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use futures::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
-use super::level::{ChildError, Down, Level, Refusal, session_channel};
+use super::level::{ChildError, Down, Level, Refusal, SessionAnnouncements, session_channel};
 
 /// How long a child may take to declare its subtree.
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -88,14 +87,15 @@ impl fed::federation_server::Federation for FederationService {
         let Some(fed::child_message::Payload::Subtree(membership)) = first.payload else {
             return Err(status_for(ChildError::NoMembership));
         };
-        let (tx, rx) = session_channel();
+        let (link, rx) = session_channel();
+        let down = link.stream(rx);
         let id = self
             .level
             .attach_child(
                 &child,
                 peer.remote_addr.to_string(),
                 &membership,
-                tx.clone(),
+                link.clone(),
             )
             .map_err(|e| {
                 warn!(%child, error = %e, "refusing child");
@@ -103,14 +103,14 @@ impl fed::federation_server::Federation for FederationService {
             })?;
         info!(%child, addr = %peer.remote_addr, subtree = ?membership.clusters, "child connected");
         // Before the first announcement is read: everything this session stores is newer.
-        let mut announced = self.level.track_announcements();
+        let mut reader = ChildReader::new(self.level.clone(), child.clone());
         let level = self.level.clone();
         let cancel = self.cancel.clone();
         tokio::spawn(async move {
             let end: Result<(), Status> = loop {
                 let msg = tokio::select! {
                     _ = cancel.cancelled() => break Err(Status::unavailable("registry shutting down")),
-                    _ = tx.closed() => break Ok(()),
+                    _ = link.closed() => break Ok(()),
                     m = inbound.message() => m,
                 };
                 let msg = match msg {
@@ -118,60 +118,8 @@ impl fed::federation_server::Federation for FederationService {
                     Ok(None) => break Ok(()),
                     Err(status) => break read_error(&child, status),
                 };
-                use fed::child_message::Payload;
-                let size = prost::Message::encoded_len(&msg);
-                if size > ENTRY_LIMIT {
-                    let r = oversized(&msg, size, level.cluster());
-                    warn!(%child, kind = %r.kind, cluster = %r.cluster, size, "refusing an oversized entry");
-                    level.reject_to_child(&child, r);
-                    continue;
-                }
-                match msg.payload {
-                    Some(Payload::Subtree(m)) => {
-                        if let Err(e) = level.update_child_subtree(&child, &m) {
-                            break Err(status_for(e));
-                        }
-                    }
-                    Some(Payload::ServiceAnnouncement(a)) => {
-                        match level.child_announcement(&child, &a) {
-                            Ok(()) => announced.note(&level, &child, &a),
-                            Err(refusal) => level.reject_to_child(
-                                &child,
-                                refusal.to_rejection(
-                                    "announcement",
-                                    &a.cluster,
-                                    &a.namespace,
-                                    &a.name,
-                                    &a.fqdn,
-                                    level.cluster(),
-                                ),
-                            ),
-                        }
-                    }
-                    Some(Payload::SnapshotComplete(_)) => {
-                        level.child_snapshot_complete(&child, &announced);
-                    }
-                    Some(Payload::RouteAck(a)) => level.child_route_ack(&child, &a),
-                    Some(Payload::ServiceQuery(q)) => {
-                        if let Err(e) = level.check_claim(&child, &q.requester_cluster) {
-                            warn!(%child, requester = %q.requester_cluster, "refusing a query on behalf of a cluster the child does not carry");
-                            level.reject_to_child(
-                                &child,
-                                Refusal::new(tonic::Code::PermissionDenied, e.to_string())
-                                    .to_rejection(
-                                        "query",
-                                        &q.requester_cluster,
-                                        &q.namespace,
-                                        &q.name,
-                                        &q.fqdn,
-                                        level.cluster(),
-                                    ),
-                            );
-                            continue;
-                        }
-                        level.handle_query(q);
-                    }
-                    None => {}
+                if let Err(status) = reader.on_message(msg) {
+                    break Err(status);
                 }
             };
             if let Err(status) = end {
@@ -180,7 +128,7 @@ impl fed::federation_server::Federation for FederationService {
                 } else {
                     warn!(%child, code = ?status.code(), message = status.message(), "closing child session");
                 }
-                let _ = tx.send(Err(status)).await;
+                link.close(status);
             }
             // On our own shutdown the child's services still exist: keep them (and every grant
             // on them) rather than revoking answers on the way out.
@@ -188,7 +136,89 @@ impl fed::federation_server::Federation for FederationService {
                 level.detach_child(&child, id);
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(down)))
+    }
+}
+
+/// What the parent does with each message of one child's session (after its membership).
+pub struct ChildReader {
+    level: Level,
+    child: String,
+    /// What this pass of the child's snapshot announced, for the sweep at its marker.
+    announced: SessionAnnouncements,
+}
+
+impl ChildReader {
+    /// Start reading `child`'s session, before its first announcement.
+    pub fn new(level: Level, child: String) -> Self {
+        let announced = level.track_announcements();
+        Self {
+            level,
+            child,
+            announced,
+        }
+    }
+
+    /// Handle one message. A refused entry is answered with a `Rejection` and costs only that
+    /// entry; an error ends the session with the status returned.
+    pub fn on_message(&mut self, msg: fed::ChildMessage) -> Result<(), Status> {
+        use fed::child_message::Payload;
+        let (level, child) = (&self.level, self.child.as_str());
+        let size = prost::Message::encoded_len(&msg);
+        if size > ENTRY_LIMIT {
+            let r = oversized(&msg, size, level.cluster());
+            warn!(%child, kind = %r.kind, cluster = %r.cluster, size, "refusing an oversized entry");
+            level.reject_to_child(child, r);
+            return Ok(());
+        }
+        match msg.payload {
+            Some(Payload::Subtree(m)) => {
+                level.update_child_subtree(child, &m).map_err(status_for)?;
+                // Another pass of the snapshot: its marker drops what it leaves out.
+                if m.resync {
+                    self.announced = level.track_announcements();
+                }
+            }
+            Some(Payload::ServiceAnnouncement(a)) => match level.child_announcement(child, &a) {
+                Ok(()) => self.announced.note(level, child, &a),
+                Err(refusal) => level.reject_to_child(
+                    child,
+                    refusal.to_rejection(
+                        "announcement",
+                        &a.cluster,
+                        &a.namespace,
+                        &a.name,
+                        &a.fqdn,
+                        level.cluster(),
+                    ),
+                ),
+            },
+            Some(Payload::SnapshotComplete(_)) => {
+                level.child_snapshot_complete(child, &self.announced);
+            }
+            Some(Payload::RouteAck(a)) => level.child_route_ack(child, &a),
+            Some(Payload::ServiceQuery(q)) => {
+                if let Err(e) = level.check_claim(child, &q.requester_cluster) {
+                    warn!(%child, requester = %q.requester_cluster, "refusing a query on behalf of a cluster the child does not carry");
+                    level.reject_to_child(
+                        child,
+                        Refusal::new("subtree", tonic::Code::PermissionDenied, e.to_string())
+                            .to_rejection(
+                                "query",
+                                &q.requester_cluster,
+                                &q.namespace,
+                                &q.name,
+                                &q.fqdn,
+                                level.cluster(),
+                            ),
+                    );
+                    return Ok(());
+                }
+                level.handle_query(q);
+            }
+            None => {}
+        }
+        Ok(())
     }
 }
 
@@ -215,6 +245,7 @@ fn read_error(child: &str, status: Status) -> Result<(), Status> {
 fn oversized(msg: &fed::ChildMessage, size: usize, refused_by: &str) -> fed::Rejection {
     use fed::child_message::Payload;
     let refusal = Refusal::new(
+        "size",
         tonic::Code::ResourceExhausted,
         format!("entry of {size} bytes exceeds the {ENTRY_LIMIT}-byte limit"),
     );

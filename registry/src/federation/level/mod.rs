@@ -13,10 +13,15 @@
 //!   requesters whenever the service changes or the grant stops holding.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::SystemTime;
 
+use futures::{Stream, StreamExt as _};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
@@ -65,9 +70,106 @@ pub type Down = Result<fed::ParentMessage, tonic::Status>;
 
 struct Session {
     id: u64,
-    tx: mpsc::Sender<Down>,
+    link: DownLink,
     since: SystemTime,
     address: String,
+}
+
+/// The way down to one child's session: a bounded queue, and the switch that ends the stream
+/// with a status. A message that does not fit is never dropped on its own: the stream ends
+/// with `Unavailable`, the child reconnects at once and everything is sent again (its
+/// snapshot up, its questions, the pending route notifications down), and the overflow is
+/// counted ([`Level::overflows`]).
+#[derive(Clone)]
+pub struct DownLink {
+    tx: mpsc::Sender<Down>,
+    end: CancellationToken,
+    why: Arc<OnceLock<tonic::Status>>,
+}
+
+impl DownLink {
+    /// A link with room for `capacity` queued messages, and the receiving end for
+    /// [`DownLink::stream`].
+    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<Down>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let link = Self {
+            tx,
+            end: CancellationToken::new(),
+            why: Arc::default(),
+        };
+        (link, rx)
+    }
+
+    /// End the stream with `status` (the first reason wins); what is still queued is
+    /// discarded, the child resynchronises when it reconnects.
+    pub fn close(&self, status: tonic::Status) {
+        let _ = self.why.set(status);
+        self.end.cancel();
+    }
+
+    /// Resolves once the link was closed or its stream dropped (the child went away).
+    pub async fn closed(&self) {
+        tokio::select! {
+            _ = self.end.cancelled() => {}
+            _ = self.tx.closed() => {}
+        }
+    }
+
+    /// The response stream: the queued messages until the link closes, then the status it
+    /// closed with (none when every sender is gone).
+    pub fn stream(&self, rx: mpsc::Receiver<Down>) -> impl Stream<Item = Down> + Send + 'static {
+        let why = self.why.clone();
+        ReceiverStream::new(rx)
+            .take_until(self.end.clone().cancelled_owned())
+            .chain(
+                futures::stream::once(async move { why.get().cloned() })
+                    .filter_map(|status| async move { status.map(Err) }),
+            )
+    }
+
+    /// Queue `p`; on a full queue the stream is reset (never a silent drop).
+    fn send(&self, p: fed::parent_message::Payload, overflows: &Counter) {
+        // A closing session takes nothing more: the child gets it all again when it is back.
+        if self.end.is_cancelled() {
+            return;
+        }
+        match self.tx.try_send(msg_down(p)) {
+            Ok(()) | Err(TrySendError::Closed(_)) => {}
+            Err(TrySendError::Full(_)) => {
+                overflows.inc();
+                warn!("a child's session is not keeping up; ending it so the child resynchronises");
+                self.close(tonic::Status::unavailable(
+                    "the parent's queue to this child is full; reconnect and resynchronise",
+                ));
+            }
+        }
+    }
+}
+
+/// The way up to the parent for what is not a catalog change (subtree membership, queries,
+/// route acknowledgements), read by the parent link's stream ([`super::upward::Upward`]).
+/// Announcements do not pass here: the stream reads them from the catalog. A message that does
+/// not fit resets the parent session (the link reconnects at once) and is counted.
+#[derive(Clone)]
+pub struct Uplink {
+    tx: mpsc::Sender<fed::ChildMessage>,
+    reset: CancellationToken,
+}
+
+impl Uplink {
+    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<fed::ChildMessage>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        let link = Self {
+            tx,
+            reset: CancellationToken::new(),
+        };
+        (link, rx)
+    }
+
+    /// Cancelled when a message did not fit: the session must end and start again.
+    pub fn reset(&self) -> &CancellationToken {
+        &self.reset
+    }
 }
 
 #[derive(Default)]
@@ -119,7 +221,7 @@ struct State {
     route_queues: BTreeMap<String, RouteQueue>,
     grants: BTreeMap<ServiceKey, BTreeMap<(String, String), Grant>>,
     owner_routes: BTreeMap<(String, String, String, String), OwnerRoute>,
-    parent_tx: Option<mpsc::Sender<fed::ChildMessage>>,
+    parent_tx: Option<Uplink>,
     subs: HashMap<u64, Subscription>,
     sub_index: HashMap<(Target, String), u64>,
     next_id: u64,
@@ -130,15 +232,23 @@ struct State {
     reserved: HashMap<Arc<str>, ServiceKey>,
     /// Refused claims seen here (as the refusing level or as the notified owner), newest last.
     clashes: VecDeque<Clash>,
-    /// Entries our parent refused, newest last.
-    rejections: VecDeque<(SystemTime, fed::Rejection)>,
+    /// Entries our parent refused in the current parent session, by entry (kind, cluster,
+    /// namespace, name; the latest refusal of each). Cleared when a session begins: the
+    /// snapshot is sent again and whatever is still refused is refused again.
+    refused: BTreeMap<RefusedKey, (SystemTime, fed::Rejection)>,
     /// What each child declared (before the carry check), decided again when policies change.
     claimed: BTreeMap<String, fed::SubtreeMembership>,
 }
 
-/// How many refused claims and parent rejections are remembered for the admin API (the log has
-/// every one; this is the recent window an operator looks at).
+/// How many refused claims are remembered for the admin API (the log has every one; this is
+/// the recent window an operator looks at).
 const KEEP_REPORTS: usize = 256;
+
+/// Most refused entries kept from the parent: more than any subtree sends in practice, and a
+/// bound on what a parent can make us store. Past it a refusal is logged (and counted) only.
+const KEEP_REFUSED: usize = 65_536;
+
+type RefusedKey = (String, String, String, String);
 
 /// A refused claim on a name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,14 +281,24 @@ impl std::fmt::Display for Clash {
 pub struct Refusal {
     pub code: tonic::Code,
     pub reason: String,
+    /// The check that failed (see [`fed::Rejection::check`]).
+    pub check: &'static str,
+    /// The Cedar policies that decided it, if a policy did.
+    pub policies: Vec<String>,
 }
 
 impl Refusal {
-    pub fn new(code: tonic::Code, reason: impl Into<String>) -> Self {
+    pub fn new(check: &'static str, code: tonic::Code, reason: impl Into<String>) -> Self {
         Self {
             code,
             reason: reason.into(),
+            check,
+            policies: vec![],
         }
+    }
+
+    pub fn with_policies(self, policies: Vec<String>) -> Self {
+        Self { policies, ..self }
     }
 
     /// The wire form for an entry about `cluster` (and service `namespace/name`, `fqdn`).
@@ -200,6 +320,8 @@ impl Refusal {
             code: self.code as i32,
             reason: self.reason.clone(),
             refused_by: refused_by.to_string(),
+            check: self.check.to_string(),
+            policy_ids: self.policies.clone(),
         }
     }
 }
@@ -263,10 +385,12 @@ struct Inner {
     /// One shared copy of each child's name: every entry a child announces names it as its
     /// source, and at the root that is most entries (bounded by the authenticated children).
     child_names: Mutex<std::collections::HashMap<String, Arc<str>>>,
+    /// Messages that did not fit a queue of the federation path (each reset its stream).
+    overflows: Counter,
 }
 
-/// Outbound-channel capacity per child session. A child that falls this far behind is cut and
-/// resynchronises on reconnect.
+/// Outbound-channel capacity per child session. A child that falls this far behind has its
+/// session ended and reconnects at once (see [`DownLink`]).
 const SESSION_QUEUE: usize = 8192;
 
 /// Why a child's stream is being closed.
@@ -302,6 +426,7 @@ impl Level {
                 changes: watch::Sender::new(0),
                 grant_sink: RwLock::new(Arc::new(super::grants::NoGrants)),
                 child_names: Mutex::default(),
+                overflows: Counter::default(),
             }),
         }
     }
@@ -372,6 +497,29 @@ impl Level {
         Source::Child(name)
     }
 
+    /// Messages of the federation path that did not fit a queue (each one reset its stream:
+    /// nothing is dropped on its own), and parent refusals past what is kept. Expected to stay 0.
+    pub fn overflows(&self) -> Counter {
+        self.inner.overflows.clone()
+    }
+
+    fn down(&self, link: &DownLink, p: fed::parent_message::Payload) {
+        link.send(p, &self.inner.overflows);
+    }
+
+    /// Queue `msg` for the parent, if a session is up; a full queue resets the session.
+    fn send_up(&self, up: Option<Uplink>, msg: fed::ChildMessage) {
+        let Some(up) = up else { return };
+        match up.tx.try_send(msg) {
+            Ok(()) | Err(TrySendError::Closed(_)) => {}
+            Err(TrySendError::Full(_)) => {
+                self.inner.overflows.inc();
+                warn!("the parent link is not keeping up; resetting it to resynchronise");
+                up.reset.cancel();
+            }
+        }
+    }
+
     fn bump(&self) {
         self.inner.changes.send_modify(|v| *v = v.wrapping_add(1));
     }
@@ -389,7 +537,7 @@ impl Level {
         child: &str,
         address: String,
         membership: &fed::SubtreeMembership,
-        tx: mpsc::Sender<Down>,
+        link: DownLink,
     ) -> Result<u64, ChildError> {
         let (clusters, refused) = self.carried(child, membership);
         let mut st = self.lock();
@@ -402,25 +550,28 @@ impl Level {
         st.next_id += 1;
         let mut path = st.tree.ancestors().to_vec();
         path.push(self.inner.cluster.clone());
-        let _ = tx.try_send(msg_down(fed::parent_message::Payload::Ancestry(
-            fed::Ancestry { path },
-        )));
+        self.down(
+            &link,
+            fed::parent_message::Payload::Ancestry(fed::Ancestry { path }),
+        );
         for r in refused {
-            let _ = tx.try_send(msg_down(fed::parent_message::Payload::Rejection(r)));
+            self.down(&link, fed::parent_message::Payload::Rejection(r));
         }
-        // Deliver what was queued for this child while it was away.
+        // Deliver what was queued for this child while it was away (or sent in a session that
+        // ended before the child acknowledged it).
         if let Some(q) = st.route_queues.get(child) {
             for n in q.pending.values() {
-                let _ = tx.try_send(msg_down(fed::parent_message::Payload::RouteNotification(
-                    n.clone(),
-                )));
+                self.down(
+                    &link,
+                    fed::parent_message::Payload::RouteNotification(n.clone()),
+                );
             }
         }
         st.sessions.insert(
             child.to_string(),
             Session {
                 id,
-                tx,
+                link,
                 since: SystemTime::now(),
                 address,
             },
@@ -429,7 +580,7 @@ impl Level {
         let parent_tx = st.parent_tx.clone();
         drop(st);
         info!(child, "child attached");
-        send_up(parent_tx, membership);
+        self.send_up(parent_tx, membership);
         self.bump();
         Ok(id)
     }
@@ -462,7 +613,7 @@ impl Level {
             child,
             removed, "child detached; its subtree was dropped (names held for it)"
         );
-        send_up(parent_tx, membership);
+        self.send_up(parent_tx, membership);
         self.bump();
     }
 
@@ -478,9 +629,7 @@ impl Level {
         st.claimed.insert(child.to_string(), membership.clone());
         if let Some(session) = st.sessions.get(child) {
             for r in refused {
-                let _ = session
-                    .tx
-                    .try_send(msg_down(fed::parent_message::Payload::Rejection(r)));
+                self.down(&session.link, fed::parent_message::Payload::Rejection(r));
             }
         }
         let membership = self.membership_locked(&st);
@@ -501,7 +650,7 @@ impl Level {
         self.inner
             .catalog
             .replace_source(&self.child_source(child), keep);
-        send_up(parent_tx, membership);
+        self.send_up(parent_tx, membership);
         self.bump();
         Ok(())
     }
@@ -519,19 +668,25 @@ impl Level {
         let mut refused = vec![];
         for cluster in &membership.clusters {
             // The child itself is always its own (MissingSelf catches its absence).
-            if cluster == child || policies.carry(child, cluster).allowed {
+            let verdict = match cluster == child {
+                true => None,
+                false => Some(policies.carry(child, cluster)),
+            };
+            let Some(verdict) = verdict.filter(|v| !v.allowed) else {
                 keep.insert(cluster.clone());
                 continue;
-            }
+            };
             warn!(child, %cluster, "refusing a cluster of the child's subtree: no carry permit for it here");
             refused.push(
                 Refusal::new(
+                    "carry",
                     tonic::Code::PermissionDenied,
                     format!(
                         "{child} may not carry {cluster:?}: no Cedar carry permit at {}",
                         self.inner.cluster
                     ),
                 )
+                .with_policies(verdict.policies)
                 .to_rejection("subtree", cluster, "", "", "", &self.inner.cluster),
             );
         }
@@ -547,7 +702,11 @@ impl Level {
     ) -> Result<(), Refusal> {
         if let Err(e) = self.lock().tree.check_claim(child, &ann.cluster) {
             warn!(child, cluster = %ann.cluster, "refusing an announcement for a cluster the child does not carry");
-            return Err(Refusal::new(tonic::Code::PermissionDenied, e.to_string()));
+            return Err(Refusal::new(
+                "subtree",
+                tonic::Code::PermissionDenied,
+                e.to_string(),
+            ));
         }
         let source = self.child_source(child);
         if ann.deleted {
@@ -569,6 +728,7 @@ impl Level {
             Err(e) => {
                 warn!(child, cluster = %ann.cluster, error = %e, "refusing an invalid announcement");
                 return Err(Refusal::new(
+                    "valid",
                     tonic::Code::InvalidArgument,
                     format!("invalid announcement: {e}"),
                 ));
@@ -586,6 +746,7 @@ impl Level {
                 self.inner.catalog.remove(&entry.key);
             }
             return Err(Refusal::new(
+                "announce",
                 tonic::Code::PermissionDenied,
                 if verdict.policies.is_empty() {
                     format!(
@@ -600,13 +761,15 @@ impl Level {
                         verdict.policies.join(", ")
                     )
                 },
-            ));
+            )
+            .with_policies(verdict.policies));
         }
         if let Some(existing) = self.inner.catalog.get(&entry.key)
             && existing.source != source
         {
             warn!(child, key = %entry.key, existing = %existing.source, "announcement collides with an entry from elsewhere; keeping the existing one");
             return Err(Refusal::new(
+                "collision",
                 tonic::Code::AlreadyExists,
                 format!("{} is already held from {}", entry.key, existing.source),
             ));
@@ -674,6 +837,7 @@ impl Level {
             });
             self.bump();
             return Err(Refusal::new(
+                "owner",
                 tonic::Code::AlreadyExists,
                 format!("{name} is owned by {owner}; the first owner keeps a name"),
             ));
@@ -706,10 +870,10 @@ impl Level {
                 self.record_clash_notice(&n);
             }
             Direction::Child(child) => {
-                let tx = st.sessions.get(&child).map(|s| s.tx.clone());
+                let link = st.sessions.get(&child).map(|s| s.link.clone());
                 drop(st);
-                if let Some(tx) = tx {
-                    let _ = tx.try_send(msg_down(fed::parent_message::Payload::NameClash(n)));
+                if let Some(link) = link {
+                    self.down(&link, fed::parent_message::Payload::NameClash(n));
                 }
             }
             Direction::Up => {}
@@ -739,16 +903,28 @@ impl Level {
             .collect()
     }
 
-    /// Entries our parent refused, oldest first.
+    /// Entries our parent refused in the current session (the latest refusal of each), by kind,
+    /// cluster, namespace and name.
     pub fn rejections(&self) -> Vec<(SystemTime, fed::Rejection)> {
-        self.lock().rejections.iter().cloned().collect()
+        self.lock().refused.values().cloned().collect()
+    }
+
+    /// The parent's latest refusal of our announcement of `namespace/name`, if it stands.
+    pub fn refusal_of(&self, namespace: &str, name: &str) -> Option<fed::Rejection> {
+        let key = (
+            "announcement".to_string(),
+            self.inner.cluster.clone(),
+            namespace.to_string(),
+            name.to_string(),
+        );
+        self.lock().refused.get(&key).map(|(_, r)| r.clone())
     }
 
     /// Send a refusal of one entry back to `child` (the stream goes on).
     pub fn reject_to_child(&self, child: &str, r: fed::Rejection) {
-        let tx = self.lock().sessions.get(child).map(|s| s.tx.clone());
-        if let Some(tx) = tx {
-            let _ = tx.try_send(msg_down(fed::parent_message::Payload::Rejection(r)));
+        let link = self.lock().sessions.get(child).map(|s| s.link.clone());
+        if let Some(link) = link {
+            self.down(&link, fed::parent_message::Payload::Rejection(r));
         }
     }
 
@@ -777,9 +953,9 @@ impl Level {
             // again after reconnecting.
             if grew && let Some(session) = st.sessions.get(&child) {
                 info!(%child, "the child may carry more now; asking it to reconnect and resend");
-                let _ = session.tx.try_send(Err(tonic::Status::unavailable(
+                session.link.close(tonic::Status::unavailable(
                     "the parent's policies changed; reconnect to announce again",
-                )));
+                ));
             }
         }
         self.recheck_grants();
@@ -850,20 +1026,24 @@ impl Level {
 
     // ---------------------------------------------------------------- parent link
 
-    /// A parent session begins: atomically enqueue the upward snapshot on `tx` and make `tx`
-    /// the way up, so no membership change or announcement can slip between the two.
-    /// Returns false if the snapshot does not fit the queue.
-    pub fn begin_upward(&self, tx: mpsc::Sender<fed::ChildMessage>) -> bool {
+    /// A parent session begins: queue the subtree membership on `up` first and make `up` the
+    /// way up, so every later membership change, query and acknowledgement follows it. Returns
+    /// the persistent questions to re-issue once the snapshot is sent; the snapshot itself is
+    /// streamed from the catalog by [`super::upward::Upward`].
+    pub fn begin_upward(&self, up: Uplink) -> Vec<fed::ServiceQuery> {
         let mut st = self.lock();
-        for m in self.upward_snapshot_locked(&st) {
-            if tx.try_send(m).is_err() {
-                return false;
-            }
-        }
-        st.parent_tx = Some(tx);
+        self.send_up(Some(up.clone()), self.membership_locked(&st));
+        st.parent_tx = Some(up);
+        st.refused.clear();
+        let queries = st
+            .subs
+            .iter()
+            .filter(|(_, s)| s.persistent)
+            .map(|(id, s)| self.query_msg(*id, s))
+            .collect();
         drop(st);
         self.bump();
-        true
+        queries
     }
 
     pub fn parent_disconnected(&self) {
@@ -875,43 +1055,26 @@ impl Level {
         self.lock().parent_tx.is_some()
     }
 
-    /// What a fresh parent session must receive first: membership, every subtree entry, the
-    /// end-of-snapshot marker, then the queries to re-issue.
-    pub fn upward_snapshot(&self) -> Vec<fed::ChildMessage> {
-        let st = self.lock();
-        self.upward_snapshot_locked(&st)
-    }
-
-    fn upward_snapshot_locked(&self, st: &State) -> Vec<fed::ChildMessage> {
-        let mut out = vec![self.membership_locked(st)];
-        let queries: Vec<fed::ServiceQuery> = st
-            .subs
-            .iter()
-            .filter(|(_, s)| s.persistent)
-            .map(|(id, s)| self.query_msg(*id, s))
-            .collect();
-        for e in self.inner.catalog.list(&Default::default()) {
-            if e.source.in_subtree() {
-                out.push(msg_up(fed::child_message::Payload::ServiceAnnouncement(
-                    announcement(&e, false),
-                )));
-            }
-        }
-        out.push(msg_up(fed::child_message::Payload::SnapshotComplete(
-            fed::SnapshotComplete {
-                generation: self.inner.catalog.revision(),
-            },
-        )));
-        out.extend(
-            queries
-                .into_iter()
-                .map(|q| msg_up(fed::child_message::Payload::ServiceQuery(q))),
-        );
-        out
+    /// The subtree membership message (what a snapshot starts with).
+    pub fn membership(&self) -> fed::ChildMessage {
+        self.membership_locked(&self.lock())
     }
 
     /// The upward message for a catalog change, if it concerns our subtree.
     pub fn upward_event(&self, ev: &CatalogEvent) -> Option<fed::ChildMessage> {
+        // A changed or withdrawn entry is decided again by the parent: its old refusal goes.
+        if ev.entry().source.in_subtree() {
+            let mut st = self.lock();
+            if !st.refused.is_empty() {
+                let k = &ev.entry().key;
+                st.refused.remove(&(
+                    "announcement".to_string(),
+                    k.cluster.clone(),
+                    k.namespace.clone(),
+                    k.name.clone(),
+                ));
+            }
+        }
         match ev {
             CatalogEvent::Upsert(e) if e.source.in_subtree() => Some(msg_up(
                 fed::child_message::Payload::ServiceAnnouncement(announcement(e, false)),
@@ -927,6 +1090,7 @@ impl Level {
         msg_up(fed::child_message::Payload::Subtree(
             fed::SubtreeMembership {
                 clusters: st.tree.subtree().into_iter().collect(),
+                resync: false,
             },
         ))
     }
@@ -942,11 +1106,12 @@ impl Level {
                 let mut path = st.tree.ancestors().to_vec();
                 path.push(self.inner.cluster.clone());
                 for session in st.sessions.values() {
-                    let _ = session
-                        .tx
-                        .try_send(msg_down(fed::parent_message::Payload::Ancestry(
-                            fed::Ancestry { path: path.clone() },
-                        )));
+                    self.down(
+                        &session.link,
+                        fed::parent_message::Payload::Ancestry(fed::Ancestry {
+                            path: path.clone(),
+                        }),
+                    );
                 }
                 drop(st);
                 self.bump();
@@ -960,7 +1125,7 @@ impl Level {
                 };
                 let applied = self.route_notification(n.clone());
                 let tx = self.lock().parent_tx.clone();
-                send_up(
+                self.send_up(
                     tx,
                     msg_up(fed::child_message::Payload::RouteAck(fed::RouteAck {
                         route_id: n.route_id,
@@ -970,8 +1135,20 @@ impl Level {
                 );
             }
             Some(Payload::Rejection(r)) => {
-                warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = ?tonic::Code::from_i32(r.code), reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
-                push_bounded(&mut self.lock().rejections, (SystemTime::now(), r));
+                warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = ?tonic::Code::from_i32(r.code), check = %r.check, policies = ?r.policy_ids, reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
+                let key = (
+                    r.kind.clone(),
+                    r.cluster.clone(),
+                    r.namespace.clone(),
+                    r.name.clone(),
+                );
+                let mut st = self.lock();
+                if st.refused.len() < KEEP_REFUSED || st.refused.contains_key(&key) {
+                    st.refused.insert(key, (SystemTime::now(), r));
+                } else {
+                    self.inner.overflows.inc();
+                }
+                drop(st);
                 self.bump();
             }
             Some(Payload::NameClash(n)) => self.route_clash(n),
@@ -1036,16 +1213,8 @@ fn msg_down(p: fed::parent_message::Payload) -> Down {
     Ok(fed::ParentMessage { payload: Some(p) })
 }
 
-fn send_up(tx: Option<mpsc::Sender<fed::ChildMessage>>, msg: fed::ChildMessage) {
-    if let Some(tx) = tx
-        && tx.try_send(msg).is_err()
-    {
-        warn!("parent link is not keeping up; it will resynchronise on reconnect");
-    }
-}
-
-pub(crate) fn session_channel() -> (mpsc::Sender<Down>, mpsc::Receiver<Down>) {
-    mpsc::channel(SESSION_QUEUE)
+pub(crate) fn session_channel() -> (DownLink, mpsc::Receiver<Down>) {
+    DownLink::new(SESSION_QUEUE)
 }
 
 #[cfg(test)]

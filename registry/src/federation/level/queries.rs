@@ -11,7 +11,7 @@ use xcc_proto::xcc::federation::v1 as fed;
 use super::super::convert::{response_for, target_matches};
 use super::super::grants::{ExportedService, WorkloadIdentity, check_route};
 use super::super::tree::Direction;
-use super::{Grant, Level, OwnerRoute, Subscription, Target, msg_down, msg_up, send_up};
+use super::{Grant, Level, OwnerRoute, Subscription, Target, msg_up};
 use crate::catalog::{ServiceEntry, Source};
 
 impl Level {
@@ -65,7 +65,7 @@ impl Level {
         }
         let parent_tx = self.lock().parent_tx.clone();
         match (parent_tx, self.parent()) {
-            (Some(tx), _) => send_up(
+            (Some(tx), _) => self.send_up(
                 Some(tx),
                 msg_up(fed::child_message::Payload::ServiceQuery(q)),
             ),
@@ -234,11 +234,12 @@ impl Level {
                 let mut n = n;
                 n.route_id = q.next_id;
                 q.pending.insert(n.route_id, n.clone());
-                let tx = st.sessions.get(&child).map(|s| s.tx.clone());
+                let link = st.sessions.get(&child).map(|s| s.link.clone());
                 drop(st);
-                if let Some(tx) = tx {
-                    let _ =
-                        tx.try_send(msg_down(fed::parent_message::Payload::RouteNotification(n)));
+                // Kept in the queue until the child acknowledges it, and sent again in every
+                // session of the child until then.
+                if let Some(link) = link {
+                    self.down(&link, fed::parent_message::Payload::RouteNotification(n));
                 }
                 self.bump();
                 false
@@ -293,18 +294,12 @@ impl Level {
                 self.deliver_local(resp);
             }
             Direction::Child(child) => {
-                let tx = st.sessions.get(&child).map(|s| s.tx.clone());
+                let link = st.sessions.get(&child).map(|s| s.link.clone());
                 drop(st);
-                if let Some(tx) = tx
-                    && tx
-                        .try_send(msg_down(
-                            fed::parent_message::Payload::ServiceQueryResponse(resp),
-                        ))
-                        .is_err()
-                {
-                    warn!(
-                        child,
-                        "child session is not keeping up; answer dropped (it re-queries on reconnect)"
+                if let Some(link) = link {
+                    self.down(
+                        &link,
+                        fed::parent_message::Payload::ServiceQueryResponse(resp),
                     );
                 }
             }

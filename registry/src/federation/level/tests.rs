@@ -43,6 +43,7 @@ fn rejections(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::Rejection> {
 fn membership(c: &[&str]) -> fed::SubtreeMembership {
     fed::SubtreeMembership {
         clusters: c.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
     }
 }
 
@@ -436,7 +437,7 @@ fn the_first_owner_keeps_a_name() {
 #[test]
 fn the_child_stores_what_its_parent_refused() {
     let b = level("b");
-    let r = Refusal::new(tonic::Code::ResourceExhausted, "too big").to_rejection(
+    let r = Refusal::new("size", tonic::Code::ResourceExhausted, "too big").to_rejection(
         "announcement",
         "b",
         "shop",
@@ -458,7 +459,7 @@ fn the_child_stores_what_its_parent_refused() {
 fn carry_is_decided_again_when_policies_change() {
     let root = level("root");
     let (tx, mut rx) = session_channel();
-    root.attach_child("c3", "a".into(), &membership(&["c3", "c2"]), tx)
+    root.attach_child("c3", "a".into(), &membership(&["c3", "c2"]), tx.clone())
         .expect("attach");
     assert_eq!(root.subtree(), ["c3", "root"]);
     drain(&mut rx);
@@ -467,9 +468,14 @@ fn carry_is_decided_again_when_policies_change() {
         .set_policies(Policies::from_sources(&[("c.cedar".into(), carry)]).expect("valid"));
     root.policies_changed();
     assert_eq!(root.subtree(), ["c2", "c3", "root"]);
-    let asked_to_reconnect = std::iter::from_fn(|| rx.try_recv().ok())
-        .any(|m| m.is_err_and(|s| s.code() == tonic::Code::Unavailable));
-    assert!(asked_to_reconnect);
+    // The session's stream ends with the request to reconnect.
+    let items: Vec<Down> = futures::executor::block_on(futures::StreamExt::collect(tx.stream(rx)));
+    let last = items
+        .last()
+        .expect("an item")
+        .as_ref()
+        .expect_err("a status");
+    assert_eq!(last.code(), tonic::Code::Unavailable);
     root.gate().set_policies(Policies::default_set());
     root.policies_changed();
     assert_eq!(root.subtree(), ["c3", "root"]);
@@ -495,8 +501,8 @@ fn local_api(allowed: &[&str]) -> ServiceEntry {
 fn the_owner_grants_only_its_own_exports_to_callers_they_admit() {
     let b2 = level("b2");
     b2.catalog().upsert(local_api(&["b1/web"]));
-    let (tx, mut up) = mpsc::channel(16);
-    assert!(b2.begin_upward(tx));
+    let (tx, mut up) = Uplink::new(16);
+    b2.begin_upward(tx);
     while up.try_recv().is_ok() {}
     let forged = |ns: &str, name: &str, caller: &str| fed::ParentMessage {
         payload: Some(fed::parent_message::Payload::RouteNotification(
@@ -604,4 +610,160 @@ async fn a_malformed_workload_identity_costs_the_query() {
     let answer = b.query_as(target, "web", Some(good), false, timeout).await;
     assert!(answer.access_allowed, "{answer:?}");
     assert_eq!(b.resolver_grants().len(), 1);
+}
+
+/// b2's own export `shop/svc-<i>`.
+fn local_service(i: usize) -> ServiceEntry {
+    let mut e = local_api(&[]);
+    let name = format!("svc-{i:05}");
+    e.fqdn = xcc_proto::names::clusterset_fqdn(&name, "shop");
+    e.key = ServiceKey::new("b2", "shop", name);
+    e
+}
+
+fn child_keys(level: &Level, child: &str) -> BTreeSet<ServiceKey> {
+    level
+        .catalog()
+        .list(&crate::catalog::ListFilter {
+            source: Some(level.child_source(child)),
+            ..Default::default()
+        })
+        .iter()
+        .map(|e| e.key.clone())
+        .collect()
+}
+
+fn local_keys(level: &Level) -> BTreeSet<ServiceKey> {
+    level
+        .catalog()
+        .list(&Default::default())
+        .iter()
+        .map(|e| e.key.clone())
+        .collect()
+}
+
+/// The parent reads `n` messages of the child's upward stream (all that are ready with `None`);
+/// returns how many it read and how many started another pass of the snapshot.
+fn read_up(
+    stream: &mut crate::federation::upward::Upward,
+    reader: &mut crate::federation::session::ChildReader,
+    n: Option<usize>,
+) -> (usize, usize) {
+    use futures::{FutureExt as _, StreamExt as _};
+    let (mut read, mut passes) = (0, 0);
+    while n.is_none_or(|n| read < n) {
+        let Some(Some(msg)) = stream.next().now_or_never() else {
+            break;
+        };
+        if let Some(fed::child_message::Payload::Subtree(m)) = &msg.payload
+            && m.resync
+        {
+            passes += 1;
+        }
+        reader.on_message(msg).expect("the session goes on");
+        read += 1;
+    }
+    (read, passes)
+}
+
+/// A parent that stops reading while its child changes more than the change feed holds: the
+/// child's stream waits (nothing is queued for it), starts the snapshot again when it is read
+/// once more, and the parent ends with exactly the child's services; nothing overflowed.
+#[test]
+fn a_slow_parent_loses_nothing() {
+    let root = level("root");
+    // A change feed of 256 changes, so a few hundred changes outrun it.
+    let b2 = Level::new(
+        "b2",
+        None,
+        Catalog::with_change_capacity(256),
+        root.gate().clone(),
+    );
+    b2.catalog()
+        .replace_source(&Source::Local, (0..1_200).map(local_service).collect());
+    let (down, _down_rx) = session_channel();
+    root.attach_child("b2", "127.0.0.1:1".into(), &membership(&["b2"]), down)
+        .expect("attach");
+    let mut reader = crate::federation::session::ChildReader::new(root.clone(), "b2".into());
+    let (up, control) = Uplink::new(16);
+    let events = b2.catalog().subscribe();
+    let queries = b2.begin_upward(up);
+    let mut stream = crate::federation::upward::Upward::new(b2.clone(), control, events, queries);
+
+    // Part of the snapshot is read, then the parent stops reading.
+    assert_eq!(read_up(&mut stream, &mut reader, Some(300)), (300, 0));
+    // Meanwhile the child deletes services on both sides of the cursor, changes others and
+    // adds new ones: 900 changes, more than the feed holds.
+    for i in (0..1_200).step_by(4) {
+        b2.catalog().remove(&local_service(i).key);
+    }
+    for i in (1..1_200).step_by(4) {
+        let mut e = local_service(i);
+        e.endpoints[0].port = 8443;
+        b2.catalog().upsert(e);
+    }
+    for i in 1_200..1_500 {
+        b2.catalog().upsert(local_service(i));
+    }
+    let (_, passes) = read_up(&mut stream, &mut reader, None);
+    assert_eq!(passes, 1, "one more pass of the snapshot");
+    assert_eq!(child_keys(&root, "b2"), local_keys(&b2));
+    assert_eq!(child_keys(&root, "b2").len(), 1_200);
+    let changed = ServiceKey::new("b2", "shop", "svc-00001");
+    assert_eq!(
+        root.catalog().get(&changed).expect("present").endpoints[0].port,
+        8443
+    );
+    assert_eq!(root.overflows().get(), 0);
+    assert_eq!(b2.overflows().get(), 0);
+}
+
+/// A child that does not read: the message that does not fit ends its session (counted), and
+/// the route notifications it had not acknowledged are sent again when it is back.
+#[test]
+fn a_full_child_queue_resets_the_session_and_routes_are_sent_again() {
+    use futures::StreamExt as _;
+    let b = level("b");
+    let (link, rx) = DownLink::new(2);
+    let session = b
+        .attach_child(
+            "b2",
+            "127.0.0.1:1".into(),
+            &membership(&["b2"]),
+            link.clone(),
+        )
+        .expect("attach");
+    for caller in ["c1", "c2", "c3"] {
+        b.route_notification(fed::RouteNotification {
+            target_namespace: "shop".into(),
+            target_service: "api".into(),
+            caller_cluster: caller.into(),
+            caller_service: "web".into(),
+            target_cluster: "b2".into(),
+            resolver_cluster: "b".into(),
+            ..Default::default()
+        });
+    }
+    assert_eq!(b.overflows().get(), 1);
+    // The stream ends with the reason (what was still queued is discarded).
+    let items: Vec<Down> = futures::executor::block_on(link.stream(rx).collect());
+    let status = items
+        .last()
+        .expect("an item")
+        .as_ref()
+        .expect_err("ends with a status");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    futures::executor::block_on(link.closed());
+    b.detach_child("b2", session);
+    let (tx, mut rx) = session_channel();
+    b.attach_child("b2", "127.0.0.1:2".into(), &membership(&["b2"]), tx)
+        .expect("attach again");
+    let routes: Vec<String> = drain(&mut rx)
+        .into_iter()
+        .filter_map(|p| match p {
+            fed::parent_message::Payload::RouteNotification(n) => Some(n.caller_cluster),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(routes, ["c1", "c2", "c3"]);
 }
