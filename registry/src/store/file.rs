@@ -5,6 +5,8 @@
 //! <state-dir>/remotes/*.yaml   RemoteRegistries to import from (written by the operator; watched)
 //! <state-dir>/imports/<remote>.yaml   imported ServiceRecords (written by xcc, atomically)
 //! <state-dir>/imports/<remote>.journal   changes since that file was written ([`imports`])
+//! <state-dir>/name-owners   names held for the children's services (written by xcc, atomically;
+//!                           `federation::level::owners`)
 //! ```
 //!
 //! Files are re-read when they change (filesystem events, plus a periodic poll for filesystems
@@ -32,6 +34,7 @@ use crate::hamlet::client::RemoteSpec;
 use crate::hamlet::convert::{Imported, LABEL_PASSTHROUGH_PREFIX};
 
 mod imports;
+pub(crate) use imports::write_atomic;
 pub use imports::{FileImportSink, SYNC_INTERVAL};
 
 pub const EXPORTS_DIR: &str = "exports";

@@ -465,7 +465,8 @@ async fn flush_later(journal: Arc<Mutex<Journal>>, path: PathBuf) {
     }
 }
 
-fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+/// Replace `path` (in `dir`) with `bytes`: a synced temporary file in `dir`, renamed over it.
+pub(crate) fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     tmp.write_all(bytes)?;
