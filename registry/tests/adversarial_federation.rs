@@ -213,6 +213,30 @@ async fn admin(
         .expect("admin")
 }
 
+/// Admin Explain of `api.shop.svc.clusterset.local` at `root` (asked for `requester`): owned
+/// by c2, with a9's refused claim as its one clash.
+async fn explain_shows_a9_refused(pki: &Pki, root: &Registry, requester: &str) {
+    let d = admin(pki, root)
+        .await
+        .explain(api::ResolveRequest {
+            fqdn: "api.shop.svc.clusterset.local".into(),
+            requester_cluster: requester.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("explain")
+        .into_inner();
+    assert_eq!(d.owner_cluster, "c2");
+    assert_eq!(d.name_clashes.len(), 1);
+    assert!(
+        d.name_clashes[0].ends_with(
+            " a9/shop/api claimed api.shop.svc.clusterset.local owned by c2/shop/api; refused by root"
+        ),
+        "{:?}",
+        d.name_clashes
+    );
+}
+
 /// The FQDNs a Hamlet consumer with `tls` receives in its snapshot, or the status it got.
 async fn hamlet_snapshot(
     tls: &ReloadingTls,
@@ -664,25 +688,7 @@ async fn a_child_cannot_speak_for_clusters_or_names_it_does_not_own() {
     })
     .await;
     assert_eq!(c2.level.clashes(None)[0].claimant.cluster, "a9");
-    let d = admin(&pki, &root)
-        .await
-        .explain(api::ResolveRequest {
-            fqdn: "api.shop.svc.clusterset.local".into(),
-            requester_cluster: "c1".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("explain")
-        .into_inner();
-    assert_eq!(d.owner_cluster, "c2");
-    assert_eq!(d.name_clashes.len(), 1);
-    assert!(
-        d.name_clashes[0].ends_with(
-            " a9/shop/api claimed api.shop.svc.clusterset.local owned by c2/shop/api; refused by root"
-        ),
-        "{:?}",
-        d.name_clashes
-    );
+    explain_shows_a9_refused(&pki, &root, "c1").await;
     drop(c3);
 }
 
@@ -765,25 +771,7 @@ async fn a_parent_restart_does_not_hand_a_name_to_whoever_reconnects_first() {
             .is_some_and(|e| e.key == ServiceKey::new("c2", "shop", "api"))
     })
     .await;
-    let d = admin(&pki, &root)
-        .await
-        .explain(api::ResolveRequest {
-            fqdn: "api.shop.svc.clusterset.local".into(),
-            requester_cluster: "a9".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("explain")
-        .into_inner();
-    assert_eq!(d.owner_cluster, "c2");
-    assert_eq!(d.name_clashes.len(), 1);
-    assert!(
-        d.name_clashes[0].ends_with(
-            " a9/shop/api claimed api.shop.svc.clusterset.local owned by c2/shop/api; refused by root"
-        ),
-        "{:?}",
-        d.name_clashes
-    );
+    explain_shows_a9_refused(&pki, &root, "a9").await;
 }
 
 /// Row 5 (federation half): an announcement over 1 MiB is refused on its own with
