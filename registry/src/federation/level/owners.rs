@@ -19,7 +19,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-use xcc_proto::names::{canonical_fqdn, is_dns1123_label};
+use xcc_proto::names::{canonical_fqdn, is_dns1123_label, is_dns1123_subdomain};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::{Level, msg_down};
@@ -170,15 +170,16 @@ fn parse_line(line: &str) -> Option<(String, ServiceKey)> {
         fields.next()?,
         fields.next()?,
     );
+    // What an announcement is held to (`convert::entry_from_announcement`).
     if fields.next().is_some()
-        || ![cluster, namespace, service]
-            .into_iter()
-            .all(is_dns1123_label)
+        || !is_dns1123_label(cluster)
+        || !is_dns1123_label(namespace)
+        || !is_dns1123_subdomain(service)
     {
         return None;
     }
     let valid_name = match name.split_once('/') {
-        Some((ns, n)) => is_dns1123_label(ns) && is_dns1123_label(n),
+        Some((ns, n)) => is_dns1123_label(ns) && is_dns1123_subdomain(n),
         None => canonical_fqdn(name).is_ok_and(|f| f == name),
     };
     valid_name.then(|| {
@@ -307,12 +308,16 @@ mod tests {
                 ServiceKey::new("c2", "shop", "api"),
             ),
             ("shop/api".to_string(), ServiceKey::new("c2", "shop", "api")),
+            (
+                "shop/v1.api".to_string(),
+                ServiceKey::new("c2", "shop", "v1.api"),
+            ),
         ]);
         let text = render(&owners);
         assert_eq!(parse(&text), owners);
         let hostile = format!(
             "{text}../x c2 shop api\nshop/api ../c2 shop api\nAPI.example c2 shop api\n\
-             a.b c2 shop api extra\nshop/api c2 shop\nb.example c9 shop web\n"
+             a.b c2 shop api extra\nshop/api c2 shop\nshop/x c2 Shop x\nb.example c9 shop web\n"
         );
         let mut expected = owners.clone();
         expected.insert("b.example".into(), ServiceKey::new("c9", "shop", "web"));
