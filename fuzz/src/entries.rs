@@ -138,7 +138,7 @@ pub fn federation_messages(data: &[u8]) {
         match m.payload {
             Some(Payload::ServiceAnnouncement(a)) => {
                 if let Ok(e) = entry_from_announcement(&a, Source::Child("b1".into())) {
-                    let _ = Policies::default_set().announce("b1", &e);
+                    let _ = level().policies().announce("b1", &e);
                 }
                 for s in &a.endpoints {
                     let _ = parse_endpoint(s);

@@ -19,7 +19,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use cedar_policy::{
     Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityUid, PolicyId,
@@ -99,7 +99,7 @@ pub enum PolicyError {
 /// A validated policy set.
 pub struct Policies {
     set: PolicySet,
-    schema: Schema,
+    schema: &'static Schema,
     /// Only the default policies are loaded (lets hot paths skip Cedar evaluation).
     default_only: bool,
     /// Source files, for reporting.
@@ -180,6 +180,73 @@ pub fn zones_of(fqdn: &str) -> Vec<String> {
     out
 }
 
+/// What every policy set starts from, built once per process: the parsed schema, a validator
+/// for it and the validated default policies (rebuilding them per set cost most of a load).
+struct Base {
+    schema: Schema,
+    validator: Validator,
+    defaults: PolicySet,
+}
+
+impl Base {
+    fn get() -> Result<&'static Base, PolicyError> {
+        static BASE: OnceLock<Result<Base, String>> = OnceLock::new();
+        BASE.get_or_init(|| {
+            let (schema, _warnings) =
+                Schema::from_cedarschema_str(SCHEMA).map_err(|e| format!("schema: {e}"))?;
+            let validator = Validator::new(schema.clone());
+            let mut defaults = PolicySet::new();
+            for policy in parse_file("<default>", DEFAULT_POLICIES).map_err(|e| e.to_string())? {
+                defaults.add(policy).map_err(|e| e.to_string())?;
+            }
+            validate(&validator, &defaults).map_err(|e| e.to_string())?;
+            Ok(Base {
+                schema,
+                validator,
+                defaults,
+            })
+        })
+        .as_ref()
+        .map_err(|e| PolicyError::Internal(e.clone()))
+    }
+}
+
+/// The policies of one file, each named by its `@id` annotation or `file#index`.
+fn parse_file(file: &str, text: &str) -> Result<Vec<cedar_policy::Policy>, PolicyError> {
+    let parsed = PolicySet::from_str(text).map_err(|e| PolicyError::Parse {
+        file: file.to_string(),
+        message: format!("{e:?}")
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
+    })?;
+    Ok(parsed
+        .policies()
+        .enumerate()
+        .map(|(index, policy)| {
+            let id = policy
+                .annotation("id")
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{file}#{index}"));
+            policy.new_id(PolicyId::new(&id))
+        })
+        .collect())
+}
+
+/// Strict validation of `set` against the xcc schema.
+fn validate(validator: &Validator, set: &PolicySet) -> Result<(), PolicyError> {
+    let result = validator.validate(set, ValidationMode::Strict);
+    if result.validation_passed() {
+        return Ok(());
+    }
+    let errors: Vec<String> = result
+        .validation_errors()
+        .map(|e| format!("{}: {e}", e.policy_id()))
+        .collect();
+    Err(PolicyError::Invalid(errors.join("; ")))
+}
+
 impl Policies {
     /// The default policy set alone.
     pub fn default_set() -> Self {
@@ -192,43 +259,28 @@ impl Policies {
 
     /// Default policies plus `sources` (name, text), validated against [`SCHEMA`].
     pub fn from_sources(sources: &[(String, String)]) -> Result<Self, PolicyError> {
-        let (schema, _warnings) = Schema::from_cedarschema_str(SCHEMA)
-            .map_err(|e| PolicyError::Internal(format!("schema: {e}")))?;
-        let mut set = PolicySet::new();
-        let mut all: Vec<(String, &str)> = vec![("<default>".to_string(), DEFAULT_POLICIES)];
-        all.extend(sources.iter().map(|(n, t)| (n.clone(), t.as_str())));
-        for (file, text) in &all {
-            let parsed = PolicySet::from_str(text).map_err(|e| PolicyError::Parse {
-                file: file.clone(),
-                message: format!("{e:?}")
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string(),
-            })?;
-            for (index, policy) in parsed.policies().enumerate() {
-                let id = policy
-                    .annotation("id")
-                    .map(str::to_string)
-                    .unwrap_or_else(|| format!("{file}#{index}"));
-                let policy = policy.new_id(PolicyId::new(&id));
-                set.add(policy).map_err(|_| PolicyError::Duplicate {
-                    file: file.clone(),
-                    id: id.clone(),
-                })?;
+        let base = Base::get()?;
+        let mut set = base.defaults.clone();
+        // Only the added policies are validated here: Cedar validates each policy on its own,
+        // and the defaults were validated when `Base` was built.
+        let mut added = PolicySet::new();
+        for (file, text) in sources {
+            let parsed = parse_file(file, text)?;
+            for policy in parsed {
+                set.add(policy.clone())
+                    .map_err(|_| PolicyError::Duplicate {
+                        file: file.clone(),
+                        id: policy.id().to_string(),
+                    })?;
+                added
+                    .add(policy)
+                    .map_err(|e| PolicyError::Internal(format!("{e}")))?;
             }
         }
-        let result = Validator::new(schema.clone()).validate(&set, ValidationMode::Strict);
-        if !result.validation_passed() {
-            let errors: Vec<String> = result
-                .validation_errors()
-                .map(|e| format!("{}: {e}", e.policy_id()))
-                .collect();
-            return Err(PolicyError::Invalid(errors.join("; ")));
-        }
+        validate(&base.validator, &added)?;
         Ok(Self {
             set,
-            schema,
+            schema: &base.schema,
             default_only: sources.is_empty(),
             files: sources.iter().map(|(n, _)| n.clone()).collect(),
             sources: sources.to_vec(),
@@ -380,14 +432,14 @@ impl Policies {
         context: Context,
         entities: Vec<Entity>,
     ) -> Result<Verdict, PolicyError> {
-        let entities = Entities::from_entities(entities, Some(&self.schema))
+        let entities = Entities::from_entities(entities, Some(self.schema))
             .map_err(|e| PolicyError::Internal(e.to_string()))?;
         let request = Request::new(
             principal,
             uid("Xcc::Action", action)?,
             resource,
             context,
-            Some(&self.schema),
+            Some(self.schema),
         )
         .map_err(|e| PolicyError::Internal(e.to_string()))?;
         let response = Authorizer::new().is_authorized(&request, &self.set, &entities);

@@ -439,6 +439,27 @@ impl Registry {
                     .with_context(|| format!("preparing {}/grants", state_dir.display()))?,
             ));
         }
+        // Names held for their owners are read back before any child can attach.
+        let owners: Option<Arc<dyn crate::federation::level::OwnerStore>> = match &config.store {
+            StoreConfig::Memory => None,
+            StoreConfig::File { state_dir, .. } => Some(Arc::new(
+                crate::federation::level::FileOwners::new(state_dir),
+            )),
+            StoreConfig::Kube(k) => Some(Arc::new(crate::federation::level::ConfigMapOwners::new(
+                k.client.clone(),
+                &config.namespace,
+            ))),
+        };
+        if let Some(store) = owners {
+            let keep = level
+                .keep_owners(store, cancel.clone())
+                .await
+                .context("reading the name-owner ledger")?;
+            tasks.spawn(async move {
+                keep.await;
+                Ok(())
+            });
+        }
         {
             // A new policy set: what children carry, grants and denied questions are decided
             // again (open Hamlet streams end themselves, see `Gate::until_policies_change`).

@@ -214,6 +214,30 @@ async fn admin(
         .expect("admin")
 }
 
+/// Admin Explain of `api.shop.svc.clusterset.local` at `root` (asked for `requester`): owned
+/// by c2, with a9's refused claim as its one clash.
+async fn explain_shows_a9_refused(pki: &Pki, root: &Registry, requester: &str) {
+    let d = admin(pki, root)
+        .await
+        .explain(api::ResolveRequest {
+            fqdn: "api.shop.svc.clusterset.local".into(),
+            requester_cluster: requester.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("explain")
+        .into_inner();
+    assert_eq!(d.owner_cluster, "c2");
+    assert_eq!(d.name_clashes.len(), 1);
+    assert!(
+        d.name_clashes[0].ends_with(
+            " a9/shop/api claimed api.shop.svc.clusterset.local owned by c2/shop/api; refused by root"
+        ),
+        "{:?}",
+        d.name_clashes
+    );
+}
+
 /// The FQDNs a Hamlet consumer with `tls` receives in its snapshot, or the status it got.
 async fn hamlet_snapshot(
     tls: &ReloadingTls,
@@ -665,26 +689,90 @@ async fn a_child_cannot_speak_for_clusters_or_names_it_does_not_own() {
     })
     .await;
     assert_eq!(c2.level.clashes(None)[0].claimant.cluster, "a9");
-    let d = admin(&pki, &root)
-        .await
-        .explain(api::ResolveRequest {
-            fqdn: "api.shop.svc.clusterset.local".into(),
-            requester_cluster: "c1".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("explain")
-        .into_inner();
-    assert_eq!(d.owner_cluster, "c2");
-    assert_eq!(d.name_clashes.len(), 1);
-    assert!(
-        d.name_clashes[0].ends_with(
-            " a9/shop/api claimed api.shop.svc.clusterset.local owned by c2/shop/api; refused by root"
-        ),
-        "{:?}",
-        d.name_clashes
-    );
+    explain_shows_a9_refused(&pki, &root, "c1").await;
     drop(c3);
+}
+
+/// Row 2 across a restart: the parent keeps who owns which name in its state directory, so
+/// after it restarts the attacker `a9`, reconnecting first, cannot take `shop/api` from `c2`:
+/// it is refused with ALREADY_EXISTS, the owner is told when it is back and gets its name, and
+/// admin Explain lists the clash.
+#[tokio::test]
+async fn a_parent_restart_does_not_hand_a_name_to_whoever_reconnects_first() {
+    let pki = Pki::new("xcc.test");
+    let state = tempfile::tempdir().expect("state dir");
+    let root_config = || {
+        let mut cfg = RegistryConfig::loopback(pki.cluster("root"));
+        cfg.store = xcc_registry::StoreConfig::File {
+            state_dir: state.path().to_path_buf(),
+            poll: Duration::from_secs(60),
+        };
+        cfg
+    };
+    let (root, cancel) = start_with(root_config()).await;
+    let owner = RawChild::connect(&pki, "c2", root.hamlet_addr, &["c2"]).await;
+    owner
+        .send(announce("c2", "shop", "api", "10.2.0.1:443"))
+        .await;
+    let attacker = RawChild::connect(&pki, "a9", root.hamlet_addr, &["a9"]).await;
+    attacker
+        .send(announce("a9", "shop", "web", "10.9.0.1:443"))
+        .await;
+    wait_level(&root, "both services held", |r| r.catalog.len() == 2).await;
+    cancel.cancel();
+    root.shutdown().await.expect("root stops");
+    drop((owner, attacker));
+
+    let (root, _cancel) = start_with(root_config()).await;
+    let mut attacker = RawChild::connect(&pki, "a9", root.hamlet_addr, &["a9"]).await;
+    attacker
+        .send(announce("a9", "shop", "api", "6.6.6.6:443"))
+        .await;
+    let r = attacker.rejection().await;
+    assert_eq!(
+        (r.code, r.reason.as_str(), r.refused_by.as_str()),
+        (
+            tonic::Code::AlreadyExists as i32,
+            "api.shop.svc.clusterset.local is owned by c2/shop/api; the first owner keeps a name",
+            "root"
+        )
+    );
+    // Its own service is still its own.
+    attacker
+        .send(announce("a9", "shop", "web", "10.9.0.1:443"))
+        .await;
+    wait_level(&root, "a9's own service held", |r| r.catalog.len() == 1).await;
+    assert!(root.catalog.by_name("shop", "api").is_empty());
+
+    let mut owner = RawChild::connect(&pki, "c2", root.hamlet_addr, &["c2"]).await;
+    let notice = loop {
+        if let fed::parent_message::Payload::NameClash(n) = owner.next().await {
+            break n;
+        }
+    };
+    assert_eq!(
+        notice,
+        fed::NameClash {
+            fqdn: "api.shop.svc.clusterset.local".into(),
+            owner_cluster: "c2".into(),
+            owner_namespace: "shop".into(),
+            owner_name: "api".into(),
+            claimant_cluster: "a9".into(),
+            claimant_namespace: "shop".into(),
+            claimant_name: "api".into(),
+            refused_by: "root".into(),
+        }
+    );
+    owner
+        .send(announce("c2", "shop", "api", "10.2.0.1:443"))
+        .await;
+    wait_level(&root, "the owner has its name back", |r| {
+        r.catalog
+            .hamlet_get("api.shop.svc.clusterset.local")
+            .is_some_and(|e| e.key == ServiceKey::new("c2", "shop", "api"))
+    })
+    .await;
+    explain_shows_a9_refused(&pki, &root, "a9").await;
 }
 
 /// Row 5 (federation half): an announcement over 1 MiB is refused on its own with

@@ -5,6 +5,8 @@
 //! <state-dir>/remotes/*.yaml   RemoteRegistries to import from (written by the operator; watched)
 //! <state-dir>/imports/<remote>.yaml   imported ServiceRecords (written by xcc, atomically)
 //! <state-dir>/imports/<remote>.journal   changes since that file was written ([`imports`])
+//! <state-dir>/name-owners   names held for the children's services (written by xcc, atomically;
+//!                           `federation::level::owners`)
 //! ```
 //!
 //! Files are re-read when they change (filesystem events, plus a periodic poll for filesystems
@@ -33,6 +35,7 @@ use crate::hamlet::convert::{Imported, LABEL_PASSTHROUGH_PREFIX};
 
 mod imports;
 pub use imports::FileImportSink;
+pub(crate) use imports::write_atomic;
 
 pub const EXPORTS_DIR: &str = "exports";
 pub const REMOTES_DIR: &str = "remotes";

@@ -29,10 +29,12 @@ use super::convert::{announcement, entry_from_announcement};
 use super::grants::{ExportedService, WorkloadIdentity};
 use super::tree::{Direction, Tree};
 
+mod owners;
 mod queries;
 mod resolver;
 use crate::authz::{Gate, Policies};
 use crate::catalog::{Catalog, CatalogEvent, ServiceEntry, ServiceKey, Source};
+pub use owners::{ConfigMapOwners, FileOwners, OwnerStore};
 
 /// What a requester asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -230,6 +232,8 @@ struct State {
     /// has resent its snapshot, so nobody takes them meanwhile. Present services hold their
     /// names through the catalog itself: nothing per service is kept here while all is well.
     reserved: HashMap<Arc<str>, ServiceKey>,
+    /// Clash notices for owners that are away, by owner cluster (see `owners`).
+    held_clashes: BTreeMap<String, Vec<fed::NameClash>>,
     /// Refused claims seen here (as the refusing level or as the notified owner), newest last.
     clashes: VecDeque<Clash>,
     /// Entries our parent refused in the current parent session, by entry (kind, cluster,
@@ -579,6 +583,7 @@ impl Level {
         let membership = self.membership_locked(&st);
         let parent_tx = st.parent_tx.clone();
         drop(st);
+        self.deliver_held_clashes(child);
         info!(child, "child attached");
         self.send_up(parent_tx, membership);
         self.bump();
@@ -876,7 +881,10 @@ impl Level {
                     self.down(&link, fed::parent_message::Payload::NameClash(n));
                 }
             }
-            Direction::Up => {}
+            Direction::Up => {
+                drop(st);
+                self.hold_clash(n);
+            }
         }
     }
 

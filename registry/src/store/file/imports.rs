@@ -534,7 +534,7 @@ impl ImportSink for FileImportSink {
 
 /// Write `bytes` as `path` atomically and durably: a temporary file, flushed, renamed over
 /// `path`, and the directory flushed so that the rename survives a power loss.
-fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let mut tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
     tmp.write_all(bytes)?;
