@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use thiserror::Error;
-use xcc_proto::names::{FQDN_ANNOTATION, FqdnError, canonical_fqdn};
+use xcc_proto::names::{FqdnError, canonical_fqdn};
 
-use super::zone::{NamedPort, ServiceInfo, ServiceKey};
+use super::zone::{NameAnnotations, NamedPort, ServiceInfo, ServiceKey};
 
 /// One entry of the file.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -118,7 +118,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsE
         }
         out.push(ServiceInfo {
             key: ServiceKey::new("", fqdn.clone()),
-            annotations: BTreeMap::from([(FQDN_ANNOTATION.to_string(), fqdn)]),
+            annotations: NameAnnotations {
+                fqdn: Some(fqdn),
+                ..NameAnnotations::default()
+            },
             cluster_ips: r.addresses,
             ports: r.ports,
         });
@@ -150,7 +153,7 @@ mod tests {
         let out = parse(yaml, p()).unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].key, ServiceKey::new("", "web.xcc.test"));
-        assert_eq!(out[0].annotations[FQDN_ANNOTATION], "web.xcc.test");
+        assert_eq!(out[0].annotations.fqdn.as_deref(), Some("web.xcc.test"));
         assert_eq!(out[0].cluster_ips.len(), 2);
         assert_eq!(out[0].ports[0].protocol, PortProtocol::Tcp);
         assert_eq!(out[0].ports[1].protocol, PortProtocol::Udp);
