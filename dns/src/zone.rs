@@ -18,7 +18,7 @@
 //! need no lowercasing. A zone's SOA serial changes only when its records change: it becomes
 //! `max(previous + 1, now)` in Unix seconds, so it also keeps increasing across restarts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -378,21 +378,31 @@ impl Zone {
     }
 }
 
-/// A node being built.
-#[derive(Debug, Default)]
+/// A node being built: spans of the draft's arrays.
+#[derive(Clone, Copy, Debug)]
 struct DraftNode {
-    v4: Vec<Ipv4Addr>,
-    v6: Vec<Ipv6Addr>,
-    /// Port and the target's relative wire name.
-    srv: Vec<(u16, Box<[u8]>)>,
-    owner: Option<u32>,
+    name: (u32, u32),
+    v4: (u32, u32),
+    v6: (u32, u32),
+    /// Into `srv`, whose targets are draft node indices.
+    srv: (u32, u32),
+    owner: u32,
 }
 
-/// A zone being built: nodes by relative wire name (sorted, so the result is deterministic).
+fn span<T>(items: &[T], (start, end): (u32, u32)) -> &[T] {
+    items.get(start as usize..end as usize).unwrap_or_default()
+}
+
+/// A zone being built, in flat arrays (no allocation per name, so building leaves no
+/// fragments behind); [`DraftZone::finish`] sorts the nodes by name.
 #[derive(Debug)]
 struct DraftZone {
     apex: Name,
-    nodes: BTreeMap<Box<[u8]>, DraftNode>,
+    names: Vec<u8>,
+    nodes: Vec<DraftNode>,
+    v4: Vec<Ipv4Addr>,
+    v6: Vec<Ipv6Addr>,
+    srv: Vec<(u16, u32)>,
     owners: Vec<ServiceKey>,
 }
 
@@ -400,79 +410,144 @@ impl DraftZone {
     fn new(apex: Name) -> Self {
         Self {
             apex,
-            nodes: BTreeMap::new(),
+            names: Vec::new(),
+            nodes: Vec::new(),
+            v4: Vec::new(),
+            v6: Vec::new(),
+            srv: Vec::new(),
             owners: Vec::new(),
         }
     }
 
     /// `name`'s wire form relative to the apex (`name` is inside the zone).
-    fn relative(&self, name: &Name) -> Box<[u8]> {
+    fn relative(&self, name: &Name) -> Vec<u8> {
         let below = usize::from(name.num_labels().saturating_sub(self.apex.num_labels()));
         let mut out = Vec::new();
         push_wire_labels(&mut out, name.iter().take(below));
-        out.into_boxed_slice()
+        out
+    }
+
+    /// Add a node; returns its draft index.
+    fn push(
+        &mut self,
+        name: &[u8],
+        v4: &[Ipv4Addr],
+        v6: &[Ipv6Addr],
+        srv: &[(u16, u32)],
+        owner: u32,
+    ) -> u32 {
+        fn extend<T: Copy>(out: &mut Vec<T>, items: &[T]) -> (u32, u32) {
+            let start = len_u32(out.len());
+            out.extend_from_slice(items);
+            (start, len_u32(out.len()))
+        }
+        let node = DraftNode {
+            name: extend(&mut self.names, name),
+            v4: extend(&mut self.v4, v4),
+            v6: extend(&mut self.v6, v6),
+            srv: extend(&mut self.srv, srv),
+            owner,
+        };
+        self.nodes.push(node);
+        len_u32(self.nodes.len() - 1)
+    }
+
+    fn name(&self, index: u32) -> &[u8] {
+        self.nodes
+            .get(index as usize)
+            .map_or(&[], |n| span(&self.names, n.name))
+    }
+
+    /// Draft indices sorted by name; of two nodes with one name the later one stays.
+    fn sorted(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..len_u32(self.nodes.len())).collect();
+        order.sort_by(|&a, &b| self.name(a).cmp(self.name(b)).then(b.cmp(&a)));
+        order.dedup_by(|a, b| self.name(*a) == self.name(*b));
+        order
     }
 
     /// Freeze into a [`Zone`], adding the apex and every empty non-terminal (RFC 8020).
     fn finish(mut self) -> Zone {
-        let mut missing = vec![Box::<[u8]>::default()];
-        for name in self.nodes.keys() {
-            let mut rest: &[u8] = name;
+        let mut order = self.sorted();
+        let mut missing: BTreeSet<Vec<u8>> = BTreeSet::new();
+        let exists = |draft: &Self, order: &[u32], name: &[u8]| {
+            order.binary_search_by(|&i| draft.name(i).cmp(name)).is_ok()
+        };
+        if !exists(&self, &order, &[]) {
+            missing.insert(Vec::new());
+        }
+        for &index in &order {
+            let mut rest = self.name(index);
             while let Some((&len, tail)) = rest.split_first() {
                 rest = tail.get(usize::from(len)..).unwrap_or_default();
-                if !rest.is_empty() && !self.nodes.contains_key(rest) {
-                    missing.push(rest.into());
+                if !rest.is_empty() && !missing.contains(rest) && !exists(&self, &order, rest) {
+                    missing.insert(rest.to_vec());
                 }
             }
         }
-        for name in missing {
-            self.nodes.entry(name).or_default();
+        if !missing.is_empty() {
+            for name in &missing {
+                self.push(name, &[], &[], &[], NO_OWNER);
+            }
+            order = self.sorted();
         }
-        let count = self.nodes.len();
+        let count = order.len();
+        // Final index of each draft node, for SRV targets.
+        let mut position = vec![u32::MAX; self.nodes.len()];
+        for (final_index, &draft) in order.iter().enumerate() {
+            if let Some(p) = position.get_mut(draft as usize) {
+                *p = len_u32(final_index);
+            }
+        }
         let mut apex_wire = Vec::new();
         push_wire_labels(&mut apex_wire, self.apex.iter());
         apex_wire.push(0);
+        let mut records = Records {
+            names: Vec::with_capacity(self.names.len()),
+            nodes: Vec::with_capacity(count),
+            v4: Vec::with_capacity(self.v4.len()),
+            v6: Vec::with_capacity(self.v6.len()),
+            srv: Vec::with_capacity(self.srv.len()),
+        };
+        let mut owner_of = Vec::with_capacity(count);
+        for &index in &order {
+            let Some(node) = self.nodes.get(index as usize) else {
+                continue;
+            };
+            records
+                .names
+                .extend_from_slice(span(&self.names, node.name));
+            records.v4.extend_from_slice(span(&self.v4, node.v4));
+            records.v6.extend_from_slice(span(&self.v6, node.v6));
+            records.srv.extend(
+                span(&self.srv, node.srv)
+                    .iter()
+                    .filter_map(|&(port, target)| {
+                        let target = *position.get(target as usize)?;
+                        (target != u32::MAX).then_some(SrvEntry { port, target })
+                    }),
+            );
+            records.nodes.push(NodeEnds {
+                name: len_u32(records.names.len()),
+                v4: len_u32(records.v4.len()),
+                v6: len_u32(records.v6.len()),
+                srv: len_u32(records.srv.len()),
+            });
+            owner_of.push(node.owner);
+        }
         let mut zone = Zone {
             apex: self.apex,
             apex_wire: apex_wire.into_boxed_slice(),
             serial: 0,
-            records: Records::default(),
-            owner_of: Vec::with_capacity(count),
+            records,
+            owner_of,
             owners: self.owners,
             table: vec![0; (count * 2).next_power_of_two()],
             hasher: RandomState::new(),
         };
-        // Node indices follow the sorted map, so an SRV target's index is its rank among the
-        // names.
-        let names: Vec<&[u8]> = self.nodes.keys().map(AsRef::as_ref).collect();
-        let r = &mut zone.records;
-        r.nodes.reserve_exact(count);
-        for (name, node) in &self.nodes {
-            r.names.extend_from_slice(name);
-            r.v4.extend_from_slice(&node.v4);
-            r.v6.extend_from_slice(&node.v6);
-            r.srv.extend(node.srv.iter().filter_map(|(port, target)| {
-                let target = names.binary_search(&target.as_ref()).ok()?;
-                Some(SrvEntry {
-                    port: *port,
-                    target: u32::try_from(target).ok()?,
-                })
-            }));
-            r.nodes.push(NodeEnds {
-                name: len_u32(r.names.len()),
-                v4: len_u32(r.v4.len()),
-                v6: len_u32(r.v6.len()),
-                srv: len_u32(r.srv.len()),
-            });
-            zone.owner_of.push(node.owner.unwrap_or(NO_OWNER));
-        }
-        r.names.shrink_to_fit();
-        r.v4.shrink_to_fit();
-        r.v6.shrink_to_fit();
-        r.srv.shrink_to_fit();
         let mask = zone.table.len() - 1;
-        for (index, name) in names.iter().enumerate() {
-            let mut slot = zone.hasher.hash_one(name) as usize & mask;
+        for index in 0..count {
+            let mut slot = zone.hasher.hash_one(zone.name_bytes(index)) as usize & mask;
             while zone.table.get(slot).is_some_and(|&s| s != 0) {
                 slot = (slot + 1) & mask;
             }
@@ -537,8 +612,8 @@ impl ZoneSet {
         zones.dedup_by(|a, b| a.apex == b.apex);
 
         let mut rejected = Vec::new();
-        // Canonical name → (zone index, claimants).
-        let mut claims: BTreeMap<String, (usize, Vec<&ServiceInfo>)> = BTreeMap::new();
+        // (canonical name, zone index, claimant), sorted below: one allocation, not a map.
+        let mut claims: Vec<(String, usize, &ServiceInfo)> = Vec::new();
         for svc in services {
             for raw in candidate_names(svc, &mut rejected) {
                 let reject = |reason: String| Rejected {
@@ -565,27 +640,25 @@ impl ZoneSet {
                     rejected.push(reject("outside every configured zone".into()));
                     continue;
                 };
-                claims
-                    .entry(canonical)
-                    .or_insert((zi, Vec::new()))
-                    .1
-                    .push(svc);
+                claims.push((canonical, zi, svc));
             }
         }
 
+        claims.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.2.key.cmp(&b.2.key)));
+        claims.dedup_by(|a, b| a.0 == b.0 && a.2.key == b.2.key);
         let mut conflicts = Vec::new();
-        for (canonical, (zi, mut claimants)) in claims {
-            claimants.sort_by(|a, b| a.key.cmp(&b.key));
-            claimants.dedup_by(|a, b| a.key == b.key);
-            let winner = claimants[0];
-            if claimants.len() > 1 {
+        for group in claims.chunk_by(|a, b| a.0 == b.0) {
+            let [(canonical, zi, winner), losers @ ..] = group else {
+                continue;
+            };
+            if !losers.is_empty() {
                 conflicts.push(Conflict {
                     name: canonical.clone(),
                     winner: winner.key.clone(),
-                    losers: claimants[1..].iter().map(|s| s.key.clone()).collect(),
+                    losers: losers.iter().map(|(_, _, s)| s.key.clone()).collect(),
                 });
             }
-            if let (Some(name), Some(zone)) = (fqdn_name(&canonical), zones.get_mut(zi)) {
+            if let (Some(name), Some(zone)) = (fqdn_name(canonical), zones.get_mut(*zi)) {
                 add_service(zone, &name, winner);
             }
         }
@@ -669,23 +742,22 @@ fn srv_label(port_name: &str) -> Option<String> {
 fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo) {
     let owner = len_u32(zone.owners.len());
     zone.owners.push(svc.key.clone());
-    let mut node = DraftNode {
-        owner: Some(owner),
-        ..DraftNode::default()
-    };
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
     for ip in &svc.cluster_ips {
         match ip {
-            IpAddr::V4(v4) => node.v4.push(*v4),
-            IpAddr::V6(v6) => node.v6.push(*v6),
+            IpAddr::V4(a) => v4.push(*a),
+            IpAddr::V6(a) => v6.push(*a),
         }
     }
-    node.v4.sort_unstable();
-    node.v4.dedup();
-    node.v6.sort_unstable();
-    node.v6.dedup();
+    v4.sort_unstable();
+    v4.dedup();
+    v6.sort_unstable();
+    v6.dedup();
     let relative = zone.relative(name);
+    let target = zone.push(&relative, &v4, &v6, &[], owner);
     let apex_len = zone.apex.len();
-    let mut srv: BTreeMap<Box<[u8]>, Vec<u16>> = BTreeMap::new();
+    let mut srv: BTreeMap<Vec<u8>, Vec<(u16, u32)>> = BTreeMap::new();
     for port in &svc.ports {
         let Some(label) = port.name.as_deref().and_then(srv_label) else {
             continue;
@@ -698,19 +770,13 @@ fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo) {
         if owner_name.len() + apex_len + 1 > 255 {
             continue;
         }
-        srv.entry(owner_name.into()).or_default().push(port.port);
+        srv.entry(owner_name).or_default().push((port.port, target));
     }
     for (owner_name, mut ports) in srv {
         ports.sort_unstable();
         ports.dedup();
-        let node = DraftNode {
-            srv: ports.into_iter().map(|p| (p, relative.clone())).collect(),
-            owner: Some(owner),
-            ..DraftNode::default()
-        };
-        zone.nodes.insert(owner_name, node);
+        zone.push(&owner_name, &[], &[], &ports, owner);
     }
-    zone.nodes.insert(relative, node);
 }
 
 #[cfg(test)]
