@@ -88,11 +88,21 @@ pub enum StaticRecordsError {
 
 /// Parse the text of a static records file (`path` is for messages).
 pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsError> {
-    let records: Vec<StaticRecord> =
-        serde_yaml::from_str(text).map_err(|source| StaticRecordsError::Parse {
+    // JSON is read by serde_json, which streams into the records; serde_yaml (which also reads
+    // JSON, and gives the error messages) first holds every event of the document, which at
+    // 100,000 entries leaves tens of MB of fragments in the heap.
+    let json = text
+        .trim_start()
+        .starts_with('[')
+        .then(|| serde_json::from_str::<Vec<StaticRecord>>(text).ok())
+        .flatten();
+    let records = match json {
+        Some(records) => records,
+        None => serde_yaml::from_str(text).map_err(|source| StaticRecordsError::Parse {
             path: path.to_path_buf(),
             source,
-        })?;
+        })?,
+    };
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = Vec::with_capacity(records.len());
     for (index, r) in records.into_iter().enumerate() {
@@ -163,6 +173,12 @@ mod tests {
             "10.0.0.2"
         );
         assert!(parse("[]", p()).unwrap().is_empty());
+        // A YAML flow sequence is not JSON: it falls back to the YAML reader.
+        let flow = "[{fqdn: b.xcc.test, addresses: [10.0.0.3]}]";
+        assert_eq!(
+            parse(flow, p()).unwrap()[0].key,
+            ServiceKey::new("", "b.xcc.test")
+        );
     }
 
     #[test]
