@@ -14,9 +14,11 @@
 //! `_<port>._<proto>.<name>`. Every ancestor of a name inside its zone exists as an empty
 //! non-terminal, so it answers NODATA rather than NXDOMAIN (RFC 8020).
 //!
-//! Records are keyed by hickory [`Name`], whose equality and hash ignore ASCII case, so lookups
-//! need no lowercasing. A zone's SOA serial changes only when its records change: it becomes
-//! `max(previous + 1, now)` in Unix seconds, so it also keeps increasing across restarts.
+//! A zone stores each name once, lowercase, in DNS wire format relative to its apex, with its
+//! records in flat arrays and a hash table of node indices, so a lookup by the bytes of a query
+//! needs no `Name` and the zone costs no allocation per name. A zone's SOA serial changes only
+//! when its records change: it becomes `max(previous + 1, now)` in Unix seconds, so it also
+//! keeps increasing across restarts.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -116,13 +118,6 @@ pub struct NameAnnotations {
     pub origin_namespace: Option<String>,
     /// [`ORIGIN_NAME_ANNOTATION`].
     pub origin_name: Option<String>,
-}
-
-impl NameAnnotations {
-    /// True when none of the naming annotations is present.
-    pub fn is_empty(&self) -> bool {
-        self.fqdn.is_none() && self.origin_namespace.is_none() && self.origin_name.is_none()
-    }
 }
 
 impl<K: AsRef<str>, V: Into<String>> FromIterator<(K, V)> for NameAnnotations {
