@@ -37,9 +37,9 @@ use super::zone::{Node, Zone, ZoneSet};
 pub const DEFAULT_TTL: u32 = 5;
 /// SOA timers (RFC 1912 suggestions; XCC v1 used the same). Nothing transfers our zones, so they
 /// only inform readers.
-const SOA_REFRESH: i32 = 7200;
-const SOA_RETRY: i32 = 1800;
-const SOA_EXPIRE: i32 = 86400;
+pub(crate) const SOA_REFRESH: i32 = 7200;
+pub(crate) const SOA_RETRY: i32 = 1800;
+pub(crate) const SOA_EXPIRE: i32 = 86400;
 /// SRV weight of a single target (as the Kubernetes DNS specification).
 const SRV_WEIGHT: u16 = 100;
 
@@ -215,21 +215,21 @@ fn authoritative(
         }
     }
     if want(RecordType::A) {
-        push_v4(&mut answers, node, asked, ttl);
+        push_v4(&mut answers, &node, asked, ttl);
     }
     if want(RecordType::AAAA) {
-        push_v6(&mut answers, node, asked, ttl);
+        push_v6(&mut answers, &node, asked, ttl);
     }
     if want(RecordType::SRV) {
-        for srv in &node.srv {
+        for srv in node.srv() {
             answers.push(Record::from_rdata(
                 asked.clone(),
                 ttl,
                 RData::SRV(SRV::new(0, SRV_WEIGHT, srv.port, srv.target.clone())),
             ));
-            if let Some(target) = zone.node(&srv.target) {
-                push_v4(&mut additionals, target, &srv.target, ttl);
-                push_v6(&mut additionals, target, &srv.target, ttl);
+            if let Some(target) = node.srv_target_node(&srv) {
+                push_v4(&mut additionals, &target, &srv.target, ttl);
+                push_v6(&mut additionals, &target, &srv.target, ttl);
             }
         }
     }
@@ -296,7 +296,7 @@ fn nameserver_response(
     }
 }
 
-fn push_v4(out: &mut Vec<Record>, node: &Node, owner: &Name, ttl: u32) {
+fn push_v4(out: &mut Vec<Record>, node: &Node<'_>, owner: &Name, ttl: u32) {
     out.extend(
         node.v4
             .iter()
@@ -304,7 +304,7 @@ fn push_v4(out: &mut Vec<Record>, node: &Node, owner: &Name, ttl: u32) {
     );
 }
 
-fn push_v6(out: &mut Vec<Record>, node: &Node, owner: &Name, ttl: u32) {
+fn push_v6(out: &mut Vec<Record>, node: &Node<'_>, owner: &Name, ttl: u32) {
     out.extend(
         node.v6
             .iter()

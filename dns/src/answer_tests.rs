@@ -25,7 +25,9 @@ fn n(s: &str) -> Name {
 fn fqdn_svc(name: &str, fqdn: &str, ips: &[&str]) -> ServiceInfo {
     ServiceInfo {
         key: ServiceKey::new("ns", name),
-        annotations: BTreeMap::from([(FQDN_ANNOTATION.to_string(), fqdn.to_string())]),
+        annotations: [(FQDN_ANNOTATION.to_string(), fqdn.to_string())]
+            .into_iter()
+            .collect(),
         cluster_ips: ips.iter().map(|s| ip(s)).collect(),
         ports: Vec::new(),
     }
@@ -34,13 +36,15 @@ fn fqdn_svc(name: &str, fqdn: &str, ips: &[&str]) -> ServiceInfo {
 fn mcs_svc(origin_ns: &str, origin: &str, ips: &[&str]) -> ServiceInfo {
     ServiceInfo {
         key: ServiceKey::new("xcc", format!("{origin}-{origin_ns}")),
-        annotations: BTreeMap::from([
+        annotations: [
             (
                 ORIGIN_NAMESPACE_ANNOTATION.to_string(),
                 origin_ns.to_string(),
             ),
             (ORIGIN_NAME_ANNOTATION.to_string(), origin.to_string()),
-        ]),
+        ]
+        .into_iter()
+        .collect(),
         cluster_ips: ips.iter().map(|s| ip(s)).collect(),
         ports: vec![NamedPort {
             name: Some("http".into()),

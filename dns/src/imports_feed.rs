@@ -23,11 +23,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use xcc_proto::import_journal::{self, Change, Put};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
-use xcc_proto::names::{API_VERSION, FQDN_ANNOTATION, canonical_fqdn, imported_record_name};
+use xcc_proto::names::{API_VERSION, canonical_fqdn, imported_record_name};
 use xcc_proto::resources::{self, ObjectMeta, ServiceRecord};
 
 use super::index::DnsFeed;
-use super::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
+use super::zone::{NameAnnotations, NamedPort, PortProtocol, ServiceInfo, ServiceKey};
 
 /// Fallback re-scan period when no filesystem event arrives (network filesystems, missed events).
 /// Unchanged files are recognised by their metadata and not re-read.
@@ -91,8 +91,7 @@ pub fn services_from_records(
                 cluster_ips: Vec::new(),
                 ports: Vec::new(),
             });
-            info.annotations
-                .insert(FQDN_ANNOTATION.to_string(), fqdn.clone());
+            info.annotations.fqdn = Some(fqdn.clone());
             for p in sr.spec.ports.iter().flatten() {
                 if let Some(port) = named_port(p)
                     && !info.ports.contains(&port)
@@ -117,17 +116,18 @@ pub fn services_from_records(
 }
 
 /// The origin annotations, only as a pair (one alone names nothing).
-fn origin_annotations(sr: &ServiceRecord) -> BTreeMap<String, String> {
+fn origin_annotations(sr: &ServiceRecord) -> NameAnnotations {
     let a = &sr.metadata.annotations;
     match (
         a.get(ORIGIN_NAMESPACE_ANNOTATION),
         a.get(ORIGIN_NAME_ANNOTATION),
     ) {
-        (Some(ns), Some(name)) => BTreeMap::from([
-            (ORIGIN_NAMESPACE_ANNOTATION.to_string(), ns.clone()),
-            (ORIGIN_NAME_ANNOTATION.to_string(), name.clone()),
-        ]),
-        _ => BTreeMap::new(),
+        (Some(ns), Some(name)) => NameAnnotations {
+            origin_namespace: Some(ns.clone()),
+            origin_name: Some(name.clone()),
+            ..NameAnnotations::default()
+        },
+        _ => NameAnnotations::default(),
     }
 }
 

@@ -1,3 +1,5 @@
+use xcc_proto::names::FQDN_ANNOTATION;
+
 use super::*;
 
 fn record(ns: &str, name: &str, fqdn: &str, ips: &[&str], origin: Option<(&str, &str)>) -> String {
@@ -57,11 +59,13 @@ fn records_become_names_with_endpoint_addresses_and_mcs_names() {
         services,
         vec![ServiceInfo {
             key: ServiceKey::new("xcc", "web-east"),
-            annotations: BTreeMap::from([
+            annotations: [
                 (FQDN_ANNOTATION.to_string(), "web.shop.xcc.test".to_string()),
                 (ORIGIN_NAMESPACE_ANNOTATION.to_string(), "shop".to_string()),
                 (ORIGIN_NAME_ANNOTATION.to_string(), "web".to_string()),
-            ]),
+            ]
+            .into_iter()
+            .collect(),
             cluster_ips: ["10.0.1.10", "10.0.9.9", "fd00::1"]
                 .iter()
                 .map(|s| s.parse().unwrap())

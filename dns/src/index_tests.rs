@@ -15,7 +15,7 @@ fn svc(name: &str, fqdn: Option<&str>, ip: &str) -> ServiceInfo {
     ServiceInfo {
         key: ServiceKey::new("ns", name),
         annotations: fqdn
-            .map(|f| BTreeMap::from([(FQDN_ANNOTATION.to_string(), f.to_string())]))
+            .map(|f| [(FQDN_ANNOTATION, f)].into_iter().collect())
             .unwrap_or_default(),
         cluster_ips: vec![ip.parse().unwrap()],
         ports: Vec::new(),

@@ -33,7 +33,7 @@ use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::FQDN_ANNOTATION;
 
 use super::index::{DnsFeed, DnsIndex, FeedSource};
-use super::zone::{NamedPort, PortProtocol, ServiceInfo, ServiceKey};
+use super::zone::{NameAnnotations, NamedPort, PortProtocol, ServiceInfo, ServiceKey};
 
 /// Events applied in one batch at most (one publish each); bounds the time the index is locked.
 const BATCH: usize = 512;
@@ -98,17 +98,16 @@ impl KubeFeedConfig {
 /// The DNS view of a Service, or `None` when it carries none of our annotations.
 pub fn service_info(svc: &Service) -> Option<ServiceInfo> {
     let all = svc.metadata.annotations.as_ref()?;
-    let annotations: BTreeMap<String, String> = [
+    let annotations: NameAnnotations = [
         FQDN_ANNOTATION,
         ORIGIN_NAMESPACE_ANNOTATION,
         ORIGIN_NAME_ANNOTATION,
     ]
     .into_iter()
-    .filter_map(|k| all.get(k).map(|v| (k.to_string(), v.clone())))
+    .filter_map(|k| all.get(k).map(|v| (k, v.clone())))
     .collect();
-    let has_fqdn = annotations.contains_key(FQDN_ANNOTATION);
-    let has_origin = annotations.contains_key(ORIGIN_NAMESPACE_ANNOTATION)
-        && annotations.contains_key(ORIGIN_NAME_ANNOTATION);
+    let has_fqdn = annotations.fqdn.is_some();
+    let has_origin = annotations.origin_namespace.is_some() && annotations.origin_name.is_some();
     if !(has_fqdn || has_origin) {
         return None;
     }

@@ -52,7 +52,14 @@ fn only_annotated_services_count_and_only_our_annotations_are_kept() {
         info.key,
         ServiceKey::new("cross-cluster-connectivity", "web-xcc-test-1234abcd")
     );
-    assert_eq!(info.annotations.len(), 3, "{:?}", info.annotations);
+    assert_eq!(
+        info.annotations,
+        NameAnnotations {
+            fqdn: Some("web.xcc.test".into()),
+            origin_namespace: Some("bar".into()),
+            origin_name: Some("web".into()),
+        }
+    );
     assert_eq!(
         info.cluster_ips,
         vec![

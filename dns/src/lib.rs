@@ -4,7 +4,8 @@
 //! [`imports_feed`], a [`static_records`] file, a test) applies
 //! Services, pods and namespaces to the [`index::DnsIndex`], which publishes immutable
 //! [`answer::Snapshot`]s on a `watch`; the [`server`] decodes each query ([`wire`]), asks the
-//! pure [`answer::answer`] function, and sends the response or relays the query upstream.
+//! pure [`answer::answer`] function (common questions take the byte-level [`fast`] path), and
+//! sends the response or relays the query upstream.
 //! [`zone`] is the record model built from Services; [`pods`] maps source addresses to pod
 //! namespaces for transparent resolution and namespace mapping.
 //!
@@ -15,6 +16,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod answer;
+pub mod fast;
 pub mod imports_feed;
 pub mod index;
 pub mod kube_feed;

@@ -367,7 +367,6 @@ pub async fn serve_http(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
     use crate::zone::{ServiceInfo, ServiceKey, ZoneSet};
@@ -375,10 +374,12 @@ mod tests {
     fn svc(ns: &str, fqdn: &str) -> ServiceInfo {
         ServiceInfo {
             key: ServiceKey::new(ns, "s"),
-            annotations: BTreeMap::from([(
+            annotations: [(
                 xcc_proto::names::FQDN_ANNOTATION.to_string(),
                 fqdn.to_string(),
-            )]),
+            )]
+            .into_iter()
+            .collect(),
             cluster_ips: vec!["10.0.0.1".parse().unwrap()],
             ports: Vec::new(),
         }

@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use thiserror::Error;
-use xcc_proto::names::{FQDN_ANNOTATION, FqdnError, canonical_fqdn};
+use xcc_proto::names::{FqdnError, canonical_fqdn};
 
-use super::zone::{NamedPort, ServiceInfo, ServiceKey};
+use super::zone::{NameAnnotations, NamedPort, ServiceInfo, ServiceKey};
 
 /// One entry of the file.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -88,11 +88,21 @@ pub enum StaticRecordsError {
 
 /// Parse the text of a static records file (`path` is for messages).
 pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsError> {
-    let records: Vec<StaticRecord> =
-        serde_yaml::from_str(text).map_err(|source| StaticRecordsError::Parse {
+    // JSON is read by serde_json, which streams into the records; serde_yaml (which also reads
+    // JSON, and gives the error messages) first holds every event of the document, which at
+    // 100,000 entries leaves tens of MB of fragments in the heap.
+    let json = text
+        .trim_start()
+        .starts_with('[')
+        .then(|| serde_json::from_str::<Vec<StaticRecord>>(text).ok())
+        .flatten();
+    let records = match json {
+        Some(records) => records,
+        None => serde_yaml::from_str(text).map_err(|source| StaticRecordsError::Parse {
             path: path.to_path_buf(),
             source,
-        })?;
+        })?,
+    };
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = Vec::with_capacity(records.len());
     for (index, r) in records.into_iter().enumerate() {
@@ -118,7 +128,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsE
         }
         out.push(ServiceInfo {
             key: ServiceKey::new("", fqdn.clone()),
-            annotations: BTreeMap::from([(FQDN_ANNOTATION.to_string(), fqdn)]),
+            annotations: NameAnnotations {
+                fqdn: Some(fqdn),
+                ..NameAnnotations::default()
+            },
             cluster_ips: r.addresses,
             ports: r.ports,
         });
@@ -150,7 +163,7 @@ mod tests {
         let out = parse(yaml, p()).unwrap();
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].key, ServiceKey::new("", "web.xcc.test"));
-        assert_eq!(out[0].annotations[FQDN_ANNOTATION], "web.xcc.test");
+        assert_eq!(out[0].annotations.fqdn.as_deref(), Some("web.xcc.test"));
         assert_eq!(out[0].cluster_ips.len(), 2);
         assert_eq!(out[0].ports[0].protocol, PortProtocol::Tcp);
         assert_eq!(out[0].ports[1].protocol, PortProtocol::Udp);
@@ -160,6 +173,12 @@ mod tests {
             "10.0.0.2"
         );
         assert!(parse("[]", p()).unwrap().is_empty());
+        // A YAML flow sequence is not JSON: it falls back to the YAML reader.
+        let flow = "[{fqdn: b.xcc.test, addresses: [10.0.0.3]}]";
+        assert_eq!(
+            parse(flow, p()).unwrap()[0].key,
+            ServiceKey::new("", "b.xcc.test")
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - Shorter than a header, or a response (QR=1) → dropped (no reflection).
 //! - Undecodable → FORMERR echoing the id and opcode; opcode other than QUERY → NOTIMP;
 //!   not exactly one question → FORMERR; EDNS version above 0 → BADVERS (RFC 6891).
+//! - The common questions (A or AAAA inside a zone) are answered by [`fast`] straight from the
+//!   query's bytes, exactly as below; everything else is decoded with hickory-proto.
 //! - Otherwise [`answer`] decides. A request with EDNS gets an OPT record back, advertising
 //!   [`EDNS_PAYLOAD`] and echoing the DO bit (RFC 3225). Over UDP a response larger than the
 //!   client's limit (512 without EDNS, else its advertised size capped at [`EDNS_PAYLOAD`]) first
@@ -18,14 +20,15 @@ use hickory_proto::op::{Edns, Header, Message, MessageType, Metadata, OpCode, Re
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder};
 
 use super::answer::{Answer, Response, Settings, Snapshot, answer};
+use super::fast;
 
 /// Our EDNS UDP payload size: 1232 bytes avoids IP fragmentation on any common path (DNS flag
 /// day 2020).
 pub const EDNS_PAYLOAD: u16 = 1232;
 /// The classic DNS UDP limit without EDNS (RFC 1035).
-const PLAIN_UDP_LIMIT: usize = 512;
+pub(crate) const PLAIN_UDP_LIMIT: usize = 512;
 /// Length of the fixed DNS header.
-const HEADER_LEN: usize = 12;
+pub(crate) const HEADER_LEN: usize = 12;
 
 /// The transport a query arrived on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +69,20 @@ pub fn handle(
     if query.len() < HEADER_LEN {
         return Outcome::Drop;
     }
+    if let Some(outcome) = fast::answer(query, source, transport, snapshot, settings) {
+        return outcome;
+    }
+    handle_decoded(query, source, transport, snapshot, settings)
+}
+
+/// [`handle`] for what the fast path leaves: decode with hickory-proto, answer, encode.
+pub(crate) fn handle_decoded(
+    query: &[u8],
+    source: IpAddr,
+    transport: Transport,
+    snapshot: &Snapshot,
+    settings: &Settings,
+) -> Outcome {
     let request = match Message::from_vec(query) {
         Ok(m) => m,
         Err(_) => return malformed(query),

@@ -1,4 +1,3 @@
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -18,13 +17,13 @@ fn snapshot() -> Snapshot {
     let services = [
         ServiceInfo {
             key: ServiceKey::new("ns", "one"),
-            annotations: BTreeMap::from([(FQDN_ANNOTATION.into(), "one.xcc.test".into())]),
+            annotations: [(FQDN_ANNOTATION, "one.xcc.test")].into_iter().collect(),
             cluster_ips: vec!["10.0.0.1".parse().unwrap()],
             ports: Vec::new(),
         },
         ServiceInfo {
             key: ServiceKey::new("ns", "srv"),
-            annotations: BTreeMap::from([(FQDN_ANNOTATION.into(), "srv.xcc.test".into())]),
+            annotations: [(FQDN_ANNOTATION, "srv.xcc.test")].into_iter().collect(),
             cluster_ips: (1..=60).map(|i| IpAddr::from([10, 0, 2, i])).collect(),
             ports: vec![crate::zone::NamedPort {
                 name: Some("http".into()),
@@ -34,7 +33,7 @@ fn snapshot() -> Snapshot {
         },
         ServiceInfo {
             key: ServiceKey::new("ns", "many"),
-            annotations: BTreeMap::from([(FQDN_ANNOTATION.into(), "many.xcc.test".into())]),
+            annotations: [(FQDN_ANNOTATION, "many.xcc.test")].into_iter().collect(),
             cluster_ips: many,
             ports: Vec::new(),
         },

@@ -14,12 +14,15 @@
 //! `_<port>._<proto>.<name>`. Every ancestor of a name inside its zone exists as an empty
 //! non-terminal, so it answers NODATA rather than NXDOMAIN (RFC 8020).
 //!
-//! Records are keyed by hickory [`Name`], whose equality and hash ignore ASCII case, so lookups
-//! need no lowercasing. A zone's SOA serial changes only when its records change: it becomes
-//! `max(previous + 1, now)` in Unix seconds, so it also keeps increasing across restarts.
+//! A zone stores each name once, lowercase, in DNS wire format relative to its apex, with its
+//! records in flat arrays and a hash table of node indices, so a lookup by the bytes of a query
+//! needs no `Name` and the zone costs no allocation per name. A zone's SOA serial changes only
+//! when its records change: it becomes `max(previous + 1, now)` in Unix seconds, so it also
+//! keeps increasing across restarts.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::hash::{BuildHasher, RandomState};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use hickory_proto::rr::Name;
@@ -97,12 +100,40 @@ pub struct NamedPort {
 pub struct ServiceInfo {
     /// `namespace/name` of the Service.
     pub key: ServiceKey,
-    /// Its annotations (the FQDN and origin annotations are read).
-    pub annotations: BTreeMap<String, String>,
+    /// Its annotations that name it (the only ones the zone reads).
+    pub annotations: NameAnnotations,
     /// Its cluster IPs (`spec.clusterIPs`: one per family; empty for headless Services).
     pub cluster_ips: Vec<IpAddr>,
     /// Its ports.
     pub ports: Vec<NamedPort>,
+}
+
+/// The annotations that name a Service: the FQDN and the origin pair. Collected from any
+/// annotations (others are ignored), so a stored Service costs no more than these values.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NameAnnotations {
+    /// [`FQDN_ANNOTATION`].
+    pub fqdn: Option<String>,
+    /// [`ORIGIN_NAMESPACE_ANNOTATION`].
+    pub origin_namespace: Option<String>,
+    /// [`ORIGIN_NAME_ANNOTATION`].
+    pub origin_name: Option<String>,
+}
+
+impl<K: AsRef<str>, V: Into<String>> FromIterator<(K, V)> for NameAnnotations {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(annotations: I) -> Self {
+        let mut out = Self::default();
+        for (key, value) in annotations {
+            let slot = match key.as_ref() {
+                FQDN_ANNOTATION => &mut out.fqdn,
+                ORIGIN_NAMESPACE_ANNOTATION => &mut out.origin_namespace,
+                ORIGIN_NAME_ANNOTATION => &mut out.origin_name,
+                _ => continue,
+            };
+            *slot = Some(value.into());
+        }
+        out
+    }
 }
 
 /// A Service name that could not be served, and why.
@@ -136,46 +167,118 @@ pub struct SrvTarget {
     pub target: Name,
 }
 
-/// The records at one name. An empty node is an empty non-terminal.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Node {
-    /// A records.
-    pub v4: Vec<Ipv4Addr>,
-    /// AAAA records.
-    pub v6: Vec<Ipv6Addr>,
-    /// SRV records.
-    pub srv: Vec<SrvTarget>,
+/// An SRV record as stored: the port and the node of its target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SrvEntry {
+    port: u16,
+    target: u32,
 }
 
-impl Node {
+/// The records at one name, borrowed from its zone. An empty node is an empty non-terminal.
+#[derive(Clone, Copy, Debug)]
+pub struct Node<'a> {
+    /// A records.
+    pub v4: &'a [Ipv4Addr],
+    /// AAAA records.
+    pub v6: &'a [Ipv6Addr],
+    srv: &'a [SrvEntry],
+    zone: &'a Zone,
+}
+
+impl Node<'_> {
     /// True when the node holds no records (an empty non-terminal).
     pub fn is_empty(&self) -> bool {
         self.v4.is_empty() && self.v6.is_empty() && self.srv.is_empty()
     }
+
+    /// SRV records, their targets as names (lowercase, fully qualified).
+    pub fn srv(&self) -> Vec<SrvTarget> {
+        self.srv
+            .iter()
+            .map(|s| SrvTarget {
+                port: s.port,
+                target: self.zone.name_at(s.target as usize),
+            })
+            .collect()
+    }
+
+    /// The node of an SRV target (always present: targets are the Service's own name).
+    pub fn srv_target_node(&self, target: &SrvTarget) -> Option<Node<'_>> {
+        self.zone.node(&target.target)
+    }
 }
 
-/// One authoritative zone.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where one node's data ends in the zone's arrays (it starts where the previous node's ends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct NodeEnds {
+    name: u32,
+    v4: u32,
+    v6: u32,
+    srv: u32,
+}
+
+/// The records of a zone in flat arrays, nodes sorted by name: what the serial compares.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Records {
+    /// Every node's name relative to the apex, lowercase wire format (labels with their length
+    /// bytes, no apex, no root label), concatenated in node order. The apex's is empty.
+    names: Vec<u8>,
+    nodes: Vec<NodeEnds>,
+    v4: Vec<Ipv4Addr>,
+    v6: Vec<Ipv6Addr>,
+    srv: Vec<SrvEntry>,
+}
+
+/// No owner: an empty non-terminal or the apex.
+const NO_OWNER: u32 = u32::MAX;
+
+/// One authoritative zone, stored compactly: every name once, in lowercase wire format, with an
+/// open-addressing table of node indices for lookups by wire name (no per-name allocation).
+#[derive(Clone, Debug)]
 pub struct Zone {
     apex: Name,
+    /// The apex in lowercase wire format, root label included.
+    apex_wire: Box<[u8]>,
     serial: u32,
-    nodes: HashMap<Name, Node>,
-    owners: HashMap<Name, ServiceKey>,
+    records: Records,
+    /// Per node, the index of its owner in `owners` (or [`NO_OWNER`]).
+    owner_of: Vec<u32>,
+    owners: Vec<ServiceKey>,
+    /// Slots holding node index + 1 (0 = empty); a power of two, at most half full.
+    table: Vec<u32>,
+    hasher: RandomState,
+}
+
+impl PartialEq for Zone {
+    fn eq(&self, other: &Self) -> bool {
+        self.apex == other.apex
+            && self.serial == other.serial
+            && self.records == other.records
+            && self.owner_of == other.owner_of
+            && self.owners == other.owners
+    }
+}
+
+impl Eq for Zone {}
+
+/// Append `labels` to `out` in lowercase wire format (length byte, then the label).
+fn push_wire_labels<'a>(out: &mut Vec<u8>, labels: impl Iterator<Item = &'a [u8]>) {
+    for label in labels {
+        // Labels of a `Name` are at most 63 bytes.
+        out.push(u8::try_from(label.len()).unwrap_or(63));
+        out.extend(label.iter().map(u8::to_ascii_lowercase));
+    }
 }
 
 impl Zone {
-    fn empty(apex: Name) -> Self {
-        Self {
-            apex,
-            serial: 0,
-            nodes: HashMap::new(),
-            owners: HashMap::new(),
-        }
-    }
-
     /// The apex (lowercase, fully qualified).
     pub fn apex(&self) -> &Name {
         &self.apex
+    }
+
+    /// The apex in lowercase wire format, root label included.
+    pub fn apex_wire(&self) -> &[u8] {
+        &self.apex_wire
     }
 
     /// The SOA serial.
@@ -185,19 +288,275 @@ impl Zone {
 
     /// The node at `name` (any case); `None` means the name does not exist. The apex always
     /// exists.
-    pub fn node(&self, name: &Name) -> Option<&Node> {
-        self.nodes.get(name)
+    pub fn node(&self, name: &Name) -> Option<Node<'_>> {
+        self.index_of(name).map(|i| self.node_at(i))
+    }
+
+    /// The node at `relative`: a name below the apex in lowercase wire format, without the apex
+    /// (empty for the apex itself).
+    pub fn node_by_wire(&self, relative: &[u8]) -> Option<Node<'_>> {
+        self.lookup(relative).map(|i| self.node_at(i))
     }
 
     /// The Service owning the records at `name`, if any (empty non-terminals have none).
     pub fn owner(&self, name: &Name) -> Option<&ServiceKey> {
-        self.owners.get(name)
+        let owner = *self.owner_of.get(self.index_of(name)?)?;
+        self.owners.get(owner as usize)
     }
 
     /// Names with records (not counting empty non-terminals and the apex).
     pub fn record_names(&self) -> usize {
-        self.owners.len()
+        self.owner_of.iter().filter(|&&o| o != NO_OWNER).count()
     }
+
+    fn index_of(&self, name: &Name) -> Option<usize> {
+        if !in_zone(name, &self.apex) {
+            return None;
+        }
+        let below = usize::from(name.num_labels() - self.apex.num_labels());
+        let mut relative = Vec::with_capacity(name.len());
+        push_wire_labels(&mut relative, name.iter().take(below));
+        self.lookup(&relative)
+    }
+
+    fn lookup(&self, relative: &[u8]) -> Option<usize> {
+        let mask = self.table.len().checked_sub(1)?;
+        let mut slot = self.hasher.hash_one(relative) as usize & mask;
+        loop {
+            let index = (*self.table.get(slot)? as usize).checked_sub(1)?;
+            if self.name_bytes(index) == relative {
+                return Some(index);
+            }
+            slot = (slot + 1) & mask;
+        }
+    }
+
+    fn span(&self, index: usize, end: impl Fn(&NodeEnds) -> u32) -> std::ops::Range<usize> {
+        let start = match index.checked_sub(1) {
+            Some(prev) => self.records.nodes.get(prev).map_or(0, &end),
+            None => 0,
+        };
+        let stop = self.records.nodes.get(index).map_or(start, end);
+        start as usize..stop as usize
+    }
+
+    fn name_bytes(&self, index: usize) -> &[u8] {
+        self.records
+            .names
+            .get(self.span(index, |n| n.name))
+            .unwrap_or_default()
+    }
+
+    fn node_at(&self, index: usize) -> Node<'_> {
+        let r = &self.records;
+        Node {
+            v4: r.v4.get(self.span(index, |n| n.v4)).unwrap_or_default(),
+            v6: r.v6.get(self.span(index, |n| n.v6)).unwrap_or_default(),
+            srv: r.srv.get(self.span(index, |n| n.srv)).unwrap_or_default(),
+            zone: self,
+        }
+    }
+
+    /// The full name of node `index` (lowercase, fully qualified).
+    fn name_at(&self, index: usize) -> Name {
+        let mut labels = Vec::new();
+        let mut rest = self.name_bytes(index);
+        while let Some((&len, tail)) = rest.split_first() {
+            let (label, tail) = tail.split_at(usize::from(len).min(tail.len()));
+            labels.push(label);
+            rest = tail;
+        }
+        labels.extend(self.apex.iter());
+        let mut name = Name::from_labels(labels).unwrap_or_else(|_| self.apex.clone());
+        name.set_fqdn(true);
+        name
+    }
+}
+
+/// A node being built: spans of the draft's arrays.
+#[derive(Clone, Copy, Debug)]
+struct DraftNode {
+    name: (u32, u32),
+    v4: (u32, u32),
+    v6: (u32, u32),
+    /// Into `srv`, whose targets are draft node indices.
+    srv: (u32, u32),
+    owner: u32,
+}
+
+fn span<T>(items: &[T], (start, end): (u32, u32)) -> &[T] {
+    items.get(start as usize..end as usize).unwrap_or_default()
+}
+
+/// A zone being built, in flat arrays (no allocation per name, so building leaves no
+/// fragments behind); [`DraftZone::finish`] sorts the nodes by name.
+#[derive(Debug)]
+struct DraftZone {
+    apex: Name,
+    names: Vec<u8>,
+    nodes: Vec<DraftNode>,
+    v4: Vec<Ipv4Addr>,
+    v6: Vec<Ipv6Addr>,
+    srv: Vec<(u16, u32)>,
+    owners: Vec<ServiceKey>,
+}
+
+impl DraftZone {
+    fn new(apex: Name) -> Self {
+        Self {
+            apex,
+            names: Vec::new(),
+            nodes: Vec::new(),
+            v4: Vec::new(),
+            v6: Vec::new(),
+            srv: Vec::new(),
+            owners: Vec::new(),
+        }
+    }
+
+    /// `name`'s wire form relative to the apex (`name` is inside the zone).
+    fn relative(&self, name: &Name) -> Vec<u8> {
+        let below = usize::from(name.num_labels().saturating_sub(self.apex.num_labels()));
+        let mut out = Vec::new();
+        push_wire_labels(&mut out, name.iter().take(below));
+        out
+    }
+
+    /// Add a node; returns its draft index.
+    fn push(
+        &mut self,
+        name: &[u8],
+        v4: &[Ipv4Addr],
+        v6: &[Ipv6Addr],
+        srv: &[(u16, u32)],
+        owner: u32,
+    ) -> u32 {
+        fn extend<T: Copy>(out: &mut Vec<T>, items: &[T]) -> (u32, u32) {
+            let start = len_u32(out.len());
+            out.extend_from_slice(items);
+            (start, len_u32(out.len()))
+        }
+        let node = DraftNode {
+            name: extend(&mut self.names, name),
+            v4: extend(&mut self.v4, v4),
+            v6: extend(&mut self.v6, v6),
+            srv: extend(&mut self.srv, srv),
+            owner,
+        };
+        self.nodes.push(node);
+        len_u32(self.nodes.len() - 1)
+    }
+
+    fn name(&self, index: u32) -> &[u8] {
+        self.nodes
+            .get(index as usize)
+            .map_or(&[], |n| span(&self.names, n.name))
+    }
+
+    /// Draft indices sorted by name; of two nodes with one name the later one stays.
+    fn sorted(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..len_u32(self.nodes.len())).collect();
+        order.sort_by(|&a, &b| self.name(a).cmp(self.name(b)).then(b.cmp(&a)));
+        order.dedup_by(|a, b| self.name(*a) == self.name(*b));
+        order
+    }
+
+    /// Freeze into a [`Zone`], adding the apex and every empty non-terminal (RFC 8020).
+    fn finish(mut self) -> Zone {
+        let mut order = self.sorted();
+        let mut missing: BTreeSet<Vec<u8>> = BTreeSet::new();
+        let exists = |draft: &Self, order: &[u32], name: &[u8]| {
+            order.binary_search_by(|&i| draft.name(i).cmp(name)).is_ok()
+        };
+        if !exists(&self, &order, &[]) {
+            missing.insert(Vec::new());
+        }
+        for &index in &order {
+            let mut rest = self.name(index);
+            while let Some((&len, tail)) = rest.split_first() {
+                rest = tail.get(usize::from(len)..).unwrap_or_default();
+                if !rest.is_empty() && !missing.contains(rest) && !exists(&self, &order, rest) {
+                    missing.insert(rest.to_vec());
+                }
+            }
+        }
+        if !missing.is_empty() {
+            for name in &missing {
+                self.push(name, &[], &[], &[], NO_OWNER);
+            }
+            order = self.sorted();
+        }
+        let count = order.len();
+        // Final index of each draft node, for SRV targets.
+        let mut position = vec![u32::MAX; self.nodes.len()];
+        for (final_index, &draft) in order.iter().enumerate() {
+            if let Some(p) = position.get_mut(draft as usize) {
+                *p = len_u32(final_index);
+            }
+        }
+        let mut apex_wire = Vec::new();
+        push_wire_labels(&mut apex_wire, self.apex.iter());
+        apex_wire.push(0);
+        let mut records = Records {
+            names: Vec::with_capacity(self.names.len()),
+            nodes: Vec::with_capacity(count),
+            v4: Vec::with_capacity(self.v4.len()),
+            v6: Vec::with_capacity(self.v6.len()),
+            srv: Vec::with_capacity(self.srv.len()),
+        };
+        let mut owner_of = Vec::with_capacity(count);
+        for &index in &order {
+            let Some(node) = self.nodes.get(index as usize) else {
+                continue;
+            };
+            records
+                .names
+                .extend_from_slice(span(&self.names, node.name));
+            records.v4.extend_from_slice(span(&self.v4, node.v4));
+            records.v6.extend_from_slice(span(&self.v6, node.v6));
+            records.srv.extend(
+                span(&self.srv, node.srv)
+                    .iter()
+                    .filter_map(|&(port, target)| {
+                        let target = *position.get(target as usize)?;
+                        (target != u32::MAX).then_some(SrvEntry { port, target })
+                    }),
+            );
+            records.nodes.push(NodeEnds {
+                name: len_u32(records.names.len()),
+                v4: len_u32(records.v4.len()),
+                v6: len_u32(records.v6.len()),
+                srv: len_u32(records.srv.len()),
+            });
+            owner_of.push(node.owner);
+        }
+        let mut zone = Zone {
+            apex: self.apex,
+            apex_wire: apex_wire.into_boxed_slice(),
+            serial: 0,
+            records,
+            owner_of,
+            owners: self.owners,
+            table: vec![0; (count * 2).next_power_of_two()],
+            hasher: RandomState::new(),
+        };
+        let mask = zone.table.len() - 1;
+        for index in 0..count {
+            let mut slot = zone.hasher.hash_one(zone.name_bytes(index)) as usize & mask;
+            while zone.table.get(slot).is_some_and(|&s| s != 0) {
+                slot = (slot + 1) & mask;
+            }
+            if let Some(s) = zone.table.get_mut(slot) {
+                *s = len_u32(index + 1);
+            }
+        }
+        zone
+    }
+}
+
+/// An array length as stored in the zone: zones hold far fewer than 2^32 names and records.
+fn len_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Every configured zone with its records: the immutable snapshot the server answers from.
@@ -237,10 +596,10 @@ impl ZoneSet {
         previous: Option<&ZoneSet>,
         now_unix: u32,
     ) -> ZoneSet {
-        let mut zones: Vec<Zone> = apexes
+        let mut zones: Vec<DraftZone> = apexes
             .iter()
             .filter_map(|a| fqdn_name(a))
-            .map(Zone::empty)
+            .map(DraftZone::new)
             .collect();
         zones.sort_by(|a, b| {
             (b.apex.num_labels().cmp(&a.apex.num_labels())).then_with(|| a.apex.cmp(&b.apex))
@@ -248,8 +607,8 @@ impl ZoneSet {
         zones.dedup_by(|a, b| a.apex == b.apex);
 
         let mut rejected = Vec::new();
-        // Canonical name → (zone index, claimants).
-        let mut claims: BTreeMap<String, (usize, Vec<&ServiceInfo>)> = BTreeMap::new();
+        // (canonical name, zone index, claimant), sorted below: one allocation, not a map.
+        let mut claims: Vec<(String, usize, &ServiceInfo)> = Vec::new();
         for svc in services {
             for raw in candidate_names(svc, &mut rejected) {
                 let reject = |reason: String| Rejected {
@@ -276,39 +635,41 @@ impl ZoneSet {
                     rejected.push(reject("outside every configured zone".into()));
                     continue;
                 };
-                claims
-                    .entry(canonical)
-                    .or_insert((zi, Vec::new()))
-                    .1
-                    .push(svc);
+                claims.push((canonical, zi, svc));
             }
         }
 
+        claims.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.2.key.cmp(&b.2.key)));
+        claims.dedup_by(|a, b| a.0 == b.0 && a.2.key == b.2.key);
         let mut conflicts = Vec::new();
-        for (canonical, (zi, mut claimants)) in claims {
-            claimants.sort_by(|a, b| a.key.cmp(&b.key));
-            claimants.dedup_by(|a, b| a.key == b.key);
-            let winner = claimants[0];
-            if claimants.len() > 1 {
+        for group in claims.chunk_by(|a, b| a.0 == b.0) {
+            let [(canonical, zi, winner), losers @ ..] = group else {
+                continue;
+            };
+            if !losers.is_empty() {
                 conflicts.push(Conflict {
                     name: canonical.clone(),
                     winner: winner.key.clone(),
-                    losers: claimants[1..].iter().map(|s| s.key.clone()).collect(),
+                    losers: losers.iter().map(|(_, _, s)| s.key.clone()).collect(),
                 });
             }
-            if let Some(name) = fqdn_name(&canonical) {
-                add_service(&mut zones[zi], name, winner);
+            if let (Some(name), Some(zone)) = (fqdn_name(canonical), zones.get_mut(*zi)) {
+                add_service(zone, &name, winner);
             }
         }
-        for zone in &mut zones {
-            add_empty_non_terminals(zone);
-            let prev = previous.and_then(|p| p.zones.iter().find(|z| z.apex == zone.apex));
-            zone.serial = match prev {
-                Some(p) if p.nodes == zone.nodes => p.serial,
-                Some(p) => p.serial.wrapping_add(1).max(now_unix),
-                None => now_unix,
-            };
-        }
+        let zones = zones
+            .into_iter()
+            .map(|draft| {
+                let mut zone = draft.finish();
+                let prev = previous.and_then(|p| p.zones.iter().find(|z| z.apex == zone.apex));
+                zone.serial = match prev {
+                    Some(p) if p.records == zone.records => p.serial,
+                    Some(p) => p.serial.wrapping_add(1).max(now_unix),
+                    None => now_unix,
+                };
+                zone
+            })
+            .collect();
         ZoneSet {
             zones,
             conflicts,
@@ -345,12 +706,11 @@ impl ZoneSet {
 /// The names `svc` asks for: its FQDN annotation and its MCS name (raw, not yet validated).
 fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<String> {
     let mut out = Vec::new();
-    if let Some(fqdn) = svc.annotations.get(FQDN_ANNOTATION) {
+    let annotations = &svc.annotations;
+    if let Some(fqdn) = &annotations.fqdn {
         out.push(fqdn.trim().to_string());
     }
-    let ns = svc.annotations.get(ORIGIN_NAMESPACE_ANNOTATION);
-    let name = svc.annotations.get(ORIGIN_NAME_ANNOTATION);
-    if let (Some(ns), Some(name)) = (ns, name) {
+    if let (Some(ns), Some(name)) = (&annotations.origin_namespace, &annotations.origin_name) {
         let (ns, name) = (ns.trim(), name.trim());
         match (validate_namespace(ns), validate_namespace(name)) {
             (Ok(_), Ok(_)) => out.push(clusterset_fqdn(name, ns)),
@@ -374,70 +734,43 @@ fn srv_label(port_name: &str) -> Option<String> {
     ok.then_some(lower)
 }
 
-fn add_service(zone: &mut Zone, name: Name, svc: &ServiceInfo) {
-    let mut node = Node::default();
+fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo) {
+    let owner = len_u32(zone.owners.len());
+    zone.owners.push(svc.key.clone());
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
     for ip in &svc.cluster_ips {
         match ip {
-            IpAddr::V4(v4) => node.v4.push(*v4),
-            IpAddr::V6(v6) => node.v6.push(*v6),
+            IpAddr::V4(a) => v4.push(*a),
+            IpAddr::V6(a) => v6.push(*a),
         }
     }
-    node.v4.sort_unstable();
-    node.v4.dedup();
-    node.v6.sort_unstable();
-    node.v6.dedup();
-    let mut srv: BTreeMap<Name, Vec<u16>> = BTreeMap::new();
+    v4.sort_unstable();
+    v4.dedup();
+    v6.sort_unstable();
+    v6.dedup();
+    let relative = zone.relative(name);
+    let target = zone.push(&relative, &v4, &v6, &[], owner);
+    let apex_len = zone.apex.len();
+    let mut srv: BTreeMap<Vec<u8>, Vec<(u16, u32)>> = BTreeMap::new();
     for port in &svc.ports {
         let Some(label) = port.name.as_deref().and_then(srv_label) else {
             continue;
         };
-        let owner = Name::from_labels([
-            format!("_{label}").as_bytes(),
-            format!("_{}", port.protocol.label()).as_bytes(),
-        ])
-        .and_then(|prefix| prefix.append_domain(&name));
-        if let Ok(owner) = owner {
-            srv.entry(owner).or_default().push(port.port);
+        let labels = [format!("_{label}"), format!("_{}", port.protocol.label())];
+        let mut owner_name = Vec::new();
+        push_wire_labels(&mut owner_name, labels.iter().map(|l| l.as_bytes()));
+        owner_name.extend_from_slice(&relative);
+        // A DNS name is at most 255 bytes in wire format (root label included).
+        if owner_name.len() + apex_len + 1 > 255 {
+            continue;
         }
+        srv.entry(owner_name).or_default().push((port.port, target));
     }
-    for (owner, mut ports) in srv {
+    for (owner_name, mut ports) in srv {
         ports.sort_unstable();
         ports.dedup();
-        let node = Node {
-            srv: ports
-                .into_iter()
-                .map(|port| SrvTarget {
-                    port,
-                    target: name.clone(),
-                })
-                .collect(),
-            ..Node::default()
-        };
-        zone.owners.insert(owner.clone(), svc.key.clone());
-        zone.nodes.insert(owner, node);
-    }
-    zone.owners.insert(name.clone(), svc.key.clone());
-    zone.nodes.insert(name, node);
-}
-
-fn add_empty_non_terminals(zone: &mut Zone) {
-    let apex_labels = zone.apex.num_labels();
-    let mut missing = Vec::new();
-    for name in zone.nodes.keys() {
-        let mut n = name.base_name();
-        while n.num_labels() >= apex_labels {
-            if !zone.nodes.contains_key(&n) {
-                missing.push(n.clone());
-            }
-            if n.num_labels() == apex_labels {
-                break;
-            }
-            n = n.base_name();
-        }
-    }
-    missing.push(zone.apex.clone());
-    for n in missing {
-        zone.nodes.entry(n).or_default();
+        zone.push(&owner_name, &[], &[], &ports, owner);
     }
 }
 

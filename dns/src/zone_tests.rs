@@ -1,4 +1,3 @@
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::*;
@@ -13,13 +12,12 @@ fn ip(s: &str) -> IpAddr {
 
 /// A Service `ns/n` with the FQDN annotation `fqdn` (if any) and `ips`.
 fn svc(ns: &str, n: &str, fqdn: Option<&str>, ips: &[&str]) -> ServiceInfo {
-    let mut annotations = BTreeMap::new();
-    if let Some(f) = fqdn {
-        annotations.insert(FQDN_ANNOTATION.to_string(), f.to_string());
-    }
     ServiceInfo {
         key: ServiceKey::new(ns, n),
-        annotations,
+        annotations: NameAnnotations {
+            fqdn: fqdn.map(str::to_string),
+            ..NameAnnotations::default()
+        },
         cluster_ips: ips.iter().map(|s| ip(s)).collect(),
         ports: Vec::new(),
     }
@@ -30,7 +28,7 @@ fn build(zones: &[&str], services: &[ServiceInfo]) -> ZoneSet {
     ZoneSet::build(&apexes, services, None, 1000)
 }
 
-fn node<'a>(set: &'a ZoneSet, n: &str) -> Option<&'a Node> {
+fn node<'a>(set: &'a ZoneSet, n: &str) -> Option<Node<'a>> {
     let n = name(n);
     set.find_zone(&n)?.node(&n)
 }
@@ -126,7 +124,7 @@ fn named_ports_get_srv_records_and_empty_non_terminals() {
     let set = build(&["xcc.test"], &[s]);
     let http = node(&set, "_http._tcp.web.xcc.test").unwrap();
     assert_eq!(
-        http.srv,
+        http.srv(),
         vec![SrvTarget {
             port: 80,
             target: name("web.xcc.test")
@@ -134,7 +132,7 @@ fn named_ports_get_srv_records_and_empty_non_terminals() {
     );
     assert!(http.v4.is_empty());
     let dns = node(&set, "_dns._udp.web.xcc.test").unwrap();
-    assert_eq!(dns.srv[0].port, 53);
+    assert_eq!(dns.srv()[0].port, 53);
     // Empty non-terminals between the SRV names and the service name exist, without records.
     for ent in ["_tcp.web.xcc.test", "_udp.web.xcc.test"] {
         assert!(node(&set, ent).unwrap().is_empty(), "{ent}");
@@ -149,18 +147,15 @@ fn named_ports_get_srv_records_and_empty_non_terminals() {
 
 fn origin(ns: &str, n: &str, origin_ns: &str, origin_name: &str, ips: &[&str]) -> ServiceInfo {
     let mut s = svc(ns, n, None, ips);
-    s.annotations
-        .insert(ORIGIN_NAMESPACE_ANNOTATION.into(), origin_ns.into());
-    s.annotations
-        .insert(ORIGIN_NAME_ANNOTATION.into(), origin_name.into());
+    s.annotations.origin_namespace = Some(origin_ns.into());
+    s.annotations.origin_name = Some(origin_name.into());
     s
 }
 
 #[test]
 fn imports_with_an_origin_get_their_mcs_name() {
     let mut both = origin("xcc", "web-xcc-test-1", "bar", "web", &["10.0.0.1"]);
-    both.annotations
-        .insert(FQDN_ANNOTATION.into(), "web.xcc.test".into());
+    both.annotations.fqdn = Some("web.xcc.test".into());
     let set = build(
         &["xcc.test", "clusterset.local"],
         &[both, origin("xcc", "bad", "Bad_NS", "web", &["10.0.0.2"])],

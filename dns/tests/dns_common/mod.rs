@@ -4,7 +4,6 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -71,7 +70,9 @@ pub fn ip(s: &str) -> IpAddr {
 pub fn fqdn_svc(name: &str, fqdn: &str, ips: &[&str]) -> ServiceInfo {
     ServiceInfo {
         key: ServiceKey::new("ns", name),
-        annotations: BTreeMap::from([(FQDN_ANNOTATION.to_string(), fqdn.to_string())]),
+        annotations: [(FQDN_ANNOTATION.to_string(), fqdn.to_string())]
+            .into_iter()
+            .collect(),
         cluster_ips: ips.iter().map(|s| ip(s)).collect(),
         ports: Vec::new(),
     }
@@ -81,13 +82,15 @@ pub fn fqdn_svc(name: &str, fqdn: &str, ips: &[&str]) -> ServiceInfo {
 pub fn mcs_svc(origin_ns: &str, origin: &str, ips: &[&str]) -> ServiceInfo {
     ServiceInfo {
         key: ServiceKey::new("xcc", format!("{origin}-{origin_ns}")),
-        annotations: BTreeMap::from([
+        annotations: [
             (
                 ORIGIN_NAMESPACE_ANNOTATION.to_string(),
                 origin_ns.to_string(),
             ),
             (ORIGIN_NAME_ANNOTATION.to_string(), origin.to_string()),
-        ]),
+        ]
+        .into_iter()
+        .collect(),
         cluster_ips: ips.iter().map(|s| ip(s)).collect(),
         ports: vec![NamedPort {
             name: Some("http".into()),
