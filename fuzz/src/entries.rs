@@ -245,11 +245,9 @@ fn snapshot() -> &'static Snapshot {
     SNAPSHOT.get_or_init(|| {
         let services = [ServiceInfo {
             key: DnsKey::new("shop", "api"),
-            annotations: [(
-                names::FQDN_ANNOTATION.to_string(),
-                "api.xcc.test".to_string(),
-            )]
-            .into(),
+            annotations: [(names::FQDN_ANNOTATION, "api.xcc.test")]
+                .into_iter()
+                .collect(),
             cluster_ips: vec![
                 IpAddr::from([10, 0, 0, 1]),
                 "fd00::1".parse().unwrap_or(IpAddr::from([0u8; 16])),
