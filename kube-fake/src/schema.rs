@@ -104,13 +104,7 @@ fn collect_lists(s: &Value, path: &str, out: &mut Vec<(String, ListKind)>) {
                             .collect()
                     })
                     .unwrap_or_default();
-                out.push((
-                    path.to_string(),
-                    ListKind::Map {
-                        keys,
-                        smp_key: None,
-                    },
-                ));
+                out.push((path.to_string(), ListKind::Map { keys }));
             }
             Some("set") => out.push((path.to_string(), ListKind::Set)),
             _ => {}
@@ -624,7 +618,6 @@ mod tests {
                 "spec.conds".to_string(),
                 ListKind::Map {
                     keys: vec![("type".to_string(), None)],
-                    smp_key: None
                 }
             )]
         );
