@@ -57,7 +57,6 @@ pub fn istio_authorization_policies() -> ResourceSpec {
         true,
     )
     .with_status_subresource()
-    .with_short_names(&["ap"])
 }
 
 /// Every spec in this module.

@@ -1,7 +1,7 @@
 //! The resource registry: which group/version/plural the fake serves, with what scope, kind,
 //! subresources and server-side behaviour (generation policy, conditional updates, delete
-//! responses, list merge keys). Requests are resolved against it in `routes`; discovery documents
-//! are rendered from it in `discovery`; write pipelines read its [`Behavior`].
+//! responses, list merge keys). Requests are resolved against it in `routes` (there is no
+//! discovery); write pipelines read its [`Behavior`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,8 +36,6 @@ pub struct ResourceSpec {
     pub status_subresource: bool,
     /// Optional schema-like validation run on create and update (422 Invalid on failure).
     pub validator: Option<Validator>,
-    /// Short names advertised in discovery.
-    pub short_names: Vec<String>,
     /// The version's `openAPIV3Schema`: unknown fields are pruned, defaults applied, the object
     /// validated, and `x-kubernetes-list-type` lists merged by server-side apply, as for a CRD.
     pub schema: Option<Arc<Value>>,
@@ -66,11 +64,6 @@ impl ResourceSpec {
         f: impl Fn(&Value) -> Result<(), Vec<String>> + Send + Sync + 'static,
     ) -> Self {
         self.validator = Some(Arc::new(f));
-        self
-    }
-    /// Sets the discovery short names.
-    pub fn with_short_names(mut self, names: &[&str]) -> Self {
-        self.short_names = names.iter().map(|n| n.to_string()).collect();
         self
     }
     /// `group/version`, or just `version` for the core group.
@@ -102,7 +95,6 @@ impl fmt::Debug for ResourceSpec {
             .field("namespaced", &self.namespaced)
             .field("status_subresource", &self.status_subresource)
             .field("validator", &self.validator.as_ref().map(|_| "<fn>"))
-            .field("short_names", &self.short_names)
             .field("schema", &self.schema.as_ref().map(|_| "<openAPIV3Schema>"))
             .finish()
     }
@@ -266,7 +258,6 @@ struct BuiltinDef {
     plural: &'static str,
     namespaced: bool,
     status: bool,
-    short: &'static [&'static str],
 }
 
 const BUILTINS: &[BuiltinDef] = &[
@@ -277,7 +268,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "namespaces",
         namespaced: false,
         status: true,
-        short: &["ns"],
     },
     BuiltinDef {
         b: Some(Builtin::Node),
@@ -286,7 +276,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "nodes",
         namespaced: false,
         status: true,
-        short: &["no"],
     },
     BuiltinDef {
         b: Some(Builtin::Service),
@@ -295,7 +284,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "services",
         namespaced: true,
         status: true,
-        short: &["svc"],
     },
     BuiltinDef {
         b: Some(Builtin::Endpoints),
@@ -304,7 +292,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "endpoints",
         namespaced: true,
         status: false,
-        short: &["ep"],
     },
     BuiltinDef {
         b: Some(Builtin::ConfigMap),
@@ -313,7 +300,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "configmaps",
         namespaced: true,
         status: false,
-        short: &["cm"],
     },
     BuiltinDef {
         b: Some(Builtin::Event),
@@ -322,7 +308,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "events",
         namespaced: true,
         status: false,
-        short: &["ev"],
     },
     BuiltinDef {
         b: Some(Builtin::EndpointSlice),
@@ -331,7 +316,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "endpointslices",
         namespaced: true,
         status: false,
-        short: &[],
     },
     // Contour's HTTPProxy is a CRD in real clusters, so it gets custom-resource semantics.
     BuiltinDef {
@@ -341,7 +325,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "httpproxies",
         namespaced: true,
         status: true,
-        short: &["proxy", "proxies"],
     },
 ];
 
@@ -420,8 +403,7 @@ impl Registry {
             .map(|d| {
                 // Every preloaded resource is served at v1 only.
                 let version = "v1";
-                let mut spec = ResourceSpec::new(d.group, version, d.kind, d.plural, d.namespaced)
-                    .with_short_names(d.short);
+                let mut spec = ResourceSpec::new(d.group, version, d.kind, d.plural, d.namespaced);
                 spec.status_subresource = d.status;
                 let (behavior, lists) = match d.b {
                     Some(b) => (builtin_behavior(b), builtin_lists(b)),

@@ -71,7 +71,6 @@ async fn dispatch(
 ) -> Result<Response, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
-        ["healthz" | "livez" | "readyz"] => Ok((StatusCode::OK, "ok").into_response()),
         ["api", v, rest @ ..] => resource(shared, method, "", v, rest, query, headers, body).await,
         ["apis", g, v, rest @ ..] => {
             resource(shared, method, g, v, rest, query, headers, body).await

@@ -499,16 +499,6 @@ pub(crate) fn specs_from_crd(crd: &Value) -> Result<Vec<crate::ResourceSpec>, St
         "Cluster" => false,
         other => return Err(format!("unknown scope {other:?}")),
     };
-    let short: Vec<String> = spec
-        .pointer("/names/shortNames")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
     let mut out = Vec::new();
     for v in spec
         .get("versions")
@@ -529,7 +519,6 @@ pub(crate) fn specs_from_crd(crd: &Value) -> Result<Vec<crate::ResourceSpec>, St
         let status = v.pointer("/subresources/status").is_some();
         let mut rs = crate::ResourceSpec::new(&group, name, &kind, &plural, namespaced);
         rs.status_subresource = status;
-        rs.short_names = short.clone();
         rs.schema = Some(std::sync::Arc::new(schema));
         let storage = v.get("storage").and_then(Value::as_bool) == Some(true);
         if storage {

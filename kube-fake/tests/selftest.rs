@@ -93,7 +93,7 @@ async fn only_writes_that_change_state_are_counted() {
     api.patch("a", &PatchParams::default(), &merge("2"))
         .await
         .unwrap();
-    let refused = api.create(&PostParams::default(), &a).await;
+    let refused = api.create(&PostParams::default(), &cm("a", "3")).await;
     assert!(matches!(refused, Err(kube::Error::Api(s)) if s.code == 409));
     api.get("a").await.unwrap();
 
