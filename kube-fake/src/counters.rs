@@ -1,8 +1,6 @@
-//! Request accounting for tests: every request is counted per (resource, verb) when it arrives;
-//! mutating requests that actually changed stored state are counted again as writes. Resources
-//! are named `plural[.group][/status]`, e.g. `services`, `services/status`,
-//! `endpointslices.discovery.k8s.io`. Server-internal changes (garbage collection, namespace
-//! cleanup) are not requests and are not counted.
+//! Write accounting for tests: mutating requests that actually changed stored state are counted
+//! per (resource, verb). Resources are named `plural[.group][/status]`, e.g. `services`,
+//! `services/status`, `endpointslices.discovery.k8s.io`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,15 +22,6 @@ pub enum Verb {
     Patch,
     /// DELETE of one object.
     Delete,
-    /// DELETE of a collection.
-    DeleteCollection,
-}
-
-impl Verb {
-    /// Whether the verb mutates (POST/PUT/PATCH/DELETE).
-    pub fn is_mutating(self) -> bool {
-        !matches!(self, Verb::Get | Verb::List | Verb::Watch)
-    }
 }
 
 impl fmt::Display for Verb {
@@ -45,7 +34,6 @@ impl fmt::Display for Verb {
             Verb::Update => "update",
             Verb::Patch => "patch",
             Verb::Delete => "delete",
-            Verb::DeleteCollection => "deletecollection",
         })
     }
 }
@@ -61,29 +49,6 @@ impl Counts {
     /// Sum over all resources and verbs.
     pub fn total(&self) -> u64 {
         self.0.values().sum()
-    }
-    /// Count for one resource and verb (0 if none).
-    pub fn get(&self, resource: &str, verb: Verb) -> u64 {
-        self.0
-            .get(&(resource.to_string(), verb))
-            .copied()
-            .unwrap_or_default()
-    }
-    /// Sum over all verbs for one resource.
-    pub fn for_resource(&self, resource: &str) -> u64 {
-        self.0
-            .iter()
-            .filter(|((r, _), _)| r == resource)
-            .map(|(_, n)| n)
-            .sum()
-    }
-    /// Sum over all resources for one verb.
-    pub fn for_verb(&self, verb: Verb) -> u64 {
-        self.0
-            .iter()
-            .filter(|((_, v), _)| *v == verb)
-            .map(|(_, n)| n)
-            .sum()
     }
     /// All non-zero counts, ordered by resource then verb.
     pub fn iter(&self) -> impl Iterator<Item = (&str, Verb, u64)> + '_ {
@@ -101,14 +66,6 @@ impl fmt::Display for Counts {
     }
 }
 
-/// All counters kept by the server.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub reads: Counts,
-    pub requests: Counts,
-    pub writes: Counts,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -120,9 +77,6 @@ mod tests {
         c.add("services", Verb::Create);
         c.add("services/status", Verb::Update);
         assert_eq!(c.total(), 3);
-        assert_eq!(c.get("services", Verb::Create), 2);
-        assert_eq!(c.for_resource("services"), 2);
-        assert_eq!(c.for_verb(Verb::Update), 1);
         assert_eq!(
             c.to_string(),
             "create services: 2, update services/status: 1"

@@ -3,9 +3,9 @@
 //! ServiceRecord and RemoteRegistry come from the checked-in CRDs in `deploy/crds` (generated
 //! from the Rust types in `xcc-proto` and drift-tested there), so the fake enforces exactly the
 //! schemas a real cluster enforces: pruning, defaults, required fields, patterns, bounds, enums,
-//! list types. Their one CEL rule is reimplemented by [`validate_remote_registry_imports`]. The
-//! third-party resources (Cilium, Istio, Gateway API, like Contour's HTTPProxy which is
-//! preloaded) are registered without a schema: any content is accepted and kept.
+//! list types. Their one CEL rule is reimplemented by [`validate_remote_registry_imports`]. Istio's
+//! AuthorizationPolicy (like Contour's HTTPProxy, which is preloaded) is registered without a
+//! schema: any content is accepted and kept.
 
 use serde_json::Value;
 
@@ -47,19 +47,6 @@ pub fn remote_registries() -> ResourceSpec {
         .with_validator(validate_remote_registry_imports)
 }
 
-/// `cilium.io/v2` CiliumNetworkPolicy (schemaless).
-pub fn cilium_network_policies() -> ResourceSpec {
-    ResourceSpec::new(
-        "cilium.io",
-        "v2",
-        "CiliumNetworkPolicy",
-        "ciliumnetworkpolicies",
-        true,
-    )
-    .with_status_subresource()
-    .with_short_names(&["cnp", "ciliumnp"])
-}
-
 /// `security.istio.io/v1` AuthorizationPolicy (schemaless).
 pub fn istio_authorization_policies() -> ResourceSpec {
     ResourceSpec::new(
@@ -70,19 +57,6 @@ pub fn istio_authorization_policies() -> ResourceSpec {
         true,
     )
     .with_status_subresource()
-    .with_short_names(&["ap"])
-}
-
-/// `gateway.networking.k8s.io/v1` HTTPRoute (schemaless).
-pub fn gateway_http_routes() -> ResourceSpec {
-    ResourceSpec::new(
-        "gateway.networking.k8s.io",
-        "v1",
-        "HTTPRoute",
-        "httproutes",
-        true,
-    )
-    .with_status_subresource()
 }
 
 /// Every spec in this module.
@@ -90,9 +64,7 @@ pub fn all() -> Vec<ResourceSpec> {
     vec![
         service_records(),
         remote_registries(),
-        cilium_network_policies(),
         istio_authorization_policies(),
-        gateway_http_routes(),
     ]
 }
 

@@ -1,13 +1,11 @@
 //! Server-side defaulting and allocation for built-in kinds, applied to every create and update
 //! before validation: Service (type, ports, traffic policies, ClusterIP from 10.96.0.0/12 or
 //! fd00:10:96::/112, NodePorts from 30000-32767, values kept across updates), Endpoints and
-//! EndpointSlice port protocols, Pod spec/status basics, Namespace phase/finalizer/name label and
-//! Secret `stringData`. The [`Allocator`] is derived from stored Services and updated on commit.
+//! EndpointSlice port protocols, Namespace phase/finalizer/name label. The [`Allocator`] is derived from stored Services and updated on commit.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use base64::Engine as _;
 use rand::Rng as _;
 use serde_json::{Map, Value, json};
 
@@ -72,7 +70,6 @@ pub(crate) fn apply(res: &Resource, obj: &mut Value, old: Option<&Value>) -> Res
                 }
             }
         }
-        Some(Builtin::Pod) => pod(obj, old.is_none()),
         Some(Builtin::Namespace) => {
             let name = obj
                 .pointer("/metadata/name")
@@ -87,7 +84,6 @@ pub(crate) fn apply(res: &Resource, obj: &mut Value, old: Option<&Value>) -> Res
                 set_default(obj_mut(obj, "status"), "phase", "Active".into());
             }
         }
-        Some(Builtin::Secret) => secret(obj)?,
         _ => {}
     }
     Ok(())
@@ -250,93 +246,6 @@ fn patch_allocated_values(spec: &mut Map<String, Value>, ty: &str, old: &Value) 
     {
         set_default(spec, "healthCheckNodePort", h.clone());
     }
-}
-
-fn pod(obj: &mut Value, create: bool) {
-    let spec = obj_mut(obj, "spec");
-    set_default(spec, "restartPolicy", "Always".into());
-    set_default(spec, "dnsPolicy", "ClusterFirst".into());
-    set_default(spec, "schedulerName", "default-scheduler".into());
-    set_default(spec, "terminationGracePeriodSeconds", 30.into());
-    set_default(spec, "enableServiceLinks", true.into());
-    if spec.get("securityContext").is_none() {
-        spec.insert("securityContext".into(), json!({}));
-    }
-    let mut has_resources = false;
-    for list in ["containers", "initContainers"] {
-        if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
-            for c in cs.iter_mut().filter_map(Value::as_object_mut) {
-                let image = c.get("image").and_then(Value::as_str).unwrap_or_default();
-                let latest = !image.rsplit('/').next().unwrap_or_default().contains(':')
-                    || image.ends_with(":latest");
-                set_default(
-                    c,
-                    "imagePullPolicy",
-                    if latest { "Always" } else { "IfNotPresent" }.into(),
-                );
-                set_default(c, "terminationMessagePath", "/dev/termination-log".into());
-                set_default(c, "terminationMessagePolicy", "File".into());
-                if c.get("resources")
-                    .and_then(Value::as_object)
-                    .is_some_and(|r| !r.is_empty())
-                {
-                    has_resources = true;
-                } else {
-                    c.insert("resources".into(), json!({}));
-                }
-                if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
-                    for p in ports.iter_mut().filter_map(Value::as_object_mut) {
-                        set_default(p, "protocol", "TCP".into());
-                    }
-                }
-            }
-        }
-    }
-    if create {
-        let status = obj_mut(obj, "status");
-        set_default(status, "phase", "Pending".into());
-        // Simplified QoS: any resources make the pod Burstable.
-        set_default(
-            status,
-            "qosClass",
-            if has_resources {
-                "Burstable"
-            } else {
-                "BestEffort"
-            }
-            .into(),
-        );
-    }
-}
-
-fn secret(obj: &mut Value) -> Result<(), ApiError> {
-    let Some(m) = obj.as_object_mut() else {
-        return Ok(());
-    };
-    set_default(m, "type", "Opaque".into());
-    if let Some(Value::Object(data)) = m.get("data") {
-        for (k, v) in data {
-            let ok = v
-                .as_str()
-                .is_some_and(|s| base64::engine::general_purpose::STANDARD.decode(s).is_ok());
-            if !ok {
-                return Err(ApiError::bad_request(format!(
-                    "Secret in version \"v1\" cannot be handled as a Secret: illegal base64 data in data[{k:?}]"
-                )));
-            }
-        }
-    }
-    if let Some(Value::Object(sd)) = m.remove("stringData") {
-        let data = obj_mut_self(m.entry("data").or_insert(json!({})));
-        for (k, v) in sd {
-            let s = v.as_str().unwrap_or_default();
-            data.insert(
-                k,
-                base64::engine::general_purpose::STANDARD.encode(s).into(),
-            );
-        }
-    }
-    Ok(())
 }
 
 /// ClusterIP and NodePort bookkeeping over all stored Services.
@@ -634,17 +543,5 @@ mod tests {
         assert!(in_service_range("10.112.0.1".parse().unwrap()).is_err());
         assert!(in_service_range("fd00:10:96::a".parse().unwrap()).is_ok());
         assert!(in_service_range("fd00:10:97::a".parse().unwrap()).is_err());
-    }
-
-    #[test]
-    fn secret_string_data_is_folded_into_data() {
-        let mut s = json!({"stringData": {"k": "v"}, "data": {"a": "YQ=="}});
-        secret(&mut s).unwrap();
-        assert_eq!(
-            s,
-            json!({"type": "Opaque", "data": {"a": "YQ==", "k": "dg=="}})
-        );
-        let mut bad = json!({"data": {"a": "!!"}});
-        assert_eq!(secret(&mut bad).map_err(|e| e.code()), Err(400));
     }
 }

@@ -1,39 +1,23 @@
-//! An in-process fake Kubernetes API server for tests.
+//! An in-process fake Kubernetes API server, kept only for what a real API server cannot be
+//! made to do on demand in a test.
 //!
-//! [`FakeApiServer::start`] serves plain HTTP on `127.0.0.1:0`. kube-rs clients connect through
-//! [`FakeApiServer::client`]. Tests can also read and write the store directly
-//! ([`FakeApiServer::get`], [`FakeApiServer::list`], [`FakeApiServer::put_raw`]), count requests
-//! ([`FakeApiServer::requests`], [`FakeApiServer::writes`]) and expire the watch history
-//! ([`FakeApiServer::compact`]) to exercise 410 Gone recovery.
+//! Tests of API-server behaviour run against the real control plane (`xcc-testkube`). This fake
+//! remains for the few tests that need:
 //!
-//! The fake aims to be faithful wherever controllers depend on behaviour, and strict rather than
-//! lenient, because the product also runs against real apiservers:
+//! * [`FakeApiServer::compact`]: every open watch, and every resume from an older
+//!   `resourceVersion`, answered 410 Gone (reason Expired), forcing clients to relist;
+//! * [`FakeApiServer::writes`] / [`FakeApiServer::reset_counters`]: a count of the writes that
+//!   changed stored state, so a test can assert that a relist wrote nothing;
+//! * [`FakeApiServer::put_raw`]: storing a state clients cannot create (e.g. an object whose UID
+//!   changes in one step, as a relist that missed the deletion shows it);
+//! * [`FakeApiServer::register`]: a resource type that starts being served while clients run.
 //!
-//! * one global, monotonically increasing `resourceVersion` (like an etcd revision); lists carry
-//!   it; watches resume from it and answer 410 Gone (reason Expired) once it leaves the bounded
-//!   history; BOOKMARKs; `timeoutSeconds`; `sendInitialEvents`;
-//! * create/replace/patch (merge, JSON, strategic merge, server-side apply with managed fields
-//!   and conflicts)/delete with the apiserver's status codes and `metav1.Status` bodies;
-//!   optimistic concurrency (409 on a stale `resourceVersion`), CRs refuse unconditional PUTs;
-//! * no-op writes are not written: same `resourceVersion`, no watch event;
-//! * `metadata.generation` per resource strategy (custom resources, pods, EndpointSlices; not
-//!   Services or ConfigMaps); `/status` subresource isolation;
-//! * defaulting and validation of Services (ClusterIP and NodePort allocation), Endpoints,
-//!   EndpointSlices and more, metadata validation; custom resources registered from their CRD
-//!   get structural-schema pruning, defaulting and validation, plus pluggable validators;
-//! * finalizers, garbage collection through ownerReferences (Background, Foreground, Orphan),
-//!   namespace termination; namespaces must exist.
-//!
-//! Known simplifications (none of them make the fake more permissive about input a real server
-//! rejects, except where noted): no authentication or authorization; no admission webhooks; CEL
-//! rules of CRDs are not evaluated (reimplement them as validators), and resources registered
-//! without a schema keep unknown fields (more lenient);
-//! lists and continue tokens always read the latest state (no historical snapshots; an `Exact`
-//! list at an older version answers 410); `events.k8s.io` and core events are stored separately;
-//! graceful pod deletion is immediate (no kubelet); garbage collection runs synchronously after
-//! each delete; strategic merge patch and server-side apply know the list keys listed in `patch`
-//! and `resources`, not the full OpenAPI schema; no protobuf, no table output, no OpenAPI
-//! documents, no `/log`, `/exec`, `/scale` or other subresources besides `/status`.
+//! It serves plain HTTP on `127.0.0.1:0` to kube-rs clients ([`FakeApiServer::client`]) with one
+//! global `resourceVersion`, optimistic concurrency, no-op writes that are not written, the
+//! patch types and server-side apply the product uses, defaulting and validation of the built-in
+//! resources the product writes, and the checked-in XCC CRD schemas ([`crds`]). It has no
+//! authentication, admission, garbage collection, finalizers or namespace termination: deletes
+//! remove the object at once (after checking preconditions).
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -41,8 +25,8 @@ mod apply;
 mod counters;
 pub mod crds;
 mod defaults;
+mod delete;
 mod fields;
-mod gc;
 mod meta;
 mod patch;
 mod resources;
@@ -57,25 +41,20 @@ mod write;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use counters::{Counts, Verb};
-pub use resources::{ListMapKeys, RegisterError, ResourceSpec, Validator};
+pub use resources::{RegisterError, ResourceSpec, Validator};
 
 use crate::fields::Scope;
 use crate::resources::{Registry, split_api_version};
 use crate::store::{Store, key, present};
-use crate::validation::Options;
 use crate::write::WriteReq;
 
-/// Watch history kept by default: enough for any test, small enough to force 410 with a burst.
-const DEFAULT_HISTORY: usize = 10_000;
-/// Bookmark period by default (a real apiserver sends one about every minute).
-const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
+/// Watch history kept: enough for any test.
+const HISTORY: usize = 10_000;
 /// Namespaces every cluster starts with.
 const INITIAL_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "kube-node-lease"];
 
@@ -84,9 +63,6 @@ pub(crate) struct Shared {
     store: Mutex<Store>,
     /// The store's latest resourceVersion; watchers wake on change.
     changes: tokio::sync::watch::Sender<u64>,
-    /// Incremented by [`FakeApiServer::send_bookmarks`].
-    bookmarks: tokio::sync::watch::Sender<u64>,
-    bookmark_interval: Duration,
     shutdown: CancellationToken,
     addr: SocketAddr,
 }
@@ -100,63 +76,19 @@ impl Shared {
     }
 }
 
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// Binding `127.0.0.1:0` failed.
-    #[error("binding 127.0.0.1:0: {0}")]
-    Bind(#[from] std::io::Error),
-    /// A resource passed to [`Builder::resource`] was refused.
-    #[error(transparent)]
-    Register(#[from] RegisterError),
-}
-
 /// Why [`FakeApiServer::put_raw`] refused an object.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("put_raw: {0}")]
 pub struct RawWriteError(String);
 
 /// Configures a [`FakeApiServer`] before it starts.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Builder {
-    history_limit: usize,
-    bookmark_interval: Duration,
-    allow_special_endpoint_ips: bool,
     namespaces: Vec<String>,
     resources: Vec<ResourceSpec>,
 }
 
-impl Default for Builder {
-    fn default() -> Self {
-        Self {
-            history_limit: DEFAULT_HISTORY,
-            bookmark_interval: DEFAULT_BOOKMARK_INTERVAL,
-            allow_special_endpoint_ips: false,
-            namespaces: Vec::new(),
-            resources: Vec::new(),
-        }
-    }
-}
-
 impl Builder {
-    /// How many watch events are retained (at least 1). Watches and continue tokens older than
-    /// the retained history get 410 Gone.
-    pub fn history_limit(mut self, events: usize) -> Self {
-        self.history_limit = events;
-        self
-    }
-    /// How often open watches that allow bookmarks receive one.
-    pub fn bookmark_interval(mut self, every: Duration) -> Self {
-        self.bookmark_interval = every;
-        self
-    }
-    /// Accept loopback, link-local and unspecified addresses in Endpoints and EndpointSlices.
-    /// A real apiserver rejects them; enable only for loopback-only multi-process setups, and
-    /// know that the same objects will be refused by a real cluster.
-    pub fn allow_special_endpoint_ips(mut self, allow: bool) -> Self {
-        self.allow_special_endpoint_ips = allow;
-        self
-    }
     /// Creates this namespace at start (besides default, kube-system, kube-public,
     /// kube-node-lease).
     pub fn namespace(mut self, name: &str) -> Self {
@@ -172,26 +104,19 @@ impl Builder {
     /// Starts the server.
     ///
     /// # Panics
-    /// If `127.0.0.1:0` cannot be bound or a registered resource is refused (test setup errors).
+    /// If `127.0.0.1:0` cannot be bound or a resource is refused (test setup errors).
     pub async fn start(self) -> FakeApiServer {
-        match self.try_start().await {
-            Ok(s) => s,
-            Err(e) => panic!("fake API server failed to start: {e}"),
-        }
-    }
-
-    /// Starts the server, reporting setup errors.
-    pub async fn try_start(self) -> Result<FakeApiServer, StartError> {
         let mut registry = Registry::with_builtins();
         for spec in self.resources {
-            registry.register(spec)?;
+            if let Err(e) = registry.register(spec) {
+                panic!("fake API server: {e}");
+            }
         }
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?;
-        let opts = Options {
-            allow_special_endpoint_ips: self.allow_special_endpoint_ips,
+        let bound = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await;
+        let Ok((listener, addr)) = bound.and_then(|l| l.local_addr().map(|a| (l, a))) else {
+            panic!("fake API server: cannot bind 127.0.0.1:0");
         };
-        let mut store = Store::new(registry, self.history_limit, opts);
+        let mut store = Store::new(registry, HISTORY);
         for ns in INITIAL_NAMESPACES
             .iter()
             .copied()
@@ -204,8 +129,6 @@ impl Builder {
         let shared = Arc::new(Shared {
             store: Mutex::new(store),
             changes: tokio::sync::watch::Sender::new(rv),
-            bookmarks: tokio::sync::watch::Sender::new(0),
-            bookmark_interval: self.bookmark_interval,
             shutdown: CancellationToken::new(),
             addr,
         });
@@ -213,7 +136,7 @@ impl Builder {
             .fallback(routes::handle)
             .with_state(shared.clone());
         let token = shared.shutdown.clone();
-        let task = tokio::spawn(async move {
+        tokio::spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move { token.cancelled().await })
                 .await;
@@ -221,10 +144,7 @@ impl Builder {
                 tracing::error!(error = %e, "fake API server stopped");
             }
         });
-        Ok(FakeApiServer {
-            shared,
-            task: Some(task),
-        })
+        FakeApiServer { shared }
     }
 }
 
@@ -253,11 +173,9 @@ fn create_kubernetes_service(store: &mut Store) {
     }
 }
 
-/// A running fake API server. Dropping it (or [`FakeApiServer::shutdown`]) stops serving and
-/// ends every open watch.
+/// A running fake API server. Dropping it stops serving and ends every open watch.
 pub struct FakeApiServer {
     shared: Arc<Shared>,
-    task: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for FakeApiServer {
@@ -269,59 +187,27 @@ impl std::fmt::Debug for FakeApiServer {
 }
 
 impl FakeApiServer {
-    /// Starts a server with default settings.
-    ///
-    /// # Panics
-    /// If `127.0.0.1:0` cannot be bound.
-    pub async fn start() -> Self {
-        Builder::default().start().await
-    }
-
-    /// A builder for non-default settings.
+    /// A builder: namespaces and custom resources to start with.
     pub fn builder() -> Builder {
         Builder::default()
     }
 
-    /// `http://127.0.0.1:<port>`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.shared.addr)
-    }
-
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.shared.addr
-    }
-
-    /// A kube client configuration for this server (no authentication, namespace `default`).
-    pub fn kube_config(&self) -> kube::Config {
-        let uri = self.url().parse().unwrap_or_default();
-        kube::Config::new(uri)
-    }
-
-    /// A kube client talking to this server.
+    /// A kube client talking to this server (no authentication, namespace `default`).
     ///
     /// # Panics
     /// If kube cannot build a client for a plain-HTTP loopback URL (a kube/TLS setup bug).
     pub fn client(&self) -> kube::Client {
-        match kube::Client::try_from(self.kube_config()) {
+        let url = format!("http://{}", self.shared.addr);
+        let config = kube::Config::new(url.parse().unwrap_or_default());
+        match kube::Client::try_from(config) {
             Ok(c) => c,
-            Err(e) => panic!("building a kube client for {}: {e}", self.url()),
+            Err(e) => panic!("building a kube client for {url}: {e}"),
         }
     }
 
     /// Registers (or re-registers) a custom resource; served immediately.
     pub fn register(&self, spec: ResourceSpec) -> Result<(), RegisterError> {
         self.shared.lock().registry.register(spec)
-    }
-
-    /// Creates a namespace if it does not exist (as `kube-apiserver`, through validation).
-    pub fn ensure_namespace(&self, name: &str) {
-        let rv = {
-            let mut s = self.shared.lock();
-            s.ensure_namespace(name);
-            s.resource_version()
-        };
-        self.shared.notify(rv);
     }
 
     /// The stored object, as served at `api_version` (e.g. `v1`, `discovery.k8s.io/v1`).
@@ -365,11 +251,6 @@ impl FakeApiServer {
         Ok(out)
     }
 
-    /// The latest resourceVersion handed out.
-    pub fn resource_version(&self) -> u64 {
-        self.shared.lock().resource_version()
-    }
-
     /// Simulates an apiserver restart that lost its watch cache (or an etcd compaction): the
     /// history is dropped and every resourceVersion handed out so far becomes too old. Open
     /// watches receive an ERROR 410 (Expired) and end; resuming from any earlier version, or
@@ -383,41 +264,15 @@ impl FakeApiServer {
         self.shared.notify(rv);
     }
 
-    /// Sends a BOOKMARK now to every open watch that allows bookmarks.
-    pub fn send_bookmarks(&self) {
-        self.shared.bookmarks.send_modify(|n| *n += 1);
-    }
-
-    /// Mutating requests (POST/PUT/PATCH/DELETE) received, per (resource, verb), whether or not
-    /// they succeeded or changed anything.
-    pub fn requests(&self) -> Counts {
-        self.shared.lock().counters.requests.clone()
-    }
-
-    /// Mutating requests that changed stored state, per (resource, verb). A no-op update or
-    /// patch counts in [`FakeApiServer::requests`] but not here.
+    /// Mutating requests that changed stored state, per (resource, verb). A failed or no-op
+    /// request is not counted, nor is [`FakeApiServer::put_raw`].
     pub fn writes(&self) -> Counts {
-        self.shared.lock().counters.writes.clone()
+        self.shared.lock().writes.clone()
     }
 
-    /// GET, LIST and WATCH requests received, per (resource, verb).
-    pub fn reads(&self) -> Counts {
-        self.shared.lock().counters.reads.clone()
-    }
-
-    /// Zeroes all request counters.
+    /// Zeroes the write counters.
     pub fn reset_counters(&self) {
-        self.shared.lock().counters = Default::default();
-    }
-
-    /// Stops serving, ends open watches and waits for the server task.
-    pub async fn shutdown(mut self) {
-        self.shared.shutdown.cancel();
-        if let Some(task) = self.task.take()
-            && let Err(e) = task.await
-        {
-            tracing::error!(error = %e, "fake API server task failed");
-        }
+        self.shared.lock().writes = Counts::default();
     }
 }
 

@@ -69,44 +69,6 @@ pub(crate) fn set_meta(obj: &mut Value, field: &str, value: Option<Value>) {
     }
 }
 
-/// `metadata.finalizers` as strings.
-pub(crate) fn finalizers(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// `(uid, blockOwnerDeletion)` of each owner reference.
-pub(crate) fn owner_uids(obj: &Value) -> Vec<(String, bool)> {
-    obj.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .map(|refs| {
-            refs.iter()
-                .filter_map(|r| {
-                    let uid = r.get("uid").and_then(Value::as_str)?;
-                    Some((
-                        uid.to_string(),
-                        r.get("blockOwnerDeletion")
-                            .and_then(Value::as_bool)
-                            .unwrap_or(false),
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-pub(crate) fn is_deleting(obj: &Value) -> bool {
-    obj.pointer("/metadata/deletionTimestamp")
-        .is_some_and(|v| !v.is_null())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,7 @@
 //! The resource registry: which group/version/plural the fake serves, with what scope, kind,
 //! subresources and server-side behaviour (generation policy, conditional updates, delete
-//! responses, list merge keys). Requests are resolved against it in `routes`; discovery documents
-//! are rendered from it in `discovery`; write pipelines read its [`Behavior`].
+//! responses, list merge keys). Requests are resolved against it in `routes` (there is no
+//! discovery); write pipelines read its [`Behavior`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,28 +36,13 @@ pub struct ResourceSpec {
     pub status_subresource: bool,
     /// Optional schema-like validation run on create and update (422 Invalid on failure).
     pub validator: Option<Validator>,
-    /// Lists that server-side apply merges by key (`x-kubernetes-list-type: map`); every other
-    /// list of a custom resource is atomic, as in a CRD schema without list annotations.
-    pub list_map_keys: Vec<ListMapKeys>,
-    /// Short names advertised in discovery.
-    pub short_names: Vec<String>,
     /// The version's `openAPIV3Schema`: unknown fields are pruned, defaults applied, the object
     /// validated, and `x-kubernetes-list-type` lists merged by server-side apply, as for a CRD.
     pub schema: Option<Arc<Value>>,
 }
 
-/// `x-kubernetes-list-map-keys` for one list: `path` is dotted from the object root, with `[]`
-/// after a list that is itself inside a list item (`spec.rules[].ports`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ListMapKeys {
-    /// Dotted path of the list.
-    pub path: String,
-    /// Key fields of each item.
-    pub keys: Vec<String>,
-}
-
 impl ResourceSpec {
-    /// A resource without status subresource, validator or keyed lists.
+    /// A resource without status subresource, validator or schema.
     pub fn new(group: &str, version: &str, kind: &str, plural: &str, namespaced: bool) -> Self {
         Self {
             group: group.into(),
@@ -79,19 +64,6 @@ impl ResourceSpec {
         f: impl Fn(&Value) -> Result<(), Vec<String>> + Send + Sync + 'static,
     ) -> Self {
         self.validator = Some(Arc::new(f));
-        self
-    }
-    /// Declares a list that server-side apply merges by `keys`.
-    pub fn with_list_map_keys(mut self, path: &str, keys: &[&str]) -> Self {
-        self.list_map_keys.push(ListMapKeys {
-            path: path.into(),
-            keys: keys.iter().map(|k| k.to_string()).collect(),
-        });
-        self
-    }
-    /// Sets the discovery short names.
-    pub fn with_short_names(mut self, names: &[&str]) -> Self {
-        self.short_names = names.iter().map(|n| n.to_string()).collect();
         self
     }
     /// `group/version`, or just `version` for the core group.
@@ -123,8 +95,6 @@ impl fmt::Debug for ResourceSpec {
             .field("namespaced", &self.namespaced)
             .field("status_subresource", &self.status_subresource)
             .field("validator", &self.validator.as_ref().map(|_| "<fn>"))
-            .field("list_map_keys", &self.list_map_keys)
-            .field("short_names", &self.short_names)
             .field("schema", &self.schema.as_ref().map(|_| "<openAPIV3Schema>"))
             .finish()
     }
@@ -167,21 +137,17 @@ pub(crate) enum Builtin {
     Node,
     Service,
     Endpoints,
-    Pod,
     ConfigMap,
-    Secret,
-    CoreEvent,
     Event,
     EndpointSlice,
-    Lease,
 }
 
 /// When `metadata.generation` is set and bumped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GenerationPolicy {
-    /// No generation at all (Services, ConfigMaps, Endpoints, Leases, ...).
+    /// No generation at all (Services, ConfigMaps, Endpoints, ...).
     Never,
-    /// 1 on create, +1 when anything outside `metadata` changes (custom resources, pods).
+    /// 1 on create, +1 when anything outside `metadata` changes (custom resources).
     OutsideMetadata,
     /// As above, and also when labels change (EndpointSlices).
     OutsideMetadataOrLabels,
@@ -195,15 +161,11 @@ pub(crate) enum NameRule {
     Label1035,
 }
 
-/// How a list is merged by strategic merge patch and server-side apply.
+/// How a list is merged by server-side apply.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum ListKind {
-    /// Items are objects identified by `keys` (with defaults for absent key fields) for apply,
-    /// and by `smp_key` for strategic merge patch.
-    Map {
-        keys: Vec<(String, Option<Value>)>,
-        smp_key: Option<String>,
-    },
+    /// Items are objects identified by `keys` (with defaults for absent key fields).
+    Map { keys: Vec<(String, Option<Value>)> },
     /// Items are scalars forming a set (finalizers).
     Set,
 }
@@ -216,7 +178,6 @@ pub(crate) struct Behavior {
     pub allow_create_on_update: bool,
     pub return_deleted_object: bool,
     pub drop_status_on_create: bool,
-    pub strategic_merge: bool,
     pub name_rule: NameRule,
     /// Field-selector labels beyond `metadata.name` / `metadata.namespace`.
     pub field_labels: &'static [&'static str],
@@ -269,7 +230,7 @@ impl Resource {
     }
 }
 
-fn map_keys(keys: &[&str], smp: Option<&str>) -> ListKind {
+fn map_keys(keys: &[&str]) -> ListKind {
     ListKind::Map {
         keys: keys
             .iter()
@@ -280,44 +241,14 @@ fn map_keys(keys: &[&str], smp: Option<&str>) -> ListKind {
                 (k.to_string(), default)
             })
             .collect(),
-        smp_key: smp.map(str::to_string),
     }
 }
 
 fn metadata_lists() -> Vec<(String, ListKind)> {
     vec![
-        (
-            "metadata.ownerReferences".into(),
-            map_keys(&["uid"], Some("uid")),
-        ),
+        ("metadata.ownerReferences".into(), map_keys(&["uid"])),
         ("metadata.finalizers".into(), ListKind::Set),
     ]
-}
-
-fn pod_lists(prefix: &str) -> Vec<(String, ListKind)> {
-    let mut v = Vec::new();
-    for c in ["containers", "initContainers", "ephemeralContainers"] {
-        let base = format!("{prefix}{c}");
-        v.push((base.clone(), map_keys(&["name"], Some("name"))));
-        v.push((
-            format!("{base}[].ports"),
-            map_keys(&["containerPort", "protocol"], Some("containerPort")),
-        ));
-        v.push((format!("{base}[].env"), map_keys(&["name"], Some("name"))));
-        v.push((
-            format!("{base}[].volumeMounts"),
-            map_keys(&["mountPath"], Some("mountPath")),
-        ));
-    }
-    v.push((
-        format!("{prefix}volumes"),
-        map_keys(&["name"], Some("name")),
-    ));
-    v.push((
-        format!("{prefix}imagePullSecrets"),
-        map_keys(&["name"], Some("name")),
-    ));
-    v
 }
 
 struct BuiltinDef {
@@ -327,7 +258,6 @@ struct BuiltinDef {
     plural: &'static str,
     namespaced: bool,
     status: bool,
-    short: &'static [&'static str],
 }
 
 const BUILTINS: &[BuiltinDef] = &[
@@ -338,7 +268,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "namespaces",
         namespaced: false,
         status: true,
-        short: &["ns"],
     },
     BuiltinDef {
         b: Some(Builtin::Node),
@@ -347,7 +276,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "nodes",
         namespaced: false,
         status: true,
-        short: &["no"],
     },
     BuiltinDef {
         b: Some(Builtin::Service),
@@ -356,7 +284,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "services",
         namespaced: true,
         status: true,
-        short: &["svc"],
     },
     BuiltinDef {
         b: Some(Builtin::Endpoints),
@@ -365,16 +292,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "endpoints",
         namespaced: true,
         status: false,
-        short: &["ep"],
-    },
-    BuiltinDef {
-        b: Some(Builtin::Pod),
-        group: "",
-        kind: "Pod",
-        plural: "pods",
-        namespaced: true,
-        status: true,
-        short: &["po"],
     },
     BuiltinDef {
         b: Some(Builtin::ConfigMap),
@@ -383,25 +300,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "configmaps",
         namespaced: true,
         status: false,
-        short: &["cm"],
-    },
-    BuiltinDef {
-        b: Some(Builtin::Secret),
-        group: "",
-        kind: "Secret",
-        plural: "secrets",
-        namespaced: true,
-        status: false,
-        short: &[],
-    },
-    BuiltinDef {
-        b: Some(Builtin::CoreEvent),
-        group: "",
-        kind: "Event",
-        plural: "events",
-        namespaced: true,
-        status: false,
-        short: &["ev"],
     },
     BuiltinDef {
         b: Some(Builtin::Event),
@@ -410,7 +308,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "events",
         namespaced: true,
         status: false,
-        short: &["ev"],
     },
     BuiltinDef {
         b: Some(Builtin::EndpointSlice),
@@ -419,16 +316,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "endpointslices",
         namespaced: true,
         status: false,
-        short: &[],
-    },
-    BuiltinDef {
-        b: Some(Builtin::Lease),
-        group: "coordination.k8s.io",
-        kind: "Lease",
-        plural: "leases",
-        namespaced: true,
-        status: false,
-        short: &[],
     },
     // Contour's HTTPProxy is a CRD in real clusters, so it gets custom-resource semantics.
     BuiltinDef {
@@ -438,7 +325,6 @@ const BUILTINS: &[BuiltinDef] = &[
         plural: "httpproxies",
         namespaced: true,
         status: true,
-        short: &["proxy", "proxies"],
     },
 ];
 
@@ -449,7 +335,6 @@ fn builtin_behavior(b: Builtin) -> Behavior {
         allow_create_on_update: false,
         return_deleted_object: false,
         drop_status_on_create: false,
-        strategic_merge: true,
         name_rule: NameRule::Subdomain,
         field_labels: &[],
     };
@@ -467,44 +352,11 @@ fn builtin_behavior(b: Builtin) -> Behavior {
             be.field_labels = &["spec.clusterIP", "spec.type"];
         }
         Builtin::Endpoints => be.allow_create_on_update = true,
-        Builtin::Pod => {
-            // Pods carry a generation since PodObservedGenerationTracking (beta, on by default).
-            be.generation = GenerationPolicy::OutsideMetadata;
-            be.return_deleted_object = true;
-            be.drop_status_on_create = true;
-            be.field_labels = &[
-                "spec.nodeName",
-                "spec.restartPolicy",
-                "spec.schedulerName",
-                "spec.serviceAccountName",
-                "spec.hostNetwork",
-                "status.phase",
-                "status.podIP",
-                "status.nominatedNodeName",
-            ];
-        }
-        Builtin::Secret => be.field_labels = &["type"],
-        Builtin::CoreEvent => {
-            be.allow_create_on_update = true;
-            be.field_labels = &[
-                "involvedObject.kind",
-                "involvedObject.namespace",
-                "involvedObject.name",
-                "involvedObject.uid",
-                "involvedObject.apiVersion",
-                "involvedObject.resourceVersion",
-                "involvedObject.fieldPath",
-                "reason",
-                "reportingComponent",
-                "source",
-                "type",
-            ];
-        }
         Builtin::EndpointSlice => {
             be.generation = GenerationPolicy::OutsideMetadataOrLabels;
             be.field_labels = &["addressType"];
         }
-        Builtin::ConfigMap | Builtin::Event | Builtin::Lease => {}
+        Builtin::ConfigMap | Builtin::Event => {}
     }
     be
 }
@@ -517,8 +369,6 @@ fn custom_behavior() -> Behavior {
         allow_create_on_update: false,
         return_deleted_object: false,
         drop_status_on_create: true,
-        // The apiserver answers 415 to strategic merge patches on custom resources.
-        strategic_merge: false,
         name_rule: NameRule::Subdomain,
         field_labels: &[],
     }
@@ -527,29 +377,13 @@ fn custom_behavior() -> Behavior {
 fn builtin_lists(b: Builtin) -> Vec<(String, ListKind)> {
     let mut v = metadata_lists();
     match b {
-        Builtin::Pod => {
-            v.extend(pod_lists("spec."));
-            v.push((
-                "status.conditions".into(),
-                map_keys(&["type"], Some("type")),
-            ));
-        }
         Builtin::Service => {
-            // SSA keys ports by (port, protocol); strategic merge patch by port alone.
-            v.push((
-                "spec.ports".into(),
-                map_keys(&["port", "protocol"], Some("port")),
-            ));
-            v.push((
-                "status.conditions".into(),
-                map_keys(&["type"], Some("type")),
-            ));
+            // SSA keys ports by (port, protocol).
+            v.push(("spec.ports".into(), map_keys(&["port", "protocol"])));
+            v.push(("status.conditions".into(), map_keys(&["type"])));
         }
         Builtin::Node | Builtin::Namespace => {
-            v.push((
-                "status.conditions".into(),
-                map_keys(&["type"], Some("type")),
-            ));
+            v.push(("status.conditions".into(), map_keys(&["type"])));
         }
         _ => {}
     }
@@ -569,8 +403,7 @@ impl Registry {
             .map(|d| {
                 // Every preloaded resource is served at v1 only.
                 let version = "v1";
-                let mut spec = ResourceSpec::new(d.group, version, d.kind, d.plural, d.namespaced)
-                    .with_short_names(d.short);
+                let mut spec = ResourceSpec::new(d.group, version, d.kind, d.plural, d.namespaced);
                 spec.status_subresource = d.status;
                 let (behavior, lists) = match d.b {
                     Some(b) => (builtin_behavior(b), builtin_lists(b)),
@@ -639,10 +472,6 @@ impl Registry {
         if let Some(s) = &schema {
             lists.extend(s.list_kinds());
         }
-        for k in &spec.list_map_keys {
-            let keys: Vec<&str> = k.keys.iter().map(String::as_str).collect();
-            lists.push((k.path.clone(), map_keys(&keys, None)));
-        }
         let res = Arc::new(Resource {
             spec,
             builtin: None,
@@ -675,10 +504,6 @@ impl Registry {
             .iter()
             .find(|r| r.spec.group == g && r.spec.version == v && r.spec.kind == kind)
             .cloned()
-    }
-
-    pub fn all(&self) -> &[Arc<Resource>] {
-        &self.resources
     }
 }
 

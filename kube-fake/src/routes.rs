@@ -16,13 +16,13 @@ use serde_json::{Value, json};
 
 use crate::Shared;
 use crate::counters::Verb;
+use crate::delete::DeleteOpts;
 use crate::fields::Scope;
-use crate::gc::{DeleteOpts, Propagation};
 use crate::patch;
 use crate::resources::Resource;
 use crate::selector::{FieldSelector, LabelSelector};
-use crate::status::{ApiError, FieldError};
-use crate::store::{key, present, view};
+use crate::status::ApiError;
+use crate::store::{key, present};
 use crate::watch::{self, Start, WatchSpec};
 use crate::write::{Mutation, WriteReq};
 
@@ -36,43 +36,8 @@ type Query = HashMap<String, String>;
 
 fn json_response(code: u16, body: &Value) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let ct = match body.get("kind").and_then(Value::as_str) {
-        Some("PartialObjectMetadata") => PARTIAL_MIME,
-        Some("PartialObjectMetadataList") => PARTIAL_LIST_MIME,
-        _ => "application/json",
-    };
-    (status, [(header::CONTENT_TYPE, ct)], body.to_string()).into_response()
-}
-
-const PARTIAL_MIME: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
-const PARTIAL_LIST_MIME: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
-
-/// Whether the client asked for metadata only (`as=PartialObjectMetadata[List]`).
-fn wants_partial(headers: &HeaderMap) -> bool {
-    let accept = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    accept.split(',').next().is_some_and(|first| {
-        first.contains("as=PartialObjectMetadata") && first.contains("g=meta.k8s.io")
-    })
-}
-
-/// Turns an object response into metadata only, leaving Status bodies alone.
-fn partial_body(res: &Resource, body: Value) -> Value {
-    match body.get("kind").and_then(Value::as_str) {
-        Some(k) if k == res.spec.kind => view(&body, res, true),
-        Some(k) if k == format!("{}List", res.spec.kind) => {
-            let items: Vec<Value> = body
-                .get("items")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().map(|o| view(o, res, true)).collect())
-                .unwrap_or_default();
-            json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
-                   "metadata": body.get("metadata").cloned().unwrap_or(Value::Null), "items": items})
-        }
-        _ => body,
-    }
+    let ct = [(header::CONTENT_TYPE, "application/json")];
+    (status, ct, body.to_string()).into_response()
 }
 
 fn error_response(e: &ApiError) -> Response {
@@ -106,7 +71,6 @@ async fn dispatch(
 ) -> Result<Response, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
-        ["healthz" | "livez" | "readyz"] => Ok((StatusCode::OK, "ok").into_response()),
         ["api", v, rest @ ..] => resource(shared, method, "", v, rest, query, headers, body).await,
         ["apis", g, v, rest @ ..] => {
             resource(shared, method, g, v, rest, query, headers, body).await
@@ -271,35 +235,15 @@ async fn resource(
         (&Method::PUT, Some(_)) => Verb::Update,
         (&Method::PATCH, Some(_)) => Verb::Patch,
         (&Method::DELETE, Some(_)) if t.scope == Scope::Main => Verb::Delete,
-        (&Method::DELETE, None) => Verb::DeleteCollection,
         _ => return Err(ApiError::method_not_allowed()),
     };
     let counter = t.res.counter_name(t.scope == Scope::Status);
-    {
-        let mut store = shared.lock();
-        if verb.is_mutating() {
-            store.counters.requests.add(&counter, verb);
-        } else {
-            store.counters.reads.add(&counter, verb);
-        }
-    }
-    if t.res.spec.namespaced
-        && t.namespace.is_none()
-        && matches!(verb, Verb::Create | Verb::DeleteCollection)
-    {
+    if t.res.spec.namespaced && t.namespace.is_none() && verb == Verb::Create {
         return Err(ApiError::method_not_allowed());
     }
     let ns = t.namespace.clone().unwrap_or_default();
     let name = t.name.clone().unwrap_or_default();
-    let partial = wants_partial(headers);
-    let respond = |code: u16, body: Value| -> Response {
-        let body = if partial {
-            partial_body(&t.res, body)
-        } else {
-            body
-        };
-        json_response(code, &body)
-    };
+    let respond = |code: u16, body: Value| json_response(code, &body);
     match verb {
         Verb::Get => {
             let store = shared.lock();
@@ -309,36 +253,7 @@ async fn resource(
             Ok(respond(200, present(obj, &t.res)))
         }
         Verb::List => list(shared, &t, query).map(|v| respond(200, v)),
-        Verb::Watch => watch_request(shared, &t, query, partial),
-        Verb::DeleteCollection => {
-            let opts = delete_opts(query, &read_body(body).await?)?;
-            let (labels, fields) = selectors(&t.res, query)?;
-            let mut store = shared.lock();
-            let targets: Vec<(String, String, Value)> = store
-                .list(&t.res, t.namespace.as_deref())
-                .filter(|(_, o)| labels.matches(o) && fields.matches(o))
-                .map(|(k, o)| (k.2.clone(), k.3.clone(), present(o, &t.res)))
-                .collect();
-            let mut items = Vec::new();
-            let mut changed = false;
-            for (ons, oname, obj) in targets {
-                match store.delete(&t.res, &ons, &oname, &opts) {
-                    Ok((_, _, c)) => {
-                        changed |= c;
-                        items.push(obj);
-                    }
-                    Err(e) if e.code() == 404 => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            if changed {
-                store.counters.writes.add(&counter, verb);
-            }
-            let rv = store.resource_version();
-            drop(store);
-            shared.notify(rv);
-            Ok(respond(200, list_body(&t.res, rv, None, None, items)))
-        }
+        Verb::Watch => watch_request(shared, &t, query),
         _ => {
             let bytes = read_body(body).await?;
             let manager = field_manager(query)?;
@@ -361,8 +276,7 @@ async fn resource(
                         store.update(&req, Mutation::Replace(parse_object(&bytes, headers)?))
                     }
                     Verb::Patch => {
-                        let mutation =
-                            patch_mutation(&t.res, &bytes, query, headers, manager.is_some())?;
+                        let mutation = patch_mutation(&bytes, query, headers, manager.is_some())?;
                         store.update(&req, mutation)
                     }
                     Verb::Delete => {
@@ -380,7 +294,7 @@ async fn resource(
                 if let Ok(o) = &result
                     && o.changed
                 {
-                    store.counters.writes.add(&counter, verb);
+                    store.writes.add(&counter, verb);
                 }
                 result.map(|o| (o, store.resource_version()))
             };
@@ -394,7 +308,6 @@ async fn resource(
 }
 
 fn patch_mutation<'a>(
-    res: &'a Arc<Resource>,
     bytes: &'a [u8],
     query: &Query,
     headers: &HeaderMap,
@@ -419,25 +332,13 @@ fn patch_mutation<'a>(
             "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch",
         ));
     }
-    let mut accepted = vec![
-        "application/json-patch+json",
+    let accepted = [
         "application/merge-patch+json",
+        "application/apply-patch+yaml",
     ];
-    if res.behavior.strategic_merge {
-        accepted.push("application/strategic-merge-patch+json");
-    }
-    accepted.push("application/apply-patch+yaml");
     Ok(match ct {
-        "application/json-patch+json" => {
-            Mutation::Patch(Box::new(move |old| patch::json_patch(old, bytes)))
-        }
         "application/merge-patch+json" => {
             Mutation::Patch(Box::new(move |old| patch::merge_patch(old, bytes)))
-        }
-        "application/strategic-merge-patch+json" if res.behavior.strategic_merge => {
-            Mutation::Patch(Box::new(move |old| {
-                patch::strategic_merge_patch(old, bytes, res)
-            }))
         }
         "application/apply-patch+yaml" => {
             if !has_manager {
@@ -460,27 +361,6 @@ fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
         serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
     };
-    let policy = body
-        .get("propagationPolicy")
-        .and_then(Value::as_str)
-        .or(query.get("propagationPolicy").map(String::as_str));
-    let orphan = body.get("orphanDependents").and_then(Value::as_bool).or(
-        match query.get("orphanDependents").map(String::as_str) {
-            Some("true") => Some(true),
-            Some("false") => Some(false),
-            _ => None,
-        },
-    );
-    let propagation = match (policy, orphan) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::unprocessable(
-                "DeleteOptions: propagationPolicy: Invalid value: Both the OrphanDependents and PropagationPolicy fields were set, only one may be set",
-            ));
-        }
-        (Some(p), None) => Propagation::parse(p)?,
-        (None, Some(true)) => Propagation::Orphan,
-        _ => Propagation::Background,
-    };
     let pre = |f: &str| {
         body.pointer(&format!("/preconditions/{f}"))
             .and_then(Value::as_str)
@@ -491,7 +371,6 @@ fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
         .and_then(Value::as_array)
         .is_some_and(|a| a.iter().any(|v| v.as_str() == Some("All")));
     Ok(DeleteOpts {
-        propagation,
         uid: pre("uid"),
         resource_version: pre("resourceVersion"),
         dry_run: dry_body || dry_run(query)?,
@@ -639,51 +518,14 @@ fn list(shared: &Shared, t: &Target, query: &Query) -> Result<Value, ApiError> {
     Ok(list_body(&t.res, list_rv, cont, remaining, items))
 }
 
-fn watch_request(
-    shared: &Arc<Shared>,
-    t: &Target,
-    query: &Query,
-    partial: bool,
-) -> Result<Response, ApiError> {
+fn watch_request(shared: &Arc<Shared>, t: &Target, query: &Query) -> Result<Response, ApiError> {
     let (labels, fields) = selectors(&t.res, query)?;
     let rv = query
         .get("resourceVersion")
         .map(String::as_str)
         .unwrap_or_default();
-    let bookmarks = flag(query, "allowWatchBookmarks");
-    let initial = flag(query, "sendInitialEvents");
-    if initial {
-        let mut errs = Vec::new();
-        if query.get("resourceVersionMatch").map(String::as_str) != Some("NotOlderThan") {
-            errs.push(FieldError::forbidden(
-                "resourceVersionMatch",
-                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-            ));
-        }
-        if !bookmarks {
-            errs.push(FieldError::forbidden(
-                "allowWatchBookmarks",
-                "sendInitialEvents requires allowWatchBookmarks=true",
-            ));
-        }
-        if !errs.is_empty() {
-            return Err(ApiError::invalid(
-                crate::status::Subject {
-                    group: "meta.k8s.io",
-                    plural: "listoptions",
-                    kind: "ListOptions",
-                    name: "",
-                },
-                &errs,
-            ));
-        }
-    }
     let start = match rv {
         "" | "0" => Start::Current,
-        _ if initial => {
-            parse_rv(rv)?;
-            Start::Current
-        }
         rv => Start::After(parse_rv(rv)?),
     };
     let timeout = match query.get("timeoutSeconds").map(String::as_str) {
@@ -699,9 +541,6 @@ fn watch_request(
         labels,
         fields,
         start,
-        bookmarks,
-        initial_events_end: initial,
-        partial,
         timeout,
     };
     let body = watch::start(shared.clone(), spec)?;

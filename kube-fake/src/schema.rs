@@ -104,13 +104,7 @@ fn collect_lists(s: &Value, path: &str, out: &mut Vec<(String, ListKind)>) {
                             .collect()
                     })
                     .unwrap_or_default();
-                out.push((
-                    path.to_string(),
-                    ListKind::Map {
-                        keys,
-                        smp_key: None,
-                    },
-                ));
+                out.push((path.to_string(), ListKind::Map { keys }));
             }
             Some("set") => out.push((path.to_string(), ListKind::Set)),
             _ => {}
@@ -505,16 +499,6 @@ pub(crate) fn specs_from_crd(crd: &Value) -> Result<Vec<crate::ResourceSpec>, St
         "Cluster" => false,
         other => return Err(format!("unknown scope {other:?}")),
     };
-    let short: Vec<String> = spec
-        .pointer("/names/shortNames")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
     let mut out = Vec::new();
     for v in spec
         .get("versions")
@@ -535,7 +519,6 @@ pub(crate) fn specs_from_crd(crd: &Value) -> Result<Vec<crate::ResourceSpec>, St
         let status = v.pointer("/subresources/status").is_some();
         let mut rs = crate::ResourceSpec::new(&group, name, &kind, &plural, namespaced);
         rs.status_subresource = status;
-        rs.short_names = short.clone();
         rs.schema = Some(std::sync::Arc::new(schema));
         let storage = v.get("storage").and_then(Value::as_bool) == Some(true);
         if storage {
@@ -624,7 +607,6 @@ mod tests {
                 "spec.conds".to_string(),
                 ListKind::Map {
                     keys: vec![("type".to_string(), None)],
-                    smp_key: None
                 }
             )]
         );

@@ -328,21 +328,9 @@ impl ApiError {
         )
         .with_details(d)
     }
-    /// 422 without a subject, e.g. a JSON patch that cannot be applied.
+    /// 422 without a subject, e.g. invalid patch options.
     pub(crate) fn unprocessable(message: impl Into<String>) -> Self {
         Self::new(422, "Invalid", message)
-    }
-    pub(crate) fn forbidden(s: Subject<'_>, why: &str) -> Self {
-        Self::new(
-            403,
-            "Forbidden",
-            format!(
-                "{} \"{}\" is forbidden: {why}",
-                s.qualified_resource(),
-                s.name
-            ),
-        )
-        .with_details(s.details(s.plural))
     }
     pub(crate) fn method_not_allowed() -> Self {
         Self::new(

@@ -1,20 +1,18 @@
 //! The object store: every stored object keyed by (group, plural, namespace, name), one global
 //! monotonically increasing resourceVersion (like an etcd revision), a bounded history of watch
-//! events, the uid index used by garbage collection, the Service IP/port allocator and the
-//! request counters. All mutation funnels through [`Store::put`] and [`Store::take`], which bump
-//! the resourceVersion and append exactly one event; the write pipelines (`write`, `gc`) decide
-//! whether a write happens at all.
+//! events, the Service IP/port allocator and the write counters. All mutation funnels through
+//! [`Store::put`] and [`Store::take`], which bump the resourceVersion and append exactly one
+//! event; the write pipelines (`write`, `delete`) decide whether a write happens at all.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::counters::Counters;
+use crate::counters::Counts;
 use crate::defaults::Allocator;
 use crate::meta;
 use crate::resources::{Builtin, Registry, Resource};
-use crate::validation::Options;
 
 /// (group, plural, namespace or "", name). Sorting by it lists objects the way etcd keys do:
 /// by namespace, then name.
@@ -52,15 +50,13 @@ pub(crate) struct Expired {
 pub(crate) struct Store {
     pub registry: Registry,
     objects: BTreeMap<ObjKey, Arc<Value>>,
-    uids: HashMap<String, ObjKey>,
     rv: u64,
     history: VecDeque<Arc<Event>>,
     history_limit: usize,
     /// Every event with a resourceVersion above this is retained.
     compacted_through: u64,
     pub alloc: Allocator,
-    pub opts: Options,
-    pub counters: Counters,
+    pub writes: Counts,
 }
 
 pub(crate) fn key(res: &Resource, namespace: &str, name: &str) -> ObjKey {
@@ -82,33 +78,17 @@ pub(crate) fn present(obj: &Value, res: &Resource) -> Value {
     out
 }
 
-/// The object as served, or only its metadata as `meta.k8s.io/v1` PartialObjectMetadata when
-/// the client asked for that representation in `Accept`.
-pub(crate) fn view(obj: &Value, res: &Resource, partial: bool) -> Value {
-    if partial {
-        serde_json::json!({
-            "kind": "PartialObjectMetadata",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": obj.get("metadata").cloned().unwrap_or(Value::Null),
-        })
-    } else {
-        present(obj, res)
-    }
-}
-
 impl Store {
-    pub fn new(registry: Registry, history_limit: usize, opts: Options) -> Self {
+    pub fn new(registry: Registry, history_limit: usize) -> Self {
         Self {
             registry,
             objects: BTreeMap::new(),
-            uids: HashMap::new(),
             rv: 0,
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
             compacted_through: 0,
             alloc: Allocator::default(),
-            opts,
-            counters: Counters::default(),
+            writes: Counts::default(),
         }
     }
 
@@ -122,10 +102,6 @@ impl Store {
 
     pub fn get(&self, k: &ObjKey) -> Option<&Arc<Value>> {
         self.objects.get(k)
-    }
-
-    pub fn key_of_uid(&self, uid: &str) -> Option<&ObjKey> {
-        self.uids.get(uid)
     }
 
     /// Objects of one resource (all namespaces when `namespace` is `None`), in key order.
@@ -144,20 +120,6 @@ impl Store {
         self.objects
             .range(start..)
             .take_while(move |(k, _)| k.0 == g && k.1 == p && namespace.is_none_or(|ns| k.2 == ns))
-    }
-
-    /// Every stored object (for garbage collection and namespace cleanup).
-    pub fn all(&self) -> impl Iterator<Item = (&ObjKey, &Arc<Value>)> {
-        self.objects.iter()
-    }
-
-    /// The registry entry used to act on stored objects of `(group, plural)`.
-    pub fn resource_for(&self, k: &ObjKey) -> Option<Arc<Resource>> {
-        self.registry
-            .all()
-            .iter()
-            .find(|r| r.spec.group == k.0 && r.spec.plural == k.1)
-            .cloned()
     }
 
     fn push_event(&mut self, ev: Event) {
@@ -180,13 +142,6 @@ impl Store {
         }
         let obj = Arc::new(obj);
         let prev = self.objects.insert(k.clone(), obj.clone());
-        if let Some(p) = &prev {
-            self.uids.remove(meta::meta_str(p, "uid"));
-        }
-        let uid = meta::meta_str(&obj, "uid");
-        if !uid.is_empty() {
-            self.uids.insert(uid.to_string(), k.clone());
-        }
         if res.is(Builtin::Service) {
             if let Some(p) = &prev {
                 self.alloc.release(p);
@@ -214,7 +169,6 @@ impl Store {
     /// the final state to report (defaults to the stored object).
     pub fn take(&mut self, res: &Resource, k: &ObjKey, last: Option<Value>) -> Option<Arc<Value>> {
         let prev = self.objects.remove(k)?;
-        self.uids.remove(meta::meta_str(&prev, "uid"));
         if res.is(Builtin::Service) {
             self.alloc.release(&prev);
         }
@@ -270,7 +224,7 @@ mod tests {
     fn history_is_bounded_and_expires_old_versions() {
         let reg = Registry::with_builtins();
         let cm = reg.find("", "v1", "configmaps").unwrap();
-        let mut s = Store::new(reg, 2, Options::default());
+        let mut s = Store::new(reg, 2);
         for n in ["a", "b", "c"] {
             s.put(
                 &cm,
@@ -291,7 +245,6 @@ mod tests {
         assert!(s.events_since(3).unwrap().is_empty());
         let gone = s.take(&cm, &key(&cm, "ns", "a"), None).unwrap();
         assert_eq!(gone["metadata"]["resourceVersion"], "4");
-        assert!(s.key_of_uid("a").is_none());
         s.compact();
         assert_eq!(s.events_since(4).map_err(|e| e.oldest), Err(5));
         assert!(s.events_since(5).unwrap().is_empty());
@@ -302,7 +255,7 @@ mod tests {
         let reg = Registry::with_builtins();
         let cm = reg.find("", "v1", "configmaps").unwrap();
         let svc = reg.find("", "v1", "services").unwrap();
-        let mut s = Store::new(reg, 10, Options::default());
+        let mut s = Store::new(reg, 10);
         for (ns, n) in [("b", "x"), ("a", "y"), ("a", "x")] {
             s.put(&cm, key(&cm, ns, n), json!({"metadata": {"name": n}}));
         }

@@ -1,8 +1,8 @@
 //! WATCH streams: one task per watch request reads the store's event history from the requested
 //! resourceVersion, filters it by resource, namespace and selectors (an object moving out of a
 //! selector is DELETED for that watcher, moving in is ADDED), and writes newline-delimited JSON
-//! events to the response body. It wakes when the store's resourceVersion changes, sends
-//! BOOKMARKs on an interval or on demand when the client allowed them, ends with an ERROR 410
+//! events to the response body. It wakes when the store's resourceVersion changes (it sends no
+//! BOOKMARKs, which a real server may also omit), ends with an ERROR 410
 //! Gone (reason Expired) when its position falls out of the retained history, and stops at
 //! `timeoutSeconds`, client disconnect, or server shutdown.
 
@@ -18,7 +18,7 @@ use crate::Shared;
 use crate::resources::Resource;
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::status::ApiError;
-use crate::store::{Event, EventType, view};
+use crate::store::{Event, EventType, present};
 
 /// Where a watch starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,11 +36,6 @@ pub(crate) struct WatchSpec {
     pub labels: LabelSelector,
     pub fields: FieldSelector,
     pub start: Start,
-    pub bookmarks: bool,
-    /// `sendInitialEvents=true`: mark the end of the initial state with a bookmark.
-    pub initial_events_end: bool,
-    /// Send only metadata (`Accept: ...;as=PartialObjectMetadata`).
-    pub partial: bool,
     pub timeout: Duration,
 }
 
@@ -81,26 +76,7 @@ impl WatchSpec {
     }
 
     fn show(&self, obj: &Value) -> Value {
-        view(obj, &self.res, self.partial)
-    }
-
-    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
-        let mut meta = json!({"resourceVersion": rv.to_string()});
-        if initial_end {
-            meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
-        }
-        let (kind, api_version) = if self.partial {
-            (
-                "PartialObjectMetadata".to_string(),
-                "meta.k8s.io/v1".to_string(),
-            )
-        } else {
-            (self.res.spec.kind.clone(), self.res.api_version())
-        };
-        line(
-            "BOOKMARK",
-            json!({"kind": kind, "apiVersion": api_version, "metadata": meta}),
-        )
+        present(obj, &self.res)
     }
 }
 
@@ -131,23 +107,14 @@ pub(crate) fn start(shared: Arc<Shared>, spec: WatchSpec) -> Result<Body, ApiErr
         }
     };
     // Subscribe before answering, so nothing signalled after the response starts is missed.
-    let wake = Wake {
-        changes: shared.changes.subscribe(),
-        bookmarks: shared.bookmarks.subscribe(),
-    };
+    let changes = shared.changes.subscribe();
     // Small buffer: a slow reader blocks its own task, and falls behind the history if it lags.
     let (tx, rx) = mpsc::channel::<Bytes>(16);
-    tokio::spawn(run(shared, spec, tx, pos, initial, wake));
+    tokio::spawn(run(shared, spec, tx, pos, initial, changes));
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
     });
     Ok(Body::from_stream(stream))
-}
-
-/// The receivers a watch task wakes on.
-struct Wake {
-    changes: tokio::sync::watch::Receiver<u64>,
-    bookmarks: tokio::sync::watch::Receiver<u64>,
 }
 
 async fn run(
@@ -156,24 +123,15 @@ async fn run(
     tx: mpsc::Sender<Bytes>,
     mut pos: u64,
     initial: Vec<Value>,
-    wake: Wake,
+    mut changes: tokio::sync::watch::Receiver<u64>,
 ) {
-    let Wake {
-        mut changes,
-        bookmarks: mut bookmark_requests,
-    } = wake;
     for obj in initial {
         if tx.send(line("ADDED", obj)).await.is_err() {
             return;
         }
     }
-    if spec.initial_events_end && tx.send(spec.bookmark(pos, true)).await.is_err() {
-        return;
-    }
     let deadline = tokio::time::sleep(spec.timeout);
     tokio::pin!(deadline);
-    let interval = shared.bookmark_interval;
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     let cancel = shared.shutdown.clone();
     loop {
         changes.borrow_and_update();
@@ -210,16 +168,6 @@ async fn run(
             _ = tx.closed() => return,
             changed = changes.changed() => {
                 if changed.is_err() {
-                    return;
-                }
-            }
-            _ = tick.tick(), if spec.bookmarks => {
-                if tx.send(spec.bookmark(pos, false)).await.is_err() {
-                    return;
-                }
-            }
-            requested = bookmark_requests.changed(), if spec.bookmarks => {
-                if requested.is_err() || tx.send(spec.bookmark(pos, false)).await.is_err() {
                     return;
                 }
             }

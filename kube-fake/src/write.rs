@@ -2,8 +2,7 @@
 //! in the order the apiserver runs them: decode checks, preconditions (resourceVersion, uid),
 //! subresource isolation, system metadata, defaulting, validation, allocation, managed fields,
 //! generation, and finally the no-op check — an update that changes nothing is not written, keeps
-//! its resourceVersion and emits no watch event. A write that removes the last finalizer of an
-//! object being deleted removes the object.
+//! its resourceVersion and emits no watch event.
 
 use std::sync::Arc;
 
@@ -37,7 +36,7 @@ pub(crate) type PatchFn<'a> = Box<dyn FnOnce(&Value) -> Result<Value, ApiError> 
 pub(crate) enum Mutation<'a> {
     /// PUT: the body is the new object.
     Replace(Value),
-    /// Merge, JSON or strategic merge patch applied to the current object.
+    /// Merge patch applied to the current object.
     Patch(PatchFn<'a>),
     /// Server-side apply.
     Apply { cfg: Value, force: bool },
@@ -137,7 +136,7 @@ impl Store {
         old: Option<&Value>,
         scope: Scope,
     ) -> Vec<FieldError> {
-        let mut errs = validation::validate(res, obj, old, self.opts);
+        let mut errs = validation::validate(res, obj, old);
         if res.is(Builtin::Service) {
             if scope == Scope::Status {
                 errs.extend(validation::validate_service_status(obj));
@@ -197,18 +196,8 @@ impl Store {
                 .registry
                 .find("", "v1", "namespaces")
                 .ok_or_else(|| ApiError::internal("no namespaces"))?;
-            match self.get(&key(&ns_res, "", req.namespace)) {
-                None => return Err(ApiError::not_found(ns_res.subject(req.namespace))),
-                Some(ns) if meta::is_deleting(ns) => {
-                    return Err(ApiError::forbidden(
-                        res.subject(&name),
-                        &format!(
-                            "unable to create new content in namespace {} because it is being terminated",
-                            req.namespace
-                        ),
-                    ));
-                }
-                Some(_) => {}
+            if self.get(&key(&ns_res, "", req.namespace)).is_none() {
+                return Err(ApiError::not_found(ns_res.subject(req.namespace)));
             }
         }
         let now = meta::now();
@@ -405,18 +394,6 @@ impl Store {
             );
         }
         set_meta(&mut new, "selfLink", None);
-        if meta::is_deleting(&old) {
-            let before = meta::finalizers(&old);
-            if meta::finalizers(&new).iter().any(|f| !before.contains(f)) {
-                return Err(ApiError::invalid(
-                    res.subject(req.name),
-                    &[FieldError::forbidden(
-                        "metadata.finalizers",
-                        "no new finalizers can be added if the object is being deleted",
-                    )],
-                ));
-            }
-        }
         if let Some(schema) = &res.schema {
             schema.prune(&mut new);
             schema.apply_defaults(&mut new);
@@ -441,25 +418,6 @@ impl Store {
                 code: 200,
                 body: old,
                 changed: false,
-            });
-        }
-        if meta::is_deleting(&new) && meta::finalizers(&new).is_empty() {
-            if req.dry_run {
-                return Ok(Outcome {
-                    code: 200,
-                    body: new,
-                    changed: false,
-                });
-            }
-            let gone = self
-                .take(res, &k, Some(new))
-                .map(|v| present(&v, res))
-                .unwrap_or(Value::Null);
-            self.gc_sweep();
-            return Ok(Outcome {
-                code: 200,
-                body: gone,
-                changed: true,
             });
         }
         if req.dry_run {

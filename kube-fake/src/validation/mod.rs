@@ -1,10 +1,9 @@
 //! Validation a real apiserver performs and controllers can trip on: object metadata (names,
 //! labels, annotations, owner references, finalizers) for every resource, the built-in specs the
-//! fake knows (Service, Endpoints, EndpointSlice, Lease, Pod, ConfigMap, events.k8s.io Event),
+//! fake knows (Service, Endpoints, EndpointSlice, ConfigMap, events.k8s.io Event),
 //! and the pluggable custom resource validator. Objects arrive here after defaulting; the result
 //! is a list of [`FieldError`]s that the write pipeline turns into a 422 Invalid.
 
-use std::collections::HashSet;
 use std::net::IpAddr;
 
 use serde_json::Value;
@@ -193,12 +192,6 @@ pub(crate) fn validate_label_map(map: Option<&Value>, path: &str, errs: &mut Vec
     }
 }
 
-/// Options that relax validation for loopback-only test setups.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Options {
-    pub allow_special_endpoint_ips: bool,
-}
-
 pub(crate) fn non_special_ip(ip: IpAddr, field: &str, raw: &str, errs: &mut Vec<FieldError>) {
     if ip.is_unspecified() {
         errs.push(FieldError::invalid(
@@ -239,22 +232,14 @@ pub(crate) fn non_special_ip(ip: IpAddr, field: &str, raw: &str, errs: &mut Vec<
 }
 
 /// Validates metadata and the resource-specific shape of `obj`; `old` is set for updates.
-pub(crate) fn validate(
-    res: &Resource,
-    obj: &Value,
-    old: Option<&Value>,
-    opts: Options,
-) -> Vec<FieldError> {
+pub(crate) fn validate(res: &Resource, obj: &Value, old: Option<&Value>) -> Vec<FieldError> {
     let mut errs = Vec::new();
     validate_meta(res, obj, &mut errs);
     match res.builtin {
         Some(Builtin::Service) => network::validate_service(obj, &mut errs),
-        Some(Builtin::Endpoints) => network::validate_endpoints(obj, opts, &mut errs),
-        Some(Builtin::EndpointSlice) => network::validate_endpoint_slice(obj, old, opts, &mut errs),
-        Some(Builtin::Lease) => validate_lease(obj, &mut errs),
-        Some(Builtin::Pod) => validate_pod(obj, &mut errs),
+        Some(Builtin::Endpoints) => network::validate_endpoints(obj, &mut errs),
+        Some(Builtin::EndpointSlice) => network::validate_endpoint_slice(obj, old, &mut errs),
         Some(Builtin::ConfigMap) => validate_config_map(obj, &mut errs),
-        Some(Builtin::Secret) => validate_data_keys(obj, "data", &mut errs),
         Some(Builtin::Event) if old.is_none() => validate_event(obj, &mut errs),
         _ => {}
     }
@@ -370,68 +355,6 @@ fn validate_meta(res: &Resource, obj: &Value, errs: &mut Vec<FieldError>) {
                 &path,
                 f,
                 "name is neither a standard finalizer name nor is it fully qualified",
-            ));
-        }
-    }
-}
-
-fn validate_lease(obj: &Value, errs: &mut Vec<FieldError>) {
-    if let Some(d) = obj
-        .pointer("/spec/leaseDurationSeconds")
-        .and_then(Value::as_i64)
-        && d <= 0
-    {
-        errs.push(FieldError::invalid(
-            "spec.leaseDurationSeconds",
-            d,
-            "must be greater than 0",
-        ));
-    }
-    if let Some(t) = obj
-        .pointer("/spec/leaseTransitions")
-        .and_then(Value::as_i64)
-        && t < 0
-    {
-        errs.push(FieldError::invalid(
-            "spec.leaseTransitions",
-            t,
-            "must be greater than or equal to 0",
-        ));
-    }
-}
-
-fn validate_pod(obj: &Value, errs: &mut Vec<FieldError>) {
-    let containers = arr(obj, "/spec/containers");
-    if containers.is_empty() {
-        errs.push(FieldError::required("spec.containers", ""));
-    }
-    let mut names = HashSet::new();
-    for (i, c) in containers.iter().enumerate() {
-        let name = str_at(c, "/name");
-        if name.is_empty() {
-            errs.push(FieldError::required(
-                format!("spec.containers[{i}].name"),
-                "",
-            ));
-        } else {
-            for m in dns1123_label_errors(name) {
-                errs.push(FieldError::invalid(
-                    format!("spec.containers[{i}].name"),
-                    name,
-                    m,
-                ));
-            }
-            if !names.insert(name) {
-                errs.push(FieldError::duplicate(
-                    format!("spec.containers[{i}].name"),
-                    name,
-                ));
-            }
-        }
-        if str_at(c, "/image").is_empty() {
-            errs.push(FieldError::required(
-                format!("spec.containers[{i}].image"),
-                "",
             ));
         }
     }

@@ -8,8 +8,8 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use super::{
-    Options, PORT_RANGE_MSG, PROTOCOLS, arr, dns1123_label_errors, dns1123_subdomain_errors,
-    non_special_ip, port_name_errors, qualified_name_errors, str_at, validate_label_map,
+    PORT_RANGE_MSG, PROTOCOLS, arr, dns1123_label_errors, dns1123_subdomain_errors, non_special_ip,
+    port_name_errors, qualified_name_errors, str_at, validate_label_map,
 };
 use crate::status::FieldError;
 
@@ -220,7 +220,7 @@ pub(crate) fn validate_service_status(obj: &Value) -> Vec<FieldError> {
     errs
 }
 
-pub(crate) fn validate_endpoints(obj: &Value, opts: Options, errs: &mut Vec<FieldError>) {
+pub(crate) fn validate_endpoints(obj: &Value, errs: &mut Vec<FieldError>) {
     for (i, ss) in arr(obj, "/subsets").iter().enumerate() {
         let base = format!("subsets[{i}]");
         let ready = arr(ss, "/addresses");
@@ -236,10 +236,7 @@ pub(crate) fn validate_endpoints(obj: &Value, opts: Options, errs: &mut Vec<Fiel
                 let field = format!("{base}.{list}[{j}].ip");
                 let ip = str_at(a, "/ip");
                 match ip.parse::<IpAddr>() {
-                    Ok(parsed) if !opts.allow_special_endpoint_ips => {
-                        non_special_ip(parsed, &field, ip, errs)
-                    }
-                    Ok(_) => {}
+                    Ok(parsed) => non_special_ip(parsed, &field, ip, errs),
                     Err(_) => errs.push(FieldError::invalid(
                         field,
                         ip,
@@ -305,7 +302,6 @@ const MAX_SLICE_PORTS: usize = 100;
 pub(crate) fn validate_endpoint_slice(
     obj: &Value,
     old: Option<&Value>,
-    opts: Options,
     errs: &mut Vec<FieldError>,
 ) {
     let at = str_at(obj, "/addressType");
@@ -356,10 +352,7 @@ pub(crate) fn validate_endpoint_slice(
                         .ok()
                         .filter(|ip| ip.is_ipv4() == (at == "IPv4"));
                     match parsed {
-                        Some(ip) if !opts.allow_special_endpoint_ips => {
-                            non_special_ip(ip, &field, a, errs)
-                        }
-                        Some(_) => {}
+                        Some(ip) => non_special_ip(ip, &field, a, errs),
                         None => errs.push(FieldError::invalid(
                             field,
                             a,
