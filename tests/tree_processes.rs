@@ -153,17 +153,23 @@ fn file_configured_tree_grants_and_revokes_across_processes() {
     let b1 = start("b1", root_dir, b1_addr, b1_admin, &[]);
     b1.wait_log("parent link established");
 
-    // The grant reaches b2, which writes the AuthorizationPolicy for the caller.
-    b2.wait_log("route grant recorded");
-    let grants: Vec<PathBuf> = std::fs::read_dir(root_dir.join("b2/state/grants"))
-        .expect("grants dir")
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(grants.len(), 1, "{grants:?}");
-    let policy = std::fs::read_to_string(&grants[0]).expect("read");
-    assert!(policy.contains("kind: AuthorizationPolicy"), "{policy}");
-    assert!(policy.contains("cluster.local/ns/b1/sa/web"), "{policy}");
+    // The grant reaches b2. The import asks as the cluster, without a workload identity, so
+    // there is no principal to admit: b2 records the grant and writes no AuthorizationPolicy.
+    let refused = b2.wait_log("cannot apply the objects of a grant");
+    assert!(
+        refused
+            .contains("b1/web asked without a workload identity: there is no principal to admit"),
+        "{refused}"
+    );
+    let line = b2.wait_log("route grant recorded");
+    assert!(line.contains("revoked=false"), "{line}");
+    assert_eq!(
+        std::fs::read_dir(root_dir.join("b2/state/grants"))
+            .expect("grants dir")
+            .count(),
+        0,
+        "no policy without a workload identity"
+    );
 
     // b1 materialised the import as an XCC-shaped ServiceRecord, and its admin API says so.
     let import_file = root_dir.join("b1/state/imports/parent.yaml");
@@ -243,7 +249,7 @@ fn file_configured_tree_grants_and_revokes_across_processes() {
             .expect("dir")
             .count(),
         0,
-        "policy removed"
+        "still no policy"
     );
     assert!(
         !std::fs::read_to_string(&import_file)
