@@ -491,6 +491,17 @@ impl Registry {
         Ok(())
     }
 
+    /// The resources served at `group`/`version`.
+    pub fn served<'a>(
+        &'a self,
+        group: &'a str,
+        version: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Resource>> + 'a {
+        self.resources
+            .iter()
+            .filter(move |r| r.spec.group == group && r.spec.version == version)
+    }
+
     pub fn find(&self, group: &str, version: &str, plural: &str) -> Option<Arc<Resource>> {
         self.resources
             .iter()

@@ -71,12 +71,50 @@ async fn dispatch(
 ) -> Result<Response, ApiError> {
     let segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     match segs.as_slice() {
+        ["api", v] if method == Method::GET => resource_list(shared, "", v),
+        ["apis", g, v] if method == Method::GET => resource_list(shared, g, v),
         ["api", v, rest @ ..] => resource(shared, method, "", v, rest, query, headers, body).await,
         ["apis", g, v, rest @ ..] => {
             resource(shared, method, g, v, rest, query, headers, body).await
         }
         _ => Err(ApiError::no_route()),
     }
+}
+
+/// The `APIResourceList` of one group/version (404 when nothing is served there): the one
+/// discovery document the product reads — the publisher asks whether `projectcontour.io/v1`
+/// serves `httpproxies` before it watches them.
+fn resource_list(shared: &Shared, group: &str, version: &str) -> Result<Response, ApiError> {
+    let reg = shared.lock().registry.clone();
+    let resources: Vec<Value> = reg
+        .served(group, version)
+        .map(|r| {
+            json!({
+                "name": r.spec.plural,
+                "singularName": r.spec.kind.to_ascii_lowercase(),
+                "namespaced": r.spec.namespaced,
+                "kind": r.spec.kind,
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+            })
+        })
+        .collect();
+    if resources.is_empty() {
+        return Err(ApiError::no_route());
+    }
+    let group_version = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Ok(json_response(
+        200,
+        &json!({
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": group_version,
+            "resources": resources,
+        }),
+    ))
 }
 
 /// A resolved resource URL.
