@@ -396,10 +396,13 @@ async fn sb_cases_through_the_running_controller() {
             eps(&["10.0.0.1", "10.0.0.2"], 443),
         ))
         .await;
+    // The group's Service, EndpointSlices and Endpoints are written at once: wait for all three.
     env.wait_for("SB-01 Endpoints", async |e| {
         e.endpoints(SVC)
             .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2"])
+            && e.service(SVC).await.is_some()
+            && e.slices(SVC).await.len() == 1
     })
     .await;
     let svc = env.service(SVC).await.unwrap();
@@ -492,7 +495,10 @@ async fn sb_cases_through_the_running_controller() {
         e.endpoints(SVC).await.is_some_and(|ep| {
             endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
                 && sorted(owner_uids(&ep)) == both
-        })
+        }) && e
+            .service(SVC)
+            .await
+            .is_some_and(|s| sorted(owner_uids(&s)) == both)
     })
     .await;
     let svc = env.service(SVC).await.unwrap();
@@ -560,6 +566,7 @@ async fn sb_cases_through_the_running_controller() {
         e.endpoints(&long_name)
             .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.3"])
+            && e.service(&long_name).await.is_some()
     })
     .await;
     assert_eq!(
@@ -572,7 +579,10 @@ async fn sb_cases_through_the_running_controller() {
     env.wait_for("SB-08", async |e| {
         e.endpoints(SVC).await.is_some_and(|ep| {
             endpoint_ips(&ep) == ["10.0.0.3", "10.0.0.4"] && owner_uids(&ep) == [uid(&r2)]
-        })
+        }) && e
+            .service(SVC)
+            .await
+            .is_some_and(|s| owner_uids(&s) == [uid(&r2)])
     })
     .await;
     let svc = env.service(SVC).await.unwrap();
