@@ -8,10 +8,10 @@
 //! cost no write (from the API server's audit log), objects we do not own are left alone, and
 //! the last wish wins.
 //!
-//! On the in-process fake, because the real server cannot do it on demand without disturbing
-//! the tests sharing it: a resource type that is not served and becomes served (the shared
-//! control plane has the CRDs installed for every other test here), and a watch answered
-//! `410 Gone` after compaction (Cedar policies from a ConfigMap).
+//! A resource type that is not served and becomes served runs on a control plane of its own (the
+//! shared one serves the Istio API for the other tests). Only a watch answered `410 Gone` after
+//! compaction (Cedar policies from a ConfigMap) runs on the in-process fake: the real server
+//! compacts on its own schedule, not on demand.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -627,50 +627,30 @@ async fn apply_then_remove_ends_removed_and_the_last_wish_wins() {
     cancel.cancel();
 }
 
-// ----- on the in-process fake -----
-
 const NS: &str = "shop";
-const AP: &str = "authorizationpolicies";
 
-async fn server(with_istio: bool) -> FakeApiServer {
-    let mut b = FakeApiServer::builder().namespace(NS).namespace("xcc");
-    for spec in crds::all() {
-        if with_istio || spec.plural != AP {
-            b = b.resource(spec);
-        }
-    }
-    b.start().await
-}
-
+/// A resource type that is not served is retried until it is — on a control plane of its own,
+/// since the shared one serves the Istio API for the other tests: the grant is reported and
+/// retried with backoff while `security.istio.io/v1` is not served, recorded on the exported
+/// record meanwhile, and applied once the upstream CRD is installed.
 #[tokio::test]
 async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
-    let server = server(false).await;
-    let exported = ExportedService {
-        selector: Some("app=api".into()),
-        ..Default::default()
+    let Some(cp) = ControlPlane::start("a_resource_type_that_is_not_served_is_retried_until_it_is")
+    else {
+        return;
     };
-    let r = OwnerRoute {
-        target_service: "api".into(),
-        ..route(NS, "b1", &exported)
-    };
-    let records: Api<ServiceRecord> = Api::namespaced(server.client(), NS);
-    let sr: ServiceRecord = serde_json::from_value(json!({
-        "apiVersion": SR_API, "kind": "ServiceRecord",
-        "metadata": {"name": "api", "namespace": NS, "labels": {EXPORT_LABEL: ""}},
-        "spec": {"fqdn": "api.shop.xcc.test", "endpoints": [{"address": "10.0.0.1", "port": 443}]},
-    }))
-    .unwrap();
-    records.create(&PostParams::default(), &sr).await.unwrap();
-    let status_grants = || {
-        server
-            .get(SR_API, "servicerecords", Some(NS), "api")
-            .unwrap()["status"]["grants"]
-            .clone()
-    };
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+    let ns = cp.namespace("grants").await;
+    let id = cp
+        .identity(&ns, "overlays/grants-istio", "xcc-registry")
+        .await;
+    let admin = cp.client().await;
+    let exported = exported_record(&admin, &ns).await;
+    let r = route(&ns, "b1", &exported);
     let cancel = CancellationToken::new();
     let store_errors = Counter::default();
     let g = KubeGrants::spawn_with(
-        server.client(),
+        id.client().await,
         config(GrantMode::Istio),
         Backoff {
             min: Duration::from_millis(20),
@@ -685,7 +665,7 @@ async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
         !p.errors.is_empty()
     })
     .await;
-    let error = p.errors.get(&format!("{NS}/api <- b1/web")).unwrap();
+    let error = p.errors.get(&format!("{ns}/{RECORD} <- b1/web")).unwrap();
     assert!(
         error.starts_with(
             "resource authorizationpolicies.security.istio.io (security.istio.io/v1) is not served"
@@ -703,15 +683,24 @@ async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
             >= 2
     );
     // The grant itself is recorded on the record meanwhile.
-    assert_eq!(status_grants()[0]["callerCluster"], "b1");
+    let retry = Retry::new("the caller in status.grants");
+    while status_grants(&admin, &ns).await[0]["callerCluster"] != "b1" {
+        retry.tick().await;
+    }
 
-    server
-        .register(crds::istio_authorization_policies())
-        .unwrap();
+    let istio = xcc_testkube::upstream_crds().join("security.istio.io_authorizationpolicies.yaml");
+    cp.apply(&xcc_testkube::yaml_docs(
+        &std::fs::read_to_string(istio).unwrap(),
+    ))
+    .await;
     let p = until(&mut rx, "the grant to be applied", |p| p.pending == 0).await;
     assert_eq!(p, Progress::default());
-    let object_name = policy_object_name("allow-to-", &[NS, "api", "b1", "web"]);
-    assert!(server.get(ISTIO, AP, Some(NS), &object_name).is_some());
+    assert!(
+        get(&aps(&admin, &ns), &name("allow-to-", &ns, "b1"))
+            .await
+            .is_some()
+    );
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
     cancel.cancel();
 }
 
@@ -911,10 +900,20 @@ async fn a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ig
     cancel.cancel();
 }
 
+// ----- on the in-process fake -----
+
+async fn server() -> FakeApiServer {
+    let mut b = FakeApiServer::builder().namespace(NS).namespace("xcc");
+    for spec in crds::all() {
+        b = b.resource(spec);
+    }
+    b.start().await
+}
+
 /// On the fake: the real server compacts on its own schedule, not on demand.
 #[tokio::test]
 async fn the_policy_watch_survives_410_gone() {
-    let server = server(false).await;
+    let server = server().await;
     let client = server.client();
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), "xcc");
     let handle: Handle = Arc::new(RwLock::new(Arc::new(Policies::default_set())));
