@@ -160,6 +160,15 @@ async fn run(args: Args) {
         latencies.push(started.elapsed());
     }
     drop(slices);
+    // The slowest samples with their position: a slow first sample is warm-up (first
+    // connection, first reconcile), a slow later one is not.
+    let mut slowest: Vec<(usize, Duration)> = latencies.iter().copied().enumerate().collect();
+    slowest.sort_by(|x, y| y.1.cmp(&x.1));
+    let slowest: Vec<String> = slowest
+        .iter()
+        .take(3)
+        .map(|(i, d)| format!("#{i} {} ms", ms(*d)))
+        .collect();
     latencies.sort();
 
     // 2. Many at once.
@@ -244,6 +253,7 @@ async fn run(args: Args) {
         ms(percentile(&latencies, 99.0)),
         ms(latencies.last().copied().unwrap_or_default())
     );
+    println!("slowest samples: {}", slowest.join(", "));
     println!(
         "== bulk: {} exports applied in {} ms; all {} Services present in B after {} ms, with their Endpoints and Events after {} ms",
         args.records,
