@@ -31,6 +31,10 @@ pub const CONDITION_CONNECTED: &str = "Connected";
 pub const CONDITION_SYNCED: &str = "Synced";
 /// Condition type on a ServiceRecord: the binder materialised it without a conflict.
 pub const CONDITION_CONFLICT: &str = "Conflict";
+/// Condition type on an exported ServiceRecord: `False` while the registry's parent refuses its
+/// announcement (reason: the failed check; message: why, and the Cedar policy ids), `True` once
+/// a refusal no longer stands. Absent on records that were never refused.
+pub const CONDITION_ANNOUNCED: &str = "Announced";
 
 /// Label the binder and publisher put on objects they manage (value: the component name).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

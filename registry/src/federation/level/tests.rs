@@ -453,6 +453,88 @@ fn the_child_stores_what_its_parent_refused() {
     assert_eq!(b.rejections()[0].1, r);
 }
 
+/// A refusal stands across a reconnect: it goes only when the parent, having applied the new
+/// session's snapshot (its confirmation), did not repeat it.
+#[test]
+fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
+    let b = level("b");
+    let refusal = |name: &str| {
+        Refusal::new("announce", tonic::Code::PermissionDenied, "forbidden")
+            .with_policies(vec!["no-shop".into()])
+            .to_rejection("announcement", "b", "shop", name, "", "root")
+    };
+    let from_parent = |p: fed::parent_message::Payload| {
+        b.on_parent_message(fed::ParentMessage { payload: Some(p) })
+            .expect("ok")
+    };
+    let refused = || -> Vec<String> { b.rejections().into_iter().map(|(_, r)| r.name).collect() };
+    let (up, _rx) = Uplink::new(16);
+    b.begin_upward(up);
+    from_parent(fed::parent_message::Payload::Rejection(refusal("api")));
+    from_parent(fed::parent_message::Payload::Rejection(refusal("cart")));
+    assert!(!b.refusals_confirmed());
+    from_parent(fed::parent_message::Payload::SnapshotComplete(
+        fed::SnapshotComplete { generation: 3 },
+    ));
+    assert!(b.refusals_confirmed());
+    assert_eq!(refused(), ["api", "cart"]);
+    // A new session: both still stand while the snapshot is sent again.
+    let (up, _rx) = Uplink::new(16);
+    b.begin_upward(up);
+    assert!(!b.refusals_confirmed());
+    assert_eq!(refused(), ["api", "cart"]);
+    from_parent(fed::parent_message::Payload::Rejection(refusal("cart")));
+    from_parent(fed::parent_message::Payload::SnapshotComplete(
+        fed::SnapshotComplete { generation: 9 },
+    ));
+    assert_eq!(refused(), ["cart"], "api was accepted this time");
+    assert_eq!(b.refusal_of("shop", "cart"), Some(refusal("cart")));
+}
+
+/// The parent confirms a child's snapshot once applied; an announcement a policy refused makes
+/// the next policy change ask the child to reconnect, so it is decided again.
+#[test]
+fn a_policy_refusal_is_decided_again_when_policies_change() {
+    let root = level("root");
+    let (tx, mut rx) = session_channel();
+    root.attach_child("c3", "a".into(), &membership(&["c3"]), tx.clone())
+        .expect("attach");
+    drain(&mut rx);
+    let zoned = fed::ServiceAnnouncement {
+        cluster: "c3".into(),
+        fqdn: "api.bank.example".into(),
+        ..api_announcement()
+    };
+    let refusal = root
+        .child_announcement("c3", &zoned)
+        .expect_err("no announce permit for the zone");
+    assert_eq!(refusal.check, "announce");
+    let announced = root.track_announcements();
+    root.child_snapshot_complete("c3", &announced);
+    root.confirm_snapshot("c3", fed::SnapshotComplete { generation: 4 });
+    assert_eq!(
+        drain(&mut rx),
+        [fed::parent_message::Payload::SnapshotComplete(
+            fed::SnapshotComplete { generation: 4 }
+        )]
+    );
+    root.policies_changed();
+    let items: Vec<Down> = futures::executor::block_on(futures::StreamExt::collect(tx.stream(rx)));
+    let last = items
+        .last()
+        .expect("an item")
+        .as_ref()
+        .expect_err("a status");
+    assert_eq!(last.code(), tonic::Code::Unavailable);
+    // A child without such a refusal is left alone.
+    let (tx, rx) = session_channel();
+    root.attach_child("c4", "b".into(), &membership(&["c4"]), tx.clone())
+        .expect("attach");
+    root.policies_changed();
+    assert!(!tx.end.is_cancelled());
+    drop(rx);
+}
+
 /// A carry permit added later takes effect from what the child declared; the child is asked to
 /// reconnect so it announces the newly carried clusters again. Removing it shrinks the subtree.
 #[test]
