@@ -457,9 +457,9 @@ pub struct ImportStatus {
     /// The requesting workload, as in the import.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requester_service: Option<String>,
-    /// `Granted`, `Denied`, `NotFound`, `Unavailable`, `Revoked` or `Pending`.
+    /// `Granted`, `Denied`, `NotFound`, `Unavailable`, `Revoked`, `Pending` or `Refused`.
     pub state: String,
-    /// Why (`Denied`: `NotAllowedByCallee`, `NotRequested` or `PolicyDenied`).
+    /// Why (`Denied`: `NotAllowedByCallee`, `NotRequested` or `PolicyDenied`; `Refused`: the failed check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Human-readable detail (the deciding Cedar policies for `PolicyDenied`).

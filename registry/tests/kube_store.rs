@@ -1358,7 +1358,7 @@ async fn parent_rr_hierarchy_imports_become_imported_records() {
     api_entry.allowed_requesters = vec!["west/web".into()];
     owner.catalog.upsert(api_entry);
 
-    let (west, wc) = lab.west(&pki).await;
+    let (west, _wc) = lab.west(&pki).await;
     let mut body = rr_body("hier", &lab.ns, &root.hamlet_addr.to_string(), None);
     body["spec"]["role"] = json!("Parent");
     body["spec"]["imports"] =

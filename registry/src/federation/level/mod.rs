@@ -261,7 +261,24 @@ const KEEP_REPORTS: usize = 256;
 /// bound on what a parent can make us store. Past it a refusal is logged (and counted) only.
 const KEEP_REFUSED: usize = 65_536;
 
+/// A refused entry: kind, cluster, namespace and name (a question by FQDN: its FQDN as name).
 type RefusedKey = (String, String, String, String);
+
+/// [`fed::Rejection::kind`] of a refused question.
+pub const QUERY_KIND: &str = "query";
+
+fn refused_key(kind: &str, cluster: &str, namespace: &str, name: &str, fqdn: &str) -> RefusedKey {
+    let name = match kind == QUERY_KIND && namespace.is_empty() && name.is_empty() {
+        true => fqdn,
+        false => name,
+    };
+    (
+        kind.to_string(),
+        cluster.to_string(),
+        namespace.to_string(),
+        name.to_string(),
+    )
+}
 
 /// A refused claim on a name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1078,9 +1095,15 @@ impl Level {
         let mut st = self.lock();
         self.send_up(Some(up.clone()), self.membership_locked(&st));
         st.parent_tx = Some(up);
-        // Earlier refusals stand until the parent confirms this session's snapshot without
-        // repeating them.
-        st.refused_before = st.refused.keys().cloned().collect();
+        // Earlier refusals of what the snapshot holds stand until the parent confirms it
+        // without repeating them; a refused question stands until it is answered (it is asked
+        // again after the snapshot).
+        st.refused_before = st
+            .refused
+            .keys()
+            .filter(|k| k.0 != QUERY_KIND)
+            .cloned()
+            .collect();
         st.refusals_confirmed = false;
         let queries = st
             .subs
@@ -1183,12 +1206,7 @@ impl Level {
             }
             Some(Payload::Rejection(r)) => {
                 warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = ?tonic::Code::from_i32(r.code), check = %r.check, policies = ?r.policy_ids, reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
-                let key = (
-                    r.kind.clone(),
-                    r.cluster.clone(),
-                    r.namespace.clone(),
-                    r.name.clone(),
-                );
+                let key = refused_key(&r.kind, &r.cluster, &r.namespace, &r.name, &r.fqdn);
                 let mut st = self.lock();
                 st.refused_before.remove(&key);
                 if st.refused.len() < KEEP_REFUSED || st.refused.contains_key(&key) {

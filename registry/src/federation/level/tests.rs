@@ -491,6 +491,47 @@ fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
     assert_eq!(b.refusal_of("shop", "cart"), Some(refusal("cart")));
 }
 
+/// A refused question stands across a confirmed snapshot (it is asked again after it) and goes
+/// once the question is answered.
+#[test]
+fn a_refused_question_stands_until_it_is_answered() {
+    let b = level("b");
+    let (up, mut rx) = Uplink::new(16);
+    b.begin_upward(up);
+    let api = Target::Name {
+        namespace: "shop".into(),
+        name: "api".into(),
+    };
+    b.set_imports(&[(api, "web".into())]);
+    let asked = std::iter::from_fn(|| rx.try_recv().ok())
+        .find_map(|m| match m.payload {
+            Some(fed::child_message::Payload::ServiceQuery(q)) => Some(q),
+            _ => None,
+        })
+        .expect("the question went up");
+    let from_parent = |p: fed::parent_message::Payload| {
+        b.on_parent_message(fed::ParentMessage { payload: Some(p) })
+            .expect("ok")
+    };
+    let refusal = Refusal::new("size", tonic::Code::ResourceExhausted, "too big")
+        .to_rejection("query", "b", "shop", "api", "", "root");
+    from_parent(fed::parent_message::Payload::Rejection(refusal.clone()));
+    let (up, _rx) = Uplink::new(16);
+    b.begin_upward(up);
+    from_parent(fed::parent_message::Payload::SnapshotComplete(
+        fed::SnapshotComplete::default(),
+    ));
+    assert_eq!(b.rejections().len(), 1, "not decided by the snapshot");
+    from_parent(fed::parent_message::Payload::ServiceQueryResponse(
+        fed::ServiceQueryResponse {
+            correlation_id: asked.correlation_id,
+            requester_cluster: "b".into(),
+            ..Default::default()
+        },
+    ));
+    assert_eq!(b.rejections(), vec![]);
+}
+
 /// The parent confirms a child's snapshot once applied; an announcement a policy refused makes
 /// the next policy change ask the child to reconnect, so it is decided again.
 #[test]

@@ -678,15 +678,18 @@ impl Controller {
             };
             total += imported;
             let hierarchy = match &c.run {
-                Some(Wanted::Parent(..)) => Some(
-                    self.parts
-                        .remotes
-                        .level()
-                        .subscriptions()
-                        .iter()
-                        .map(|(t, svc, a)| status::import_status(t, svc, a.as_ref()))
-                        .collect(),
-                ),
+                Some(Wanted::Parent(..)) => {
+                    let level = self.parts.remotes.level();
+                    let refused: Vec<_> = level.rejections().into_iter().map(|(_, r)| r).collect();
+                    Some(
+                        level
+                            .subscriptions()
+                            .iter()
+                            .map(|(t, svc, a)| status::import_status(t, svc, a.as_ref()))
+                            .map(|i| refusals::import_status(level.cluster(), &refused, i))
+                            .collect(),
+                    )
+                }
                 _ => None,
             };
             let obs = Observed {

@@ -31,13 +31,15 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher::{self, Event as WatchEvent};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-use xcc_proto::crd::{CONDITION_ANNOUNCED, ServiceRecord};
+use xcc_proto::crd::{CONDITION_ANNOUNCED, ImportStatus, ServiceRecord};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::metrics::{Kind, KubeMetrics, WriteVerb};
 use super::records;
 use super::sink::FIELD_MANAGER;
+use super::status::{IMPORT_PENDING, IMPORT_REFUSED};
 use crate::federation::Level;
+use crate::federation::level::QUERY_KIND;
 
 /// Reason of `Announced=True` after a refusal: it no longer stands.
 pub const ACCEPTED_REASON: &str = "Accepted";
@@ -153,6 +155,34 @@ pub fn own_refusals<'a>(
         .filter(|r| r.kind == "announcement" && r.cluster == cluster)
         .map(|r| ((r.namespace.clone(), r.name.clone()), r.clone()))
         .collect()
+}
+
+/// `import` as the Parent RemoteRegistry reports it: one still without an answer whose
+/// question the parent refused is `Refused`, the failed check as its reason and why (with the
+/// Cedar policy ids) as its message. The refusal stands until the question is answered.
+pub fn import_status(
+    cluster: &str,
+    rejections: &[fed::Rejection],
+    mut import: ImportStatus,
+) -> ImportStatus {
+    if import.state != IMPORT_PENDING {
+        return import;
+    }
+    let refused = rejections.iter().find(|r| {
+        r.kind == QUERY_KIND
+            && r.cluster == cluster
+            && match (&import.fqdn, &import.namespace, &import.name) {
+                (Some(f), ..) => r.namespace.is_empty() && r.name.is_empty() && r.fqdn == *f,
+                (None, Some(ns), Some(n)) => r.namespace == *ns && r.name == *n,
+                _ => false,
+            }
+    });
+    if let Some(r) = refused {
+        import.state = IMPORT_REFUSED.to_string();
+        import.reason = Some(reason_of(&r.check));
+        import.message = Some(message_of(r));
+    }
+    import
 }
 
 /// What is kept of one exported record.
@@ -524,6 +554,58 @@ mod tests {
         query.kind = "query".into();
         let own = own_refusals("west", [&forbid("api"), &child, &query]);
         assert_eq!(own.keys().collect::<Vec<_>>(), [&key("api")]);
+    }
+
+    #[test]
+    fn an_unanswered_import_whose_question_was_refused_is_refused() {
+        let pending = |fqdn: Option<&str>, name: Option<&str>| ImportStatus {
+            fqdn: fqdn.map(Into::into),
+            namespace: name.map(|_| "shop".into()),
+            name: name.map(Into::into),
+            state: IMPORT_PENDING.into(),
+            ..Default::default()
+        };
+        let too_big = |name: &str, fqdn: &str| fed::Rejection {
+            kind: "query".into(),
+            name: name.into(),
+            namespace: if name.is_empty() { "" } else { "shop" }.into(),
+            fqdn: fqdn.into(),
+            check: "size".into(),
+            policy_ids: vec![],
+            reason: "entry of 70000 bytes exceeds the 65536-byte limit".into(),
+            ..forbid("api")
+        };
+        let refused = [too_big("api", ""), too_big("", "x.example")];
+        let by_name = import_status("west", &refused, pending(None, Some("api")));
+        assert_eq!(
+            (
+                by_name.state.as_str(),
+                by_name.reason.as_deref(),
+                by_name.message.as_deref()
+            ),
+            (
+                "Refused",
+                Some("Size"),
+                Some(
+                    "refused by root: entry of 70000 bytes exceeds the 65536-byte limit (check size)"
+                )
+            )
+        );
+        let by_fqdn = import_status("west", &refused, pending(Some("x.example"), None));
+        assert_eq!(by_fqdn.state, "Refused");
+        // Another question, another cluster's question, or an answered one: as they were.
+        for (cluster, import) in [
+            ("west", pending(None, Some("web"))),
+            ("west", pending(Some("y.example"), None)),
+            ("east", pending(None, Some("api"))),
+        ] {
+            assert_eq!(import_status(cluster, &refused, import.clone()), import);
+        }
+        let answered = ImportStatus {
+            state: "NotFound".into(),
+            ..pending(None, Some("api"))
+        };
+        assert_eq!(import_status("west", &refused, answered.clone()), answered);
     }
 
     #[test]
