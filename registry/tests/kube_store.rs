@@ -1405,6 +1405,25 @@ async fn parent_rr_hierarchy_imports_become_imported_records() {
     lab.assert_not_forbidden();
 }
 
+/// A root on the memory store with the policy `file` (`text`) in its policy directory, which
+/// it watches: a file written or removed there is loaded again (`policies_changed`).
+async fn root_with_policy(
+    pki: &Pki,
+    file: &str,
+    text: &str,
+) -> (
+    Registry,
+    tokio_util::sync::CancellationToken,
+    tempfile::TempDir,
+) {
+    let policies = tempfile::tempdir().expect("tempdir");
+    std::fs::write(policies.path().join(file), text).expect("policy");
+    let mut rcfg = RegistryConfig::loopback(pki.cluster("root"));
+    rcfg.federation.policy_dir = Some(policies.path().to_path_buf());
+    let (root, rc) = start_with(rcfg).await;
+    (root, rc, policies)
+}
+
 /// A root (memory store, one Cedar policy forbidding `shop/secret`) and an owner below it
 /// exporting `shop/api` and `shop/secret` for `west/web` and `shop/other` for someone else.
 async fn tree(
@@ -1415,16 +1434,13 @@ async fn tree(
     tempfile::TempDir,
     Vec<tokio_util::sync::CancellationToken>,
 ) {
-    let policies = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        policies.path().join("no-secret.cedar"),
+    let (root, rc, policies) = root_with_policy(
+        pki,
+        "no-secret.cedar",
         r#"@id("no-secret")
 forbid (principal, action == Xcc::Action::"discover", resource) when { resource.name == "secret" };"#,
     )
-    .expect("policy");
-    let mut rcfg = RegistryConfig::loopback(pki.cluster("root"));
-    rcfg.federation.policy_dir = Some(policies.path().to_path_buf());
-    let (root, rc) = start_with(rcfg).await;
+    .await;
     let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
     ocfg.federation.parent = Some(xcc_registry::federation::link::ParentSpec {
         name: "up".into(),
@@ -1637,17 +1653,14 @@ async fn a_refused_export_is_told_on_its_record_until_the_parent_accepts_it() {
         return;
     };
     let pki = Pki::new("xcc.test");
-    let policies = tempfile::tempdir().expect("tempdir");
-    let forbid = policies.path().join("10-no-api.cedar");
-    std::fs::write(
-        &forbid,
+    let (root, _rc, policies) = root_with_policy(
+        &pki,
+        "10-no-api.cedar",
         r#"@id("no-api")
 forbid (principal, action == Xcc::Action::"announce", resource) when { resource.name == "api" };"#,
     )
-    .expect("policy");
-    let mut rcfg = RegistryConfig::loopback(pki.cluster("root"));
-    rcfg.federation.policy_dir = Some(policies.path().to_path_buf());
-    let (root, _rc) = start_with(rcfg).await;
+    .await;
+    let forbid = policies.path().join("10-no-api.cedar");
     let shop = lab.namespace("shop").await;
     for name in ["api", "web"] {
         let fqdn = xcc_proto::names::clusterset_fqdn(name, &shop);

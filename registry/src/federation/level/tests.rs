@@ -40,6 +40,18 @@ fn rejections(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::Rejection> {
         .collect()
 }
 
+/// The status a closed session's stream ends with.
+fn closing_status(link: &DownLink, rx: mpsc::Receiver<Down>) -> tonic::Status {
+    let items: Vec<Down> =
+        futures::executor::block_on(futures::StreamExt::collect(link.stream(rx)));
+    items
+        .last()
+        .expect("an item")
+        .as_ref()
+        .expect_err("a status")
+        .clone()
+}
+
 fn membership(c: &[&str]) -> fed::SubtreeMembership {
     fed::SubtreeMembership {
         clusters: c.iter().map(|s| s.to_string()).collect(),
@@ -560,13 +572,7 @@ fn a_policy_refusal_is_decided_again_when_policies_change() {
         )]
     );
     root.policies_changed();
-    let items: Vec<Down> = futures::executor::block_on(futures::StreamExt::collect(tx.stream(rx)));
-    let last = items
-        .last()
-        .expect("an item")
-        .as_ref()
-        .expect_err("a status");
-    assert_eq!(last.code(), tonic::Code::Unavailable);
+    assert_eq!(closing_status(&tx, rx).code(), tonic::Code::Unavailable);
     // A child without such a refusal is left alone.
     let (tx, rx) = session_channel();
     root.attach_child("c4", "b".into(), &membership(&["c4"]), tx.clone())
@@ -592,13 +598,7 @@ fn carry_is_decided_again_when_policies_change() {
     root.policies_changed();
     assert_eq!(root.subtree(), ["c2", "c3", "root"]);
     // The session's stream ends with the request to reconnect.
-    let items: Vec<Down> = futures::executor::block_on(futures::StreamExt::collect(tx.stream(rx)));
-    let last = items
-        .last()
-        .expect("an item")
-        .as_ref()
-        .expect_err("a status");
-    assert_eq!(last.code(), tonic::Code::Unavailable);
+    assert_eq!(closing_status(&tx, rx).code(), tonic::Code::Unavailable);
     root.gate().set_policies(Policies::default_set());
     root.policies_changed();
     assert_eq!(root.subtree(), ["c3", "root"]);

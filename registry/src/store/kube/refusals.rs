@@ -296,6 +296,12 @@ pub async fn run(
     let mut retry: Option<(tokio::time::Instant, Duration)> = None;
     loop {
         let retry_at = retry.map(|(at, _)| at);
+        let retry_due = async move {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             ev = stream.next() => {
@@ -327,9 +333,7 @@ pub async fn run(
                 }
             }
             r = changes.changed() => if r.is_err() { return Ok(()) },
-            _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)).await }, if retry_at.is_some() => {
-                done = None;
-            }
+            _ = retry_due => done = None,
         }
         if !listed || !level.refusals_confirmed() {
             continue;
