@@ -31,6 +31,10 @@ pub const CONDITION_CONNECTED: &str = "Connected";
 pub const CONDITION_SYNCED: &str = "Synced";
 /// Condition type on a ServiceRecord: the binder materialised it without a conflict.
 pub const CONDITION_CONFLICT: &str = "Conflict";
+/// Condition type on an exported ServiceRecord: `False` while the registry's parent refuses its
+/// announcement (reason: the failed check; message: why, and the Cedar policy ids), `True` once
+/// a refusal no longer stands. Absent on records that were never refused.
+pub const CONDITION_ANNOUNCED: &str = "Announced";
 
 /// Label the binder and publisher put on objects they manage (value: the component name).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -453,9 +457,9 @@ pub struct ImportStatus {
     /// The requesting workload, as in the import.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requester_service: Option<String>,
-    /// `Granted`, `Denied`, `NotFound`, `Unavailable`, `Revoked` or `Pending`.
+    /// `Granted`, `Denied`, `NotFound`, `Unavailable`, `Revoked`, `Pending` or `Refused`.
     pub state: String,
-    /// Why (`Denied`: `NotAllowedByCallee`, `NotRequested` or `PolicyDenied`).
+    /// Why (`Denied`: `NotAllowedByCallee`, `NotRequested` or `PolicyDenied`; `Refused`: the failed check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Human-readable detail (the deciding Cedar policies for `PolicyDenied`).

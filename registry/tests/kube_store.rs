@@ -1405,6 +1405,25 @@ async fn parent_rr_hierarchy_imports_become_imported_records() {
     lab.assert_not_forbidden();
 }
 
+/// A root on the memory store with the policy `file` (`text`) in its policy directory, which
+/// it watches: a file written or removed there is loaded again (`policies_changed`).
+async fn root_with_policy(
+    pki: &Pki,
+    file: &str,
+    text: &str,
+) -> (
+    Registry,
+    tokio_util::sync::CancellationToken,
+    tempfile::TempDir,
+) {
+    let policies = tempfile::tempdir().expect("tempdir");
+    std::fs::write(policies.path().join(file), text).expect("policy");
+    let mut rcfg = RegistryConfig::loopback(pki.cluster("root"));
+    rcfg.federation.policy_dir = Some(policies.path().to_path_buf());
+    let (root, rc) = start_with(rcfg).await;
+    (root, rc, policies)
+}
+
 /// A root (memory store, one Cedar policy forbidding `shop/secret`) and an owner below it
 /// exporting `shop/api` and `shop/secret` for `west/web` and `shop/other` for someone else.
 async fn tree(
@@ -1415,16 +1434,13 @@ async fn tree(
     tempfile::TempDir,
     Vec<tokio_util::sync::CancellationToken>,
 ) {
-    let policies = tempfile::tempdir().expect("tempdir");
-    std::fs::write(
-        policies.path().join("no-secret.cedar"),
+    let (root, rc, policies) = root_with_policy(
+        pki,
+        "no-secret.cedar",
         r#"@id("no-secret")
 forbid (principal, action == Xcc::Action::"discover", resource) when { resource.name == "secret" };"#,
     )
-    .expect("policy");
-    let mut rcfg = RegistryConfig::loopback(pki.cluster("root"));
-    rcfg.federation.policy_dir = Some(policies.path().to_path_buf());
-    let (root, rc) = start_with(rcfg).await;
+    .await;
     let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
     ocfg.federation.parent = Some(xcc_registry::federation::link::ParentSpec {
         name: "up".into(),
@@ -1620,6 +1636,155 @@ async fn parent_unreachable_imports_unavailable_and_stored_records_kept() {
     assert_eq!(lab.uid_of(&name).await, uid(&stored));
     assert_eq!(lab.sr_deletes(), 0);
     lab.assert_not_forbidden();
+}
+
+// ----- refusals of the parent (kube mode) -----
+
+/// `--store kube` below a root whose Cedar policy forbids announcing `api`: the exported record
+/// `api` gets `Announced=False` (the failed check, the policy id) and a Warning Event, the
+/// record `web` nothing. A reconnect with the refusal still standing writes nothing; removing
+/// the forbid (the root reloads its policies) turns the condition `True`. Two status writes in
+/// all.
+#[tokio::test]
+async fn a_refused_export_is_told_on_its_record_until_the_parent_accepts_it() {
+    let Some(lab) =
+        Lab::new("a_refused_export_is_told_on_its_record_until_the_parent_accepts_it").await
+    else {
+        return;
+    };
+    let pki = Pki::new("xcc.test");
+    let (root, _rc, policies) = root_with_policy(
+        &pki,
+        "10-no-api.cedar",
+        r#"@id("no-api")
+forbid (principal, action == Xcc::Action::"announce", resource) when { resource.name == "api" };"#,
+    )
+    .await;
+    let forbid = policies.path().join("10-no-api.cedar");
+    let shop = lab.namespace("shop").await;
+    for name in ["api", "web"] {
+        let fqdn = xcc_proto::names::clusterset_fqdn(name, &shop);
+        lab.create(exported_sr(
+            &shop,
+            name,
+            &fqdn,
+            json!({EXPORT: ""}),
+            json!({}),
+        ))
+        .await;
+    }
+    let (west, wc) = lab.west(&pki).await;
+    let mut body = rr_body("hier", &lab.ns, &root.hamlet_addr.to_string(), None);
+    body["spec"]["role"] = json!("Parent");
+    lab.create(body).await;
+    let at_root = |name: &str| {
+        root.catalog
+            .get(&xcc_registry::catalog::ServiceKey::new("west", &shop, name))
+            .is_some()
+    };
+    wait_for("web announced at the root", || at_root("web"), |a| *a).await;
+    assert!(!at_root("api"));
+
+    let announced = |o: Option<&Value>| o.and_then(|r| condition(&r["status"], "Announced"));
+    let api = lab
+        .wait_sr(&shop, "api", "api Announced=False", |o| {
+            announced(o).is_some_and(|c| c.0 == "False")
+        })
+        .await;
+    let (_, reason, message) = announced(api.as_ref()).expect("condition");
+    assert_eq!(reason, "Announce");
+    assert_eq!(
+        message,
+        format!(
+            "refused by root: west may not announce api.{shop}.svc.clusterset.local: forbidden by no-api (check announce; Cedar policies: no-api)"
+        )
+    );
+    let events = |reason: &'static str| {
+        let regarding = move |e: &Value| e["regarding"]["name"] == "api" && e["reason"] == reason;
+        (
+            lab.api(&ar_event(), &shop),
+            move |o: &Objects| o.values().any(regarding),
+            move |o: &Objects| {
+                o.values()
+                    .filter(|e| regarding(e))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            },
+        )
+    };
+    let (api_events, seen, all) = events("AnnouncementRefused");
+    let refused = all(&await_objects(api_events, "the Warning Event", seen).await);
+    assert_eq!(refused.len(), 1, "{refused:#?}");
+    assert_eq!(refused[0]["type"], "Warning");
+    assert_eq!(refused[0]["note"], json!(message));
+    let web = lab.records(&shop).await.remove("web");
+    assert_eq!(announced(web.as_ref()), None, "never refused: no condition");
+
+    // Another policy file: the root asks west to send its snapshot again; api is refused again
+    // and its condition stays as it is.
+    let since = |r: &Registry| r.level.children().first().map(|c| c.3);
+    let first = since(&root).expect("west attached");
+    std::fs::write(
+        policies.path().join("20-other.cedar"),
+        r#"@id("other")
+forbid (principal, action == Xcc::Action::"announce", resource) when { resource.name == "none" };"#,
+    )
+    .expect("policy");
+    wait_for(
+        "west attached again",
+        || since(&root),
+        |s| s.is_some_and(|s| s > first),
+    )
+    .await;
+    wait_for(
+        "the parent confirmed west's new snapshot",
+        || west.level.refusals_confirmed(),
+        |c| *c,
+    )
+    .await;
+    assert_eq!(west.level.rejections().len(), 1);
+    // A restart: the new process knows no refusal until the parent confirmed its snapshot, and
+    // leaves the condition alone meanwhile.
+    wc.cancel();
+    west.shutdown().await.expect("clean shutdown");
+    let (west, _wc) = lab.west(&pki).await;
+    wait_for(
+        "the parent confirmed the restarted west's snapshot",
+        || west.level.refusals_confirmed(),
+        |c| *c,
+    )
+    .await;
+    assert_eq!(west.level.rejections().len(), 1);
+
+    // The forbid goes: api is announced and its condition turns back.
+    std::fs::remove_file(&forbid).expect("remove policy");
+    wait_for("api announced at the root", || at_root("api"), |a| *a).await;
+    let api = lab
+        .wait_sr(&shop, "api", "api Announced=True", |o| {
+            announced(o).is_some_and(|c| c.0 == "True")
+        })
+        .await;
+    assert_eq!(
+        announced(api.as_ref()).map(|c| (c.1, c.2)),
+        Some((
+            "Accepted".to_string(),
+            "the parent's refusal no longer stands".to_string()
+        ))
+    );
+    let (api_events, seen, _) = events("AnnouncementAccepted");
+    await_objects(api_events, "the Normal Event", seen).await;
+    let status_writes = |l: &Lab, name: &str| {
+        let prefix = format!("patch servicerecords/status {shop}/{name} ");
+        l.writes().iter().filter(|w| w.starts_with(&prefix)).count()
+    };
+    lab.assert_count("status writes of api", |l| status_writes(l, "api"), 2)
+        .await;
+    assert_eq!(status_writes(&lab, "web"), 0);
+    lab.assert_not_forbidden();
+}
+
+fn ar_event() -> ApiResource {
+    ApiResource::erase::<k8s_openapi::api::events::v1::Event>(&())
 }
 
 // ----- grants at the owner (kube mode) -----

@@ -193,8 +193,9 @@ impl ChildReader {
                     ),
                 ),
             },
-            Some(Payload::SnapshotComplete(_)) => {
+            Some(Payload::SnapshotComplete(m)) => {
                 level.child_snapshot_complete(child, &self.announced);
+                level.confirm_snapshot(child, m);
             }
             Some(Payload::RouteAck(a)) => level.child_route_ack(child, &a),
             Some(Payload::ServiceQuery(q)) => {

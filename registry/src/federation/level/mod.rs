@@ -236,10 +236,19 @@ struct State {
     held_clashes: BTreeMap<String, Vec<fed::NameClash>>,
     /// Refused claims seen here (as the refusing level or as the notified owner), newest last.
     clashes: VecDeque<Clash>,
-    /// Entries our parent refused in the current parent session, by entry (kind, cluster,
-    /// namespace, name; the latest refusal of each). Cleared when a session begins: the
-    /// snapshot is sent again and whatever is still refused is refused again.
+    /// Entries our parent refused, by entry (kind, cluster, namespace, name; the latest
+    /// refusal of each). A refusal stands until its entry changes or the parent, having
+    /// applied the snapshot of a later session, did not refuse it again.
     refused: BTreeMap<RefusedKey, (SystemTime, fed::Rejection)>,
+    /// Refusals from before the current parent session not yet repeated in it: dropped when
+    /// the parent confirms it applied the session's snapshot.
+    refused_before: BTreeSet<RefusedKey>,
+    /// The parent confirmed it applied a snapshot of the current session: `refused` is what it
+    /// decided about everything we announced.
+    refusals_confirmed: bool,
+    /// Children with an entry refused by a policy in their current session: a policy change
+    /// asks them to send their snapshot again, so it is decided anew.
+    policy_refused: BTreeSet<String>,
     /// What each child declared (before the carry check), decided again when policies change.
     claimed: BTreeMap<String, fed::SubtreeMembership>,
 }
@@ -252,7 +261,24 @@ const KEEP_REPORTS: usize = 256;
 /// bound on what a parent can make us store. Past it a refusal is logged (and counted) only.
 const KEEP_REFUSED: usize = 65_536;
 
+/// A refused entry: kind, cluster, namespace and name (a question by FQDN: its FQDN as name).
 type RefusedKey = (String, String, String, String);
+
+/// [`fed::Rejection::kind`] of a refused question.
+pub const QUERY_KIND: &str = "query";
+
+fn refused_key(kind: &str, cluster: &str, namespace: &str, name: &str, fqdn: &str) -> RefusedKey {
+    let name = match kind == QUERY_KIND && namespace.is_empty() && name.is_empty() {
+        true => fqdn,
+        false => name,
+    };
+    (
+        kind.to_string(),
+        cluster.to_string(),
+        namespace.to_string(),
+        name.to_string(),
+    )
+}
 
 /// A refused claim on a name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -550,6 +576,7 @@ impl Level {
         }
         st.tree.set_child_subtree(child, clusters)?;
         st.claimed.insert(child.to_string(), membership.clone());
+        st.policy_refused.remove(child);
         let id = st.next_id;
         st.next_id += 1;
         let mut path = st.tree.ancestors().to_vec();
@@ -599,6 +626,7 @@ impl Level {
         st.sessions.remove(child);
         st.tree.remove_child(child);
         st.claimed.remove(child);
+        st.policy_refused.remove(child);
         let membership = self.membership_locked(&st);
         let parent_tx = st.parent_tx.clone();
         drop(st);
@@ -742,6 +770,7 @@ impl Level {
         let verdict = self.policies().announce(&ann.cluster, &entry);
         if !verdict.allowed {
             warn!(child, cluster = %ann.cluster, fqdn = %entry.fqdn, "announcement refused by policy: no permit for this zone");
+            self.lock().policy_refused.insert(child.to_string());
             if self
                 .inner
                 .catalog
@@ -911,10 +940,18 @@ impl Level {
             .collect()
     }
 
-    /// Entries our parent refused in the current session (the latest refusal of each), by kind,
-    /// cluster, namespace and name.
+    /// Entries our parent refused (the latest refusal of each), by kind, cluster, namespace and
+    /// name: those refused in the current session, and those refused before that the parent has
+    /// not yet decided again.
     pub fn rejections(&self) -> Vec<(SystemTime, fed::Rejection)> {
         self.lock().refused.values().cloned().collect()
+    }
+
+    /// Whether the parent confirmed it applied this session's snapshot: from then on
+    /// [`Level::rejections`] is what it decided about every entry we announced, and an entry
+    /// without a rejection was accepted (or is still being decided after a change).
+    pub fn refusals_confirmed(&self) -> bool {
+        self.lock().refusals_confirmed
     }
 
     /// The parent's latest refusal of our announcement of `namespace/name`, if it stands.
@@ -957,10 +994,14 @@ impl Level {
                 .children()
                 .get(&child)
                 .is_some_and(|now| before.is_none_or(|b| !now.is_subset(&b)));
-            // Entries of the newly carried clusters were refused before: the child sends them
-            // again after reconnecting.
-            if grew && let Some(session) = st.sessions.get(&child) {
-                info!(%child, "the child may carry more now; asking it to reconnect and resend");
+            // Entries of the newly carried clusters, and those a policy refused, are decided
+            // again when the child sends them again after reconnecting (and the child learns
+            // which refusals no longer stand from the confirmation of its snapshot).
+            let refused = st.policy_refused.contains(&child);
+            if (grew || refused)
+                && let Some(session) = st.sessions.get(&child)
+            {
+                info!(%child, grew, refused, "the policies changed; asking the child to reconnect and resend");
                 session.link.close(tonic::Status::unavailable(
                     "the parent's policies changed; reconnect to announce again",
                 ));
@@ -1014,6 +1055,18 @@ impl Level {
         self.bump();
     }
 
+    /// Tell `child` its snapshot up to `marker` was applied: every refusal of what it sent
+    /// before the marker was sent before this confirmation.
+    pub fn confirm_snapshot(&self, child: &str, marker: fed::SnapshotComplete) {
+        let link = self.lock().sessions.get(child).map(|s| s.link.clone());
+        if let Some(link) = link {
+            self.down(
+                &link,
+                fed::parent_message::Payload::SnapshotComplete(marker),
+            );
+        }
+    }
+
     /// May `child` speak for `cluster` (announce it, or ask on its behalf)?
     pub fn check_claim(&self, child: &str, cluster: &str) -> Result<(), super::tree::TreeError> {
         self.lock().tree.check_claim(child, cluster)
@@ -1042,7 +1095,16 @@ impl Level {
         let mut st = self.lock();
         self.send_up(Some(up.clone()), self.membership_locked(&st));
         st.parent_tx = Some(up);
-        st.refused.clear();
+        // Earlier refusals of what the snapshot holds stand until the parent confirms it
+        // without repeating them; a refused question stands until it is answered (it is asked
+        // again after the snapshot).
+        st.refused_before = st
+            .refused
+            .keys()
+            .filter(|k| k.0 != QUERY_KIND)
+            .cloned()
+            .collect();
+        st.refusals_confirmed = false;
         let queries = st
             .subs
             .iter()
@@ -1144,13 +1206,9 @@ impl Level {
             }
             Some(Payload::Rejection(r)) => {
                 warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = ?tonic::Code::from_i32(r.code), check = %r.check, policies = ?r.policy_ids, reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
-                let key = (
-                    r.kind.clone(),
-                    r.cluster.clone(),
-                    r.namespace.clone(),
-                    r.name.clone(),
-                );
+                let key = refused_key(&r.kind, &r.cluster, &r.namespace, &r.name, &r.fqdn);
                 let mut st = self.lock();
+                st.refused_before.remove(&key);
                 if st.refused.len() < KEEP_REFUSED || st.refused.contains_key(&key) {
                     st.refused.insert(key, (SystemTime::now(), r));
                 } else {
@@ -1160,7 +1218,16 @@ impl Level {
                 self.bump();
             }
             Some(Payload::NameClash(n)) => self.route_clash(n),
-            Some(Payload::SnapshotComplete(_)) | Some(Payload::ServiceAnnouncement(_)) | None => {}
+            Some(Payload::SnapshotComplete(_)) => {
+                let mut st = self.lock();
+                for k in std::mem::take(&mut st.refused_before) {
+                    st.refused.remove(&k);
+                }
+                st.refusals_confirmed = true;
+                drop(st);
+                self.bump();
+            }
+            Some(Payload::ServiceAnnouncement(_)) | None => {}
         }
         Ok(())
     }

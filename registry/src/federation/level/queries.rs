@@ -314,6 +314,18 @@ impl Level {
         let Some(sub) = st.subs.get_mut(&resp.correlation_id) else {
             return;
         };
+        // Answered: a refusal of the question no longer stands.
+        let (namespace, name, fqdn) = match &sub.target {
+            Target::Name { namespace, name } => (namespace.as_str(), name.as_str(), ""),
+            Target::Fqdn(f) => ("", "", f.as_str()),
+        };
+        let refused = super::refused_key(
+            super::QUERY_KIND,
+            &self.inner.cluster,
+            namespace,
+            name,
+            fqdn,
+        );
         for w in sub.waiters.drain(..) {
             let _ = w.send(resp.clone());
         }
@@ -327,6 +339,7 @@ impl Level {
             st.subs.remove(&resp.correlation_id);
             st.sub_index.remove(&key);
         }
+        st.refused.remove(&refused);
         drop(st);
         self.bump();
     }

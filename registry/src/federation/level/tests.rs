@@ -40,6 +40,18 @@ fn rejections(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::Rejection> {
         .collect()
 }
 
+/// The status a closed session's stream ends with.
+fn closing_status(link: &DownLink, rx: mpsc::Receiver<Down>) -> tonic::Status {
+    let items: Vec<Down> =
+        futures::executor::block_on(futures::StreamExt::collect(link.stream(rx)));
+    items
+        .last()
+        .expect("an item")
+        .as_ref()
+        .expect_err("a status")
+        .clone()
+}
+
 fn membership(c: &[&str]) -> fed::SubtreeMembership {
     fed::SubtreeMembership {
         clusters: c.iter().map(|s| s.to_string()).collect(),
@@ -453,6 +465,123 @@ fn the_child_stores_what_its_parent_refused() {
     assert_eq!(b.rejections()[0].1, r);
 }
 
+/// A refusal stands across a reconnect: it goes only when the parent, having applied the new
+/// session's snapshot (its confirmation), did not repeat it.
+#[test]
+fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
+    let b = level("b");
+    let refusal = |name: &str| {
+        Refusal::new("announce", tonic::Code::PermissionDenied, "forbidden")
+            .with_policies(vec!["no-shop".into()])
+            .to_rejection("announcement", "b", "shop", name, "", "root")
+    };
+    let from_parent = |p: fed::parent_message::Payload| {
+        b.on_parent_message(fed::ParentMessage { payload: Some(p) })
+            .expect("ok")
+    };
+    let refused = || -> Vec<String> { b.rejections().into_iter().map(|(_, r)| r.name).collect() };
+    let (up, _rx) = Uplink::new(16);
+    b.begin_upward(up);
+    from_parent(fed::parent_message::Payload::Rejection(refusal("api")));
+    from_parent(fed::parent_message::Payload::Rejection(refusal("cart")));
+    assert!(!b.refusals_confirmed());
+    from_parent(fed::parent_message::Payload::SnapshotComplete(
+        fed::SnapshotComplete { generation: 3 },
+    ));
+    assert!(b.refusals_confirmed());
+    assert_eq!(refused(), ["api", "cart"]);
+    // A new session: both still stand while the snapshot is sent again.
+    let (up, _rx) = Uplink::new(16);
+    b.begin_upward(up);
+    assert!(!b.refusals_confirmed());
+    assert_eq!(refused(), ["api", "cart"]);
+    from_parent(fed::parent_message::Payload::Rejection(refusal("cart")));
+    from_parent(fed::parent_message::Payload::SnapshotComplete(
+        fed::SnapshotComplete { generation: 9 },
+    ));
+    assert_eq!(refused(), ["cart"], "api was accepted this time");
+    assert_eq!(b.refusal_of("shop", "cart"), Some(refusal("cart")));
+}
+
+/// A refused question stands across a confirmed snapshot (it is asked again after it) and goes
+/// once the question is answered.
+#[test]
+fn a_refused_question_stands_until_it_is_answered() {
+    let b = level("b");
+    let (up, mut rx) = Uplink::new(16);
+    b.begin_upward(up);
+    let api = Target::Name {
+        namespace: "shop".into(),
+        name: "api".into(),
+    };
+    b.set_imports(&[(api, "web".into())]);
+    let asked = std::iter::from_fn(|| rx.try_recv().ok())
+        .find_map(|m| match m.payload {
+            Some(fed::child_message::Payload::ServiceQuery(q)) => Some(q),
+            _ => None,
+        })
+        .expect("the question went up");
+    let from_parent = |p: fed::parent_message::Payload| {
+        b.on_parent_message(fed::ParentMessage { payload: Some(p) })
+            .expect("ok")
+    };
+    let refusal = Refusal::new("size", tonic::Code::ResourceExhausted, "too big")
+        .to_rejection("query", "b", "shop", "api", "", "root");
+    from_parent(fed::parent_message::Payload::Rejection(refusal.clone()));
+    let (up, _rx) = Uplink::new(16);
+    b.begin_upward(up);
+    from_parent(fed::parent_message::Payload::SnapshotComplete(
+        fed::SnapshotComplete::default(),
+    ));
+    assert_eq!(b.rejections().len(), 1, "not decided by the snapshot");
+    from_parent(fed::parent_message::Payload::ServiceQueryResponse(
+        fed::ServiceQueryResponse {
+            correlation_id: asked.correlation_id,
+            requester_cluster: "b".into(),
+            ..Default::default()
+        },
+    ));
+    assert_eq!(b.rejections(), vec![]);
+}
+
+/// The parent confirms a child's snapshot once applied; an announcement a policy refused makes
+/// the next policy change ask the child to reconnect, so it is decided again.
+#[test]
+fn a_policy_refusal_is_decided_again_when_policies_change() {
+    let root = level("root");
+    let (tx, mut rx) = session_channel();
+    root.attach_child("c3", "a".into(), &membership(&["c3"]), tx.clone())
+        .expect("attach");
+    drain(&mut rx);
+    let zoned = fed::ServiceAnnouncement {
+        cluster: "c3".into(),
+        fqdn: "api.bank.example".into(),
+        ..api_announcement()
+    };
+    let refusal = root
+        .child_announcement("c3", &zoned)
+        .expect_err("no announce permit for the zone");
+    assert_eq!(refusal.check, "announce");
+    let announced = root.track_announcements();
+    root.child_snapshot_complete("c3", &announced);
+    root.confirm_snapshot("c3", fed::SnapshotComplete { generation: 4 });
+    assert_eq!(
+        drain(&mut rx),
+        [fed::parent_message::Payload::SnapshotComplete(
+            fed::SnapshotComplete { generation: 4 }
+        )]
+    );
+    root.policies_changed();
+    assert_eq!(closing_status(&tx, rx).code(), tonic::Code::Unavailable);
+    // A child without such a refusal is left alone.
+    let (tx, rx) = session_channel();
+    root.attach_child("c4", "b".into(), &membership(&["c4"]), tx.clone())
+        .expect("attach");
+    root.policies_changed();
+    assert!(!tx.end.is_cancelled());
+    drop(rx);
+}
+
 /// A carry permit added later takes effect from what the child declared; the child is asked to
 /// reconnect so it announces the newly carried clusters again. Removing it shrinks the subtree.
 #[test]
@@ -469,13 +598,7 @@ fn carry_is_decided_again_when_policies_change() {
     root.policies_changed();
     assert_eq!(root.subtree(), ["c2", "c3", "root"]);
     // The session's stream ends with the request to reconnect.
-    let items: Vec<Down> = futures::executor::block_on(futures::StreamExt::collect(tx.stream(rx)));
-    let last = items
-        .last()
-        .expect("an item")
-        .as_ref()
-        .expect_err("a status");
-    assert_eq!(last.code(), tonic::Code::Unavailable);
+    assert_eq!(closing_status(&tx, rx).code(), tonic::Code::Unavailable);
     root.gate().set_policies(Policies::default_set());
     root.policies_changed();
     assert_eq!(root.subtree(), ["c3", "root"]);

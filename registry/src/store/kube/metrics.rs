@@ -11,6 +11,7 @@ use prometheus_client::registry::Registry;
 pub enum Kind {
     ServiceRecord,
     RemoteRegistryStatus,
+    ServiceRecordStatus,
 }
 
 /// The write.

@@ -23,12 +23,17 @@
 //!   what is stored; a `role: Parent` one also reports each of its imports (`status.imports`:
 //!   granted, denied and why, not found, unavailable) and is `Synced` once the parent link is up
 //!   and every import has an answer. Imports are written by [`KubeImportSink`].
+//! * **Refusals** (only while leading: the leader runs the parent link): an exported record
+//!   whose announcement the parent refuses gets `Announced=False` (the failed check, the Cedar
+//!   policy ids) and a Warning Event, turned back when the refusal no longer stands; see
+//!   [`refusals`].
 //! * **Grants** (`--grant-mode` other than none; only while leading, they are writes): the
 //!   grant objects and `status.grants` of this cluster's exported records, written by
 //!   [`KubeGrants`]; routes recorded before this replica led are applied when it starts to.
 
 pub mod metrics;
 pub mod records;
+pub mod refusals;
 pub mod sink;
 pub mod status;
 
@@ -165,6 +170,8 @@ pub(crate) fn spawn(
     cancel: CancellationToken,
     tasks: &mut JoinSet<anyhow::Result<()>>,
 ) {
+    let (listed_tx, listed) = watch::channel(false);
+    let mut exports_listed = listed.clone();
     {
         let (client, catalog, cluster, c) = (
             config.client.clone(),
@@ -172,7 +179,6 @@ pub(crate) fn spawn(
             parts.cluster.clone(),
             cancel.clone(),
         );
-        let (listed_tx, listed) = watch::channel(false);
         tasks.spawn(async move { run_exports(client, catalog, cluster, listed_tx, c).await });
         // Ready once the exports were listed and the policy ConfigMap (if any) was read.
         let (health, policy, c) = (
@@ -220,8 +226,21 @@ pub(crate) fn spawn(
                 if let Some(g) = &parts.grants {
                     g.start(config.client.clone(), token.clone());
                 }
+                // The parent link's snapshot holds every export (else the parent drops those it
+                // missed until they come, and refusals would be decided on a partial set).
+                let listed = async { exports_listed.wait_for(|l| *l).await.is_ok() };
+                tokio::select! {
+                    _ = token.cancelled() => return Ok(()),
+                    ok = listed => if !ok { return Ok(()) },
+                }
+                let refusals = refusals::run(
+                    config.client.clone(),
+                    parts.remotes.level().clone(),
+                    parts.metrics.clone(),
+                    token.clone(),
+                );
                 let mut ctl = Controller::new(parts, config);
-                ctl.run(token).await
+                tokio::try_join!(ctl.run(token), refusals).map(|_| ())
             },
         )
         .await
@@ -659,15 +678,18 @@ impl Controller {
             };
             total += imported;
             let hierarchy = match &c.run {
-                Some(Wanted::Parent(..)) => Some(
-                    self.parts
-                        .remotes
-                        .level()
-                        .subscriptions()
-                        .iter()
-                        .map(|(t, svc, a)| status::import_status(t, svc, a.as_ref()))
-                        .collect(),
-                ),
+                Some(Wanted::Parent(..)) => {
+                    let level = self.parts.remotes.level();
+                    let refused: Vec<_> = level.rejections().into_iter().map(|(_, r)| r).collect();
+                    Some(
+                        level
+                            .subscriptions()
+                            .iter()
+                            .map(|(t, svc, a)| status::import_status(t, svc, a.as_ref()))
+                            .map(|i| refusals::import_status(level.cluster(), &refused, i))
+                            .collect(),
+                    )
+                }
                 _ => None,
             };
             let obs = Observed {

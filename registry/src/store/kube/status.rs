@@ -59,6 +59,8 @@ pub const IMPORT_NOT_FOUND: &str = "NotFound";
 pub const IMPORT_UNAVAILABLE: &str = "Unavailable";
 pub const IMPORT_REVOKED: &str = "Revoked";
 pub const IMPORT_PENDING: &str = "Pending";
+/// The parent refused the question (see [`super::refusals::import_status`]).
+pub const IMPORT_REFUSED: &str = "Refused";
 
 /// Whether an import state decides its question (the parent-link `Synced` waits for all).
 pub fn import_decided(state: &str) -> bool {
