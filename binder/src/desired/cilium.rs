@@ -78,7 +78,7 @@ pub fn group_by_origin<'a>(
 }
 
 /// The cluster a record comes from: `spec.origin.cluster`, else its remote registry.
-fn source_cluster(record: &ServiceRecord) -> Option<String> {
+pub(crate) fn source_cluster(record: &ServiceRecord) -> Option<String> {
     record
         .spec
         .origin
