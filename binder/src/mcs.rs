@@ -3,8 +3,8 @@
 //! sameness), beside the Service and EndpointSlices the binder already writes ([`desired`]):
 //! - `spec.type: ClusterSetIP` (xcc exports only Services with a cluster IP, so no import is
 //!   headless), `spec.ports` from the lowest-UID record with usable ports (as the Service's),
-//!   `spec.ips`: the VIP when the records carry one, else the cluster IPs of the binder's
-//!   Service for the FQDN (none until the API server allocated them);
+//!   `spec.ips`: the cluster IPs of the binder's Service for the FQDN — what `xcc dns` answers
+//!   for `<name>.<namespace>.svc.clusterset.local` (none until the API server allocated them);
 //! - `status.clusters`: the source clusters of the records, sorted;
 //! - the managed label and the install annotation of Cilium mode ([`cilium::INSTALL_ANNOTATION`]),
 //!   so a binder writes and deletes only its own ServiceImports: one that Submariner, Cilium or
@@ -21,7 +21,7 @@ use xcc_proto::mcs::{
     ClusterStatus, McsServicePort, ServiceImport, ServiceImportSpec, ServiceImportStatus,
     TYPE_CLUSTER_SET_IP,
 };
-use xcc_proto::names::{self, FQDN_ANNOTATION, VIP_ANNOTATION};
+use xcc_proto::names::{self, FQDN_ANNOTATION};
 
 use crate::desired::cilium::{self, INSTALL_ANNOTATION, OriginKey};
 use crate::desired::{non_empty, resolved_ports};
@@ -35,26 +35,11 @@ pub struct Skipped {
     pub reason: String,
 }
 
-/// The IPs clients of `fqdn`'s import connect to: the VIP of the binder's Service
-/// (`status.loadBalancer.ingress`), else its cluster IPs; empty before the API server
-/// allocated them.
+/// The IPs clients of an import connect to: the cluster IPs of the binder's Service, the
+/// addresses `xcc dns` answers for the import's `clusterset.local` name; empty before the API
+/// server allocated them.
 fn service_ips(service: Option<&Service>) -> Vec<String> {
-    let Some(service) = service else {
-        return Vec::new();
-    };
-    let vip: Vec<String> = service
-        .status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i.ip.clone())
-        .collect();
-    if !vip.is_empty() {
-        return vip;
-    }
-    let spec = service.spec.as_ref();
+    let spec = service.and_then(|s| s.spec.as_ref());
     match spec.and_then(|s| s.cluster_ips.clone()) {
         Some(ips) if !ips.is_empty() => ips,
         _ => spec
@@ -95,17 +80,7 @@ pub fn desired(
             .namespace
             .clone()
             .and_then(|ns| services.get(&(ns, names::service_name(&fqdn))).copied());
-        let mut ips = service_ips(service);
-        if ips.is_empty()
-            && let Some(vip) = winner
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(VIP_ANNOTATION))
-                .and_then(|v| v.trim().parse::<std::net::IpAddr>().ok())
-        {
-            ips.push(vip.to_string());
-        }
+        let ips = service_ips(service);
         let clusters: BTreeSet<String> = group
             .iter()
             .filter_map(|r| cilium::source_cluster(r))

@@ -76,21 +76,12 @@ fn one_import_per_origin_with_ports_ips_and_clusters() {
 }
 
 #[test]
-fn the_vip_wins_over_cluster_ips_and_stands_in_before_the_service_exists() {
-    let r = record(
-        "a",
-        "1",
-        "east",
-        json!([{"port": 80}]),
-        json!({VIP_ANNOTATION: "192.0.2.7"}),
-    );
+fn ips_are_the_cluster_ips_of_the_binders_service_once_allocated() {
+    let r = record("a", "1", "east", json!([{"port": 80}]), json!({}));
     let svc = binder_service("10.96.0.10", Some("192.0.2.7"));
     let (imports, _) = desired(&[&r], &services(&svc), "i");
-    assert_eq!(imports[0].spec.ips, Some(vec!["192.0.2.7".to_string()]));
+    assert_eq!(imports[0].spec.ips, Some(vec!["10.96.0.10".to_string()]));
     let (imports, _) = desired(&[&r], &BTreeMap::new(), "i");
-    assert_eq!(imports[0].spec.ips, Some(vec!["192.0.2.7".to_string()]));
-    let plain = record("a", "1", "east", json!([{"port": 80}]), json!({}));
-    let (imports, _) = desired(&[&plain], &BTreeMap::new(), "i");
     assert_eq!(
         imports[0].spec.ips, None,
         "no IP before the API server allocates one"
