@@ -159,7 +159,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
                "ports": [{"protocol": "TCP", "port": 8080}]})
     );
     assert_eq!(import["status"], json!({"clusters": [{"cluster": "east"}]}));
-    assert_eq!(slice_addresses(&west, NS, &svc).await, [east_ip.clone()]);
+    assert_eq!(slice_addresses(&west, NS, &svc).await, [east_ip]);
     let slices = west
         .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
         .await;
