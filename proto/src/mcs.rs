@@ -64,6 +64,24 @@ pub const REASON_TYPE_CONFLICT: &str = "TypeConflict";
 /// `Conflict=False`.
 pub const REASON_NO_CONFLICTS: &str = "NoConflicts";
 
+/// The cluster an imported ServiceRecord comes from (its MCS source cluster):
+/// `spec.origin.cluster`, else the remote registry it was imported through.
+pub fn source_cluster(record: &crate::crd::ServiceRecord) -> Option<&str> {
+    record
+        .spec
+        .origin
+        .as_ref()
+        .and_then(|o| o.cluster.as_deref())
+        .or_else(|| {
+            record
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::names::REMOTE_REGISTRY_LABEL))
+                .map(String::as_str)
+        })
+}
+
 /// `ServiceExport`: the Service of the same name and namespace is exported to the ClusterSet.
 ///
 /// Written by hand rather than derived: upstream makes `spec` optional and the usual

@@ -23,7 +23,7 @@ use xcc_proto::mcs::{
     REASON_INVALID_SERVICE_TYPE, REASON_NO_CONFLICTS, REASON_NO_SERVICE, REASON_PENDING,
     REASON_PORT_CONFLICT, REASON_VALID, ServiceExport,
 };
-use xcc_proto::names::{self, EXPORT_LABEL, REMOTE_REGISTRY_LABEL, SERVICE_PORT_ANNOTATION};
+use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
 use crate::desired::Skip;
 
@@ -70,24 +70,6 @@ fn wanted(type_: &'static str, status: bool, reason: &'static str, message: Stri
         reason,
         message,
     }
-}
-
-/// The cluster an imported record comes from: `spec.origin.cluster`, else the remote registry
-/// it was imported through.
-fn source_cluster(record: &ServiceRecord) -> Option<&str> {
-    record
-        .spec
-        .origin
-        .as_ref()
-        .and_then(|o| o.cluster.as_deref())
-        .or_else(|| {
-            record
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(REMOTE_REGISTRY_LABEL))
-                .map(String::as_str)
-        })
 }
 
 /// The ports of a record as importers see them, `port/PROTOCOL` or `name:port/PROTOCOL`,
@@ -140,7 +122,7 @@ pub fn port_conflicts<'a>(
         if names::canonical_fqdn(&record.spec.fqdn).as_deref() != Ok(fqdn.as_str()) {
             continue;
         }
-        let from = source_cluster(record).unwrap_or("an unnamed cluster");
+        let from = xcc_proto::mcs::source_cluster(record).unwrap_or("an unnamed cluster");
         if cluster == Some(from) {
             continue;
         }

@@ -2,6 +2,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
+use xcc_proto::names::REMOTE_REGISTRY_LABEL;
 
 use super::*;
 
