@@ -20,6 +20,10 @@ pub struct BinderArgs {
     /// Run only while holding the `xcc-binder` Lease in the namespace.
     #[arg(long, env = "XCC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// Also write a ServiceImport per import (the Multi-Cluster Services API; needs the MCS
+    /// CRDs and deploy/overlays/mcs).
+    #[arg(long, env = "XCC_MCS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub mcs: bool,
 }
 
 pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
@@ -33,7 +37,10 @@ pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
     let health_flag = health.clone();
     let controller = Controller::new(
         client.clone(),
-        Config::new(&args.namespace),
+        Config {
+            mcs: args.mcs,
+            ..Config::new(&args.namespace)
+        },
         metrics,
         health.clone(),
     );

@@ -35,6 +35,10 @@ pub struct PublisherArgs {
     /// Run only while holding the Lease `xcc-publisher` in --namespace.
     #[arg(long, env = "XCC_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// Speak the Multi-Cluster Services API: a ServiceExport exports the Service of its name
+    /// and gets Valid/Ready/Conflict conditions (needs the MCS CRDs and deploy/overlays/mcs).
+    #[arg(long, env = "XCC_MCS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub mcs: bool,
 }
 
 pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
@@ -43,13 +47,23 @@ pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
     let leader = args
         .leader_elect
         .then(|| LeaderConfig::new(&args.namespace, LEASE_NAME));
+    let mut cluster = args.cluster.clone().filter(|c| !c.is_empty());
+    if args.mcs {
+        let property = xcc_controller::cluster_id::cluster_property(&client).await?;
+        cluster = xcc_controller::cluster_id::resolve(
+            property.as_deref(),
+            cluster.as_deref(),
+            "--cluster (XCC_CLUSTER_NAME)",
+        )?;
+    }
     let settings = Settings {
         config: Config {
             ingress_port: args.ingress_port,
-            cluster: args.cluster.clone().filter(|c| !c.is_empty()),
+            cluster,
         },
         ingress_service: args.ingress_service.clone(),
         instance: leader.as_ref().map(|l| l.identity.clone()),
+        mcs: args.mcs,
         ..Settings::default()
     };
     let metrics = Metrics::default();

@@ -99,6 +99,10 @@ pub struct RegistryArgs {
     /// How long a hierarchy query waits for its answer (seconds).
     #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub query_timeout_seconds: u64,
+    /// Multi-Cluster Services: at start-up, refuse to run when the ClusterProperty
+    /// `cluster.clusterset.k8s.io` names this cluster otherwise than the certificate does.
+    #[arg(long, env = "XCC_MCS", default_value_t = false, action = clap::ArgAction::Set)]
+    pub mcs: bool,
 }
 
 pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
@@ -149,6 +153,9 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
             ..Default::default()
         },
     };
+    if args.mcs {
+        check_cluster_property(&config.tls).await?;
+    }
     let cancel = CancellationToken::new();
     // Handlers first: a SIGTERM right after the "registry started" line must stop it gracefully.
     let stop = crate::cli::shutdown_signal()?;
@@ -159,4 +166,20 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         cancel.cancel();
     });
     registry.run().await
+}
+
+/// The certificate's cluster name must be the ClusterProperty's, when there is one.
+async fn check_cluster_property(tls: &xcc_certs::reload::TlsFiles) -> anyhow::Result<()> {
+    xcc_certs::install_crypto_provider();
+    let identity = xcc_certs::reload::ReloadingTls::load(tls.clone())
+        .context("loading TLS material")?
+        .identity();
+    let client = xcc_controller::client().await?;
+    let property = xcc_controller::cluster_id::cluster_property(&client).await?;
+    xcc_controller::cluster_id::resolve(
+        property.as_deref(),
+        Some(identity.name()),
+        "the registry certificate",
+    )?;
+    Ok(())
 }

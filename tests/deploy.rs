@@ -33,12 +33,14 @@ const NAMESPACE: &str = "cross-cluster-connectivity";
 const IMAGE: &str = concat!("xcc:", env!("CARGO_PKG_VERSION"));
 /// The image's user (`USER` in the Containerfile, distroless `nonroot`).
 const IMAGE_USER: i64 = 65532;
-const TARGETS: [&str; 12] = [
+const TARGETS: [&str; 14] = [
     "crds",
+    "mcs/crds",
     "base",
     "overlays/exporter",
     "overlays/importer",
     "overlays/cilium",
+    "overlays/mcs",
     "cert-manager",
     "examples",
     "dns",

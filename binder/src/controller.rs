@@ -76,6 +76,9 @@ pub struct Config {
     /// Every key is reconciled again this often (the orphan check of global Services with
     /// local endpoints relies on it).
     pub resync: Duration,
+    /// Also write a ServiceImport per import (the Multi-Cluster Services API,
+    /// [`crate::mcs_run`]; needs the MCS CRDs and the RBAC of `deploy/overlays/mcs`).
+    pub mcs: bool,
 }
 
 impl Config {
@@ -85,6 +88,7 @@ impl Config {
             namespace: namespace.to_string(),
             workers: 4,
             resync: Duration::from_secs(600),
+            mcs: false,
         }
     }
 }
@@ -292,6 +296,14 @@ impl Controller {
             stop.clone(),
             ManagedEvents,
         ));
+
+        if ctx.config.mcs {
+            tasks.spawn(crate::mcs_run::run(
+                client.clone(),
+                ns.clone(),
+                stop.clone(),
+            ));
+        }
 
         // Reconcile nothing before every store holds a complete listing: a half-listed store
         // would make present objects look orphaned.

@@ -8,8 +8,10 @@
 //!   annotation (and the origin annotations the DNS server reads), owned by every record of the
 //!   group (owner references sorted by UID); with a VIP it is a LoadBalancer of the inert class
 //!   [`VIP_LOAD_BALANCER_CLASS`] and the VIP goes into its load-balancer status;
-//! - **EndpointSlices**, one per address family and port set, labelled
-//!   `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by: xcc-binder`;
+//! - **EndpointSlices**, one per source cluster, address family and port set, labelled
+//!   `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by: xcc-binder`, and
+//!   with the MCS labels `multicluster.kubernetes.io/service-name` (the origin's name: the
+//!   ServiceImport's, [`crate::mcs`]) and `multicluster.kubernetes.io/source-cluster`;
 //! - legacy **Endpoints**, one subset per port set, with no subsets when nothing is left
 //!   (valid, unlike XCC v1's empty subset), labelled so the mirroring controller skips it.
 //!
@@ -37,6 +39,7 @@ use xcc_proto::crd::{
     MANAGED_BY_LABEL, Protocol, ServiceRecord,
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
+use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
 use xcc_proto::names::{
     self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
 };
@@ -245,7 +248,7 @@ pub struct Materialized {
     pub service: Service,
     /// IP to publish in `status.loadBalancer.ingress` (the VIP annotation), if any.
     pub vip: Option<String>,
-    /// EndpointSlices, one per address family and port set, sorted by name.
+    /// EndpointSlices, one per source cluster, address family and port set, sorted by name.
     pub slices: Vec<EndpointSlice>,
     /// Legacy Endpoints of the same name as the Service.
     pub endpoints: Endpoints,
@@ -300,7 +303,7 @@ fn port_set_id(set: &PortSet) -> String {
         .join(",")
 }
 
-fn non_empty(name: &str) -> Option<String> {
+pub(crate) fn non_empty(name: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
@@ -348,11 +351,13 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         losers,
     });
 
-    // address → port sets it serves; grouped per (family, port set).
+    // address → port sets it serves; grouped per (source cluster, family, port set).
     let mut dropped = Vec::new();
-    // address → (is IPv6, the (name, protocol, endpoint port) entries it serves).
-    let mut served: BTreeMap<String, (bool, BTreeSet<PortEntry>)> = BTreeMap::new();
+    // (source cluster, address) → (is IPv6, the (name, protocol, endpoint port) entries it
+    // serves).
+    let mut served: BTreeMap<(String, String), (bool, BTreeSet<PortEntry>)> = BTreeMap::new();
     for (record, ports) in &contributing {
+        let cluster = cilium::source_cluster(record).unwrap_or_default();
         for endpoint in &record.spec.endpoints {
             let shown = format!("{}:{}", endpoint.address, endpoint.port);
             let Ok(ip) = endpoint.address.parse::<IpAddr>() else {
@@ -378,16 +383,16 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
             }
             // Canonical text form (e.g. IPv6 compressed), so duplicates merge.
             let entry = served
-                .entry(ip.to_string())
+                .entry((cluster.clone(), ip.to_string()))
                 .or_insert_with(|| (ip.is_ipv6(), BTreeSet::new()));
             entry.1.extend(matching);
         }
     }
-    // (family is IPv6, port set) → addresses, sorted.
-    let mut groups: BTreeMap<(bool, PortSet), Vec<String>> = BTreeMap::new();
-    for (address, (v6, set)) in served {
+    // (source cluster, family is IPv6, port set) → addresses, sorted.
+    let mut groups: BTreeMap<(String, bool, PortSet), Vec<String>> = BTreeMap::new();
+    for ((cluster, address), (v6, set)) in served {
         groups
-            .entry((v6, set.into_iter().collect()))
+            .entry((cluster, v6, set.into_iter().collect()))
             .or_default()
             .push(address);
     }
@@ -447,16 +452,23 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         status: None,
     };
 
-    let slices = groups
+    let mcs_name = winner.spec.origin.as_ref().map(|o| o.name.clone());
+    let mut slices = groups
         .iter()
-        .map(|((v6, set), addresses)| {
+        .map(|((cluster, v6, set), addresses)| {
             let family = if *v6 { "IPv6" } else { "IPv4" };
+            // One slice per source cluster, so each carries the MCS source-cluster label.
+            let id = if cluster.is_empty() {
+                port_set_id(set)
+            } else {
+                format!("{cluster}/{}", port_set_id(set))
+            };
             let slice_name = format!(
                 "{service_name}-{}-{}",
                 family.to_ascii_lowercase(),
-                names::hash8(&port_set_id(set))
+                names::hash8(&id)
             );
-            let labels = BTreeMap::from([
+            let mut labels = BTreeMap::from([
                 (
                     ENDPOINTSLICE_SERVICE_NAME_LABEL.to_string(),
                     service_name.clone(),
@@ -467,6 +479,12 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
                 ),
                 managed.clone(),
             ]);
+            if let Some(name) = &mcs_name {
+                labels.insert(MCS_SERVICE_NAME_LABEL.to_string(), name.clone());
+            }
+            if !cluster.is_empty() {
+                labels.insert(MCS_SOURCE_CLUSTER_LABEL.to_string(), cluster.clone());
+            }
             EndpointSlice {
                 metadata: meta(slice_name, labels),
                 address_type: family.into(),
@@ -494,10 +512,11 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
             }
         })
         .collect::<Vec<_>>();
+    slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
     // Legacy Endpoints: one subset per port set, both families together.
     let mut subsets: BTreeMap<&PortSet, Vec<String>> = BTreeMap::new();
-    for ((_, set), addresses) in &groups {
+    for ((_, _, set), addresses) in &groups {
         subsets
             .entry(set)
             .or_default()
@@ -507,6 +526,8 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         .into_iter()
         .map(|(set, mut addresses)| {
             addresses.sort();
+            // Two clusters may list the same address.
+            addresses.dedup();
             EndpointSubset {
                 addresses: Some(
                     addresses

@@ -6,3 +6,5 @@
 pub mod apply;
 pub mod controller;
 pub mod desired;
+pub mod mcs;
+pub mod mcs_run;

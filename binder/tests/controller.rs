@@ -82,6 +82,7 @@ async fn controller(id: &Identity, ns: &str) -> Controller {
             namespace: ns.into(),
             workers: 2,
             resync: Duration::from_secs(3600),
+            mcs: false,
         },
         Metrics::default(),
         Health::default(),

@@ -11,6 +11,7 @@ pub mod domains;
 pub mod hamlet;
 pub mod import_journal;
 pub mod mapping;
+pub mod mcs;
 pub mod names;
 pub mod resources;
 

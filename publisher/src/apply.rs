@@ -5,9 +5,11 @@
 //! records the source owns but should no longer have (label removed, FQDN changed). A record
 //! of the same name that the source does not own is reported, never touched.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use xcc_proto::crd::{MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord};
+use xcc_proto::mcs::ServiceExport;
 use xcc_proto::names::{EXPORT_LABEL, LABEL_PREFIX};
 
 use crate::desired::{Desired, Skip, may_write, records_of_source, stale_records};
@@ -19,10 +21,12 @@ pub const FIELD_MANAGER: &str = "xcc-publisher";
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
     /// The API server refused or could not be reached.
-    #[error("{action} ServiceRecord {namespace}/{name}: {source}")]
+    #[error("{action} {kind} {namespace}/{name}: {source}")]
     Kube {
         /// What was attempted (`list`, `get`, `apply`, `delete`).
         action: &'static str,
+        /// The kind of object (`ServiceRecord`, `ServiceExport`).
+        kind: &'static str,
         /// Namespace.
         namespace: String,
         /// Record name (empty for a list).
@@ -79,6 +83,7 @@ fn kube_error(
     let (namespace, name) = (namespace.to_string(), name.to_string());
     move |source| SyncError::Kube {
         action,
+        kind: "ServiceRecord",
         namespace,
         name,
         source,
@@ -189,6 +194,36 @@ pub async fn sync_source_known<'a>(
         }
     }
     Ok(outcome)
+}
+
+/// Server-side apply `conditions` to the status of the ServiceExport `namespace/name` under
+/// [`FIELD_MANAGER`]: the conditions of other types, owned by other managers, stay.
+pub async fn write_export_status(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    conditions: &[Condition],
+) -> Result<(), SyncError> {
+    let api: Api<ServiceExport> = Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({
+        "apiVersion": ServiceExport::api_version(&()),
+        "kind": ServiceExport::kind(&()),
+        "status": {"conditions": conditions},
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|source| SyncError::Kube {
+        action: "apply status of",
+        kind: "ServiceExport",
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        source,
+    })?;
+    Ok(())
 }
 
 /// Records removed for a source that is gone or no longer exported.

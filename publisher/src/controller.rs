@@ -16,6 +16,11 @@
 //! they read the current stores and bring the source's records to what [`crate::desired`] says,
 //! with [`crate::apply`] writing only what differs. Nothing is written at steady state.
 //!
+//! In MCS mode ([`Settings::mcs`]) every Service is watched, a ServiceExport exports the Service
+//! of its name like the label does ([`crate::mcs`]), imported ServiceRecords are watched for
+//! other clusters' exports of the same name, and each ServiceExport's status conditions are
+//! written with server-side apply after its Service is reconciled.
+//!
 //! Clusters without Contour are normal: when the HTTPProxy API is not served, Services are
 //! still exported, and the API is looked up again every [`Settings::discovery_retry`].
 
@@ -42,11 +47,13 @@ use tracing::{debug, info, warn};
 use xcc_controller::probes::Health;
 use xcc_controller::queue::{Backoff, Queue};
 use xcc_proto::crd::{MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord};
-use xcc_proto::names::EXPORT_LABEL;
+use xcc_proto::mcs::ServiceExport;
+use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL};
 
 use crate::apply::{self, FIELD_MANAGER, Outcome, SyncError};
 use crate::desired::{self, Config, Desired, Skip};
 use crate::httpproxy::HTTPProxy;
+use crate::mcs;
 
 /// Name of the leader-election Lease and the Events' reporting controller.
 pub const LEASE_NAME: &str = "xcc-publisher";
@@ -69,6 +76,9 @@ pub struct Settings {
     pub backoff: Backoff,
     /// Reporting instance of Events (the pod name).
     pub instance: Option<String>,
+    /// Speak the Multi-Cluster Services API: ServiceExports export their Services and get
+    /// status conditions (needs the MCS CRDs and the RBAC of `deploy/overlays/mcs`).
+    pub mcs: bool,
 }
 
 impl Default for Settings {
@@ -83,6 +93,7 @@ impl Default for Settings {
                 max: Duration::from_secs(300),
             },
             instance: None,
+            mcs: false,
         }
     }
 }
@@ -272,6 +283,10 @@ struct Shared {
     ingress: Store<Service>,
     nodes: Store<Node>,
     records: Store<ServiceRecord>,
+    /// ServiceExports (MCS mode; empty otherwise).
+    exports: Store<ServiceExport>,
+    /// Imported ServiceRecords, for other clusters' exports of the same name (MCS mode).
+    imported: Store<ServiceRecord>,
     proxy_api: tokio::sync::watch::Sender<ProxyApi>,
     reported: Mutex<HashMap<SourceKey, Reported>>,
     /// Keys of the first full sync not reconciled yet; `None` once ready.
@@ -312,6 +327,15 @@ impl Shared {
             .filter_map(|r| SourceKey::owning(r))
             .filter(|k| kind.is_none_or(|kind| k.kind == kind))
             .collect()
+    }
+
+    /// The ServiceExport named like the Service `key`, in MCS mode.
+    fn export_of(&self, key: &SourceKey) -> Option<Arc<ServiceExport>> {
+        if key.kind != SourceKind::Service {
+            return None;
+        }
+        self.exports
+            .get(&ObjectRef::new(&key.name).within(&key.namespace))
     }
 
     fn ingress_service(&self) -> Option<Arc<Service>> {
@@ -423,12 +447,20 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
             let service = shared
                 .services
                 .get(&ObjectRef::new(&key.name).within(&key.namespace));
+            let export = shared.export_of(key);
             service.and_then(|s| {
                 let uid = s.metadata.uid.clone()?;
+                let exported = mcs::exported(&s.metadata, export.as_deref());
                 // The clusterset namespace is the Service's own (no namespace mapping here).
                 Some((
                     uid,
-                    desired::from_service(&s, &key.namespace, &nodes, &shared.settings.config),
+                    desired::from_exported_service(
+                        &s,
+                        exported,
+                        &key.namespace,
+                        &nodes,
+                        &shared.settings.config,
+                    ),
                 ))
             })
         }
@@ -464,6 +496,7 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
                 )
                 .await;
         }
+        write_export_status(shared, key, mcs::State::NoService).await?;
         return Ok(());
     };
     let known = shared.records_in(&key.namespace);
@@ -476,6 +509,60 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
     )
     .await?;
     report(shared, key, &uid, &desired, &outcome).await;
+    let state = match (&outcome.conflict, &outcome.skipped, desired.record()) {
+        (Some(name), _, _) => mcs::State::RecordTaken(name),
+        (None, Some(skip), _) => mcs::State::Skipped(skip),
+        (None, None, Some(record)) => mcs::State::Published(record),
+        (None, None, None) => return Ok(()),
+    };
+    write_export_status(shared, key, state).await?;
+    Ok(())
+}
+
+/// In MCS mode, bring the status conditions of the ServiceExport named like the Service `key`
+/// (if there is one) to what `state` says, with server-side apply on the status subresource;
+/// no write when they already say it.
+async fn write_export_status(
+    shared: &Shared,
+    key: &SourceKey,
+    state: mcs::State<'_>,
+) -> Result<(), SyncError> {
+    if key.kind != SourceKind::Service {
+        return Ok(());
+    }
+    let Some(export) = shared.export_of(key) else {
+        return Ok(());
+    };
+    if export.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let conflicts = match state {
+        mcs::State::Published(record) => mcs::port_conflicts(
+            record,
+            shared.settings.config.cluster.as_deref(),
+            shared.imported.state().iter().map(|r| r.as_ref()),
+        ),
+        _ => Vec::new(),
+    };
+    let existing = export
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let conditions = mcs::merge(
+        &existing,
+        &mcs::conditions(state, &conflicts),
+        export.metadata.generation,
+        &now,
+    );
+    if mcs::up_to_date(&existing, &conditions) {
+        return Ok(());
+    }
+    apply::write_export_status(&shared.client, &key.namespace, &key.name, &conditions).await?;
+    shared.metrics.wrote("ServiceExport", "apply-status", 1);
+    info!(source = %key, "ServiceExport status written");
     Ok(())
 }
 
@@ -759,6 +846,8 @@ pub async fn run(
     let (ingress, ingress_writer) = reflector::store::<Service>();
     let (nodes, node_writer) = reflector::store::<Node>();
     let (records, record_writer) = reflector::store::<ServiceRecord>();
+    let (exports, export_writer) = reflector::store::<ServiceExport>();
+    let (imported, imported_writer) = reflector::store::<ServiceRecord>();
     let reporter = Reporter {
         controller: LEASE_NAME.into(),
         instance: settings.instance.clone(),
@@ -776,6 +865,8 @@ pub async fn run(
         ingress: ingress.clone(),
         nodes: nodes.clone(),
         records: records.clone(),
+        exports: exports.clone(),
+        imported: imported.clone(),
         proxy_api: tokio::sync::watch::Sender::new(ProxyApi::Unknown),
         reported: Mutex::default(),
         initial: Mutex::new(Some(HashSet::new())),
@@ -786,10 +877,15 @@ pub async fn run(
     health.set_ready(false);
     let mut tasks = tokio::task::JoinSet::new();
 
-    // Exported Services.
+    let mcs_mode = shared.settings.mcs;
+    // Exported Services; every Service in MCS mode (a ServiceExport may name any).
     {
         let api: Api<Service> = Api::all(client.clone());
-        let config = watcher::Config::default().labels(EXPORT_LABEL);
+        let config = if mcs_mode {
+            watcher::Config::default()
+        } else {
+            watcher::Config::default().labels(EXPORT_LABEL)
+        };
         let on = source_events(shared.clone(), SourceKind::Service, services.clone());
         tasks.spawn(drive(
             api,
@@ -799,6 +895,49 @@ pub async fn run(
             shared.metrics.clone(),
             cancel.clone(),
             on,
+        ));
+    }
+    if mcs_mode {
+        // ServiceExports: each stands for the Service of its name.
+        let api: Api<ServiceExport> = Api::all(client.clone());
+        let s = shared.clone();
+        tasks.spawn(drive(
+            api,
+            watcher::Config::default(),
+            export_writer,
+            "serviceexports",
+            shared.metrics.clone(),
+            cancel.clone(),
+            move |event| match event {
+                Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) => {
+                    if let Some(key) = SourceKey::of(SourceKind::Service, e) {
+                        s.queue.add(key);
+                    }
+                }
+                Event::Init | Event::InitDone => {}
+            },
+        ));
+        // Imported records: another cluster's export of a name exported here may conflict.
+        let api: Api<ServiceRecord> = Api::all(client.clone());
+        let s = shared.clone();
+        tasks.spawn(drive(
+            api,
+            watcher::Config::default().labels(IMPORTED_LABEL),
+            imported_writer,
+            "imported-servicerecords",
+            shared.metrics.clone(),
+            cancel.clone(),
+            move |event| {
+                if let Event::Apply(r) | Event::Delete(r) | Event::InitApply(r) = event
+                    && let Some(origin) = &r.spec.origin
+                {
+                    s.queue.add(SourceKey {
+                        kind: SourceKind::Service,
+                        namespace: origin.namespace.clone(),
+                        name: origin.name.clone(),
+                    });
+                }
+            },
         ));
     }
     // HTTPProxies, once their API is served.
@@ -900,6 +1039,10 @@ pub async fn run(
             services.wait_until_ready().await?;
             ingress.wait_until_ready().await?;
             nodes.wait_until_ready().await?;
+            if mcs_mode {
+                exports.wait_until_ready().await?;
+                imported.wait_until_ready().await?;
+            }
             records.wait_until_ready().await
         };
         // Map the borrowed value away at once: it must not be held across an await.

@@ -354,7 +354,26 @@ pub fn from_service(
     nodes: &[Node],
     config: &Config,
 ) -> Desired {
-    if !has_label(&service.metadata, EXPORT_LABEL) {
+    from_exported_service(
+        service,
+        has_label(&service.metadata, EXPORT_LABEL),
+        clusterset_namespace,
+        nodes,
+        config,
+    )
+}
+
+/// [`from_service`] with the export decision made by the caller: `exported` is the export
+/// label or, in MCS mode, a ServiceExport of the Service's name ([`crate::mcs::exported`]) —
+/// either way the same record.
+pub fn from_exported_service(
+    service: &Service,
+    exported: bool,
+    clusterset_namespace: &str,
+    nodes: &[Node],
+    config: &Config,
+) -> Desired {
+    if !exported {
         return Desired::Skip(Skip::NotExported);
     }
     let (Some(name), Some(namespace), Some(owner)) = (

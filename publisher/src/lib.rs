@@ -12,3 +12,4 @@ pub mod apply;
 pub mod controller;
 pub mod desired;
 pub mod httpproxy;
+pub mod mcs;

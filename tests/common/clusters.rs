@@ -88,6 +88,8 @@ pub struct Cluster {
     pub registry: Option<Proc>,
     pub publisher: Option<Proc>,
     pub binder: Option<Proc>,
+    /// Start the processes with `--mcs true` (the Multi-Cluster Services API).
+    pub mcs: bool,
 }
 
 /// A PKI and a scratch directory for a set of clusters.
@@ -143,6 +145,7 @@ impl World {
             registry: None,
             publisher: None,
             binder: None,
+            mcs: false,
         })
     }
 
@@ -207,6 +210,8 @@ impl Cluster {
             self.admin.to_string(),
             "--metrics-listen".into(),
             String::new(),
+            "--mcs".into(),
+            self.mcs.to_string(),
         ];
         self.registry = Some(spawn(
             format!("{}/registry", self.name),
@@ -222,6 +227,8 @@ impl Cluster {
             "publisher".to_string(),
             "--cluster".into(),
             self.name.clone(),
+            "--mcs".into(),
+            self.mcs.to_string(),
         ];
         self.publisher = Some(spawn(
             format!("{}/publisher", self.name),
@@ -236,7 +243,7 @@ impl Cluster {
         self.binder = Some(spawn(
             format!("{}/binder", self.name),
             &id.kubeconfig,
-            &["binder".to_string()],
+            &["binder".to_string(), "--mcs".into(), self.mcs.to_string()],
             log,
         ));
     }

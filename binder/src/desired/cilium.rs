@@ -20,7 +20,7 @@ use xcc_proto::crd::{
     BINDER_MANAGER, CILIUM_GLOBAL_ANNOTATION, CILIUM_SHARED_ANNOTATION, MANAGED_BY_LABEL,
     SOURCE_CLUSTER_ANNOTATION, ServiceRecord,
 };
-use xcc_proto::names::{FQDN_ANNOTATION, REMOTE_REGISTRY_LABEL};
+use xcc_proto::names::FQDN_ANNOTATION;
 
 use super::{Port, PortError, non_empty, resolved_ports, uid};
 
@@ -78,20 +78,8 @@ pub fn group_by_origin<'a>(
 }
 
 /// The cluster a record comes from: `spec.origin.cluster`, else its remote registry.
-fn source_cluster(record: &ServiceRecord) -> Option<String> {
-    record
-        .spec
-        .origin
-        .as_ref()
-        .and_then(|o| o.cluster.clone())
-        .or_else(|| {
-            record
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(REMOTE_REGISTRY_LABEL))
-                .cloned()
-        })
+pub(crate) fn source_cluster(record: &ServiceRecord) -> Option<String> {
+    xcc_proto::mcs::source_cluster(record).map(str::to_string)
 }
 
 /// The global Service for one origin: name and namespace of the origin, annotations

@@ -144,9 +144,10 @@ fn sb_01_one_record() {
     assert_eq!(m.dropped, []);
 
     let slice = serde_json::to_value(&m.slices).unwrap();
+    // One slice per source cluster (here the remote registry `rr`: the record has no origin).
     let name = format!(
         "test-some-domain-cc9e50dd-ipv4-{}",
-        names::hash8("/TCP/443")
+        names::hash8("rr//TCP/443")
     );
     assert_eq!(
         slice,
@@ -160,6 +161,7 @@ fn sb_01_one_record() {
                     "kubernetes.io/service-name": "test-some-domain-cc9e50dd",
                     "endpointslice.kubernetes.io/managed-by": "xcc-binder",
                     "app.kubernetes.io/managed-by": "xcc-binder",
+                    "multicluster.kubernetes.io/source-cluster": "rr",
                 },
                 "ownerReferences": [{
                     "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
@@ -809,4 +811,58 @@ fn cilium_namespace_ownership_and_orphans() {
         cilium::orphan_decision(&ours, "xcc-other", false, 0),
         OrphanDecision::Keep
     );
+}
+
+#[test]
+fn slices_are_split_per_source_cluster_and_carry_the_mcs_labels() {
+    let fqdn = "api.shop.svc.clusterset.local";
+    let from = |name: &str, uid: &str, cluster: &str, ip: &str| {
+        let mut sr = record(name, uid, fqdn, port_443(), &[(ip, 443)]);
+        sr.spec.origin = Some(Origin {
+            cluster: Some(cluster.into()),
+            namespace: "shop".into(),
+            name: "api".into(),
+            kind: None,
+        });
+        sr
+    };
+    // Both clusters list 10.0.0.9 (e.g. a shared load balancer): one slice each, one
+    // legacy address.
+    let records = [
+        from("e1", "1", "east", "10.0.0.1"),
+        from("e2", "2", "east", "10.0.0.9"),
+        from("w1", "3", "west", "10.0.0.9"),
+    ];
+    let m = group_for(&records, fqdn);
+    let got: Vec<(String, String, String, Vec<String>)> = m
+        .slices
+        .iter()
+        .map(|s| {
+            let l = s.metadata.labels.as_ref().unwrap();
+            (
+                s.metadata.name.clone().unwrap(),
+                l[MCS_SERVICE_NAME_LABEL].clone(),
+                l[MCS_SOURCE_CLUSTER_LABEL].clone(),
+                s.endpoints.iter().map(|e| e.addresses[0].clone()).collect(),
+            )
+        })
+        .collect();
+    let service = names::service_name(fqdn);
+    let mut want = vec![
+        (
+            format!("{service}-ipv4-{}", names::hash8("east//TCP/443")),
+            "api".to_string(),
+            "east".to_string(),
+            vec!["10.0.0.1".to_string(), "10.0.0.9".to_string()],
+        ),
+        (
+            format!("{service}-ipv4-{}", names::hash8("west//TCP/443")),
+            "api".to_string(),
+            "west".to_string(),
+            vec!["10.0.0.9".to_string()],
+        ),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    assert_eq!(addresses(&m.endpoints), [["10.0.0.1", "10.0.0.9"]]);
 }

@@ -1,0 +1,183 @@
+//! The Multi-Cluster Services side of the binder (KEP-1645), pure: for each service imported
+//! here, a `ServiceImport` named like its origin in the origin's namespace (namespace
+//! sameness), beside the Service and EndpointSlices the binder already writes ([`desired`]):
+//! - `spec.type: ClusterSetIP` (xcc exports only Services with a cluster IP, so no import is
+//!   headless), `spec.ports` from the lowest-UID record with usable ports (as the Service's),
+//!   `spec.ips`: the cluster IPs of the binder's Service for the FQDN — what `xcc dns` answers
+//!   for `<name>.<namespace>.svc.clusterset.local` (none until the API server allocated them);
+//! - `status.clusters`: the source clusters of the records, sorted;
+//! - the managed label and the install annotation of Cilium mode ([`cilium::INSTALL_ANNOTATION`]),
+//!   so a binder writes and deletes only its own ServiceImports: one that Submariner, Cilium or
+//!   another install made under the same name is never touched ([`may_write`], [`stale`]).
+//!
+//! [`crate::mcs_run`] applies the result.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use xcc_proto::crd::{BINDER_MANAGER, MANAGED_BY_LABEL, ServiceRecord};
+use xcc_proto::mcs::{
+    ClusterStatus, McsServicePort, ServiceImport, ServiceImportSpec, ServiceImportStatus,
+    TYPE_CLUSTER_SET_IP,
+};
+use xcc_proto::names::{self, FQDN_ANNOTATION};
+
+use crate::desired::cilium::{self, INSTALL_ANNOTATION, OriginKey};
+use crate::desired::{non_empty, resolved_ports};
+
+/// Why an origin gets no ServiceImport.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// The origin.
+    pub origin: OriginKey,
+    /// Why.
+    pub reason: String,
+}
+
+/// The IPs clients of an import connect to: the cluster IPs of the binder's Service, the
+/// addresses `xcc dns` answers for the import's `clusterset.local` name; empty before the API
+/// server allocated them.
+fn service_ips(service: Option<&Service>) -> Vec<String> {
+    let spec = service.and_then(|s| s.spec.as_ref());
+    match spec.and_then(|s| s.cluster_ips.clone()) {
+        Some(ips) if !ips.is_empty() => ips,
+        _ => spec
+            .and_then(|s| s.cluster_ip.clone())
+            .into_iter()
+            .collect(),
+    }
+    .into_iter()
+    .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+    .collect()
+}
+
+/// The ServiceImports the imported `records` (in the binder's namespace) call for, sorted by
+/// namespace and name, and the origins that get none. `services` are the binder's Services
+/// (looked up by namespace and name for their IPs); `install` is the binder's namespace.
+pub fn desired(
+    records: &[&ServiceRecord],
+    services: &BTreeMap<(String, String), &Service>,
+    install: &str,
+) -> (Vec<ServiceImport>, Vec<Skipped>) {
+    let (groups, _without_origin) = cilium::group_by_origin(records.iter().copied());
+    let mut imports = Vec::new();
+    let mut skipped = Vec::new();
+    for (origin, group) in groups {
+        let Some((winner, ports)) = group
+            .iter()
+            .find_map(|r| resolved_ports(r).ok().map(|p| (*r, p)))
+        else {
+            skipped.push(Skipped {
+                origin,
+                reason: "no record has usable ports".into(),
+            });
+            continue;
+        };
+        let fqdn = names::canonical_fqdn(&winner.spec.fqdn).unwrap_or_default();
+        let service = winner
+            .metadata
+            .namespace
+            .clone()
+            .and_then(|ns| services.get(&(ns, names::service_name(&fqdn))).copied());
+        let ips = service_ips(service);
+        let clusters: BTreeSet<String> = group
+            .iter()
+            .filter_map(|r| cilium::source_cluster(r))
+            .collect();
+        let mut mcs_ports: Vec<McsServicePort> = ports
+            .iter()
+            .map(|p| McsServicePort {
+                name: non_empty(&p.name),
+                protocol: Some(p.protocol.as_str().into()),
+                app_protocol: None,
+                port: p.port,
+            })
+            .collect();
+        mcs_ports.sort();
+        imports.push(ServiceImport {
+            metadata: ObjectMeta {
+                name: Some(origin.name.clone()),
+                namespace: Some(origin.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    MANAGED_BY_LABEL.to_string(),
+                    BINDER_MANAGER.to_string(),
+                )])),
+                annotations: Some(BTreeMap::from([
+                    (FQDN_ANNOTATION.to_string(), fqdn),
+                    (INSTALL_ANNOTATION.to_string(), install.to_string()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            spec: ServiceImportSpec {
+                ports: mcs_ports,
+                type_: TYPE_CLUSTER_SET_IP.into(),
+                ips: (!ips.is_empty()).then_some(ips),
+                session_affinity: None,
+            },
+            status: Some(ServiceImportStatus {
+                clusters: Some(
+                    clusters
+                        .into_iter()
+                        .map(|cluster| ClusterStatus { cluster })
+                        .collect(),
+                ),
+            }),
+        });
+    }
+    (imports, skipped)
+}
+
+/// Whether the binder of `install` may write over `existing`: nothing there, or its own.
+pub fn may_write(existing: Option<&ServiceImport>, install: &str) -> bool {
+    existing.is_none_or(|e| cilium::is_ours(&e.metadata, install))
+}
+
+/// What of `desired` differs in `existing`: (spec, labels or annotations differ; status
+/// differs).
+pub fn differs(existing: Option<&ServiceImport>, desired: &ServiceImport) -> (bool, bool) {
+    let Some(existing) = existing else {
+        return (true, true);
+    };
+    let contains = |have: &Option<BTreeMap<String, String>>,
+                    want: &Option<BTreeMap<String, String>>| {
+        want.iter()
+            .flatten()
+            .all(|(k, v)| have.as_ref().and_then(|h| h.get(k)) == Some(v))
+    };
+    let meta_ok = contains(&existing.metadata.labels, &desired.metadata.labels)
+        && contains(
+            &existing.metadata.annotations,
+            &desired.metadata.annotations,
+        );
+    (
+        !meta_ok || existing.spec != desired.spec,
+        existing.status.as_ref().and_then(|s| s.clusters.as_ref())
+            != desired.status.as_ref().and_then(|s| s.clusters.as_ref()),
+    )
+}
+
+/// The binder's own ServiceImports among `existing` (of `install`) that `desired` no longer
+/// has, sorted by namespace and name.
+pub fn stale<'a>(
+    existing: impl IntoIterator<Item = &'a ServiceImport>,
+    desired: &[ServiceImport],
+    install: &str,
+) -> Vec<&'a ServiceImport> {
+    let keep: BTreeSet<(Option<&String>, Option<&String>)> = desired
+        .iter()
+        .map(|d| (d.metadata.namespace.as_ref(), d.metadata.name.as_ref()))
+        .collect();
+    let mut out: Vec<&ServiceImport> = existing
+        .into_iter()
+        .filter(|e| cilium::is_ours(&e.metadata, install))
+        .filter(|e| !keep.contains(&(e.metadata.namespace.as_ref(), e.metadata.name.as_ref())))
+        .collect();
+    out.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests;

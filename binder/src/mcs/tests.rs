@@ -1,0 +1,174 @@
+use serde_json::{Value, json};
+use xcc_proto::mcs::TYPE_CLUSTER_SET_IP;
+use xcc_proto::names::{IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
+
+use super::*;
+
+const NS: &str = "xcc";
+
+fn record(name: &str, uid: &str, cluster: &str, ports: Value, annotations: Value) -> ServiceRecord {
+    serde_json::from_value(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": name, "namespace": NS, "uid": uid, "annotations": annotations,
+                     "labels": {IMPORTED_LABEL: "", REMOTE_REGISTRY_LABEL: "registry"}},
+        "spec": {"fqdn": "api.shop.svc.clusterset.local",
+                 "endpoints": [{"address": "10.0.0.1", "port": 8080}],
+                 "ports": ports,
+                 "origin": {"cluster": cluster, "namespace": "shop", "name": "api"}},
+    }))
+    .unwrap()
+}
+
+fn binder_service(cluster_ip: &str, vip: Option<&str>) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": names::service_name("api.shop.svc.clusterset.local"), "namespace": NS},
+        "spec": {"clusterIP": cluster_ip, "clusterIPs": [cluster_ip]},
+        "status": {"loadBalancer": {"ingress": vip.map(|ip| vec![json!({"ip": ip})])}},
+    }))
+    .unwrap()
+}
+
+fn services(s: &Service) -> BTreeMap<(String, String), &Service> {
+    BTreeMap::from([(
+        (
+            s.metadata.namespace.clone().unwrap(),
+            s.metadata.name.clone().unwrap(),
+        ),
+        s,
+    )])
+}
+
+#[test]
+fn one_import_per_origin_with_ports_ips_and_clusters() {
+    let east = record(
+        "a",
+        "1",
+        "east",
+        json!([{"name": "http", "port": 80, "targetPort": 8080}]),
+        json!({}),
+    );
+    let west = record(
+        "b",
+        "2",
+        "west",
+        json!([{"name": "http", "port": 80, "targetPort": 8080}]),
+        json!({}),
+    );
+    let svc = binder_service("10.96.0.10", None);
+    let (imports, skipped) = desired(&[&west, &east], &services(&svc), "xcc-system");
+    assert_eq!(skipped, []);
+    let got = serde_json::to_value(&imports).unwrap();
+    assert_eq!(
+        got,
+        json!([{
+            "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceImport",
+            "metadata": {
+                "name": "api", "namespace": "shop",
+                "labels": {MANAGED_BY_LABEL: BINDER_MANAGER},
+                "annotations": {FQDN_ANNOTATION: "api.shop.svc.clusterset.local",
+                                INSTALL_ANNOTATION: "xcc-system"},
+            },
+            "spec": {"type": TYPE_CLUSTER_SET_IP, "ips": ["10.96.0.10"],
+                     "ports": [{"name": "http", "protocol": "TCP", "port": 80}]},
+            "status": {"clusters": [{"cluster": "east"}, {"cluster": "west"}]},
+        }])
+    );
+}
+
+#[test]
+fn ips_are_the_cluster_ips_of_the_binders_service_once_allocated() {
+    let r = record("a", "1", "east", json!([{"port": 80}]), json!({}));
+    let svc = binder_service("10.96.0.10", Some("192.0.2.7"));
+    let (imports, _) = desired(&[&r], &services(&svc), "i");
+    assert_eq!(imports[0].spec.ips, Some(vec!["10.96.0.10".to_string()]));
+    let (imports, _) = desired(&[&r], &BTreeMap::new(), "i");
+    assert_eq!(
+        imports[0].spec.ips, None,
+        "no IP before the API server allocates one"
+    );
+}
+
+#[test]
+fn an_origin_without_usable_ports_is_skipped_with_a_reason() {
+    let mut r = record("a", "1", "east", Value::Null, json!({}));
+    r.spec.endpoints.clear();
+    let (imports, skipped) = desired(&[&r], &BTreeMap::new(), "i");
+    assert_eq!(imports, []);
+    assert_eq!(skipped.len(), 1);
+    assert_eq!(skipped[0].origin.name, "api");
+    assert_eq!(skipped[0].reason, "no record has usable ports");
+}
+
+fn existing(name: &str, labels: Value, annotations: Value) -> ServiceImport {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "shop", "labels": labels, "annotations": annotations},
+        "spec": {"type": "ClusterSetIP", "ports": [{"port": 80}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn only_this_installs_imports_are_written_or_deleted() {
+    let ours = existing(
+        "old",
+        json!({MANAGED_BY_LABEL: BINDER_MANAGER}),
+        json!({INSTALL_ANNOTATION: "i"}),
+    );
+    let other_install = existing(
+        "x",
+        json!({MANAGED_BY_LABEL: BINDER_MANAGER}),
+        json!({INSTALL_ANNOTATION: "j"}),
+    );
+    let submariner = existing(
+        "api",
+        json!({"app.kubernetes.io/managed-by": "lighthouse"}),
+        json!({}),
+    );
+    assert!(may_write(None, "i"));
+    assert!(may_write(Some(&ours), "i"));
+    assert!(!may_write(Some(&other_install), "i"));
+    assert!(!may_write(Some(&submariner), "i"));
+
+    let r = record("a", "1", "east", json!([{"port": 80}]), json!({}));
+    let (want, _) = desired(&[&r], &BTreeMap::new(), "i");
+    let kept = existing(
+        "api",
+        json!({MANAGED_BY_LABEL: BINDER_MANAGER}),
+        json!({INSTALL_ANNOTATION: "i"}),
+    );
+    let gone: Vec<_> = stale([&ours, &other_install, &submariner, &kept], &want, "i")
+        .into_iter()
+        .map(|e| e.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(gone, ["old"]);
+    // Nothing desired: all of ours go, nothing else.
+    assert_eq!(
+        stale([&ours, &other_install, &submariner], &[], "i").len(),
+        1
+    );
+}
+
+#[test]
+fn differs_compares_what_the_binder_owns() {
+    let r = record("a", "1", "east", json!([{"port": 80}]), json!({}));
+    let (want, _) = desired(&[&r], &BTreeMap::new(), "i");
+    let want = &want[0];
+    assert_eq!(differs(None, want), (true, true));
+    let mut same = want.clone();
+    same.metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("user".into(), "x".into());
+    assert_eq!(
+        differs(Some(&same), want),
+        (false, false),
+        "extra labels are not ours"
+    );
+    let mut other_status = want.clone();
+    other_status.status = None;
+    assert_eq!(differs(Some(&other_status), want), (false, true));
+    let mut other_spec = want.clone();
+    other_spec.spec.ports[0].port = 81;
+    assert_eq!(differs(Some(&other_spec), want), (true, false));
+}

@@ -1,0 +1,284 @@
+//! The binder's ServiceImport writer (MCS mode, [`crate::controller::Config::mcs`]): the I/O
+//! half of [`crate::mcs`]. Watches the imported ServiceRecords and the binder's Services in its
+//! namespace and its own ServiceImports everywhere; after any change it brings every
+//! ServiceImport to what [`crate::mcs::desired`] says — spec and metadata, then status, each
+//! with server-side apply and only when it differs — and deletes its own ServiceImports no
+//! import calls for any more (uid precondition: one re-created meanwhile by someone else
+//! stays). A ServiceImport of the same name it did not make is reported and left alone, and
+//! one in a namespace that does not exist here is skipped (the binder creates no namespaces
+//! for imports). Failed passes are retried with doubling delays.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use xcc_proto::crd::{BINDER_MANAGER, MANAGED_BY_LABEL, ServiceRecord};
+use xcc_proto::mcs::ServiceImport;
+use xcc_proto::names::IMPORTED_LABEL;
+
+use crate::apply::FIELD_MANAGER;
+use crate::mcs;
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// ServiceImports whose spec or status was written, `namespace/name`.
+    pub written: Vec<String>,
+    /// ServiceImports deleted.
+    pub deleted: Vec<String>,
+    /// ServiceImports not written, with why (someone else's, namespace missing, no ports).
+    pub skipped: Vec<String>,
+}
+
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+fn conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// One pass: bring the ServiceImports to what the stores say.
+pub async fn sync(
+    client: &Client,
+    install: &str,
+    records: &[Arc<ServiceRecord>],
+    services: &[Arc<Service>],
+    existing: &[Arc<ServiceImport>],
+) -> Result<Pass, kube::Error> {
+    let records: Vec<&ServiceRecord> = records.iter().map(|r| r.as_ref()).collect();
+    let services: BTreeMap<(String, String), &Service> = services
+        .iter()
+        .filter_map(|s| {
+            Some((
+                (s.metadata.namespace.clone()?, s.metadata.name.clone()?),
+                s.as_ref(),
+            ))
+        })
+        .collect();
+    let (desired, skipped) = mcs::desired(&records, &services, install);
+    let mut pass = Pass {
+        skipped: skipped
+            .into_iter()
+            .map(|s| format!("{}/{}: {}", s.origin.namespace, s.origin.name, s.reason))
+            .collect(),
+        ..Pass::default()
+    };
+    let ours: BTreeMap<(Option<&String>, Option<&String>), &ServiceImport> = existing
+        .iter()
+        .map(|e| {
+            (
+                (e.metadata.namespace.as_ref(), e.metadata.name.as_ref()),
+                e.as_ref(),
+            )
+        })
+        .collect();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for want in &desired {
+        let (Some(ns), Some(name)) = (&want.metadata.namespace, &want.metadata.name) else {
+            continue;
+        };
+        let shown = format!("{ns}/{name}");
+        let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
+        // The watch sees only the binder's own; anything else of the name is read first, so
+        // a ServiceImport another implementation made is never taken over.
+        let current = match ours.get(&(Some(ns), Some(name))) {
+            Some(c) => Some((*c).clone()),
+            None => api.get_opt(name).await?,
+        };
+        if !mcs::may_write(current.as_ref(), install) {
+            pass.skipped.push(format!(
+                "{shown}: exists and is not this binder's; left unchanged"
+            ));
+            continue;
+        }
+        let (spec_differs, status_differs) = mcs::differs(current.as_ref(), want);
+        if spec_differs {
+            let body = json!({
+                "apiVersion": ServiceImport::api_version(&()),
+                "kind": ServiceImport::kind(&()),
+                "metadata": {
+                    "name": name, "namespace": ns,
+                    "labels": want.metadata.labels, "annotations": want.metadata.annotations,
+                },
+                "spec": want.spec,
+            });
+            match api.patch(name, &params, &Patch::Apply(&body)).await {
+                Ok(_) => {}
+                Err(e) if not_found(&e) => {
+                    pass.skipped
+                        .push(format!("{shown}: namespace {ns} does not exist here"));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if status_differs || spec_differs {
+            let body = json!({
+                "apiVersion": ServiceImport::api_version(&()),
+                "kind": ServiceImport::kind(&()),
+                "status": want.status,
+            });
+            api.patch_status(name, &params, &Patch::Apply(&body))
+                .await?;
+        }
+        if spec_differs || status_differs {
+            pass.written.push(shown);
+        }
+    }
+    for old in mcs::stale(existing.iter().map(|e| e.as_ref()), &desired, install) {
+        let (Some(ns), Some(name)) = (&old.metadata.namespace, &old.metadata.name) else {
+            continue;
+        };
+        let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: old.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => pass.deleted.push(format!("{ns}/{name}")),
+            Err(e) if not_found(&e) || conflict(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(pass)
+}
+
+/// Feed a watch into its store and wake `changed` on every event.
+async fn follow<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+    changed: Arc<Notify>,
+    stop: CancellationToken,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let stream = watcher::watcher(api, config)
+        .default_backoff()
+        .reflect(writer);
+    tokio::pin!(stream);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            next = stream.next() => match next {
+                Some(Ok(_)) => changed.notify_one(),
+                Some(Err(e)) => tracing::warn!(error = %e, "MCS watch failed; retrying"),
+                None => return,
+            },
+        }
+    }
+}
+
+/// Run until `stop` fires: the binder in `namespace` keeps the ServiceImports of its imports.
+pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
+    let (records, records_w) = reflector::store::<ServiceRecord>();
+    let (services, services_w) = reflector::store::<Service>();
+    let (imports, imports_w) = reflector::store::<ServiceImport>();
+    let changed = Arc::new(Notify::new());
+    let managed = format!("{MANAGED_BY_LABEL}={BINDER_MANAGER}");
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(follow(
+        Api::<ServiceRecord>::namespaced(client.clone(), &namespace),
+        watcher::Config::default().labels(IMPORTED_LABEL),
+        records_w,
+        changed.clone(),
+        stop.clone(),
+    ));
+    tasks.spawn(follow(
+        Api::<Service>::namespaced(client.clone(), &namespace),
+        watcher::Config::default().labels(&managed),
+        services_w,
+        changed.clone(),
+        stop.clone(),
+    ));
+    tasks.spawn(follow(
+        Api::<ServiceImport>::all(client.clone()),
+        watcher::Config::default().labels(&managed),
+        imports_w,
+        changed.clone(),
+        stop.clone(),
+    ));
+    let ready = async {
+        records.wait_until_ready().await?;
+        services.wait_until_ready().await?;
+        imports.wait_until_ready().await
+    };
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        r = ready => {
+            if r.is_ok() {
+                passes(&client, &namespace, &records, &services, &imports, &changed, &stop).await;
+            }
+        }
+    }
+    stop.cancel();
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn passes(
+    client: &Client,
+    install: &str,
+    records: &Store<ServiceRecord>,
+    services: &Store<Service>,
+    imports: &Store<ServiceImport>,
+    changed: &Notify,
+    stop: &CancellationToken,
+) {
+    let mut failures = 0u32;
+    loop {
+        match sync(
+            client,
+            install,
+            &records.state(),
+            &services.state(),
+            &imports.state(),
+        )
+        .await
+        {
+            Ok(pass) => {
+                failures = 0;
+                if !pass.written.is_empty() || !pass.deleted.is_empty() {
+                    tracing::info!(written = ?pass.written, deleted = ?pass.deleted, "ServiceImports updated");
+                }
+                for why in &pass.skipped {
+                    tracing::debug!(%why, "ServiceImport not written");
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = changed.notified() => {}
+                }
+            }
+            Err(e) => {
+                failures = failures.saturating_add(1);
+                let delay = Duration::from_millis(100)
+                    .saturating_mul(1 << failures.min(12))
+                    .min(Duration::from_secs(300));
+                tracing::warn!(error = %e, ?delay, "writing ServiceImports failed; retrying");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The Multi-Cluster Services side of the publisher (KEP-1645), pure: a `ServiceExport` named
+//! like a Service in the same namespace exports that Service exactly as the XCC export label
+//! does ([`exported`]: label or export, one record either way), and the export's status carries
+//! the MCS conditions ([`conditions`]):
+//! - `Valid`: `Valid`, or `NoService` / `InvalidServiceType` (ExternalName, and headless
+//!   Services, which xcc cannot export) / `NoPorts` / `InvalidFqdn`;
+//! - `Ready`: `Exported` once the ServiceRecord is written, `Pending` while the export is not
+//!   valid, `Failed` when a ServiceRecord of that name belongs to someone else;
+//! - `Conflict`: `PortConflict` when another cluster exports the same name with other ports —
+//!   seen in the imported ServiceRecords of that name, so only in a cluster that also imports
+//!   the name; else `NoConflicts`. xcc exports no headless Services, so every export here has
+//!   a cluster IP and `TypeConflict` cannot arise.
+//!
+//! [`merge`] keeps each condition's `lastTransitionTime` while its status holds, so a reconcile
+//! that changes nothing writes nothing ([`up_to_date`]).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use xcc_proto::crd::{Protocol, ServiceRecord};
+use xcc_proto::mcs::{
+    CONDITION_CONFLICT, CONDITION_READY, CONDITION_VALID, REASON_EXPORTED, REASON_FAILED,
+    REASON_INVALID_SERVICE_TYPE, REASON_NO_CONFLICTS, REASON_NO_SERVICE, REASON_PENDING,
+    REASON_PORT_CONFLICT, REASON_VALID, ServiceExport,
+};
+use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
+
+use crate::desired::Skip;
+
+/// Whether a Service is exported: it carries the XCC export label, or a ServiceExport of its
+/// name in its namespace exists and is not being deleted.
+pub fn exported(service: &ObjectMeta, export: Option<&ServiceExport>) -> bool {
+    let labelled = service
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(EXPORT_LABEL));
+    labelled || export.is_some_and(|e| e.metadata.deletion_timestamp.is_none())
+}
+
+/// Where the export of one Service stands after a reconcile.
+#[derive(Clone, Copy, Debug)]
+pub enum State<'a> {
+    /// No Service of the export's name in its namespace.
+    NoService,
+    /// The Service is not exported; why.
+    Skipped(&'a Skip),
+    /// A ServiceRecord of the desired name belongs to someone else.
+    RecordTaken(&'a str),
+    /// The Service's record is written.
+    Published(&'a ServiceRecord),
+}
+
+/// One condition the publisher wants on a ServiceExport.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Wanted {
+    /// Condition type.
+    pub type_: &'static str,
+    /// `True`, `False` or `Unknown`.
+    pub status: &'static str,
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// For people.
+    pub message: String,
+}
+
+fn wanted(type_: &'static str, status: bool, reason: &'static str, message: String) -> Wanted {
+    Wanted {
+        type_,
+        status: if status { "True" } else { "False" },
+        reason,
+        message,
+    }
+}
+
+/// The ports of a record as importers see them, `port/PROTOCOL` or `name:port/PROTOCOL`,
+/// sorted: `spec.ports`, else the `service-port` annotation (one TCP port); empty when neither
+/// says.
+pub fn port_set(record: &ServiceRecord) -> BTreeSet<String> {
+    match record.spec.ports.as_ref().filter(|p| !p.is_empty()) {
+        Some(ports) => ports
+            .iter()
+            .map(|p| {
+                let name = p.name.as_deref().unwrap_or_default();
+                let prefix = if name.is_empty() {
+                    String::new()
+                } else {
+                    format!("{name}:")
+                };
+                format!("{prefix}{}/{}", p.port, p.protocol().as_str())
+            })
+            .collect(),
+        None => record
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SERVICE_PORT_ANNOTATION))
+            .and_then(|v| v.trim().parse::<u16>().ok())
+            .map(|p| format!("{p}/{}", Protocol::Tcp.as_str()))
+            .into_iter()
+            .collect(),
+    }
+}
+
+fn shown(ports: &BTreeSet<String>) -> String {
+    ports.iter().cloned().collect::<Vec<_>>().join(",")
+}
+
+/// The other clusters whose export of `own`'s FQDN (among the imported records `imported`)
+/// has other ports than `own`: `cluster (ports)`, sorted. Records of this cluster, of other
+/// names, or without ports are not compared.
+pub fn port_conflicts<'a>(
+    own: &ServiceRecord,
+    cluster: Option<&str>,
+    imported: impl IntoIterator<Item = &'a ServiceRecord>,
+) -> Vec<String> {
+    let Ok(fqdn) = names::canonical_fqdn(&own.spec.fqdn) else {
+        return Vec::new();
+    };
+    let mine = port_set(own);
+    let mut out: BTreeSet<String> = BTreeSet::new();
+    for record in imported {
+        if names::canonical_fqdn(&record.spec.fqdn).as_deref() != Ok(fqdn.as_str()) {
+            continue;
+        }
+        let from = xcc_proto::mcs::source_cluster(record).unwrap_or("an unnamed cluster");
+        if cluster == Some(from) {
+            continue;
+        }
+        let theirs = port_set(record);
+        if !theirs.is_empty() && theirs != mine {
+            out.insert(format!("{from} ({})", shown(&theirs)));
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The `Valid`, `Ready` and `Conflict` conditions for `state`; `conflicts` is what
+/// [`port_conflicts`] found for the published record.
+pub fn conditions(state: State<'_>, conflicts: &[String]) -> [Wanted; 3] {
+    let no_conflict = |why: &str| {
+        wanted(
+            CONDITION_CONFLICT,
+            false,
+            REASON_NO_CONFLICTS,
+            why.to_string(),
+        )
+    };
+    let invalid = |reason: &'static str, why: String| {
+        [
+            wanted(CONDITION_VALID, false, reason, why.clone()),
+            wanted(
+                CONDITION_READY,
+                false,
+                REASON_PENDING,
+                format!("not exported: {why}"),
+            ),
+            no_conflict("not exported"),
+        ]
+    };
+    match state {
+        State::NoService => invalid(
+            REASON_NO_SERVICE,
+            "no Service of this name in this namespace".into(),
+        ),
+        State::Skipped(skip) => {
+            let reason = match skip {
+                Skip::ExternalName | Skip::Headless => REASON_INVALID_SERVICE_TYPE,
+                Skip::NoPorts => "NoPorts",
+                Skip::InvalidFqdn(_) => "InvalidFqdn",
+                // Not reachable for an exported Service; reported as what it says.
+                Skip::NotExported | Skip::NoVirtualHost | Skip::IncompleteMetadata => {
+                    "NotExportable"
+                }
+            };
+            invalid(reason, skip.to_string())
+        }
+        State::RecordTaken(name) => [
+            wanted(CONDITION_VALID, true, REASON_VALID, String::new()),
+            wanted(
+                CONDITION_READY,
+                false,
+                REASON_FAILED,
+                format!("ServiceRecord {name} exists and is not this Service's; left unchanged"),
+            ),
+            no_conflict("not exported"),
+        ],
+        State::Published(record) => {
+            let name = record.metadata.name.as_deref().unwrap_or_default();
+            let conflict = if conflicts.is_empty() {
+                no_conflict("no other cluster's export of this name differs")
+            } else {
+                wanted(
+                    CONDITION_CONFLICT,
+                    true,
+                    REASON_PORT_CONFLICT,
+                    format!(
+                        "ports here ({}) differ from {}; importers serve one port set and leave the other clusters' endpoints out",
+                        shown(&port_set(record)),
+                        conflicts.join(", ")
+                    ),
+                )
+            };
+            [
+                wanted(CONDITION_VALID, true, REASON_VALID, String::new()),
+                wanted(
+                    CONDITION_READY,
+                    true,
+                    REASON_EXPORTED,
+                    format!("exported as ServiceRecord {name}"),
+                ),
+                conflict,
+            ]
+        }
+    }
+}
+
+/// The conditions to apply: `wanted`, each keeping the `lastTransitionTime` of the condition
+/// of its type in `existing` when the status is unchanged, else `now`.
+pub fn merge(
+    existing: &[Condition],
+    wanted: &[Wanted],
+    generation: Option<i64>,
+    now: &Time,
+) -> Vec<Condition> {
+    wanted
+        .iter()
+        .map(|w| {
+            let since = existing
+                .iter()
+                .find(|c| c.type_ == w.type_ && c.status == w.status)
+                .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
+            Condition {
+                type_: w.type_.to_string(),
+                status: w.status.to_string(),
+                reason: w.reason.to_string(),
+                message: w.message.clone(),
+                observed_generation: generation,
+                last_transition_time: since,
+            }
+        })
+        .collect()
+}
+
+/// Whether every condition of `ours` is already in `existing`, as is.
+pub fn up_to_date(existing: &[Condition], ours: &[Condition]) -> bool {
+    ours.iter().all(|c| existing.contains(c))
+}
+
+#[cfg(test)]
+mod tests;
