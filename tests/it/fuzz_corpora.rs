@@ -5,7 +5,7 @@
 //! the file.
 
 #[allow(dead_code)]
-#[path = "../fuzz/src/entries.rs"]
+#[path = "../../fuzz/src/entries.rs"]
 mod entries;
 
 use std::path::{Path, PathBuf};

@@ -16,11 +16,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::Duration;
 
-use common::clusters::{
+use crate::common::clusters::{
     Cluster, NS, World, exported_service, httpproxy, node, remote_registry, slice_addresses,
     slice_ports, wait_for,
 };

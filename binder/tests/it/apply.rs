@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use xcc_binder::apply::sync_group;
 use xcc_binder::desired::{Materialized, group_imported, materialize};
 use xcc_proto::crd::ServiceRecord;
-use xcc_testkube::ControlPlane;
+use xcc_testkube::{ControlPlane, Turn};
 
 /// A namespace of the shared control plane and the binder's client in it.
 struct Env {
@@ -24,10 +24,12 @@ struct Env {
     user: String,
     /// Cluster admin, for what the test itself does.
     admin: Client,
+    _turn: Turn,
 }
 
 async fn env(test: &str) -> Option<Env> {
     let cp = xcc_testkube::shared(test)?;
+    let turn = Turn::shared().await;
     cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
     let ns = cp.namespace("binder-apply").await;
     let id = cp.identity(&ns, "overlays/importer", "xcc-binder").await;
@@ -37,6 +39,7 @@ async fn env(test: &str) -> Option<Env> {
         admin: cp.client().await,
         cp,
         ns,
+        _turn: turn,
     })
 }
 

@@ -22,14 +22,13 @@ use kube::api::{
 };
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-use tokio::sync::RwLock;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use xcc_binder::controller::{Config, Controller, Handle, Metrics};
 use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::names;
-use xcc_testkube::{Changes, ControlPlane, Identity};
+use xcc_testkube::{Changes, ControlPlane, Identity, Turn};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -56,8 +55,6 @@ const CILIUM: Setup = Setup {
     alone: true,
 };
 
-static TURNS: RwLock<()> = RwLock::const_new(());
-
 struct Env {
     cp: &'static ControlPlane,
     /// The binder's namespace (records, Services, Lease).
@@ -72,7 +69,7 @@ struct Env {
     /// Built and not started yet.
     pending: Option<Controller>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
-    _turn: Box<dyn std::any::Any + Send + Sync>,
+    _turn: Turn,
 }
 
 async fn controller(id: &Identity, ns: &str) -> Controller {
@@ -93,10 +90,10 @@ impl Env {
     /// controller that is not running yet; `None` when the control plane is not configured.
     async fn new(test: &str, setup: Setup) -> Option<Self> {
         let cp = xcc_testkube::shared(test)?;
-        let turn: Box<dyn std::any::Any + Send + Sync> = if setup.alone {
-            Box::new(TURNS.write().await)
+        let turn = if setup.alone {
+            Turn::alone().await
         } else {
-            Box::new(TURNS.read().await)
+            Turn::shared().await
         };
         cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
         let ns = cp.namespace("binder").await;

@@ -1,14 +1,12 @@
 //! End to end through tonic: a server fed by `tls_incoming`, channels built with `TlsConnector`, and a
 //! unary RPC whose handler reads the caller's identity with `peer_info`.
 
-mod common;
-
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use common::{SERVER_NAME, ca, cluster, server_request, tls_dir, within};
+use crate::common::{SERVER_NAME, ca, cluster, server_request, tls_dir, within};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::codegen::http;

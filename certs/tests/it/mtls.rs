@@ -1,9 +1,7 @@
 //! Mutual TLS over real sockets: `tls_incoming` on the server side, `TlsConnector` or hand-built rustls
 //! clients on the other.
 
-mod common;
-
-use common::{
+use crate::common::{
     SERVER_NAME, Server, TD, ca, client_error, cluster, connect, key_der, leaf_der, metric,
     raw_client_config, roots_of, rustls_error, server_request, start_server, tls_dir, within,
 };

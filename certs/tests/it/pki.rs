@@ -1,10 +1,8 @@
 //! PKI: CA generation, issuance, identity extraction, CA directory handling and CA bundles.
 
-mod common;
-
 use std::net::{IpAddr, Ipv4Addr};
 
-use common::{TD, ca, cluster, leaf_der};
+use crate::common::{TD, ca, cluster, leaf_der};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
     KeyUsagePurpose, SanType,

@@ -1,12 +1,10 @@
 //! Certificate rotation: reload on demand, reload by the watcher (plain files and a Kubernetes-style
 //! `..data` symlink swap), and a bad reload keeping the last good material.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{
+use crate::common::{
     TD, ca, cluster, connect, leaf_der, metric, server_cert, server_request, start_server, tls_dir,
     within,
 };

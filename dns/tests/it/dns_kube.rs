@@ -6,12 +6,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod dns_common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use dns_common::*;
+use crate::dns_common::*;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};

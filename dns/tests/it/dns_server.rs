@@ -3,11 +3,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod dns_common;
-
 use std::sync::Arc;
 
-use dns_common::*;
+use crate::dns_common::*;
 use hickory_proto::op::{Edns, Message, ResponseCode};
 use hickory_proto::rr::{DNSClass, RecordType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

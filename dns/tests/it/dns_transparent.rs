@@ -3,13 +3,11 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod dns_common;
-
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use dns_common::*;
+use crate::dns_common::*;
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{RData, Record, RecordType};

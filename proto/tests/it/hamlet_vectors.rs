@@ -15,7 +15,7 @@ use xcc_proto::google::rpc::Status;
 use xcc_proto::hamlet::{unpack_federated_service, unpack_federated_service_v1alpha2};
 use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, FEDERATED_SERVICE_V1ALPHA2_URL};
 
-const VECTORS: &str = include_str!("data/hamlet-vectors.json");
+const VECTORS: &str = include_str!("../data/hamlet-vectors.json");
 
 /// Decode a hex string (two digits per byte, either case).
 fn hex_decode(hex: &str) -> Result<Vec<u8>, String> {

@@ -16,7 +16,7 @@ use xcc_proto::names::EXPORT_LABEL;
 use xcc_publisher::apply::sync_source;
 use xcc_publisher::desired::{Config, Desired, Skip, from_httpproxy};
 use xcc_publisher::httpproxy::HTTPProxy;
-use xcc_testkube::ControlPlane;
+use xcc_testkube::{ControlPlane, Turn};
 
 /// A namespace of the shared control plane and the publisher's client in it.
 struct Env {
@@ -27,10 +27,12 @@ struct Env {
     user: String,
     /// Cluster admin, for what the test itself does.
     admin: kube::Client,
+    _turn: Turn,
 }
 
 async fn env(test: &str) -> Option<Env> {
     let cp = xcc_testkube::shared(test)?;
+    let turn = Turn::shared().await;
     install_crds(cp).await;
     let ns = cp.namespace("pub-apply").await;
     let id = cp.identity(&ns, "overlays/exporter", "xcc-publisher").await;
@@ -40,6 +42,7 @@ async fn env(test: &str) -> Option<Env> {
         admin: cp.client().await,
         cp,
         ns,
+        _turn: turn,
     })
 }
 

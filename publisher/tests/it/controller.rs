@@ -6,8 +6,9 @@
 //! and leader election. Waits wake on the watches of the objects they check, never on time.
 //! Recovery after 410 Gone needs a compaction on demand: `relist.rs`, on the fake.
 //!
-//! The publisher watches every namespace and the Nodes, so the tests of this binary take
-//! turns ([`SERIAL`]); each starts from no Nodes and no sources left by the one before.
+//! The publisher watches every namespace and the Nodes, so each of these tests runs alone on
+//! the shared control plane ([`Turn::alone`]) and starts from no Nodes and no sources left by
+//! the one before.
 
 #![allow(clippy::unwrap_used)]
 
@@ -19,7 +20,6 @@ use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tokio::sync::{Mutex, MutexGuard};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use xcc_controller::leader::LeaderConfig;
@@ -29,12 +29,9 @@ use xcc_proto::names::{CLUSTERS_ANNOTATION, EXPORT_LABEL, FQDN_ANNOTATION};
 use xcc_publisher::controller::{self, LEASE_NAME, Metrics, Settings};
 use xcc_publisher::desired::Config;
 use xcc_publisher::httpproxy::HTTPProxy;
-use xcc_testkube::{Changes, ControlPlane, Identity, poll};
+use xcc_testkube::{Changes, ControlPlane, Identity, Turn, poll};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// One test at a time: the publisher sees every namespace and Node of the control plane.
-static SERIAL: Mutex<()> = Mutex::const_new(());
 
 /// A test's part of the shared control plane: its namespaces, the publisher's identity, and
 /// watches that wake its waits.
@@ -47,13 +44,13 @@ struct World {
     id: Identity,
     admin: kube::Client,
     changes: Changes,
-    _turn: MutexGuard<'static, ()>,
+    _turn: Turn,
 }
 
 impl World {
     async fn new(test: &str) -> Option<Self> {
         let cp = xcc_testkube::shared(test)?;
-        let turn = SERIAL.lock().await;
+        let turn = Turn::alone().await;
         let contour = xcc_testkube::upstream_crds().join("projectcontour.io_httpproxies.yaml");
         cp.apply(&xcc_testkube::yaml_docs(
             &std::fs::read_to_string(contour).unwrap(),

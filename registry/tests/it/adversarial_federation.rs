@@ -11,13 +11,11 @@
 //!   shadowing `shop/api`, oversized entries, garbage after the first message and a message
 //!   past the stream's limit.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio_util::sync::CancellationToken;
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
 use xcc_proto::xcc::admin::v1 as api;

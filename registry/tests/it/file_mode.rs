@@ -1,13 +1,11 @@
 //! Registries in file mode (`--store file`): reference cases P-01..P-03 between two registries,
 //! watched export and remote files, malformed files that lose nothing, probes and metrics.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use xcc_proto::resources::ServiceRecord;
 use xcc_registry::StoreConfig;
 use xcc_registry::store::file::FileImportSink;

@@ -2,12 +2,10 @@
 //! stale imports removed, Go-reference servers (lock-step, empty nonces, no marker), backoff,
 //! no retry on Unauthenticated, allowedDomains.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use xcc_registry::catalog::ServiceKey;
 use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::peers::PeerState;

@@ -6,13 +6,11 @@
 //! `hamlet-go-fileserver` and `hamlet-go-jsonclient`; `.ci/hamlet.sh` prepares it). Without the
 //! variable each test prints a SKIP line and passes; with it, a peer that cannot run fails the test.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;

@@ -1,9 +1,7 @@
 //! Hamlet server over real mTLS on 127.0.0.1: ordering, snapshots without a size cap, consumer
 //! isolation, NACK handling, bad input.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use xcc_certs::reload::ReloadingTls;
 use xcc_proto::federation::resourcediscovery::v1alpha1::stream_response::Operation;
 use xcc_registry::catalog::ServiceKey;

@@ -1,12 +1,10 @@
 //! Hierarchical federation over real mTLS on 127.0.0.1: the seed-000 tree
 //! (root; B with B1, B2; C with C1), its end-to-end flow and its failure modes.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use tokio_util::sync::CancellationToken;
 use xcc_proto::xcc::federation::v1 as fed;
 use xcc_registry::catalog::{ServiceEntry, ServiceKey, Source};

@@ -5,11 +5,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 use kube::Api;
 use kube::api::{ListParams, PostParams};
 use serde_json::json;
@@ -33,10 +31,10 @@ fn long_fqdn(i: usize) -> String {
 
 /// Status codes of `user`'s Event writes, from the audit log.
 fn event_writes(cp: &xcc_testkube::ControlPlane, user: &str) -> Vec<i64> {
-    cp.audit()
+    cp.requests(user)
         .iter()
-        .filter(|e| e["user"]["username"] == user && e["objectRef"]["resource"] == "events")
-        .filter_map(|e| e["responseStatus"]["code"].as_i64())
+        .filter(|r| r.resource == "events")
+        .map(|r| r.code)
         .collect()
 }
 
@@ -47,6 +45,7 @@ async fn warning_events_longer_than_the_api_limit_are_cut_not_lost() {
     else {
         return;
     };
+    let _turn = xcc_testkube::Turn::shared().await;
     cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
     let ns = cp.namespace("events").await;
     let id = cp.identity(&ns, "base", "xcc-registry").await;

@@ -39,22 +39,26 @@ use xcc_registry::federation::kube_grants::{Backoff, KubeGrants, Progress};
 use xcc_registry::federation::level::OwnerRoute;
 use xcc_registry::metrics::Metrics;
 use xcc_registry::store::file::FileErrors;
-use xcc_testkube::ControlPlane;
+use xcc_testkube::{ControlPlane, Request, Turn, poll};
 
 const WAIT: Duration = Duration::from_secs(30);
 const ISTIO: &str = "security.istio.io/v1";
 const SR_API: &str = "connectivity.tanzu.vmware.com/v1alpha1";
+/// Watched by waits on Events and on ServiceRecords ([`ControlPlane::changes`]).
+const EVENTS: (&str, &str, &str) = ("events.k8s.io/v1", "Event", "events");
+const SERVICE_RECORDS: (&str, &str, &str) = (SR_API, "ServiceRecord", "servicerecords");
 const FQDN: &str = "api.shop.xcc.test";
 /// The exported record's name (records are named after their FQDN).
 const RECORD: &str = FQDN;
 
-/// The shared control plane with xcc's and the upstream CRDs installed, a fresh namespace, and
-/// the registry's identity there under `deploy/overlays/grants-<mode>`.
+/// The shared control plane with xcc's and the upstream CRDs installed, a fresh namespace, the
+/// registry's identity there under `deploy/overlays/grants-<mode>`, and the test's turn.
 async fn setup(
     test: &str,
     mode: &str,
-) -> Option<(&'static ControlPlane, String, Client, Client, String)> {
+) -> Option<(&'static ControlPlane, String, Client, Client, String, Turn)> {
     let cp = xcc_testkube::shared(test)?;
+    let turn = Turn::shared().await;
     cp.apply_dir(&xcc_testkube::upstream_crds()).await;
     cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
     let ns = cp.namespace("grants").await;
@@ -67,6 +71,7 @@ async fn setup(
         cp.client().await,
         id.client().await,
         id.user,
+        turn,
     ))
 }
 
@@ -162,43 +167,6 @@ async fn settled(g: &KubeGrants) -> Progress {
     until(&mut rx, "the grant writer to settle", |p| p.pending == 0).await
 }
 
-/// Polling a condition on the API server's state (nothing to await there): each `tick` waits
-/// 50 ms, and fails the test once [`WAIT`] has passed.
-struct Retry {
-    what: &'static str,
-    deadline: tokio::time::Instant,
-}
-
-impl Retry {
-    fn new(what: &'static str) -> Self {
-        Self {
-            what,
-            deadline: tokio::time::Instant::now() + WAIT,
-        }
-    }
-
-    async fn tick(&self) {
-        assert!(
-            tokio::time::Instant::now() < self.deadline,
-            "timed out waiting for {}",
-            self.what
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Poll `f` every 20 ms until it holds (a condition on the fake's state).
-async fn poll(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn dynamic(
     client: &Client,
     ns: &str,
@@ -251,54 +219,15 @@ async fn events(admin: &Client, ns: &str) -> Vec<Value> {
         .collect()
 }
 
-/// The write requests (`verb resource`) `user` sent so far, from the audit log. A request of
-/// `user` made afterwards (a read of a ConfigMap named `marker`) is awaited first, so every
-/// earlier request is in the log.
-async fn writes_of(
-    cp: &ControlPlane,
-    user_client: &Client,
-    user: &str,
-    ns: &str,
-    marker: &str,
-) -> Vec<String> {
-    let _ = Api::<ConfigMap>::namespaced(user_client.clone(), ns)
-        .get_opt(marker)
-        .await;
-    let retry = Retry::new("the marker request in the audit log");
-    while !cp.audit().iter().any(|e| {
-        e["user"]["username"] == user
-            && e["objectRef"]["name"] == marker
-            && e["stage"] == "ResponseComplete"
-    }) {
-        retry.tick().await;
-    }
-    cp.audit()
-        .iter()
-        .filter(|e| e["user"]["username"] == user && e["stage"] == "ResponseComplete")
-        .filter(|e| {
-            matches!(
-                e["verb"].as_str(),
-                Some("create" | "update" | "patch" | "delete")
-            )
-        })
-        .map(|e| {
-            let o = &e["objectRef"];
-            let sub = o["subresource"]
-                .as_str()
-                .map(|s| format!("/{s}"))
-                .unwrap_or_default();
-            format!(
-                "{} {}{sub}",
-                e["verb"].as_str().unwrap(),
-                o["resource"].as_str().unwrap()
-            )
-        })
-        .collect()
+/// The write requests (`verb resource`) `user` sent so far, from the audit log.
+async fn writes_of(cp: &ControlPlane, user_client: &Client, user: &str, ns: &str) -> Vec<String> {
+    cp.audit_flushed(user_client, user, ns).await;
+    cp.writes(user).iter().map(Request::action).collect()
 }
 
 #[tokio::test]
 async fn istio_grant_applied_unchanged_and_revoked() {
-    let Some((cp, ns, admin, client, user)) =
+    let Some((cp, ns, admin, client, user, _turn)) =
         setup("istio_grant_applied_unchanged_and_revoked", "istio").await
     else {
         return;
@@ -340,14 +269,16 @@ async fn istio_grant_applied_unchanged_and_revoked() {
         json!([{"callerCluster": "b1", "callerService": "web", "since": "2023-11-14T22:13:20Z"}])
     );
     // An Event on the record tells operators who was granted.
-    let retry = Retry::new("the Granted event");
-    while !events(&admin, &ns)
-        .await
-        .iter()
-        .any(|e| e["reason"] == "Granted" && e["regarding"]["name"] == RECORD)
-    {
-        retry.tick().await;
-    }
+    let changes = cp.changes(Some(&ns), &[EVENTS]).await;
+    changes
+        .wait_for("the Granted event", WAIT, async || {
+            events(&admin, &ns)
+                .await
+                .iter()
+                .any(|e| e["reason"] == "Granted" && e["regarding"]["name"] == RECORD)
+                .then_some(())
+        })
+        .await;
 
     // A second caller is added next to the first.
     g.apply(&route(&ns, "a9", &exported)).unwrap();
@@ -365,7 +296,7 @@ async fn istio_grant_applied_unchanged_and_revoked() {
 
     // Re-applying an unchanged grant (here, after a restart of the writer) writes nothing.
     cancel.cancel();
-    let before = writes_of(cp, &client, &user, &ns, "marker-1").await;
+    let before = writes_of(cp, &client, &user, &ns).await;
     for write in [
         "patch authorizationpolicies",
         "patch servicerecords/status",
@@ -380,7 +311,7 @@ async fn istio_grant_applied_unchanged_and_revoked() {
     g.apply(&later).unwrap();
     g.apply(&route(&ns, "a9", &exported)).unwrap();
     settled(&g).await;
-    let after = writes_of(cp, &client, &user, &ns, "marker-2").await;
+    let after = writes_of(cp, &client, &user, &ns).await;
     assert_eq!(
         after[before.len()..],
         [] as [String; 0],
@@ -433,10 +364,10 @@ async fn istio_grant_applied_unchanged_and_revoked() {
     );
     assert_eq!(status_grants(&admin, &ns).await, Value::Null);
     // Removing again is a no-op.
-    let before = writes_of(cp, &client, &user, &ns, "marker-3").await;
+    let before = writes_of(cp, &client, &user, &ns).await;
     g.remove(&route(&ns, "a9", &exported)).unwrap();
     settled(&g).await;
-    let after = writes_of(cp, &client, &user, &ns, "marker-4").await;
+    let after = writes_of(cp, &client, &user, &ns).await;
     assert_eq!(after[before.len()..], [] as [String; 0]);
     assert_eq!(cp.forbidden(&user), Vec::<String>::new());
     cancel.cancel();
@@ -479,7 +410,7 @@ async fn gateway_and_cilium_objects_are_accepted_by_their_real_schemas() {
             }),
         ),
     ] {
-        let Some((cp, ns, admin, client, user)) = setup(test, overlay).await else {
+        let Some((cp, ns, admin, client, user, _turn)) = setup(test, overlay).await else {
             return;
         };
         let exported = exported_record(&admin, &ns).await;
@@ -504,7 +435,7 @@ async fn gateway_and_cilium_objects_are_accepted_by_their_real_schemas() {
 
 #[tokio::test]
 async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
-    let Some((cp, ns, admin, client, user)) = setup(
+    let Some((cp, ns, admin, client, user, _turn)) = setup(
         "an_object_we_do_not_manage_is_never_changed_or_deleted",
         "istio",
     )
@@ -540,16 +471,22 @@ async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
         )]
     );
     // Reported once on the object itself, however often the grant is retried.
-    let retry = Retry::new("the conflict event");
-    while !events(&admin, &ns).await.iter().any(|e| {
-        e["type"] == "Warning"
-            && e["reason"] == "GrantConflict"
-            && e["regarding"]["kind"] == "AuthorizationPolicy"
-            && e["regarding"]["name"] == object_name.as_str()
-    }) {
-        retry.tick().await;
-    }
-    poll("retries", || {
+    let changes = cp.changes(Some(&ns), &[EVENTS]).await;
+    changes
+        .wait_for("the conflict event", WAIT, async || {
+            events(&admin, &ns)
+                .await
+                .iter()
+                .any(|e| {
+                    e["type"] == "Warning"
+                        && e["reason"] == "GrantConflict"
+                        && e["regarding"]["kind"] == "AuthorizationPolicy"
+                        && e["regarding"]["name"] == object_name.as_str()
+                })
+                .then_some(())
+        })
+        .await;
+    poll("retries", WAIT, || {
         g.metrics()
             .errors
             .get_or_create(&kind("AuthorizationPolicy"))
@@ -571,7 +508,7 @@ async fn an_object_we_do_not_manage_is_never_changed_or_deleted() {
     g.remove(&route(&ns, "b1", &exported)).unwrap();
     assert_eq!(settled(&g).await, Progress::default());
     assert_eq!(get(&aps(&admin, &ns), &object_name).await, Some(before));
-    let writes = writes_of(cp, &client, &user, &ns, "marker").await;
+    let writes = writes_of(cp, &client, &user, &ns).await;
     assert!(
         !writes.iter().any(|w| w.ends_with(" authorizationpolicies")),
         "{writes:?}"
@@ -585,7 +522,7 @@ fn kind(k: &str) -> xcc_registry::federation::kube_grants::KindLabels {
 
 #[tokio::test]
 async fn apply_then_remove_ends_removed_and_the_last_wish_wins() {
-    let Some((_cp, ns, admin, client, _user)) = setup(
+    let Some((_cp, ns, admin, client, _user, _turn)) = setup(
         "apply_then_remove_ends_removed_and_the_last_wish_wins",
         "istio",
     )
@@ -674,7 +611,7 @@ async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
     );
     assert_eq!(p.pending, 1);
     // Retried with backoff (more than one attempt), counted, and the process is still fine.
-    poll("a retry", || store_errors.get() >= 2).await;
+    poll("a retry", WAIT, || store_errors.get() >= 2).await;
     assert!(
         g.metrics()
             .errors
@@ -683,10 +620,12 @@ async fn a_resource_type_that_is_not_served_is_retried_until_it_is() {
             >= 2
     );
     // The grant itself is recorded on the record meanwhile.
-    let retry = Retry::new("the caller in status.grants");
-    while status_grants(&admin, &ns).await[0]["callerCluster"] != "b1" {
-        retry.tick().await;
-    }
+    let changes = cp.changes(Some(&ns), &[SERVICE_RECORDS]).await;
+    changes
+        .wait_for("the caller in status.grants", WAIT, async || {
+            (status_grants(&admin, &ns).await[0]["callerCluster"] == "b1").then_some(())
+        })
+        .await;
 
     let istio = xcc_testkube::upstream_crds().join("security.istio.io_authorizationpolicies.yaml");
     cp.apply(&xcc_testkube::yaml_docs(
@@ -758,10 +697,7 @@ async fn put_configmap(api: &Api<ConfigMap>, ns: &str, data: &[(&str, &str)]) {
 
 /// Wait until the policies in `handle` satisfy `f` (the watch swaps them in; nothing to await).
 async fn policies_until(handle: &Handle, what: &'static str, f: impl Fn(&Handle) -> bool) {
-    let retry = Retry::new(what);
-    while !f(handle) {
-        retry.tick().await;
-    }
+    poll(what, WAIT, || f(handle)).await;
 }
 
 #[tokio::test]
@@ -770,6 +706,7 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
     let Some(cp) = xcc_testkube::shared(test) else {
         return;
     };
+    let _turn = Turn::shared().await;
     let ns = cp.namespace("policies").await;
     let id = cp.identity(&ns, "base", "xcc-registry").await;
     let admin = cp.client().await;
@@ -826,18 +763,24 @@ async fn policies_from_a_configmap_applied_rejected_fixed_and_deleted() {
         "the rejected change is not half-applied"
     );
     assert_eq!(metrics.store_errors.get(), 1);
-    let retry = Retry::new("the Warning event on the ConfigMap");
-    while !events(&admin, &ns).await.iter().any(|e| {
-        e["type"] == "Warning"
-            && e["reason"] == "InvalidPolicy"
-            && e["regarding"]["kind"] == "ConfigMap"
-            && e["regarding"]["name"] == CM
-            && e["note"]
-                .as_str()
-                .is_some_and(|n| n.contains("broken.cedar"))
-    }) {
-        retry.tick().await;
-    }
+    let changes = cp.changes(Some(&ns), &[EVENTS]).await;
+    changes
+        .wait_for("the Warning event on the ConfigMap", WAIT, async || {
+            events(&admin, &ns)
+                .await
+                .iter()
+                .any(|e| {
+                    e["type"] == "Warning"
+                        && e["reason"] == "InvalidPolicy"
+                        && e["regarding"]["kind"] == "ConfigMap"
+                        && e["regarding"]["name"] == CM
+                        && e["note"]
+                            .as_str()
+                            .is_some_and(|n| n.contains("broken.cedar"))
+                })
+                .then_some(())
+        })
+        .await;
 
     // Fixed: applied, error cleared.
     put_configmap(&api, &ns, &[("deny.cedar", &deny("b3"))]).await;
@@ -866,6 +809,7 @@ async fn a_bad_configmap_at_start_keeps_the_defaults_and_another_configmap_is_ig
     let Some(cp) = xcc_testkube::shared(test) else {
         return;
     };
+    let _turn = Turn::shared().await;
     let ns = cp.namespace("policies").await;
     let id = cp.identity(&ns, "base", "xcc-registry").await;
     let api: Api<ConfigMap> = Api::namespaced(cp.client().await, &ns);
@@ -929,11 +873,14 @@ async fn the_policy_watch_survives_410_gone() {
     );
     until(&mut w.synced, "the first sync", |s| *s).await;
     put_configmap(&api, "xcc", &[("deny.cedar", &deny("b1"))]).await;
-    poll("the policy to apply", || !allowed(&handle, "b1")).await;
+    poll("the policy to apply", WAIT, || !allowed(&handle, "b1")).await;
     // The watch is answered 410 Gone: it lists again and keeps following changes.
     server.compact();
     put_configmap(&api, "xcc", &[("deny.cedar", &deny("b4"))]).await;
-    poll("the change after 410 to apply", || !allowed(&handle, "b4")).await;
+    poll("the change after 410 to apply", WAIT, || {
+        !allowed(&handle, "b4")
+    })
+    .await;
     assert!(allowed(&handle, "b1"));
     cancel.cancel();
     tokio::time::timeout(WAIT, w.task).await.unwrap().unwrap();

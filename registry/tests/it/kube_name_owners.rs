@@ -14,6 +14,7 @@ async fn the_ledger_configmap_is_written_and_read_back_with_the_deployed_rbac() 
     ) else {
         return;
     };
+    let _turn = xcc_testkube::Turn::shared().await;
     let ns = cp.namespace("owners").await;
     let id = cp.identity(&ns, "base", "xcc-registry").await;
     let store = ConfigMapOwners::new(id.client().await, &ns);

@@ -13,8 +13,8 @@
 //!
 //! The registry reads RemoteRegistries and exported ServiceRecords in every namespace (and
 //! reports those RemoteRegistries outside its own), so two registries on one API server would
-//! report each other's: the tests of this binary share one control plane but take turns, each
-//! starting from a cluster without RemoteRegistries or ServiceRecords.
+//! report each other's: these tests share the binary's control plane but each runs alone on it
+//! ([`Turn::alone`]), starting from a cluster without RemoteRegistries or ServiceRecords.
 //!
 //! Two tests stay on the in-process fake (module [`fake`]): they need what a real API server
 //! cannot be made to do on demand (410 Gone after compaction; an object's UID changing without
@@ -22,13 +22,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use futures::StreamExt;
 use kube::Api;
 use kube::api::{
@@ -40,7 +37,7 @@ use xcc_proto::crd::{RemoteRegistry, ServiceRecord};
 use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::store::kube::KubeConfig;
 use xcc_registry::{Registry, RegistryConfig, StoreConfig};
-use xcc_testkube::{ControlPlane, Identity};
+use xcc_testkube::{ControlPlane, Identity, Request, Turn};
 
 const RR: &str = "some-remote-registry";
 const H: &str = "06df7236"; // fnv1a32("some-remote-registry")
@@ -52,12 +49,6 @@ const EXPORT: &str = "connectivity.tanzu.vmware.com/export";
 /// Objects of one kind in one namespace, by name, as JSON.
 type Objects = BTreeMap<String, Value>;
 
-/// One test at a time on the shared control plane (see the module comment).
-fn turn() -> &'static tokio::sync::Mutex<()> {
-    static TURN: OnceLock<tokio::sync::Mutex<()>> = OnceLock::new();
-    TURN.get_or_init(Default::default)
-}
-
 /// A test's share of the control plane: its turn, the registry's namespace (where `deploy/`
 /// installs it) and the registry's ServiceAccount there.
 struct Lab {
@@ -65,7 +56,7 @@ struct Lab {
     admin: kube::Client,
     ns: String,
     id: Identity,
-    _turn: tokio::sync::MutexGuard<'static, ()>,
+    _turn: Turn,
 }
 
 impl Lab {
@@ -77,7 +68,7 @@ impl Lab {
     /// The registry bound to the RBAC of the `deploy/` directory `overlay`.
     async fn with_rbac(test: &str, overlay: &str) -> Option<Self> {
         let cp = xcc_testkube::shared(test)?;
-        let turn = turn().lock().await;
+        let turn = Turn::alone().await;
         cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
         let admin = cp.client().await;
         // What earlier tests left: their registries are gone, their objects must not be seen.
@@ -262,50 +253,26 @@ impl Lab {
         .await
     }
 
-    /// The registry's writes so far (audit log): `verb resource[/subresource] ns/name code`.
-    fn writes(&self) -> Vec<String> {
-        self.cp
-            .audit()
-            .iter()
-            .filter(|e| e["user"]["username"] == self.id.user)
-            .filter(|e| {
-                ["create", "update", "patch", "delete", "deletecollection"]
-                    .iter()
-                    .any(|v| e["verb"] == *v)
-            })
-            .map(|e| {
-                let o = &e["objectRef"];
-                let sub = o["subresource"]
-                    .as_str()
-                    .map(|s| format!("/{s}"))
-                    .unwrap_or_default();
-                format!(
-                    "{} {}{sub} {}/{} {}",
-                    e["verb"].as_str().unwrap_or_default(),
-                    o["resource"].as_str().unwrap_or_default(),
-                    o["namespace"].as_str().unwrap_or_default(),
-                    o["name"].as_str().unwrap_or_default(),
-                    e["responseStatus"]["code"],
-                )
-            })
-            .collect()
+    /// The registry's writes so far (audit log).
+    fn writes(&self) -> Vec<Request> {
+        self.cp.writes(&self.id.user)
     }
 
     /// ServiceRecords the registry deleted so far.
     fn sr_deletes(&self) -> usize {
-        self.sr_writes(|w| w.starts_with("delete ") && w.ends_with(" 200"))
+        self.sr_writes(|w| w.verb == "delete" && w.code == 200)
     }
 
     /// ServiceRecords the registry created so far (server-side apply creating is a patch
     /// answered 201).
     fn sr_creates(&self) -> usize {
-        self.sr_writes(|w| w.ends_with(" 201"))
+        self.sr_writes(|w| w.code == 201)
     }
 
-    fn sr_writes(&self, f: impl Fn(&str) -> bool) -> usize {
+    fn sr_writes(&self, f: impl Fn(&Request) -> bool) -> usize {
         self.writes()
             .iter()
-            .filter(|w| w.split(' ').nth(1) == Some("servicerecords") && f(w))
+            .filter(|w| w.resource == "servicerecords" && f(w))
             .count()
     }
 
@@ -319,10 +286,7 @@ impl Lab {
     /// Nothing the registry asked for was refused (and the audit log did record its requests).
     fn assert_not_forbidden(&self) {
         assert!(
-            self.cp
-                .audit()
-                .iter()
-                .any(|e| e["user"]["username"] == self.id.user),
+            !self.cp.requests(&self.id.user).is_empty(),
             "no request of {} in the audit log",
             self.id.user
         );
@@ -588,7 +552,7 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
     let after = lab.writes();
     assert_eq!(
         after[before.len()..],
-        [] as [String; 0],
+        [] as [Request; 0],
         "writes at steady state; RemoteRegistry status before {st_before:#}, after {:#}",
         lab.wait_rr(&lab.ns, RR, "status", |_| true).await
     );
@@ -1937,12 +1901,12 @@ async fn import_throughput() {
     lab.wait_synced(RR).await;
     let synced = t0.elapsed();
     let writes = lab.writes();
-    let count = |p: &str| writes.iter().filter(|w| w.starts_with(p)).count();
+    let count = |p: &str| writes.iter().filter(|w| w.action() == p).count();
     println!(
         "imported {n} records in {imported:?} (Synced after {synced:?}); applies {}, deletes {}, status writes {}",
-        count("patch servicerecords "),
-        count("delete servicerecords "),
-        count("patch remoteregistries/status "),
+        count("patch servicerecords"),
+        count("delete servicerecords"),
+        count("patch remoteregistries/status"),
     );
     let metrics = http_get(west.metrics_addr.expect("metrics"), "/metrics").await;
     for line in metrics

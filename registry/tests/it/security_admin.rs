@@ -1,9 +1,7 @@
 //! mTLS at the registry's listeners (missing, foreign and expired client certificates; rotation
 //! without restart) and the admin API (admin identity required, listing, lookup, peers, watch).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use xcc_certs::pki::IssueRequest;
 use xcc_certs::reload::ReloadingTls;
 use xcc_proto::xcc::admin::v1 as api;

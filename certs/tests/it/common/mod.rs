@@ -4,7 +4,7 @@
 //! Tests run on Tokio's default current-thread runtime. That makes "the server task finished handling a
 //! failed handshake before the client saw the alert" a guarantee, not a race: the server writes the alert
 //! and records the failure within one poll of its task, and the client task only runs afterwards.
-#![allow(dead_code)] // Each test binary uses a different subset.
+#![allow(dead_code)] // Not every helper is used by a test today.
 
 use std::future::Future;
 use std::io;
