@@ -73,7 +73,9 @@ static TURNS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 /// own namespaces and run side by side ([`Turn::shared`]); a test whose code under test sees
 /// every namespace, or which clears the cluster first, runs alone ([`Turn::alone`]). In a
 /// binary where one test runs alone, every test on the shared control plane takes one or the
-/// other, so that a test running alone meets no other test's objects.
+/// other, so that a test running alone meets no other test's objects. (A test whose program
+/// has deadlines of its own, such as `xcc demo`, runs alone too: not while control planes
+/// boot next to it.)
 pub struct Turn {
     _guard: Box<dyn std::any::Any + Send + Sync>,
 }
@@ -90,6 +92,20 @@ impl Turn {
     pub async fn alone() -> Self {
         Self {
             _guard: Box::new(TURNS.write().await),
+        }
+    }
+
+    /// [`Turn::shared`] for a test without a runtime.
+    pub fn shared_blocking() -> Self {
+        Self {
+            _guard: Box::new(TURNS.blocking_read()),
+        }
+    }
+
+    /// [`Turn::alone`] for a test without a runtime.
+    pub fn alone_blocking() -> Self {
+        Self {
+            _guard: Box::new(TURNS.blocking_write()),
         }
     }
 }

@@ -4,6 +4,8 @@ use std::process::Command;
 
 #[test]
 fn demo_prints_imports_and_withheld_services_and_exits_zero() {
+    // The demo waits 15 s for its imports: not while the other tests boot control planes.
+    let _turn = xcc_testkube::Turn::alone_blocking();
     let out = Command::new(env!("CARGO_BIN_EXE_xcc"))
         .arg("demo")
         .env("XCC_LOG", "warn")

@@ -464,6 +464,7 @@ async fn every_manifest_and_grant_object_is_accepted_by_a_real_api_server() {
     let Some(cp) = xcc_testkube::shared(test) else {
         return;
     };
+    let _turn = xcc_testkube::Turn::shared().await;
     cp.apply_dir(&xcc_testkube::upstream_crds()).await;
     let deploy = deploy_dir();
     let crds = deploy.join("crds");

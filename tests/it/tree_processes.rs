@@ -111,6 +111,7 @@ fn parent_rr(addr: SocketAddr, imports: &str) -> String {
 
 #[test]
 fn file_configured_tree_grants_and_revokes_across_processes() {
+    let _turn = xcc_testkube::Turn::shared_blocking();
     xcc_certs::install_crypto_provider();
     let dir = tempfile::tempdir().expect("tempdir");
     let root_dir = dir.path();

@@ -38,6 +38,7 @@ async fn service(cluster: &Cluster, ns: &str, name: &str) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_in_a_is_reachable_by_name_in_b() {
+    let _turn = xcc_testkube::Turn::shared().await;
     let world = World::new();
     let Some(mut a) = world
         .cluster("cluster-a", &["web", "shop"], "overlays/exporter")

@@ -171,7 +171,7 @@ async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
     assert_eq!(
         env.cp.writes_since(&env.user, since),
         [format!(
-            "patch connectivity.tanzu.vmware.com/servicerecords {}/test.some.domain",
+            "patch connectivity.tanzu.vmware.com/servicerecords {}/test.some.domain 200",
             env.ns
         )],
         "one apply"
