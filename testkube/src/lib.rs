@@ -5,8 +5,9 @@
 //!
 //! [`shared`] starts one control plane per test binary, on first use; tests share it, each in
 //! its own namespace ([`ControlPlane::namespace`]) and on a [`Turn`]. [`ControlPlane::start`]
-//! starts a separate one (a second "cluster"). Without the variable a test prints a skip line and checks
-//! nothing, unless `XCC_REQUIRE_KUBE=1` (set by CI), which turns the skip into a failure.
+//! starts a separate one (a second "cluster"). Without the variable a test prints a skip line
+//! and checks nothing, unless `XCC_REQUIRE_KUBE=1` (set by CI), which turns the skip into a
+//! failure.
 //!
 //! Every server runs under `sh` that kills it when its stdin — a pipe this process holds open
 //! until it exits — reaches end of file, so no server outlives the test binary, even when it
