@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sourced by .ci/run: makes the Go Hamlet reference peers (../shared/hamlet-reference, built from
-# vmware/hamlet) runnable for the interop tests in registry/tests/hamlet_interop.rs, and exports
+# vmware/hamlet) runnable for the interop tests in registry/tests/it/hamlet_interop.rs, and exports
 # XCC_HAMLET_REFERENCE naming the directory that holds them. Any failure here fails CI: with the
 # variable set, the interop tests fail rather than skip when a peer cannot run.
 set -euo pipefail

@@ -252,6 +252,39 @@ mod tests {
         cancel.cancel();
     }
 
+    /// A failed key comes back when its retry delay has passed, not a tick before; on paused
+    /// time, so the delay is exact and costs no wall-clock time.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_key_is_queued_again_when_its_delay_has_passed() {
+        let q: Arc<Queue<&str>> = Arc::default();
+        let cancel = CancellationToken::new();
+        q.add("a");
+        let key = q.next(&cancel).await.unwrap();
+        let start = tokio::time::Instant::now();
+        let delay = q.done(key, false, &cancel).expect("a retry delay");
+        let early = tokio::time::timeout(delay - Duration::from_millis(1), q.next(&cancel)).await;
+        assert!(early.is_err(), "queued before its delay");
+        assert!(!q.is_idle(), "the retry is pending");
+        assert_eq!(q.next(&cancel).await, Some("a"));
+        assert_eq!(start.elapsed(), delay);
+        q.done("a", true, &cancel);
+        assert!(q.is_idle());
+    }
+
+    /// Cancelling drops a pending retry: the key never comes back and the queue is idle.
+    #[tokio::test(start_paused = true)]
+    async fn cancelling_drops_a_pending_retry() {
+        let q: Arc<Queue<&str>> = Arc::default();
+        let cancel = CancellationToken::new();
+        q.add("a");
+        let key = q.next(&cancel).await.unwrap();
+        let delay = q.done(key, false, &cancel).expect("a retry delay");
+        cancel.cancel();
+        tokio::time::sleep(delay * 2).await;
+        assert!(q.is_empty(), "a cancelled retry queued its key");
+        assert!(q.is_idle());
+    }
+
     #[tokio::test]
     async fn depth_counts_queued_and_active_keys() {
         let depth = Gauge::default();

@@ -2,7 +2,7 @@
 //! Each takes raw bytes and drives the project's own decode, conversion and validation code on
 //! them exactly as a server, client or file loader would; none of them may panic. Shared by the
 //! libFuzzer targets in `fuzz/fuzz_targets/` and by the stable regression test
-//! (`tests/fuzz_corpora.rs`), which replays every corpus file through the same functions.
+//! (`tests/it/fuzz_corpora.rs`), which replays every corpus file through the same functions.
 
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock, RwLock};

@@ -3,10 +3,11 @@
 //! started from the binaries in the directory named by `KUBEBUILDER_ASSETS` (envtest's
 //! convention: `etcd`, `kube-apiserver`, `kube-controller-manager`, optionally `kubectl`).
 //!
-//! [`shared`] starts one control plane per test binary, on first use; tests share it and each
-//! takes its own namespace ([`ControlPlane::namespace`]). [`ControlPlane::start`] starts a
-//! separate one (a second "cluster"). Without the variable a test prints a skip line and checks
-//! nothing, unless `XCC_REQUIRE_KUBE=1` (set by CI), which turns the skip into a failure.
+//! [`shared`] starts one control plane per test binary, on first use; tests share it, each in
+//! its own namespace ([`ControlPlane::namespace`]) and on a [`Turn`]. [`ControlPlane::start`]
+//! starts a separate one (a second "cluster"). Without the variable a test prints a skip line
+//! and checks nothing, unless `XCC_REQUIRE_KUBE=1` (set by CI), which turns the skip into a
+//! failure.
 //!
 //! Every server runs under `sh` that kills it when its stdin — a pipe this process holds open
 //! until it exits — reaches end of file, so no server outlives the test binary, even when it
@@ -63,6 +64,51 @@ pub fn shared(test: &str) -> Option<&'static ControlPlane> {
         skip(test);
     }
     cp
+}
+
+/// Turns on the control planes of this test binary (see [`Turn`]).
+static TURNS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// A test's turn on this binary's control planes, held for the test's duration. Tests of one
+/// binary (every integration test of a crate) share its control plane: most each take their
+/// own namespaces and run side by side ([`Turn::shared`]); a test whose code under test sees
+/// every namespace, or which clears the cluster first, runs alone ([`Turn::alone`]). In a
+/// binary where one test runs alone, every test on the shared control plane takes one or the
+/// other, so that a test running alone meets no other test's objects. (A test whose program
+/// has deadlines of its own, such as `xcc demo`, runs alone too: not while control planes
+/// boot next to it.)
+pub struct Turn {
+    _guard: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl Turn {
+    /// Side by side with other tests that take this turn; never while one runs alone.
+    pub async fn shared() -> Self {
+        Self {
+            _guard: Box::new(TURNS.read().await),
+        }
+    }
+
+    /// No other test that takes a turn runs meanwhile.
+    pub async fn alone() -> Self {
+        Self {
+            _guard: Box::new(TURNS.write().await),
+        }
+    }
+
+    /// [`Turn::shared`] for a test without a runtime.
+    pub fn shared_blocking() -> Self {
+        Self {
+            _guard: Box::new(TURNS.blocking_read()),
+        }
+    }
+
+    /// [`Turn::alone`] for a test without a runtime.
+    pub fn alone_blocking() -> Self {
+        Self {
+            _guard: Box::new(TURNS.blocking_write()),
+        }
+    }
 }
 
 fn skip(test: &str) {
@@ -400,42 +446,52 @@ impl ControlPlane {
             .collect()
     }
 
-    /// Write requests (create, update, patch, delete) of `user` the API server received at or
-    /// after `since` (the audit event's `requestReceivedTimestamp`, so a write sent before
-    /// `since` but logged later does not count): `verb resource namespace/name` for each.
-    pub fn writes_since(&self, user: &str, since: std::time::SystemTime) -> Vec<String> {
-        let since = time::OffsetDateTime::from(since);
-        let received = |e: &Value| {
-            e["requestReceivedTimestamp"].as_str().and_then(|t| {
-                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
-            })
-        };
+    /// Completed requests of `user` so far, in the order the audit log has them.
+    pub fn requests(&self, user: &str) -> Vec<Request> {
         self.audit()
             .iter()
-            .filter(|e| e["user"]["username"] == user)
-            .filter(|e| {
-                matches!(
-                    e["verb"].as_str(),
-                    Some("create" | "update" | "patch" | "delete" | "deletecollection")
-                )
-            })
-            .filter(|e| received(e).is_some_and(|t| t >= since))
-            .map(|e| {
-                let o = &e["objectRef"];
-                format!(
-                    "{} {}/{}{} {}/{}",
-                    e["verb"].as_str().unwrap_or_default(),
-                    o["apiGroup"].as_str().unwrap_or_default(),
-                    o["resource"].as_str().unwrap_or_default(),
-                    o["subresource"]
-                        .as_str()
-                        .map(|s| format!("/{s}"))
-                        .unwrap_or_default(),
-                    o["namespace"].as_str().unwrap_or_default(),
-                    o["name"].as_str().unwrap_or_default(),
-                )
-            })
+            .filter(|e| e["user"]["username"] == user && e["stage"] == "ResponseComplete")
+            .map(Request::of)
             .collect()
+    }
+
+    /// Write requests (create, update, patch, delete, deletecollection) of `user` so far.
+    pub fn writes(&self, user: &str) -> Vec<Request> {
+        let mut requests = self.requests(user);
+        requests.retain(Request::is_write);
+        requests
+    }
+
+    /// Write requests of `user` the API server received at or after `since` (the audit
+    /// event's `requestReceivedTimestamp`, so a write sent before `since` but logged later
+    /// does not count), each as `verb group/resource namespace/name code`.
+    pub fn writes_since(&self, user: &str, since: std::time::SystemTime) -> Vec<String> {
+        self.writes(user)
+            .iter()
+            .filter(|w| w.received.is_some_and(|t| t >= since))
+            .map(Request::to_string)
+            .collect()
+    }
+
+    /// Wait until every request `client` (authenticated as `user`) has made so far is in the
+    /// audit log: an event is written as its request completes, possibly just after the
+    /// answer. Sends one more request (a read of a ConfigMap that need not exist, in `ns`) and
+    /// polls the log until it is there; the log is a file, with nothing to await.
+    pub async fn audit_flushed(&self, client: &kube::Client, user: &str, ns: &str) {
+        static MARKERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let marker = format!(
+            "audit-marker-{}",
+            MARKERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let _ = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), ns)
+            .get_opt(&marker)
+            .await;
+        poll("the marker request in the audit log", STARTUP, || {
+            self.requests(user)
+                .iter()
+                .any(|r| r.resource == "configmaps" && r.name == marker)
+        })
+        .await;
     }
 
     /// Watches of `kinds` (`(apiVersion, kind, plural)`) in `ns` (all namespaces when `None`)
@@ -476,21 +532,19 @@ impl ControlPlane {
         Changes { rx, tasks }
     }
 
-    /// Requests of `user` the API server refused with 403 Forbidden: `verb resource
+    /// Requests of `user` the API server refused with 403 Forbidden: `verb group/resource in
     /// namespace` for each.
     pub fn forbidden(&self, user: &str) -> Vec<String> {
-        self.audit()
+        self.requests(user)
             .iter()
-            .filter(|e| e["user"]["username"] == user && e["responseStatus"]["code"] == 403)
-            .map(|e| {
-                let o = &e["objectRef"];
-                format!(
-                    "{} {}/{} in {:?}",
-                    e["verb"].as_str().unwrap_or_default(),
-                    o["apiGroup"].as_str().unwrap_or_default(),
-                    o["resource"].as_str().unwrap_or_default(),
-                    o["namespace"].as_str().unwrap_or("(cluster)"),
-                )
+            .filter(|r| r.code == 403)
+            .map(|r| {
+                let ns = if r.namespace.is_empty() {
+                    "(cluster)"
+                } else {
+                    &r.namespace
+                };
+                format!("{} {}/{} in {ns:?}", r.verb, r.group, r.resource)
             })
             .collect()
     }
@@ -546,6 +600,72 @@ impl Drop for Changes {
         for t in &self.tasks {
             t.abort();
         }
+    }
+}
+
+/// One completed request of a ServiceAccount, from the API server's audit log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub verb: String,
+    /// The API group; empty for the core group.
+    pub group: String,
+    /// The resource, with its subresource if any: `servicerecords/status`.
+    pub resource: String,
+    /// Empty for a cluster-scoped object.
+    pub namespace: String,
+    /// Empty for a list or a collection.
+    pub name: String,
+    /// The response's status code.
+    pub code: i64,
+    /// When the API server received it.
+    pub received: Option<std::time::SystemTime>,
+}
+
+impl Request {
+    fn of(e: &Value) -> Self {
+        let o = &e["objectRef"];
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        let mut resource = text(&o["resource"]);
+        if let Some(sub) = o["subresource"].as_str() {
+            resource = format!("{resource}/{sub}");
+        }
+        Self {
+            verb: text(&e["verb"]),
+            group: text(&o["apiGroup"]),
+            resource,
+            namespace: text(&o["namespace"]),
+            name: text(&o["name"]),
+            code: e["responseStatus"]["code"].as_i64().unwrap_or_default(),
+            received: e["requestReceivedTimestamp"].as_str().and_then(|t| {
+                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                    .ok()
+                    .map(Into::into)
+            }),
+        }
+    }
+
+    /// create, update, patch, delete or deletecollection.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
+
+    /// `verb resource`, e.g. `patch servicerecords/status`.
+    pub fn action(&self) -> String {
+        format!("{} {}", self.verb, self.resource)
+    }
+}
+
+/// `verb group/resource namespace/name code`.
+impl std::fmt::Display for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}/{} {}/{} {}",
+            self.verb, self.group, self.resource, self.namespace, self.name, self.code
+        )
     }
 }
 

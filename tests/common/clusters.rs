@@ -2,7 +2,7 @@
 //! cluster (etcd, kube-apiserver, kube-controller-manager; `xcc_testkube`), `xcc registry --store
 //! kube`, `xcc publisher` and `xcc binder` as child processes, each with the token of its own
 //! ServiceAccount bound to exactly the RBAC that `deploy/` renders for the cluster's overlay,
-//! and real mTLS between the registries. Shared by `tests/two_clusters.rs` and
+//! and real mTLS between the registries. Shared by `tests/it/two_clusters.rs` and
 //! `benches/two_clusters.rs`.
 
 #![allow(dead_code, clippy::unwrap_used)]

@@ -1,0 +1,223 @@
+//! The binder in MCS mode on a real API server (`xcc_testkube`, our CRDs and the upstream MCS
+//! CRDs of `deploy/mcs/crds` installed), as the binder's ServiceAccount with exactly
+//! `deploy/overlays/mcs`'s RBAC (no request may be refused): each imported origin gets a
+//! ServiceImport in its namespace (ClusterSetIP, ports, the IP of the binder's Service, the
+//! source clusters) beside the Service and the per-cluster EndpointSlices with the MCS labels;
+//! a ServiceImport someone else made is never touched; removing the imports removes the
+//! binder's ServiceImport and slices. Waits wake on watches, never on time.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use xcc_binder::controller::{Config, Controller, Metrics};
+use xcc_controller::probes::Health;
+use xcc_proto::crd::ServiceRecord;
+use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, ServiceImport};
+use xcc_proto::names::{self, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
+use xcc_testkube::poll;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn imported(
+    name: &str,
+    fqdn: &str,
+    cluster: &str,
+    ip: &str,
+    shop: &str,
+    origin: &str,
+) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": name,
+                     "labels": {IMPORTED_LABEL: "", REMOTE_REGISTRY_LABEL: format!("{cluster}-registry")}},
+        "spec": {"fqdn": fqdn, "endpoints": [{"address": ip, "port": 8080}],
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
+                 "origin": {"cluster": cluster, "namespace": shop, "name": origin}},
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn imports_become_service_imports_beside_the_binders_objects() {
+    let test = "imports_become_service_imports_beside_the_binders_objects";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    // The controller in MCS mode watches every namespace: no other test's objects meanwhile.
+    let _turn = xcc_testkube::Turn::alone().await;
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("mcs/crds"))
+        .await;
+    let admin = cp.client().await;
+    let xcc = cp.namespace("xcc").await;
+    let shop = cp.namespace("shop").await;
+    let id = cp.identity(&xcc, "overlays/mcs", "xcc-binder").await;
+    let changes = cp
+        .changes(
+            None,
+            &[
+                (
+                    "multicluster.x-k8s.io/v1alpha1",
+                    "ServiceImport",
+                    "serviceimports",
+                ),
+                ("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
+                ("v1", "Service", "services"),
+            ],
+        )
+        .await;
+    let pp = PostParams::default();
+    // Someone else's ServiceImport (Submariner's, say) of an origin imported here too.
+    let imports: Api<ServiceImport> = Api::namespaced(admin.clone(), &shop);
+    let foreign: ServiceImport = serde_json::from_value(json!({
+        "metadata": {"name": "web", "labels": {"app.kubernetes.io/managed-by": "lighthouse"}},
+        "spec": {"type": "Headless", "ports": [{"port": 9}]},
+    }))
+    .unwrap();
+    imports.create(&pp, &foreign).await.unwrap();
+
+    let ar = kube::api::ApiResource::erase::<ServiceRecord>(&());
+    let records: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &xcc, &ar);
+    let fqdn = format!("api.{shop}.svc.clusterset.local");
+    let web_fqdn = format!("web.{shop}.svc.clusterset.local");
+    for r in [
+        imported("api-east", &fqdn, "east", "10.1.0.1", &shop, "api"),
+        imported("api-west", &fqdn, "west", "10.2.0.1", &shop, "api"),
+        imported("web-east", &web_fqdn, "east", "10.1.0.2", &shop, "web"),
+    ] {
+        records.create(&pp, &r).await.unwrap();
+    }
+
+    let cancel = CancellationToken::new();
+    let health = Health::default();
+    let controller = Controller::new(
+        id.client().await,
+        Config {
+            mcs: true,
+            ..Config::new(&xcc)
+        },
+        Metrics::default(),
+        health.clone(),
+    );
+    let task = tokio::spawn(controller.run(cancel.clone()));
+    let h = health.clone();
+    poll("readiness", TIMEOUT, || h.is_ready()).await;
+
+    // The binder's Service for the FQDN, with its cluster IP: the ServiceImport's IP.
+    let services: Api<Service> = Api::namespaced(admin.clone(), &xcc);
+    let service_name = names::service_name(&fqdn);
+    let cluster_ip = changes
+        .wait_for(
+            "the binder's Service with a cluster IP",
+            TIMEOUT,
+            async || {
+                services
+                    .get_opt(&service_name)
+                    .await
+                    .unwrap()
+                    .and_then(|s| s.spec?.cluster_ip)
+            },
+        )
+        .await;
+    let api = changes
+        .wait_for(
+            "ServiceImport api with IP and clusters",
+            TIMEOUT,
+            async || {
+                let i = imports.get_opt("api").await.unwrap()?;
+                let clusters = i.status.as_ref()?.clusters.clone()?;
+                (i.spec.ips.is_some() && clusters.len() == 2).then_some(i)
+            },
+        )
+        .await;
+    let value = serde_json::to_value(&api).unwrap();
+    assert_eq!(
+        value["spec"],
+        json!({"type": "ClusterSetIP", "ips": [cluster_ip],
+               "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
+    );
+    assert_eq!(
+        value["status"],
+        json!({"clusters": [{"cluster": "east"}, {"cluster": "west"}]})
+    );
+    // One slice per source cluster, labelled for MCS.
+    let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), &xcc);
+    let mut labelled: Vec<(String, String, Vec<String>)> = slices
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service_name}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|s| {
+            let l = s.metadata.labels.unwrap();
+            (
+                l[MCS_SERVICE_NAME_LABEL].clone(),
+                l[MCS_SOURCE_CLUSTER_LABEL].clone(),
+                s.endpoints
+                    .into_iter()
+                    .map(|e| e.addresses[0].clone())
+                    .collect(),
+            )
+        })
+        .collect();
+    labelled.sort();
+    assert_eq!(
+        labelled,
+        [
+            ("api".into(), "east".into(), vec!["10.1.0.1".to_string()]),
+            ("api".into(), "west".into(), vec!["10.2.0.1".to_string()])
+        ]
+    );
+
+    // Removing the imports removes the binder's ServiceImport and slices; the foreign
+    // ServiceImport stays as it was.
+    for name in ["api-east", "api-west", "web-east"] {
+        records
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    changes
+        .wait_for(
+            "ServiceImport api and its slices removed",
+            TIMEOUT,
+            async || {
+                let gone = imports.get_opt("api").await.unwrap().is_none();
+                let no_slices = slices
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("kubernetes.io/service-name={service_name}")),
+                    )
+                    .await
+                    .unwrap()
+                    .items
+                    .is_empty();
+                (gone && no_slices).then_some(())
+            },
+        )
+        .await;
+    let still = imports.get("web").await.unwrap();
+    assert_eq!(still.spec.type_, "Headless");
+    assert_eq!(still.spec.ports[0].port, 9);
+    assert_eq!(
+        still
+            .metadata
+            .managed_fields
+            .unwrap()
+            .iter()
+            .filter(|f| f.manager.as_deref() == Some("xcc-binder"))
+            .count(),
+        0,
+        "the binder never wrote the foreign ServiceImport"
+    );
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
+    cancel.cancel();
+    task.await.unwrap().unwrap();
+}

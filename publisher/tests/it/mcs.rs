@@ -1,0 +1,298 @@
+//! The publisher in MCS mode on a real API server (`xcc_testkube`, our CRDs and the upstream
+//! MCS CRDs of `deploy/mcs/crds` installed), as the publisher's ServiceAccount with exactly
+//! `deploy/overlays/mcs`'s RBAC (no request may be refused): a ServiceExport exports the
+//! Service of its name like the export label, a Service exported both ways is one record, the
+//! export's status carries the KEP-1645 conditions (written with server-side apply, next to a
+//! condition another controller owns), another cluster's export of the same name with other
+//! ports is a `PortConflict`, and removing the ServiceExport removes the record.
+//! Waits wake on watches of the objects they check, never on time.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use kube::Api;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use xcc_controller::probes::Health;
+use xcc_proto::crd::ServiceRecord;
+use xcc_proto::mcs::ServiceExport;
+use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
+use xcc_publisher::controller::{self, Metrics, Settings};
+use xcc_publisher::desired::Config;
+use xcc_testkube::poll;
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+fn service(name: &str, labels: Value, port: i32) -> Service {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"type": "ClusterIP", "ports": [{"name": "http", "port": port}]},
+    }))
+    .unwrap()
+}
+
+fn export(name: &str) -> ServiceExport {
+    serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+}
+
+/// `type → (status, reason)` of the export's conditions.
+fn conditions(export: &ServiceExport) -> Vec<(String, String, String)> {
+    let mut out: Vec<_> = export
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn expect(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    let mut out: Vec<_> = rows
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
+    let test = "service_exports_export_like_the_label_and_carry_mcs_conditions";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    // The controller in MCS mode watches every namespace: no other test's objects meanwhile.
+    let _turn = xcc_testkube::Turn::alone().await;
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("mcs/crds"))
+        .await;
+    let admin = cp.client().await;
+    let xcc = cp.namespace("xcc").await;
+    let shop = cp.namespace("shop").await;
+    let id = cp.identity(&xcc, "overlays/mcs", "xcc-publisher").await;
+    let changes = cp
+        .changes(
+            None,
+            &[
+                (
+                    "connectivity.tanzu.vmware.com/v1alpha1",
+                    "ServiceRecord",
+                    "servicerecords",
+                ),
+                (
+                    "multicluster.x-k8s.io/v1alpha1",
+                    "ServiceExport",
+                    "serviceexports",
+                ),
+            ],
+        )
+        .await;
+    let services: Api<Service> = Api::namespaced(admin.clone(), &shop);
+    let exports: Api<ServiceExport> = Api::namespaced(admin.clone(), &shop);
+    let records: Api<ServiceRecord> = Api::namespaced(admin.clone(), &shop);
+    let pp = PostParams::default();
+    services
+        .create(&pp, &service("api", json!({}), 80))
+        .await
+        .unwrap();
+    services
+        .create(&pp, &service("both", json!({EXPORT_LABEL: ""}), 81))
+        .await
+        .unwrap();
+    services
+        .create(&pp, &service("plain", json!({}), 82))
+        .await
+        .unwrap();
+    for name in ["api", "both", "ghost"] {
+        exports.create(&pp, &export(name)).await.unwrap();
+    }
+    // A condition another controller owns stays beside ours.
+    exports
+        .patch_status(
+            "api",
+            &PatchParams::apply("someone-else"),
+            &Patch::Apply(json!({
+                "apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+                "status": {"conditions": [{"type": "example.com/Seen", "status": "True",
+                    "reason": "Seen", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+            })),
+        )
+        .await
+        .unwrap();
+
+    let cancel = CancellationToken::new();
+    let health = Health::default();
+    let settings = Settings {
+        config: Config {
+            cluster: Some("east".into()),
+            ..Config::default()
+        },
+        ingress_service: (xcc.clone(), "envoy".into()),
+        mcs: true,
+        // One worker takes keys in queue order (FIFO), so a key queued before another is
+        // reconciled before it: the unexport check below relies on that.
+        workers: 1,
+        ..Settings::default()
+    };
+    let task = tokio::spawn(controller::run(
+        id.client().await,
+        settings,
+        Metrics::default(),
+        health.clone(),
+        cancel.clone(),
+    ));
+    let h = health.clone();
+    poll("readiness", TIMEOUT, || h.is_ready()).await;
+
+    let fqdn = |name: &str| format!("{name}.{shop}.svc.clusterset.local");
+    let wait_conditions = async |name: &str, want: Vec<(String, String, String)>| {
+        changes
+            .wait_for(
+                &format!("{name} conditions {want:?}"),
+                TIMEOUT,
+                async || {
+                    let e = exports.get(name).await.unwrap();
+                    (conditions(&e) == want).then_some(e)
+                },
+            )
+            .await
+    };
+    let exported = expect(&[
+        ("Valid", "True", "Valid"),
+        ("Ready", "True", "Exported"),
+        ("Conflict", "False", "NoConflicts"),
+        ("example.com/Seen", "True", "Seen"),
+    ]);
+    let api = wait_conditions("api", exported.clone()).await;
+    let ready = api
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        ready.message,
+        format!("exported as ServiceRecord {}", fqdn("api"))
+    );
+    wait_conditions(
+        "ghost",
+        expect(&[
+            ("Valid", "False", "NoService"),
+            ("Ready", "False", "Pending"),
+            ("Conflict", "False", "NoConflicts"),
+        ]),
+    )
+    .await;
+    wait_conditions(
+        "both",
+        expect(&[
+            ("Valid", "True", "Valid"),
+            ("Ready", "True", "Exported"),
+            ("Conflict", "False", "NoConflicts"),
+        ]),
+    )
+    .await;
+    // One record per exported Service, exported both ways or not; none for `plain`.
+    let mut names: Vec<String> = records
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|r| r.metadata.name.unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, [fqdn("api"), fqdn("both")]);
+    let record = records.get(&fqdn("api")).await.unwrap();
+    assert_eq!(record.spec.ports.as_ref().unwrap()[0].port, 80);
+    assert_eq!(
+        record.metadata.owner_references.unwrap()[0].name,
+        "api",
+        "owned by the Service, as with the label"
+    );
+
+    // Another cluster exports `api` with other ports: this cluster imports that record.
+    let imported: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": "api-from-west", "namespace": xcc,
+                     "labels": {IMPORTED_LABEL: "", REMOTE_REGISTRY_LABEL: "west-registry"}},
+        "spec": {"fqdn": fqdn("api"), "endpoints": [{"address": "10.9.0.1", "port": 8080}],
+                 "ports": [{"name": "http", "port": 8080}],
+                 "origin": {"cluster": "west", "namespace": shop, "name": "api"}},
+    }))
+    .unwrap();
+    let ar = kube::api::ApiResource::erase::<ServiceRecord>(&());
+    Api::<DynamicObject>::namespaced_with(admin.clone(), &xcc, &ar)
+        .create(&pp, &imported)
+        .await
+        .unwrap();
+    let conflicted = wait_conditions(
+        "api",
+        expect(&[
+            ("Valid", "True", "Valid"),
+            ("Ready", "True", "Exported"),
+            ("Conflict", "True", "PortConflict"),
+            ("example.com/Seen", "True", "Seen"),
+        ]),
+    )
+    .await;
+    let conflict = conflicted
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Conflict")
+        .unwrap();
+    assert_eq!(
+        conflict.message,
+        "ports here (http:80/TCP) differ from west (http:8080/TCP); importers serve one port set and leave the other clusters' endpoints out"
+    );
+
+    // The Service `ghost` appears: its export turns valid.
+    services
+        .create(&pp, &service("ghost", json!({}), 83))
+        .await
+        .unwrap();
+    wait_conditions(
+        "ghost",
+        expect(&[
+            ("Valid", "True", "Valid"),
+            ("Ready", "True", "Exported"),
+            ("Conflict", "False", "NoConflicts"),
+        ]),
+    )
+    .await;
+
+    // Unexporting: `api`'s record goes with its ServiceExport; `both` keeps its record
+    // through the label. `both` is queued first, so it has been reconciled once `api`'s
+    // record is gone.
+    exports
+        .delete("both", &DeleteParams::default())
+        .await
+        .unwrap();
+    exports
+        .delete("api", &DeleteParams::default())
+        .await
+        .unwrap();
+    changes
+        .wait_for("api's record removed", TIMEOUT, async || {
+            records
+                .get_opt(&fqdn("api"))
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    assert!(records.get_opt(&fqdn("both")).await.unwrap().is_some());
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
+    cancel.cancel();
+    task.await.unwrap().unwrap();
+}

@@ -1,0 +1,311 @@
+//! Registries in file mode (`--store file`): reference cases P-01..P-03 between two registries,
+//! watched export and remote files, malformed files that lose nothing, probes and metrics.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::*;
+use xcc_proto::resources::ServiceRecord;
+use xcc_registry::StoreConfig;
+use xcc_registry::store::file::FileImportSink;
+
+fn file_config(files: xcc_certs::reload::TlsFiles, dir: &Path) -> xcc_registry::RegistryConfig {
+    let mut cfg = xcc_registry::RegistryConfig::loopback(files);
+    cfg.store = StoreConfig::File {
+        state_dir: dir.to_path_buf(),
+        // Filesystem events drive the tests; the poll is only a fallback.
+        poll: Duration::from_secs(60),
+    };
+    cfg
+}
+
+fn write(dir: &Path, rel: &str, text: &str) {
+    let path = dir.join(rel);
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, &path).expect("rename");
+}
+
+fn exported_sr(annotations: &str) -> String {
+    format!(
+        r#"apiVersion: connectivity.tanzu.vmware.com/v1alpha1
+kind: ServiceRecord
+metadata:
+  name: foobar.some.domain
+  namespace: cross-cluster-connectivity
+  labels:
+    connectivity.tanzu.vmware.com/export: ""
+  annotations:
+{annotations}
+spec:
+  fqdn: foobar.some.domain
+  endpoints:
+  - address: 10.0.0.1
+    port: 443
+"#
+    )
+}
+
+fn remote_rr(addr: std::net::SocketAddr) -> String {
+    format!(
+        r#"apiVersion: connectivity.tanzu.vmware.com/v1alpha1
+kind: RemoteRegistry
+metadata:
+  name: shared-services-cls
+  namespace: cross-cluster-connectivity
+spec:
+  address: "{addr}"
+  tlsConfig:
+    serverCA: ""
+    serverName: localhost
+"#
+    )
+}
+
+async fn imported_records(west_dir: &Path, west: &xcc_registry::Registry) -> Vec<ServiceRecord> {
+    wait_catalog(&west.catalog, "import present", |c| {
+        imported_fqdns(c, "shared-services-cls") == ["foobar.some.domain"]
+    })
+    .await;
+    // The import files (snapshot + journal) are written before the catalog is updated.
+    FileImportSink::reader(west_dir, "cross-cluster-connectivity")
+        .records("shared-services-cls")
+        .expect("import files readable")
+}
+
+/// P-01, P-02, P-03 in one run: the exporter's annotations change, the importer's record follows.
+#[tokio::test]
+async fn p01_p02_p03_imported_record_shape() {
+    let pki = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    write(
+        east_dir.path(),
+        "exports/foobar.yaml",
+        &exported_sr("    connectivity.tanzu.vmware.com/service-port: \"443\""),
+    );
+    let (east, _ec) = start_with(file_config(pki.cluster("east"), east_dir.path())).await;
+    assert_eq!(east.catalog.len(), 1, "exports loaded before start returns");
+    write(
+        west_dir.path(),
+        "remotes/shared-services-cls.yaml",
+        &remote_rr(east.hamlet_addr),
+    );
+    let (west, _wc) = start_with(file_config(pki.cluster("west"), west_dir.path())).await;
+
+    // P-01
+    let records = imported_records(west_dir.path(), &west).await;
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!(r.metadata.name, "foobar.some.domain-6068d556");
+    assert_eq!(
+        r.metadata.namespace.as_deref(),
+        Some("cross-cluster-connectivity")
+    );
+    assert_eq!(
+        r.metadata.labels,
+        BTreeMap::from([
+            (
+                "connectivity.tanzu.vmware.com/imported".to_string(),
+                String::new()
+            ),
+            (
+                "connectivity.tanzu.vmware.com/remote-registry".to_string(),
+                "shared-services-cls".to_string()
+            ),
+        ])
+    );
+    assert_eq!(
+        r.metadata.annotations,
+        BTreeMap::from([(
+            "connectivity.tanzu.vmware.com/service-port".to_string(),
+            "443".to_string()
+        )])
+    );
+    assert_eq!(r.spec.fqdn, "foobar.some.domain");
+    assert_eq!(r.spec.endpoints.len(), 1);
+    assert_eq!(
+        (
+            r.spec.endpoints[0].address.as_str(),
+            r.spec.endpoints[0].port
+        ),
+        ("10.0.0.1", 443)
+    );
+
+    // P-02 and P-03: add the VIP and an unprefixed annotation on the exporter.
+    write(
+        east_dir.path(),
+        "exports/foobar.yaml",
+        &exported_sr(
+            "    connectivity.tanzu.vmware.com/service-port: \"443\"\n    connectivity.tanzu.vmware.com/vip: \"1.2.3.4\"\n    foobar: \"\"",
+        ),
+    );
+    wait_catalog(&west.catalog, "vip imported", |c| {
+        c.by_fqdn("foobar.some.domain")
+            .iter()
+            .any(|e| e.labels.contains_key("connectivity.tanzu.vmware.com/vip"))
+    })
+    .await;
+    let records = FileImportSink::reader(west_dir.path(), "cross-cluster-connectivity")
+        .records("shared-services-cls")
+        .expect("read");
+    assert_eq!(
+        records[0].metadata.annotations,
+        BTreeMap::from([
+            (
+                "connectivity.tanzu.vmware.com/service-port".to_string(),
+                "443".to_string()
+            ),
+            (
+                "connectivity.tanzu.vmware.com/vip".to_string(),
+                "1.2.3.4".to_string()
+            ),
+        ])
+    );
+}
+
+/// A malformed export file is reported with its name and field and changes nothing; fixing it
+/// applies; deleting it removes the export. Removing the remote file removes its imports.
+#[tokio::test]
+async fn malformed_files_lose_nothing_and_removal_cleans_up() {
+    let pki = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    let good = exported_sr("    connectivity.tanzu.vmware.com/service-port: \"443\"");
+    write(east_dir.path(), "exports/foobar.yaml", &good);
+    let (east, _ec) = start_with(file_config(pki.cluster("east"), east_dir.path())).await;
+    write(
+        west_dir.path(),
+        "remotes/shared-services-cls.yaml",
+        &remote_rr(east.hamlet_addr),
+    );
+    let (west, _wc) = start_with(file_config(pki.cluster("west"), west_dir.path())).await;
+    imported_records(west_dir.path(), &west).await;
+
+    let mut errors_rx = east.catalog.subscribe();
+    write(
+        east_dir.path(),
+        "exports/foobar.yaml",
+        &good.replace("port: 443", "port: \"x\""),
+    );
+    // Wait for the rejection to be recorded (no catalog event will come).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut fs_events = east.file_errors.subscribe();
+    while east.file_errors.get().is_empty() {
+        tokio::time::timeout_at(deadline, fs_events.changed())
+            .await
+            .expect("rejection reported in time")
+            .expect("alive");
+    }
+    let errors = east.file_errors.get();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with("exports/foobar.yaml")
+            && errors[0].contains("spec.endpoints[0].port"),
+        "{errors:?}"
+    );
+    assert_eq!(east.catalog.len(), 1, "the last good export stays");
+    assert!(errors_rx.try_recv().is_err(), "no catalog change");
+    assert_eq!(
+        imported_fqdns(&west.catalog, "shared-services-cls"),
+        ["foobar.some.domain"]
+    );
+
+    std::fs::remove_file(east_dir.path().join("exports/foobar.yaml")).expect("rm");
+    wait_catalog(&west.catalog, "import removed", |c| {
+        imported_fqdns(c, "shared-services-cls").is_empty()
+    })
+    .await;
+    assert!(east.file_errors.get().is_empty());
+
+    write(east_dir.path(), "exports/foobar.yaml", &good);
+    wait_catalog(&west.catalog, "import back", |c| {
+        imported_fqdns(c, "shared-services-cls").len() == 1
+    })
+    .await;
+    std::fs::remove_file(west_dir.path().join("remotes/shared-services-cls.yaml")).expect("rm");
+    wait_catalog(&west.catalog, "remote removed", |c| {
+        imported_fqdns(c, "shared-services-cls").is_empty()
+    })
+    .await;
+    for file in ["shared-services-cls.yaml", "shared-services-cls.journal"] {
+        assert!(
+            !west_dir.path().join("imports").join(file).exists(),
+            "{file}"
+        );
+    }
+}
+
+/// Restarting the importer loses nothing: imports come back from disk immediately and are
+/// confirmed by the next snapshot.
+#[tokio::test]
+async fn importer_restart_keeps_imports() {
+    let pki = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    write(
+        east_dir.path(),
+        "exports/foobar.yaml",
+        &exported_sr("    connectivity.tanzu.vmware.com/service-port: \"443\""),
+    );
+    let (east, _ec) = start_with(file_config(pki.cluster("east"), east_dir.path())).await;
+    write(
+        west_dir.path(),
+        "remotes/shared-services-cls.yaml",
+        &remote_rr(east.hamlet_addr),
+    );
+    let west_files = pki.cluster("west");
+    let (west, wc) = start_with(file_config(west_files.clone(), west_dir.path())).await;
+    imported_records(west_dir.path(), &west).await;
+    wc.cancel();
+    west.shutdown().await.expect("clean shutdown");
+
+    let (west2, _wc2) = start_with(file_config(west_files, west_dir.path())).await;
+    assert_eq!(
+        imported_fqdns(&west2.catalog, "shared-services-cls"),
+        ["foobar.some.domain"],
+        "loaded from disk before any connection"
+    );
+    wait_peer(&west2, "shared-services-cls", "synced", |p| {
+        p.last_sync().is_some()
+    })
+    .await;
+    assert_eq!(
+        imported_fqdns(&west2.catalog, "shared-services-cls"),
+        ["foobar.some.domain"]
+    );
+}
+
+/// `/healthz`, `/readyz` and `/metrics` on the plain-HTTP probe listener.
+#[tokio::test]
+async fn probes_and_metrics() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pki = Pki::new("xcc.test");
+    let mut cfg = xcc_registry::RegistryConfig::loopback(pki.cluster("east"));
+    cfg.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let (east, _c) = start_with(cfg).await;
+    east.catalog
+        .upsert(export("east", "a", "one.xcc.test", "10.0.0.1"));
+    let addr = east.metrics_addr.expect("metrics bound");
+    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.expect("read");
+        out
+    }
+    assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+    assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+    let metrics = get(addr, "/metrics").await;
+    assert!(metrics.contains("xcc_catalog_services 1"), "{metrics}");
+    assert!(
+        metrics.contains("xcc_certificate_reloads_total"),
+        "{metrics}"
+    );
+}

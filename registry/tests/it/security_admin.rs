@@ -1,0 +1,300 @@
+//! mTLS at the registry's listeners (missing, foreign and expired client certificates; rotation
+//! without restart) and the admin API (admin identity required, listing, lookup, peers, watch).
+
+use crate::common::*;
+use xcc_certs::pki::IssueRequest;
+use xcc_certs::reload::ReloadingTls;
+use xcc_proto::xcc::admin::v1 as api;
+
+/// A raw TLS client: trusts `ca`, presents `client` (chain and key PEM files) if given, and
+/// returns the TLS error the server's verdict produces (with TLS 1.3 it arrives on first read).
+async fn raw_handshake(
+    addr: std::net::SocketAddr,
+    ca: &std::path::Path,
+    client: Option<(&std::path::Path, &std::path::Path)>,
+) -> Option<rustls::Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca).expect("ca") {
+        roots.add(c.expect("cert")).expect("add");
+    }
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    let mut config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_file_iter(cert)
+                    .expect("chain")
+                    .map(|c| c.expect("cert"))
+                    .collect(),
+                PrivateKeyDer::from_pem_file(key).expect("key"),
+            )
+            .expect("client auth"),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let result = async {
+        let mut tls = connector.connect(name, tcp).await?;
+        tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await?;
+        let mut buf = [0u8; 16];
+        tls.read(&mut buf).await
+    }
+    .await;
+    result.err().and_then(|e| {
+        e.get_ref()
+            .and_then(|e| e.downcast_ref::<rustls::Error>())
+            .cloned()
+    })
+}
+
+#[tokio::test]
+async fn missing_foreign_and_expired_client_certificates_are_rejected() {
+    let pki = Pki::new("xcc.test");
+    let files = pki.cluster("east");
+    let (east, _c) = start(files.clone()).await;
+    use rustls::{AlertDescription, Error};
+
+    assert_eq!(
+        raw_handshake(east.hamlet_addr, &files.ca, None).await,
+        Some(Error::AlertReceived(AlertDescription::CertificateRequired))
+    );
+
+    // A certificate from an unrelated CA.
+    let other = Pki::new("other.test");
+    let foreign = other.cluster("west");
+    assert_eq!(
+        raw_handshake(
+            east.hamlet_addr,
+            &files.ca,
+            Some((&foreign.cert, &foreign.key))
+        )
+        .await,
+        Some(Error::AlertReceived(AlertDescription::UnknownCA))
+    );
+    // A forged CA with the same name as ours: the chain is found by name, its signature fails.
+    let forged = Pki::new("xcc.test");
+    let spoof = forged.cluster("west");
+    assert_eq!(
+        raw_handshake(east.hamlet_addr, &files.ca, Some((&spoof.cert, &spoof.key))).await,
+        Some(Error::AlertReceived(AlertDescription::DecryptError))
+    );
+
+    let mut req = IssueRequest::cluster("west");
+    req.not_before = Some(time::OffsetDateTime::now_utc() - time::Duration::days(10));
+    req.not_after = Some(time::OffsetDateTime::now_utc() - time::Duration::days(1));
+    let cert = pki.ca.issue(&req).expect("issue");
+    let expired = xcc_certs::pki::write_issued(&pki.dir.path().join("expired"), &pki.ca, &cert)
+        .expect("write");
+    assert_eq!(
+        raw_handshake(
+            east.hamlet_addr,
+            &files.ca,
+            Some((&expired.cert, &expired.key))
+        )
+        .await,
+        Some(Error::AlertReceived(AlertDescription::CertificateExpired))
+    );
+    // The admin listener is just as strict.
+    assert_eq!(
+        raw_handshake(east.admin_addr, &files.ca, None).await,
+        Some(Error::AlertReceived(AlertDescription::CertificateRequired))
+    );
+    // And a valid certificate passes the same path.
+    let west = pki.cluster("west");
+    assert_eq!(
+        raw_handshake(east.hamlet_addr, &files.ca, Some((&west.cert, &west.key))).await,
+        None
+    );
+    assert_eq!(east.peers.list().len(), 0, "no consumer was admitted");
+}
+
+/// A certificate rotated on disk is served on the next connection, without restart.
+#[tokio::test]
+async fn rotated_server_certificate_is_served_without_restart() {
+    let pki = Pki::new("xcc.test");
+    let files = pki.cluster("east");
+    let (east, _c) = start(files.clone()).await;
+    let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
+    let before = std::fs::read(&files.cert).expect("read");
+    let mut changes = east.tls.subscribe();
+    // Re-issue east with an extra DNS name, atomically replacing the files.
+    let mut req = IssueRequest::cluster("east");
+    req.dns = vec!["localhost".into(), "east.rotated.test".into()];
+    req.ips = vec![std::net::Ipv4Addr::LOCALHOST.into()];
+    let cert = pki.ca.issue(&req).expect("issue");
+    xcc_certs::pki::write_issued(files.cert.parent().expect("dir"), &pki.ca, &cert).expect("write");
+    assert_ne!(before, std::fs::read(&files.cert).expect("read"));
+    tokio::time::timeout(WAIT, changes.changed())
+        .await
+        .expect("reload observed in time")
+        .expect("watch alive");
+    // A new connection verifying the *new* name succeeds: the new certificate is served.
+    let connector = xcc_certs::client::TlsConnector::new(west, "east.rotated.test".into(), None)
+        .expect("connector");
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{}", east.hamlet_addr))
+        .expect("uri")
+        .connect_with_connector(connector)
+        .await
+        .expect("connects with the rotated certificate");
+    Consumer::on_channel(ch, false, xcc_proto::FEDERATED_SERVICE_V1ALPHA1_URL)
+        .await
+        .expect("subscribe");
+}
+
+async fn admin_client(
+    pki: &Pki,
+    reg: &xcc_registry::Registry,
+    name: &str,
+    admin: bool,
+) -> api::admin_client::AdminClient<tonic::transport::Channel> {
+    let files = if admin {
+        pki.admin(name)
+    } else {
+        pki.cluster(name)
+    };
+    let tls = ReloadingTls::load(files).expect("tls");
+    xcc_registry::admin::connect(tls, &reg.admin_addr.to_string(), None)
+        .await
+        .expect("connect")
+}
+
+#[tokio::test]
+async fn admin_api_requires_an_admin_identity() {
+    let pki = Pki::new("xcc.test");
+    let (east, _c) = start(pki.cluster("east")).await;
+    let mut not_admin = admin_client(&pki, &east, "west", false).await;
+    let err = not_admin
+        .list_services(api::ListServicesRequest::default())
+        .await
+        .expect_err("denied");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied);
+    assert_eq!(err.message(), "cluster/west is not an admin identity");
+}
+
+#[tokio::test]
+async fn admin_lists_gets_peers_and_watches() {
+    let pki = Pki::new("xcc.test");
+    let (east, _c) = start(pki.cluster("east")).await;
+    let mut restricted = export("east", "shop", "api.shop.xcc.test", "10.0.0.2");
+    restricted.allowed_requesters = vec!["north".into()];
+    east.catalog.upsert(restricted);
+    east.catalog
+        .upsert(export("east", "shop", "web.shop.xcc.test", "10.0.0.1"));
+    east.catalog
+        .upsert(export("east", "ops", "grafana.ops.example", "10.0.0.3"));
+    let mut admin = admin_client(&pki, &east, "alice", true).await;
+
+    let all = admin
+        .list_services(api::ListServicesRequest::default())
+        .await
+        .expect("list")
+        .into_inner()
+        .services;
+    assert_eq!(all.len(), 3);
+    let shop = admin
+        .list_services(api::ListServicesRequest {
+            fqdn_suffix: "XCC.test".into(),
+            namespace: "shop".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .services;
+    let fqdns: Vec<&str> = shop.iter().map(|s| s.fqdn.as_str()).collect();
+    assert_eq!(fqdns, ["api.shop.xcc.test", "web.shop.xcc.test"]);
+
+    let one = admin
+        .get_service(api::GetServiceRequest {
+            fqdn: "API.shop.xcc.test.".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("get")
+        .into_inner();
+    assert_eq!(
+        (
+            one.owner_cluster.as_str(),
+            one.namespace.as_str(),
+            one.source.as_str()
+        ),
+        ("east", "shop", "local")
+    );
+    assert_eq!(one.allowed_requesters, ["north"]);
+    let missing = admin
+        .get_service(api::GetServiceRequest {
+            fqdn: "nope.xcc.test".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("not found");
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+    let bad = admin
+        .get_service(api::GetServiceRequest::default())
+        .await
+        .expect_err("invalid");
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+
+    // A consumer shows up in ListPeers with its certificate identity and record count.
+    let west = ReloadingTls::load(pki.cluster("west")).expect("tls");
+    let mut c = Consumer::connect(&west, east.hamlet_addr, true)
+        .await
+        .expect("subscribe");
+    for _ in 0..3 {
+        c.next_acked().await; // two visible services + marker
+    }
+    // Counted before each response is handed to the transport, so all three are visible now.
+    let peers = admin
+        .list_peers(api::ListPeersRequest {})
+        .await
+        .expect("peers")
+        .into_inner()
+        .peers;
+    assert_eq!(peers.len(), 1);
+    assert_eq!(peers[0].kind, api::peer::Kind::HamletConsumer as i32);
+    assert_eq!(peers[0].identity, "west");
+    assert_eq!(peers[0].state, api::peer::State::Connected as i32);
+    assert_eq!(peers[0].responses_sent, 3);
+
+    // Watch: snapshot, marker, then live events.
+    let mut watch = admin
+        .watch(api::WatchRequest { snapshot: true })
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut kinds = vec![];
+    for _ in 0..4 {
+        let ev = tokio::time::timeout(WAIT, watch.message())
+            .await
+            .expect("in time")
+            .expect("ok")
+            .expect("open");
+        kinds.push(ev.kind);
+    }
+    use api::catalog_event::Kind;
+    assert_eq!(
+        kinds,
+        [
+            Kind::Upsert as i32,
+            Kind::Upsert as i32,
+            Kind::Upsert as i32,
+            Kind::SnapshotComplete as i32
+        ]
+    );
+    east.catalog.remove(&xcc_registry::catalog::ServiceKey::new(
+        "east",
+        "ops",
+        "grafana.ops.example",
+    ));
+    let ev = tokio::time::timeout(WAIT, watch.message())
+        .await
+        .expect("in time")
+        .expect("ok")
+        .expect("open");
+    assert_eq!(ev.kind, Kind::Delete as i32);
+    assert_eq!(ev.service.expect("service").fqdn, "grafana.ops.example");
+}

@@ -1,0 +1,13 @@
+//! All integration tests of this crate in one binary (one link instead of one per file); each
+//! module was a test binary of its own. Tests on a shared control plane (`xcc_testkube::shared`)
+//! share one per binary, each in its own namespace.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod demo;
+mod deploy;
+mod dns_cli;
+mod fuzz_corpora;
+mod mcs_two_clusters;
+mod tree_processes;
+mod two_clusters;

@@ -1,0 +1,215 @@
+//! The Multi-Cluster Services API end to end on two real control planes (`xcc_testkube`), the
+//! real `xcc` binary as processes under `deploy/overlays/mcs`'s RBAC with `--mcs true`, real
+//! mTLS between the registries, the upstream MCS and About CRDs installed:
+//!
+//! - a ClusterProperty `cluster.clusterset.k8s.io` that names the cluster otherwise than the
+//!   registry certificate stops the registry at start-up with a clear error; once it agrees,
+//!   the registry runs;
+//! - a `ServiceExport` in `east` (no XCC label) → `Valid`/`Ready` conditions there, and in
+//!   `west` a `ServiceImport` of the same name and namespace (`ClusterSetIP`, the ports, the IP
+//!   of the binder's Service, `clusters: [east]`), EndpointSlices with the MCS labels, and the
+//!   DNS zone built from west's Services answering `<svc>.<ns>.svc.clusterset.local` with the
+//!   ServiceImport's IP;
+//! - the ServiceExport deleted → the ServiceImport and the slices gone in `west`.
+//!
+//! No request of any xcc process was refused. Every step waits on API state, never on time.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use crate::common::clusters::{Cluster, NS, World, remote_registry, slice_addresses, wait_for};
+use serde_json::json;
+use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
+use xcc_proto::names::service_name;
+
+const WAIT: Duration = Duration::from_secs(60);
+const LOG: &str = "info,kube=warn,tower=warn,hyper=warn,h2=warn";
+const MCS: &str = "multicluster.x-k8s.io/v1alpha1";
+
+fn logs(a: &Cluster, b: &Cluster) -> String {
+    format!("== east\n{}== west\n{}", a.logs(), b.logs())
+}
+
+fn cluster_property(value: &str) -> serde_json::Value {
+    json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+           "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": value}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_export_in_east_is_a_service_import_in_west() {
+    let _turn = xcc_testkube::Turn::shared().await;
+    let world = World::new();
+    let Some(mut east) = world.cluster("east", &["shop"], "overlays/mcs").await else {
+        return;
+    };
+    let Some(mut west) = world.cluster("west", &["shop"], "overlays/mcs").await else {
+        return;
+    };
+    east.mcs = true;
+    west.mcs = true;
+
+    // Cluster identity: a ClusterProperty that disagrees with the certificate stops the
+    // registry; one that agrees lets it run.
+    west.apply("clusterproperties", cluster_property("not-west"))
+        .await;
+    west.start_registry(LOG).await;
+    let registry = west.registry.as_mut().unwrap();
+    wait_for(
+        "west's registry to refuse to start",
+        WAIT,
+        async || (!registry.running()).then_some(()),
+        || "it kept running with a ClusterProperty that names another cluster".to_string(),
+    )
+    .await;
+    let log = west.registry.as_ref().unwrap().log().join("\n");
+    assert!(
+        log.contains(
+            "ClusterProperty cluster.clusterset.k8s.io names this cluster \"not-west\" but the registry certificate names it \"west\""
+        ),
+        "{log}"
+    );
+    west.apply("clusterproperties", cluster_property("west"))
+        .await;
+    east.apply("clusterproperties", cluster_property("east"))
+        .await;
+
+    east.start_registry(LOG).await;
+    east.start_publisher(LOG).await;
+    west.start_registry(LOG).await;
+    west.start_binder(LOG).await;
+    west.apply(
+        "remoteregistries",
+        remote_registry(&world, "east", &east, None),
+    )
+    .await;
+
+    // A plain Service and a ServiceExport of its name in east.
+    east.apply(
+        "services",
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "api", "namespace": "shop"},
+               "spec": {"ports": [{"name": "http", "port": 8080}], "selector": {"app": "api"}}}),
+    )
+    .await;
+    east.apply(
+        "serviceexports",
+        json!({"apiVersion": MCS, "kind": "ServiceExport",
+               "metadata": {"name": "api", "namespace": "shop"}}),
+    )
+    .await;
+    let conditions = wait_for(
+        "east's ServiceExport Valid and Ready",
+        WAIT,
+        async || {
+            let e = east.get(MCS, "serviceexports", Some("shop"), "api").await?;
+            let mut c: Vec<(String, String, String)> = e["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .map(|c| {
+                    (
+                        c["type"].as_str().unwrap().to_string(),
+                        c["status"].as_str().unwrap().to_string(),
+                        c["reason"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect();
+            c.sort();
+            (c.len() == 3 && c.iter().any(|c| c.0 == "Ready" && c.1 == "True")).then_some(c)
+        },
+        || logs(&east, &west),
+    )
+    .await;
+    assert_eq!(
+        conditions,
+        [
+            ("Conflict".into(), "False".into(), "NoConflicts".into()),
+            ("Ready".into(), "True".into(), "Exported".into()),
+            ("Valid".into(), "True".into(), "Valid".into()),
+        ]
+    );
+    let east_ip = east
+        .get("v1", "services", Some("shop"), "api")
+        .await
+        .unwrap()["spec"]["clusterIP"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // west: the ServiceImport, the binder's Service and slices.
+    let fqdn = "api.shop.svc.clusterset.local";
+    let svc = service_name(fqdn);
+    let import = wait_for(
+        "west's ServiceImport with its IP and clusters",
+        WAIT,
+        async || {
+            let i = west.get(MCS, "serviceimports", Some("shop"), "api").await?;
+            (i["spec"]["ips"].is_array() && i["status"]["clusters"].is_array()).then_some(i)
+        },
+        || logs(&east, &west),
+    )
+    .await;
+    let west_service = west.get("v1", "services", Some(NS), &svc).await.unwrap();
+    let west_ip = west_service["spec"]["clusterIP"].as_str().unwrap();
+    // A flat (Hamlet) import carries the port, not its name.
+    assert_eq!(
+        import["spec"],
+        json!({"type": "ClusterSetIP", "ips": [west_ip],
+               "ports": [{"protocol": "TCP", "port": 8080}]})
+    );
+    assert_eq!(import["status"], json!({"clusters": [{"cluster": "east"}]}));
+    assert_eq!(slice_addresses(&west, NS, &svc).await, [east_ip]);
+    let slices = west
+        .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
+        .await;
+    let labels: Vec<(&str, &str)> = slices
+        .iter()
+        .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == svc.as_str())
+        .map(|s| {
+            let l = &s["metadata"]["labels"];
+            (
+                l[MCS_SERVICE_NAME_LABEL].as_str().unwrap(),
+                l[MCS_SOURCE_CLUSTER_LABEL].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(labels, [("api", "east")]);
+
+    // DNS: the zone `xcc dns` builds from west's Service answers the MCS name with the
+    // ServiceImport's IP.
+    let typed: k8s_openapi::api::core::v1::Service =
+        serde_json::from_value(west_service.clone()).unwrap();
+    let info = xcc_dns::kube_feed::service_info(&typed).unwrap();
+    let zones = xcc_dns::zone::ZoneSet::build(&["clusterset.local".to_string()], [&info], None, 1);
+    let name = hickory_proto::rr::Name::from_ascii(format!("{fqdn}.")).unwrap();
+    let answer: Vec<String> = zones
+        .find_zone(&name)
+        .and_then(|z| z.node(&name))
+        .unwrap()
+        .v4
+        .iter()
+        .map(|ip| ip.to_string())
+        .collect();
+    assert_eq!(answer, [west_ip]);
+
+    // Unexport: the ServiceImport and the slices leave west.
+    east.delete(MCS, "ServiceExport", "serviceexports", Some("shop"), "api")
+        .await;
+    wait_for(
+        "west's ServiceImport and slices removed",
+        WAIT,
+        async || {
+            (west
+                .get(MCS, "serviceimports", Some("shop"), "api")
+                .await
+                .is_none()
+                && slice_addresses(&west, NS, &svc).await.is_empty())
+            .then_some(())
+        },
+        || logs(&east, &west),
+    )
+    .await;
+
+    let refused: Vec<String> = east.refused().into_iter().chain(west.refused()).collect();
+    assert_eq!(refused, Vec::<String>::new(), "{}", logs(&east, &west));
+}
