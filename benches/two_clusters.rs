@@ -163,7 +163,7 @@ async fn run(args: Args) {
     // The slowest samples with their position: a slow first sample is warm-up (first
     // connection, first reconcile), a slow later one is not.
     let mut slowest: Vec<(usize, Duration)> = latencies.iter().copied().enumerate().collect();
-    slowest.sort_by(|x, y| y.1.cmp(&x.1));
+    slowest.sort_by_key(|s| std::cmp::Reverse(s.1));
     let slowest: Vec<String> = slowest
         .iter()
         .take(3)

@@ -1738,8 +1738,15 @@ forbid (principal, action == Xcc::Action::"announce", resource) when { resource.
     let (api_events, seen, _) = events("AnnouncementAccepted");
     await_objects(api_events, "the Normal Event", seen).await;
     let status_writes = |l: &Lab, name: &str| {
-        let prefix = format!("patch servicerecords/status {shop}/{name} ");
-        l.writes().iter().filter(|w| w.starts_with(&prefix)).count()
+        l.writes()
+            .iter()
+            .filter(|w| {
+                w.verb == "patch"
+                    && w.resource == "servicerecords/status"
+                    && w.namespace == shop
+                    && w.name == name
+            })
+            .count()
     };
     lab.assert_count("status writes of api", |l| status_writes(l, "api"), 2)
         .await;
