@@ -66,9 +66,9 @@ fn kustomize(dir: &Path) -> Option<Vec<Value>> {
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).unwrap();
-    let docs = serde_yaml::Deserializer::from_str(&text)
+    let docs = yaml_serde::Deserializer::from_str(&text)
         .map(|d| {
-            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
+            let v: yaml_serde::Value = serde::Deserialize::deserialize(d).unwrap();
             serde_json::to_value(v).unwrap()
         })
         .filter(|v| !v.is_null())

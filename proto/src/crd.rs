@@ -477,7 +477,7 @@ const GENERATED_HEADER: &str =
 #[error("serialising CRD {name}: {source}")]
 pub struct CrdYamlError {
     name: String,
-    source: serde_yaml::Error,
+    source: yaml_serde::Error,
 }
 
 /// Each CRD as a YAML document with the generated-file header, keyed by file name
@@ -487,7 +487,7 @@ pub fn crd_files() -> Result<BTreeMap<String, String>, CrdYamlError> {
         .into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
-            let yaml = serde_yaml::to_string(&crd).map_err(|source| CrdYamlError {
+            let yaml = yaml_serde::to_string(&crd).map_err(|source| CrdYamlError {
                 name: name.clone(),
                 source,
             })?;

@@ -70,7 +70,7 @@ pub enum ResourceError {
         /// 1-based position of the object.
         document: usize,
         /// The serialiser's error.
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
 }
 
@@ -394,7 +394,7 @@ pub fn parse_documents_of_kind<T: DeserializeOwned>(
     kind: &str,
 ) -> Result<Vec<T>, ResourceError> {
     let mut items = Vec::new();
-    for (i, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+    for (i, document) in yaml_serde::Deserializer::from_str(text).enumerate() {
         let number = i + 1;
         let error = |path: Option<&str>, message: String| ResourceError::Document {
             file: file.to_string(),
@@ -403,7 +403,7 @@ pub fn parse_documents_of_kind<T: DeserializeOwned>(
             message,
         };
         let value =
-            serde_yaml::Value::deserialize(document).map_err(|e| error(None, e.to_string()))?;
+            yaml_serde::Value::deserialize(document).map_err(|e| error(None, e.to_string()))?;
         if value.is_null() {
             continue;
         }
@@ -424,14 +424,14 @@ pub fn parse_documents_of_kind<T: DeserializeOwned>(
 }
 
 fn check_type_field(
-    mapping: &serde_yaml::Mapping,
+    mapping: &yaml_serde::Mapping,
     field: &str,
     expected: &str,
 ) -> Result<(), String> {
     match mapping.get(field) {
-        None | Some(serde_yaml::Value::Null) => Err(format!("missing, expected {expected:?}")),
-        Some(serde_yaml::Value::String(found)) if found == expected => Ok(()),
-        Some(serde_yaml::Value::String(found)) => {
+        None | Some(yaml_serde::Value::Null) => Err(format!("missing, expected {expected:?}")),
+        Some(yaml_serde::Value::String(found)) if found == expected => Ok(()),
+        Some(yaml_serde::Value::String(found)) => {
             Err(format!("expected {expected:?}, found {found:?}"))
         }
         Some(_) => Err(format!(
@@ -447,7 +447,7 @@ pub fn to_yaml_documents<T: Serialize>(items: &[T]) -> Result<String, ResourceEr
         if i > 0 {
             out.push_str("---\n");
         }
-        let text = serde_yaml::to_string(item).map_err(|source| ResourceError::Serialize {
+        let text = yaml_serde::to_string(item).map_err(|source| ResourceError::Serialize {
             document: i + 1,
             source,
         })?;

@@ -50,7 +50,7 @@ fn at<'a>(value: &'a Value, path: &[&str]) -> &'a Value {
 
 #[test]
 fn xcc_v1_manifests_parse_into_the_custom_resources() {
-    let sr: ServiceRecord = serde_yaml::from_str(XCC_EXPORTED).unwrap();
+    let sr: ServiceRecord = yaml_serde::from_str(XCC_EXPORTED).unwrap();
     assert_eq!(sr.metadata.name.as_deref(), Some("my-service.xcc.test"));
     assert_eq!(
         sr.spec,
@@ -65,7 +65,7 @@ fn xcc_v1_manifests_parse_into_the_custom_resources() {
     );
     assert_eq!(sr.status, None);
 
-    let rr: RemoteRegistry = serde_yaml::from_str(XCC_REMOTE_REGISTRY).unwrap();
+    let rr: RemoteRegistry = yaml_serde::from_str(XCC_REMOTE_REGISTRY).unwrap();
     assert_eq!(
         rr.spec.tls_config.server_name,
         "shared-services-registry.xcc.test"
@@ -77,7 +77,7 @@ fn xcc_v1_manifests_parse_into_the_custom_resources() {
 
 #[test]
 fn serialising_keeps_xcc_field_names_and_omits_unset_additions() {
-    let sr: ServiceRecord = serde_yaml::from_str(XCC_EXPORTED).unwrap();
+    let sr: ServiceRecord = yaml_serde::from_str(XCC_EXPORTED).unwrap();
     let value = serde_json::to_value(&sr).unwrap();
     assert_eq!(
         value["spec"],
@@ -89,7 +89,7 @@ fn serialising_keeps_xcc_field_names_and_omits_unset_additions() {
     );
     assert_eq!(value["kind"], "ServiceRecord");
 
-    let rr: RemoteRegistry = serde_yaml::from_str(XCC_REMOTE_REGISTRY).unwrap();
+    let rr: RemoteRegistry = yaml_serde::from_str(XCC_REMOTE_REGISTRY).unwrap();
     let value = serde_json::to_value(&rr).unwrap();
     assert_eq!(
         value["spec"]["tlsConfig"],
@@ -384,7 +384,7 @@ fn remote_registry_spec_round_trips_except_imports() {
 
 #[test]
 fn whole_objects_convert_with_their_metadata() {
-    let sr: ServiceRecord = serde_yaml::from_str(XCC_EXPORTED).unwrap();
+    let sr: ServiceRecord = yaml_serde::from_str(XCC_EXPORTED).unwrap();
     let file: resources::ServiceRecord = (&sr).into();
     assert_eq!(file.metadata.name, "my-service.xcc.test");
     assert_eq!(
@@ -400,7 +400,7 @@ fn whole_objects_convert_with_their_metadata() {
     let back = ServiceRecord::try_from(&file).unwrap();
     assert_eq!(back, sr);
 
-    let mut rr: RemoteRegistry = serde_yaml::from_str(XCC_REMOTE_REGISTRY).unwrap();
+    let mut rr: RemoteRegistry = yaml_serde::from_str(XCC_REMOTE_REGISTRY).unwrap();
     rr.status = Some(RemoteRegistryStatus {
         imported_records: Some(3),
         ..Default::default()
@@ -426,7 +426,7 @@ fn crd_files_are_named_after_the_crds_and_carry_the_header() {
     );
     for (name, text) in &files {
         assert!(text.starts_with(GENERATED_HEADER), "{name}");
-        let crd: CustomResourceDefinition = serde_yaml::from_str(text).unwrap();
+        let crd: CustomResourceDefinition = yaml_serde::from_str(text).unwrap();
         assert_eq!(format!("{}.yaml", crd.metadata.name.unwrap()), *name);
     }
     let all = crds_yaml().unwrap();
