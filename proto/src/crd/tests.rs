@@ -348,7 +348,7 @@ fn a_full_record_round_trips_through_a_file() {
     };
     let text = resources::to_yaml_documents(std::slice::from_ref(&sr)).unwrap();
     let back: Vec<ServiceRecord> = resources::parse_documents(&text, "f.yaml").unwrap();
-    assert_eq!(back, [sr.clone()]);
+    assert_eq!(back, [sr]);
     assert_eq!(back[0].validate().ok(), Some(()));
 
     let rr = RemoteRegistry {
