@@ -32,13 +32,15 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use futures::StreamExt as _;
 use futures::channel::mpsc as fmpsc;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use xcc_certs::pki::{self, IssueRequest};
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
+use xcc_proto::crd::{Endpoint, ServiceRecord, ServiceRecordSpec};
 use xcc_proto::federation::resourcediscovery::v1alpha1 as rd1;
-use xcc_proto::resources::{self, ObjectMeta, ServiceRecord, ServiceRecordSpec};
+use xcc_proto::resources;
 use xcc_registry::catalog::{ServiceEntry, Source};
 use xcc_registry::{Registry, RegistryConfig};
 
@@ -784,25 +786,26 @@ fn record(name: &str, fqdn: &str, addresses: &[String]) -> ServiceRecord {
         xcc_proto::names::SERVICE_PORT_ANNOTATION.to_string(),
         "443".to_string(),
     );
-    ServiceRecord::new(
-        ObjectMeta {
-            name: name.into(),
+    ServiceRecord {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
             namespace: Some(NAMESPACE.into()),
-            annotations,
+            annotations: Some(annotations),
             ..Default::default()
         },
-        ServiceRecordSpec {
+        spec: ServiceRecordSpec {
             fqdn: fqdn.into(),
             endpoints: addresses
                 .iter()
-                .map(|a| resources::Endpoint {
+                .map(|a| Endpoint {
                     address: a.clone(),
                     port: 443,
                 })
                 .collect(),
             ..Default::default()
         },
-    )
+        status: None,
+    }
 }
 
 /// `services - 1` ordinary services (two endpoints each), in one file's worth of records.
@@ -1048,8 +1051,8 @@ impl Server {
 }
 
 fn entry(sr: &ServiceRecord) -> anyhow::Result<ServiceEntry> {
-    xcc_registry::store::file::export_entry(SERVER_CLUSTER, sr)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", sr.metadata.name))
+    xcc_registry::store::model::export_entry(SERVER_CLUSTER, sr)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", sr.metadata.name.as_deref().unwrap_or_default()))
 }
 
 fn tail(path: &Path, lines: usize) -> String {

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use hickory_proto::op::{Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{Name, RData, RecordType};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio_util::sync::CancellationToken;
 use xcc_certs::pki::{self, IssueRequest};
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
@@ -24,9 +25,9 @@ use xcc_dns::imports_feed;
 use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
 use xcc_dns::metrics::DnsMetrics;
 use xcc_dns::server::{DnsServer, ServerConfig};
+use xcc_proto::crd::{RemoteRegistry, RemoteRegistrySpec, TlsConfig};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::CLUSTERSET_ZONE;
-use xcc_proto::resources::{ObjectMeta, RemoteRegistry, RemoteRegistrySpec, RemoteTlsConfig};
 use xcc_proto::xcc::admin::v1 as api;
 use xcc_registry::catalog::{Endpoint, ServiceEntry, ServiceKey, Source};
 use xcc_registry::run::StoreConfig;
@@ -427,15 +428,13 @@ async fn flat(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
 /// Name `remote` at `address` in `<state_dir>/remotes/`, verified with this registry's own CA.
 fn write_remote(state_dir: &Path, remote: &str, address: &str) -> anyhow::Result<()> {
     let rr = RemoteRegistry {
-        api_version: xcc_proto::names::API_VERSION.to_string(),
-        kind: "RemoteRegistry".to_string(),
         metadata: ObjectMeta {
-            name: remote.to_string(),
+            name: Some(remote.to_string()),
             ..Default::default()
         },
         spec: RemoteRegistrySpec {
             address: address.to_string(),
-            tls_config: RemoteTlsConfig {
+            tls_config: TlsConfig {
                 server_ca: String::new(),
                 server_name: "localhost".to_string(),
             },

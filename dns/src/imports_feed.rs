@@ -18,13 +18,15 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use notify::Watcher as _;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use xcc_proto::crd::{self, ServiceRecord};
 use xcc_proto::import_journal::{self, Change, Put};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
-use xcc_proto::names::{API_VERSION, canonical_fqdn, imported_record_name};
-use xcc_proto::resources::{self, ObjectMeta, ServiceRecord};
+use xcc_proto::names::{canonical_fqdn, imported_record_name};
+use xcc_proto::resources;
 
 use super::index::DnsFeed;
 use super::zone::{NameAnnotations, NamedPort, PortProtocol, ServiceInfo, ServiceKey};
@@ -60,7 +62,7 @@ pub fn services_from_records(
                 record: format!(
                     "{}/{}",
                     sr.metadata.namespace.as_deref().unwrap_or(""),
-                    sr.metadata.name
+                    sr.metadata.name.as_deref().unwrap_or("")
                 ),
                 reason,
             };
@@ -85,7 +87,7 @@ pub fn services_from_records(
             let info = by_fqdn.entry(fqdn.clone()).or_insert_with(|| ServiceInfo {
                 key: ServiceKey::new(
                     sr.metadata.namespace.clone().unwrap_or_default(),
-                    sr.metadata.name.clone(),
+                    sr.metadata.name.clone().unwrap_or_default(),
                 ),
                 annotations: origin_annotations(sr),
                 cluster_ips: Vec::new(),
@@ -117,7 +119,9 @@ pub fn services_from_records(
 
 /// The origin annotations, only as a pair (one alone names nothing).
 fn origin_annotations(sr: &ServiceRecord) -> NameAnnotations {
-    let a = &sr.metadata.annotations;
+    let Some(a) = &sr.metadata.annotations else {
+        return NameAnnotations::default();
+    };
     match (
         a.get(ORIGIN_NAMESPACE_ANNOTATION),
         a.get(ORIGIN_NAME_ANNOTATION),
@@ -131,12 +135,11 @@ fn origin_annotations(sr: &ServiceRecord) -> NameAnnotations {
     }
 }
 
-fn named_port(p: &resources::ServicePort) -> Option<NamedPort> {
-    let protocol = match p.protocol.as_deref().unwrap_or("TCP") {
-        "TCP" => PortProtocol::Tcp,
-        "UDP" => PortProtocol::Udp,
-        "SCTP" => PortProtocol::Sctp,
-        _ => return None,
+fn named_port(p: &crd::ServicePort) -> Option<NamedPort> {
+    let protocol = match p.protocol() {
+        crd::Protocol::Tcp => PortProtocol::Tcp,
+        crd::Protocol::Udp => PortProtocol::Udp,
+        crd::Protocol::Sctp => PortProtocol::Sctp,
     };
     Some(NamedPort {
         name: p.name.clone(),
@@ -329,26 +332,26 @@ fn read_remote(
 /// The ServiceRecord a journal `put` stands for (named as the registry names an import).
 fn journal_record(remote: &str, namespace: Option<String>, p: Put) -> ServiceRecord {
     ServiceRecord {
-        api_version: API_VERSION.to_string(),
-        kind: "ServiceRecord".to_string(),
         metadata: ObjectMeta {
-            name: imported_record_name(&p.fqdn, remote).unwrap_or_else(|_| p.fqdn.clone()),
+            name: Some(imported_record_name(&p.fqdn, remote).unwrap_or_else(|_| p.fqdn.clone())),
             namespace,
-            annotations: p.annotations,
+            annotations: Some(p.annotations),
             ..Default::default()
         },
-        spec: resources::ServiceRecordSpec {
+        spec: crd::ServiceRecordSpec {
             fqdn: p.fqdn,
+            // Only the addresses are served (as A/AAAA answers); the ports are carried as read.
             endpoints: p
                 .endpoints
                 .into_iter()
-                .map(|e| resources::Endpoint {
+                .map(|e| crd::Endpoint {
                     address: e.address,
-                    port: e.port,
+                    port: i32::try_from(e.port).unwrap_or_default(),
                 })
                 .collect(),
             ..Default::default()
         },
+        status: None,
     }
 }
 

@@ -173,7 +173,7 @@ fn a_remote_is_its_snapshot_with_its_journal_replayed_in_order() {
     );
     assert_eq!(
         records[0].metadata.name,
-        xcc_proto::names::imported_record_name("api.xcc.test", "east").unwrap()
+        Some(xcc_proto::names::imported_record_name("api.xcc.test", "east").unwrap())
     );
 
     // A journal alone (the first batch before any snapshot) is a remote too.

@@ -50,7 +50,7 @@ pub enum StaticRecordsError {
         /// The file.
         path: PathBuf,
         /// The cause, with its location.
-        source: serde_yaml::Error,
+        source: yaml_serde::Error,
     },
     /// An entry's name is not a DNS name.
     #[error("invalid static records {path}: entry {index}: {source}")]
@@ -88,7 +88,7 @@ pub enum StaticRecordsError {
 
 /// Parse the text of a static records file (`path` is for messages).
 pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsError> {
-    // JSON is read by serde_json, which streams into the records; serde_yaml (which also reads
+    // JSON is read by serde_json, which streams into the records; yaml_serde (which also reads
     // JSON, and gives the error messages) first holds every event of the document, which at
     // 100,000 entries leaves tens of MB of fragments in the heap.
     let json = text
@@ -98,7 +98,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsE
         .flatten();
     let records = match json {
         Some(records) => records,
-        None => serde_yaml::from_str(text).map_err(|source| StaticRecordsError::Parse {
+        None => yaml_serde::from_str(text).map_err(|source| StaticRecordsError::Parse {
             path: path.to_path_buf(),
             source,
         })?,

@@ -3,11 +3,14 @@
 //! ServiceRecord and RemoteRegistry come from the checked-in CRDs in `deploy/crds` (generated
 //! from the Rust types in `xcc-proto` and drift-tested there), so the fake enforces exactly the
 //! schemas a real cluster enforces: pruning, defaults, required fields, patterns, bounds, enums,
-//! list types. Their one CEL rule is reimplemented by [`validate_remote_registry_imports`]. Istio's
+//! list types. Their one CEL rule is checked by [`validate_remote_registry_imports`] with xcc's own
+//! Rust form of it ([`Import::target`], held to the real API server by a test). Istio's
 //! AuthorizationPolicy (like Contour's HTTPProxy, which is preloaded) is registered without a
 //! schema: any content is accepted and kept.
 
+use serde::Deserialize as _;
 use serde_json::Value;
+use xcc_proto::crd::{IMPORT_RULE_MESSAGE, Import};
 
 use crate::resources::ResourceSpec;
 
@@ -68,8 +71,8 @@ pub fn all() -> Vec<ResourceSpec> {
     ]
 }
 
-/// The RemoteRegistry CEL rule on `spec.imports[]`:
-/// `has(self.fqdn) ? !has(self.namespace) && !has(self.name) : has(self.namespace) && has(self.name)`.
+/// The RemoteRegistry CEL rule on `spec.imports[]` ([`xcc_proto::crd::IMPORT_RULE`]). An entry
+/// that is not an import at all is left to the schema, as the API server does.
 pub fn validate_remote_registry_imports(obj: &Value) -> Result<(), Vec<String>> {
     let imports = obj
         .pointer("/spec/imports")
@@ -79,12 +82,10 @@ pub fn validate_remote_registry_imports(obj: &Value) -> Result<(), Vec<String>> 
     let errs: Vec<String> = imports
         .iter()
         .enumerate()
-        .filter(|(_, imp)| {
-            let has = |k: &str| imp.get(k).is_some_and(|v| !v.is_null());
-            let ok = if has("fqdn") { !has("namespace") && !has("name") } else { has("namespace") && has("name") };
-            !ok
+        .filter(|(_, imp)| Import::deserialize(*imp).is_ok_and(|import| import.target().is_none()))
+        .map(|(i, _)| {
+            format!("spec.imports[{i}]: Invalid value: \"object\": {IMPORT_RULE_MESSAGE}")
         })
-        .map(|(i, _)| format!("spec.imports[{i}]: Invalid value: \"object\": give either fqdn, or namespace and name"))
         .collect();
     if errs.is_empty() { Ok(()) } else { Err(errs) }
 }

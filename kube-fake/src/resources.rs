@@ -79,7 +79,7 @@ impl ResourceSpec {
 
     /// [`ResourceSpec::from_crd`] for CRD YAML (a single document).
     pub fn from_crd_yaml(yaml: &str) -> Result<Vec<ResourceSpec>, RegisterError> {
-        let crd: Value = serde_yaml::from_str(yaml)
+        let crd: Value = yaml_serde::from_str(yaml)
             .map_err(|e| RegisterError::Invalid(format!("CRD YAML: {e}")))?;
         Self::from_crd(&crd)
     }

@@ -234,7 +234,7 @@ fn parse_object(bytes: &[u8], headers: &HeaderMap) -> Result<Value, ApiError> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or("application/json");
     let value: Value = if ct.starts_with("application/yaml") {
-        serde_yaml::from_slice(bytes)
+        yaml_serde::from_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
     } else if ct.starts_with("application/json") || ct.is_empty() {
         serde_json::from_slice(bytes)
@@ -384,7 +384,7 @@ fn patch_mutation<'a>(
                     "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
                 ));
             }
-            let cfg: Value = serde_yaml::from_slice(bytes)
+            let cfg: Value = yaml_serde::from_slice(bytes)
                 .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
             Mutation::Apply { cfg, force }
         }

@@ -8,19 +8,17 @@
 //! status, the binder reads imported records. The doc comments on fields are what `kubectl
 //! explain` shows, so they are written for operators.
 //!
-//! The standalone file store keeps its own, more lenient shapes ([`crate::resources`]); the
-//! conversions at the end of this module move records between the two without loss.
+//! The same types are what the standalone file store reads and writes ([`crate::resources`]
+//! has the YAML documents and the checks beyond the schema).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, CustomResourceExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-
-use crate::resources;
 
 /// Condition type on a RemoteRegistry: the spec passed validation (`allowedDomains` rules of
 /// XCC v1, address, TLS settings).
@@ -334,16 +332,6 @@ pub enum Role {
     Parent,
 }
 
-impl Role {
-    /// The spelling in the resource: `Peer` or `Parent`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Peer => resources::ROLE_PEER,
-            Role::Parent => resources::ROLE_PARENT,
-        }
-    }
-}
-
 /// How imported services appear in this cluster. `Service` (default): a selector-less ClusterIP
 /// Service named after the FQDN, in the registry's namespace, with EndpointSlices.
 /// `CiliumGlobalService`: a Cilium global Service with the origin's name and namespace.
@@ -356,15 +344,11 @@ pub enum Materialize {
     CiliumGlobalService,
 }
 
-impl Materialize {
-    /// The spelling in the resource: `Service` or `CiliumGlobalService`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Materialize::Service => resources::MATERIALIZE_SERVICE,
-            Materialize::CiliumGlobalService => resources::MATERIALIZE_CILIUM_GLOBAL_SERVICE,
-        }
-    }
-}
+/// The CRD's CEL rule on each `spec.imports[]` entry of a RemoteRegistry. [`Import::target`] is
+/// the same rule in Rust (a test holds the two to the same table on a real API server).
+pub const IMPORT_RULE: &str = "has(self.fqdn) ? !has(self.namespace) && !has(self.name) : has(self.namespace) && has(self.name)";
+/// What the API server (and `RemoteRegistry::validate`) says when [`IMPORT_RULE`] is broken.
+pub const IMPORT_RULE_MESSAGE: &str = "give either fqdn, or namespace and name";
 
 /// A service requested through a parent registry: either `namespace` and `name` of the
 /// exported object, or its `fqdn`.
@@ -373,8 +357,8 @@ impl Materialize {
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "has(self.fqdn) ? !has(self.namespace) && !has(self.name) : has(self.namespace) && has(self.name)",
-    "message": "give either fqdn, or namespace and name"
+    "rule": IMPORT_RULE,
+    "message": IMPORT_RULE_MESSAGE
 }]))]
 pub struct Import {
     /// FQDN of the service.
@@ -407,7 +391,8 @@ pub enum ImportTarget<'a> {
 }
 
 impl Import {
-    /// The target, or `None` when the fields do not name exactly one (the CRD rejects that).
+    /// The target, or `None` when the fields do not name exactly one: [`IMPORT_RULE`] (the CRD
+    /// rejects that).
     pub fn target(&self) -> Option<ImportTarget<'_>> {
         match (&self.fqdn, &self.namespace, &self.name) {
             (Some(fqdn), None, None) => Some(ImportTarget::Fqdn(fqdn)),
@@ -481,7 +466,7 @@ const GENERATED_HEADER: &str =
 #[error("serialising CRD {name}: {source}")]
 pub struct CrdYamlError {
     name: String,
-    source: serde_yaml::Error,
+    source: yaml_serde::Error,
 }
 
 /// Each CRD as a YAML document with the generated-file header, keyed by file name
@@ -491,7 +476,7 @@ pub fn crd_files() -> Result<BTreeMap<String, String>, CrdYamlError> {
         .into_iter()
         .map(|crd| {
             let name = crd.metadata.name.clone().unwrap_or_default();
-            let yaml = serde_yaml::to_string(&crd).map_err(|source| CrdYamlError {
+            let yaml = yaml_serde::to_string(&crd).map_err(|source| CrdYamlError {
                 name: name.clone(),
                 source,
             })?;
@@ -506,301 +491,6 @@ pub fn crds_yaml() -> Result<String, CrdYamlError> {
         .into_values()
         .map(|doc| format!("---\n{doc}"))
         .collect())
-}
-
-// ----- conversions to and from the file-store shapes (crate::resources) -----
-
-/// A value that does not fit the custom resource's schema.
-#[derive(Clone, Debug, Error, PartialEq, Eq)]
-pub enum ConversionError {
-    /// A port outside 1-65535.
-    #[error("{path}: port {port} is out of range 1-65535")]
-    Port {
-        /// Field path.
-        path: String,
-        /// The value.
-        port: u32,
-    },
-    /// An unknown enumeration value.
-    #[error("{path}: {value:?} is not one of {allowed}")]
-    Enum {
-        /// Field path.
-        path: String,
-        /// The value.
-        value: String,
-        /// The allowed values, comma-separated.
-        allowed: &'static str,
-    },
-}
-
-fn port_from(path: impl FnOnce() -> String, port: u32) -> Result<i32, ConversionError> {
-    match i32::try_from(port) {
-        Ok(p) if (1..=65535).contains(&p) => Ok(p),
-        _ => Err(ConversionError::Port { path: path(), port }),
-    }
-}
-
-/// Negative ports (impossible through the API server's schema) become 0, which
-/// [`resources::ServiceRecord::validate`] rejects.
-fn port_to(port: i32) -> u32 {
-    u32::try_from(port).unwrap_or(0)
-}
-
-impl From<&ServiceRecordSpec> for resources::ServiceRecordSpec {
-    fn from(spec: &ServiceRecordSpec) -> Self {
-        let ServiceRecordSpec {
-            fqdn,
-            endpoints,
-            allowed_requesters,
-            ports,
-            origin,
-        } = spec;
-        resources::ServiceRecordSpec {
-            fqdn: fqdn.clone(),
-            endpoints: endpoints
-                .iter()
-                .map(|e| resources::Endpoint {
-                    address: e.address.clone(),
-                    port: port_to(e.port),
-                })
-                .collect(),
-            allowed_requesters: allowed_requesters.clone(),
-            ports: ports.as_ref().map(|ports| {
-                ports
-                    .iter()
-                    // `targetPort` has no place in the file shape yet and is dropped.
-                    .map(|p| resources::ServicePort {
-                        name: p.name.clone(),
-                        port: port_to(p.port),
-                        protocol: p.protocol.map(|p| p.as_str().to_string()),
-                    })
-                    .collect()
-            }),
-            origin: origin.as_ref().map(|o| resources::Origin {
-                cluster: o.cluster.clone(),
-                namespace: o.namespace.clone(),
-                name: o.name.clone(),
-                kind: o.kind.clone(),
-            }),
-        }
-    }
-}
-
-impl TryFrom<&resources::ServiceRecordSpec> for ServiceRecordSpec {
-    type Error = ConversionError;
-
-    fn try_from(spec: &resources::ServiceRecordSpec) -> Result<Self, ConversionError> {
-        let resources::ServiceRecordSpec {
-            fqdn,
-            endpoints,
-            allowed_requesters,
-            ports,
-            origin,
-        } = spec;
-        let endpoints = endpoints
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                Ok(Endpoint {
-                    address: e.address.clone(),
-                    port: port_from(|| format!("spec.endpoints[{i}].port"), e.port)?,
-                })
-            })
-            .collect::<Result<_, ConversionError>>()?;
-        let ports = match ports {
-            None => None,
-            Some(ports) => Some(
-                ports
-                    .iter()
-                    .enumerate()
-                    .map(|(i, p)| {
-                        let protocol = match &p.protocol {
-                            None => None,
-                            Some(s) => {
-                                Some(Protocol::parse(s).ok_or_else(|| ConversionError::Enum {
-                                    path: format!("spec.ports[{i}].protocol"),
-                                    value: s.clone(),
-                                    allowed: "TCP, UDP, SCTP",
-                                })?)
-                            }
-                        };
-                        Ok(ServicePort {
-                            name: p.name.clone(),
-                            port: port_from(|| format!("spec.ports[{i}].port"), p.port)?,
-                            protocol,
-                            target_port: None,
-                        })
-                    })
-                    .collect::<Result<_, ConversionError>>()?,
-            ),
-        };
-        Ok(ServiceRecordSpec {
-            fqdn: fqdn.clone(),
-            endpoints,
-            allowed_requesters: allowed_requesters.clone(),
-            ports,
-            origin: origin.as_ref().map(|o| Origin {
-                cluster: o.cluster.clone(),
-                namespace: o.namespace.clone(),
-                name: o.name.clone(),
-                kind: o.kind.clone(),
-            }),
-        })
-    }
-}
-
-impl From<&RemoteRegistrySpec> for resources::RemoteRegistrySpec {
-    fn from(spec: &RemoteRegistrySpec) -> Self {
-        let RemoteRegistrySpec {
-            address,
-            tls_config,
-            allowed_domains,
-            role,
-            materialize,
-            imports,
-        } = spec;
-        resources::RemoteRegistrySpec {
-            address: address.clone(),
-            tls_config: resources::RemoteTlsConfig {
-                server_ca: tls_config.server_ca.clone(),
-                server_name: tls_config.server_name.clone(),
-            },
-            allowed_domains: allowed_domains.clone(),
-            role: role.map(|r| r.as_str().to_string()),
-            materialize: materialize.map(|m| m.as_str().to_string()),
-            imports: imports.as_ref().map(|list| {
-                list.iter()
-                    .map(|i| resources::HierarchyImport {
-                        namespace: i.namespace.clone(),
-                        name: i.name.clone(),
-                        fqdn: i.fqdn.clone(),
-                        requester_service: i.requester_service.clone(),
-                    })
-                    .collect()
-            }),
-        }
-    }
-}
-
-impl TryFrom<&resources::RemoteRegistrySpec> for RemoteRegistrySpec {
-    type Error = ConversionError;
-
-    fn try_from(spec: &resources::RemoteRegistrySpec) -> Result<Self, ConversionError> {
-        let resources::RemoteRegistrySpec {
-            address,
-            tls_config,
-            allowed_domains,
-            role,
-            materialize,
-            imports,
-        } = spec;
-        let role = match role.as_deref() {
-            None => None,
-            Some(resources::ROLE_PEER) => Some(Role::Peer),
-            Some(resources::ROLE_PARENT) => Some(Role::Parent),
-            Some(other) => {
-                return Err(ConversionError::Enum {
-                    path: "spec.role".into(),
-                    value: other.into(),
-                    allowed: "Peer, Parent",
-                });
-            }
-        };
-        let materialize = match materialize.as_deref() {
-            None => None,
-            Some(resources::MATERIALIZE_SERVICE) => Some(Materialize::Service),
-            Some(resources::MATERIALIZE_CILIUM_GLOBAL_SERVICE) => {
-                Some(Materialize::CiliumGlobalService)
-            }
-            Some(other) => {
-                return Err(ConversionError::Enum {
-                    path: "spec.materialize".into(),
-                    value: other.into(),
-                    allowed: "Service, CiliumGlobalService",
-                });
-            }
-        };
-        Ok(RemoteRegistrySpec {
-            address: address.clone(),
-            tls_config: TlsConfig {
-                server_ca: tls_config.server_ca.clone(),
-                server_name: tls_config.server_name.clone(),
-            },
-            allowed_domains: allowed_domains.clone(),
-            role,
-            materialize,
-            imports: imports.as_ref().map(|list| {
-                list.iter()
-                    .map(|i| Import {
-                        fqdn: i.fqdn.clone(),
-                        namespace: i.namespace.clone(),
-                        name: i.name.clone(),
-                        requester_service: i.requester_service.clone(),
-                    })
-                    .collect()
-            }),
-        })
-    }
-}
-
-fn meta_to_resource(meta: &ObjectMeta) -> resources::ObjectMeta {
-    resources::ObjectMeta {
-        name: meta.name.clone().unwrap_or_default(),
-        namespace: meta.namespace.clone(),
-        labels: meta.labels.clone().unwrap_or_default(),
-        annotations: meta.annotations.clone().unwrap_or_default(),
-        uid: meta.uid.clone(),
-        generation: meta.generation,
-        resource_version: meta.resource_version.clone(),
-    }
-}
-
-fn meta_from_resource(meta: &resources::ObjectMeta) -> ObjectMeta {
-    let non_empty = |m: &BTreeMap<String, String>| (!m.is_empty()).then(|| m.clone());
-    ObjectMeta {
-        name: Some(meta.name.clone()),
-        namespace: meta.namespace.clone(),
-        labels: non_empty(&meta.labels),
-        annotations: non_empty(&meta.annotations),
-        uid: meta.uid.clone(),
-        generation: meta.generation,
-        resource_version: meta.resource_version.clone(),
-        ..ObjectMeta::default()
-    }
-}
-
-impl From<&ServiceRecord> for resources::ServiceRecord {
-    /// The record in the file-store shape; metadata beyond name, namespace, labels,
-    /// annotations, uid, generation and resourceVersion is dropped, and so is the status.
-    fn from(sr: &ServiceRecord) -> Self {
-        resources::ServiceRecord::new(meta_to_resource(&sr.metadata), (&sr.spec).into())
-    }
-}
-
-impl TryFrom<&resources::ServiceRecord> for ServiceRecord {
-    type Error = ConversionError;
-
-    fn try_from(sr: &resources::ServiceRecord) -> Result<Self, ConversionError> {
-        Ok(ServiceRecord {
-            metadata: meta_from_resource(&sr.metadata),
-            spec: (&sr.spec).try_into()?,
-            status: None,
-        })
-    }
-}
-
-impl From<&RemoteRegistry> for resources::RemoteRegistry {
-    /// The registry in the file-store shape; `spec.imports` is dropped and the status is
-    /// carried as JSON.
-    fn from(rr: &RemoteRegistry) -> Self {
-        let mut out =
-            resources::RemoteRegistry::new(meta_to_resource(&rr.metadata), (&rr.spec).into());
-        out.status = rr
-            .status
-            .as_ref()
-            .and_then(|s| serde_json::to_value(s).ok());
-        out
-    }
 }
 
 #[cfg(test)]

@@ -13,6 +13,18 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Why a journal line was skipped.
+#[derive(Debug, Error)]
+pub enum LineError {
+    /// Not a JSON journal line (edited by hand, or torn).
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// Valid JSON naming no change.
+    #[error("a journal line with neither put nor del")]
+    Empty,
+}
 
 /// One journal line: exactly one of `put` or `del`.
 #[derive(Serialize, Deserialize, Default, Debug, Clone, PartialEq)]
@@ -49,14 +61,14 @@ pub enum Change {
 impl Line {
     /// Parse one line: `Ok(None)` for a blank line; an error (the caller skips the line and says
     /// so) for a line that is not JSON or names neither change.
-    pub fn parse(raw: &[u8]) -> Result<Option<Change>, String> {
+    pub fn parse(raw: &[u8]) -> Result<Option<Change>, LineError> {
         if raw.trim_ascii().is_empty() {
             return Ok(None);
         }
-        match serde_json::from_slice::<Line>(raw).map_err(|e| e.to_string())? {
+        match serde_json::from_slice::<Line>(raw)? {
             Line { put: Some(p), .. } => Ok(Some(Change::Put(p))),
             Line { del: Some(f), .. } => Ok(Some(Change::Del(f))),
-            Line { .. } => Err("a journal line with neither put nor del".into()),
+            Line { .. } => Err(LineError::Empty),
         }
     }
 }
@@ -74,7 +86,7 @@ pub fn end(bytes: &[u8]) -> usize {
 /// The changes of a journal file's content, in order, each with its line number (from 1). A
 /// line that does not parse is an `Err`: the caller skips it and says so. The zero tail and a
 /// torn last line are not lines ([`end`]).
-pub fn changes(bytes: &[u8]) -> impl Iterator<Item = (usize, Result<Change, String>)> + '_ {
+pub fn changes(bytes: &[u8]) -> impl Iterator<Item = (usize, Result<Change, LineError>)> + '_ {
     bytes[..end(bytes)]
         .split(|b| *b == b'\n')
         .enumerate()
@@ -98,18 +110,19 @@ mod tests {
             }),
             del: None,
         };
+        let parse = |raw: &[u8]| Line::parse(raw).map_err(|e| e.to_string());
         let text = serde_json::to_string(&put).expect("serialises");
         assert_eq!(
-            Line::parse(text.as_bytes()),
+            parse(text.as_bytes()),
             Ok(Some(Change::Put(put.put.clone().expect("put"))))
         );
         assert_eq!(
-            Line::parse(br#"{"del":"web.shop.example.org"}"#),
+            parse(br#"{"del":"web.shop.example.org"}"#),
             Ok(Some(Change::Del("web.shop.example.org".into())))
         );
-        assert_eq!(Line::parse(b"   "), Ok(None));
+        assert_eq!(parse(b"   "), Ok(None));
         assert_eq!(
-            Line::parse(b"{}"),
+            parse(b"{}"),
             Err("a journal line with neither put nor del".into())
         );
         assert!(Line::parse(&text.as_bytes()[..text.len() / 2]).is_err());
@@ -123,32 +136,37 @@ mod tests {
     fn the_journal_ends_at_its_zero_tail_or_its_last_complete_line() {
         let lines = concat!(r#"{"del":"a.x.test"}"#, "\n", r#"{"del":"b.x.test"}"#, "\n");
         let all = vec![(1, Ok(del("a.x.test"))), (2, Ok(del("b.x.test")))];
+        let changes = |bytes: &[u8]| -> Vec<(usize, Result<Change, String>)> {
+            changes(bytes)
+                .map(|(n, c)| (n, c.map_err(|e| e.to_string())))
+                .collect()
+        };
         // As written: the lines, then the zeros the file was extended with.
         let mut padded = lines.as_bytes().to_vec();
         padded.extend([0u8; 100]);
         assert_eq!(end(&padded), lines.len());
-        assert_eq!(changes(&padded).collect::<Vec<_>>(), all);
+        assert_eq!(changes(&padded), all);
         // Torn by a crash mid-append, with and without the zeros after it: the part is not a line.
         let mut torn = lines.as_bytes().to_vec();
         torn.extend(br#"{"del":"c.x"#);
         assert_eq!(end(&torn), lines.len());
-        assert_eq!(changes(&torn).collect::<Vec<_>>(), all);
+        assert_eq!(changes(&torn), all);
         torn.extend([0u8; 10]);
-        assert_eq!(changes(&torn).collect::<Vec<_>>(), all);
+        assert_eq!(changes(&torn), all);
         // A flush that reached a later block but not an earlier one: nothing after the first
         // zero counts, even a complete line.
         let mut gap = lines.as_bytes().to_vec();
         gap.extend([0u8; 10]);
         gap.extend(concat!(r#"{"del":"c.x.test"}"#, "\n").as_bytes());
         assert_eq!(end(&gap), lines.len());
-        assert_eq!(changes(&gap).collect::<Vec<_>>(), all);
+        assert_eq!(changes(&gap), all);
         // A complete line that does not parse is reported with its number; the rest applies.
         let bad = format!(
             "{}{{\"put\":1}}\n\n{}",
             lines,
             r#"{"del":"c.x.test"}"#.to_owned() + "\n"
         );
-        let got: Vec<_> = changes(bad.as_bytes()).collect();
+        let got = changes(bad.as_bytes());
         assert_eq!(got.len(), 4);
         assert_eq!(got[..2], all[..]);
         assert_eq!(got[2].0, 3);
@@ -156,6 +174,6 @@ mod tests {
         assert_eq!(got[3], (5, Ok(del("c.x.test"))));
         // Empty and all-zero files hold nothing.
         assert_eq!(end(b""), 0);
-        assert_eq!(changes(&[0u8; 64]).count(), 0);
+        assert_eq!(changes(&[0u8; 64]).len(), 0);
     }
 }

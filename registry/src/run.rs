@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
-use xcc_proto::resources::{RemoteRegistry, ServiceRecord};
+use xcc_proto::crd::{RemoteRegistry, Role, ServiceRecord};
 
 use crate::admin::AdminService;
 use crate::authz::Policies;
@@ -29,6 +29,7 @@ use crate::hamlet::server::{HamletConfig, HamletServer};
 use crate::metrics::{Health, Metrics};
 use crate::peers::PeerTable;
 use crate::store::file::{self, FileErrors, FileImportSink, YamlDir};
+use crate::store::model;
 
 /// Where exports, remotes and imports live.
 #[derive(Clone, Debug)]
@@ -680,7 +681,7 @@ impl Registry {
                     YamlDir::<RemoteRegistry>::new(remotes_dir.clone()).with_events(events.clone());
                 // First load before serving readiness.
                 file::sync_exports(&catalog, &cluster, &mut exports);
-                remote_files.refresh(|rr| file::remote_spec(rr).map(|_| ()));
+                remote_files.refresh(|rr| model::remote_spec(rr).map(|_| ()));
                 let (peers_wanted, parent_wanted) = split_remotes(&remote_files);
                 remotes.reconcile(peers_wanted).await;
                 remotes.reconcile_parent(parent_wanted).await;
@@ -709,7 +710,7 @@ impl Registry {
                             got = rx.recv() => if got.is_none() { break },
                         }
                         file::sync_exports(&cat, &cl, &mut exports);
-                        if remote_files.refresh(|rr| file::remote_spec(rr).map(|_| ())) {
+                        if remote_files.refresh(|rr| model::remote_spec(rr).map(|_| ())) {
                             let (peers_wanted, parent_wanted) = split_remotes(&remote_files);
                             rem.reconcile(peers_wanted).await;
                             rem.reconcile_parent(parent_wanted).await;
@@ -848,10 +849,10 @@ fn split_remotes(files: &YamlDir<RemoteRegistry>) -> (Vec<RemoteSpec>, ParentWan
     let mut peers = vec![];
     let mut parents = vec![];
     for rr in files.items() {
-        let Ok(spec) = file::remote_spec(&rr) else {
+        let Ok(spec) = model::remote_spec(&rr) else {
             continue;
         };
-        if rr.spec.role.as_deref() == Some(xcc_proto::resources::ROLE_PARENT) {
+        if rr.spec.role() == Role::Parent {
             let imports = hierarchy_imports(&rr);
             parents.push((
                 ParentSpec {

@@ -752,9 +752,9 @@ pub fn render(overlay: &str) -> Vec<Value> {
 
 /// The documents of a multi-document YAML text.
 pub fn yaml_docs(text: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(text)
+    yaml_serde::Deserializer::from_str(text)
         .map(|d| {
-            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
+            let v: yaml_serde::Value = serde::Deserialize::deserialize(d).unwrap();
             serde_json::to_value(v).unwrap()
         })
         .filter(|v| v.is_object())

@@ -68,9 +68,9 @@ fn kustomize(dir: &Path) -> Option<Vec<Value>> {
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).unwrap();
-    let docs = serde_yaml::Deserializer::from_str(&text)
+    let docs = yaml_serde::Deserializer::from_str(&text)
         .map(|d| {
-            let v: serde_yaml::Value = serde::Deserialize::deserialize(d).unwrap();
+            let v: yaml_serde::Value = serde::Deserialize::deserialize(d).unwrap();
             serde_json::to_value(v).unwrap()
         })
         .filter(|v| !v.is_null())
@@ -175,13 +175,11 @@ fn validate(target: &str, docs: &[Value]) -> Rendered {
             }
             ("connectivity.tanzu.vmware.com/v1alpha1", "ServiceRecord") => {
                 let sr: ServiceRecord = typed(doc, &what);
-                let file: xcc_proto::resources::ServiceRecord = (&sr).into();
-                file.validate().unwrap_or_else(|e| panic!("{what}: {e}"));
+                sr.validate().unwrap_or_else(|e| panic!("{what}: {e}"));
             }
             ("connectivity.tanzu.vmware.com/v1alpha1", "RemoteRegistry") => {
                 let rr: RemoteRegistry = typed(doc, &what);
-                let file: xcc_proto::resources::RemoteRegistry = (&rr).into();
-                file.validate().unwrap_or_else(|e| panic!("{what}: {e}"));
+                rr.validate().unwrap_or_else(|e| panic!("{what}: {e}"));
             }
             ("projectcontour.io/v1", "HTTPProxy") => {
                 let fqdn = str_at(doc, "/spec/virtualhost/fqdn");
@@ -561,4 +559,107 @@ async fn every_manifest_and_grant_object_is_accepted_by_a_real_api_server() {
         ["AuthorizationPolicy", "CiliumNetworkPolicy", "HTTPRoute"],
         "the grant kinds checked"
     );
+}
+
+/// The CRDs' CEL rules (`x-kubernetes-validations`; today the one on `RemoteRegistry
+/// spec.imports[]`) and `validate()` decide the same: every row of one table, as JSON, is
+/// created on a real API server (dry run) and checked by `RemoteRegistry::validate`, and both
+/// must give the row's verdict — rejections for the rule's own reason.
+#[tokio::test]
+async fn crd_cel_rules_and_validate_agree_on_a_real_api_server() {
+    use serde_json::json;
+    use xcc_proto::crd::IMPORT_RULE_MESSAGE;
+
+    let test = "crd_cel_rules_and_validate_agree_on_a_real_api_server";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    cp.apply_dir(&deploy_dir().join("crds")).await;
+    let ns = cp.namespace("cel").await;
+    let api = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        cp.client().await,
+        &ns,
+        &kube::api::ApiResource::erase::<RemoteRegistry>(&()),
+    );
+    // (import entry, accepted)
+    let table = [
+        (json!({"fqdn": "api.shop.example"}), true),
+        (json!({"namespace": "shop", "name": "api"}), true),
+        (
+            json!({"fqdn": "api.shop.example", "requesterService": "web"}),
+            true,
+        ),
+        (
+            json!({"namespace": "shop", "name": "api", "requesterService": "web"}),
+            true,
+        ),
+        // An explicit null is no value (the API server prunes it before CEL runs).
+        (json!({"fqdn": "api.shop.example", "namespace": null}), true),
+        (
+            json!({"fqdn": "api.shop.example", "namespace": "shop"}),
+            false,
+        ),
+        (json!({"fqdn": "api.shop.example", "name": "api"}), false),
+        (
+            json!({"fqdn": "api.shop.example", "namespace": "shop", "name": "api"}),
+            false,
+        ),
+        (json!({"name": "api"}), false),
+        (json!({"namespace": "shop"}), false),
+        (json!({"requesterService": "web"}), false),
+        (json!({}), false),
+    ];
+    // Gather every disagreement so one run shows them all.
+    let mut wrong = Vec::new();
+    for (i, (import, accepted)) in table.iter().enumerate() {
+        let object = json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+            "kind": "RemoteRegistry",
+            "metadata": {"name": format!("row-{i}"), "namespace": ns},
+            "spec": {
+                "address": "parent.example:443",
+                "tlsConfig": {"serverCA": "", "serverName": "parent.example"},
+                "role": "Parent",
+                "imports": [import],
+            },
+        });
+        let rr: RemoteRegistry = serde_json::from_value(object.clone()).unwrap();
+        let rust = match rr.validate() {
+            Ok(()) => Ok(()),
+            Err(xcc_proto::resources::ResourceError::Invalid { violations, .. }) => Err(violations
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()),
+            Err(other) => panic!("row {i}: {other}"),
+        };
+        let rust_ok = match &rust {
+            Ok(()) => true,
+            Err(v) if *v == [format!("spec.imports[0]: {IMPORT_RULE_MESSAGE}")] => false,
+            Err(v) => panic!("row {i} {import}: validate() rejects for another reason: {v:?}"),
+        };
+        let pp = kube::api::PostParams {
+            dry_run: true,
+            field_manager: None,
+        };
+        let raw: kube::api::DynamicObject = serde_json::from_value(object).unwrap();
+        let server = api.create(&pp, &raw).await;
+        let server_ok = match server {
+            Ok(_) => true,
+            Err(kube::Error::Api(status))
+                if status.code == 422
+                    && status.message.contains(&format!(
+                        "spec.imports[0]: Invalid value: \"object\": {IMPORT_RULE_MESSAGE}"
+                    )) =>
+            {
+                false
+            }
+            Err(e) => panic!("row {i} {import}: the API server rejects for another reason: {e}"),
+        };
+        if (rust_ok, server_ok) != (*accepted, *accepted) {
+            wrong.push(format!(
+                "row {i} {import}: expected {accepted}, validate() {rust_ok}, API server {server_ok}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
 }

@@ -1,6 +1,9 @@
 use serde_json::{Value, json};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
 use super::*;
+use crate::resources;
 
 /// The seed's (XCC v1 doc/arch.md) manifests, verbatim.
 const XCC_EXPORTED: &str = r#"
@@ -50,7 +53,7 @@ fn at<'a>(value: &'a Value, path: &[&str]) -> &'a Value {
 
 #[test]
 fn xcc_v1_manifests_parse_into_the_custom_resources() {
-    let sr: ServiceRecord = serde_yaml::from_str(XCC_EXPORTED).unwrap();
+    let sr: ServiceRecord = yaml_serde::from_str(XCC_EXPORTED).unwrap();
     assert_eq!(sr.metadata.name.as_deref(), Some("my-service.xcc.test"));
     assert_eq!(
         sr.spec,
@@ -65,7 +68,7 @@ fn xcc_v1_manifests_parse_into_the_custom_resources() {
     );
     assert_eq!(sr.status, None);
 
-    let rr: RemoteRegistry = serde_yaml::from_str(XCC_REMOTE_REGISTRY).unwrap();
+    let rr: RemoteRegistry = yaml_serde::from_str(XCC_REMOTE_REGISTRY).unwrap();
     assert_eq!(
         rr.spec.tls_config.server_name,
         "shared-services-registry.xcc.test"
@@ -77,7 +80,7 @@ fn xcc_v1_manifests_parse_into_the_custom_resources() {
 
 #[test]
 fn serialising_keeps_xcc_field_names_and_omits_unset_additions() {
-    let sr: ServiceRecord = serde_yaml::from_str(XCC_EXPORTED).unwrap();
+    let sr: ServiceRecord = yaml_serde::from_str(XCC_EXPORTED).unwrap();
     let value = serde_json::to_value(&sr).unwrap();
     assert_eq!(
         value["spec"],
@@ -89,7 +92,7 @@ fn serialising_keeps_xcc_field_names_and_omits_unset_additions() {
     );
     assert_eq!(value["kind"], "ServiceRecord");
 
-    let rr: RemoteRegistry = serde_yaml::from_str(XCC_REMOTE_REGISTRY).unwrap();
+    let rr: RemoteRegistry = yaml_serde::from_str(XCC_REMOTE_REGISTRY).unwrap();
     let value = serde_json::to_value(&rr).unwrap();
     assert_eq!(
         value["spec"]["tlsConfig"],
@@ -327,88 +330,104 @@ fn full_spec() -> ServiceRecordSpec {
 }
 
 #[test]
-fn service_record_spec_round_trips_through_the_file_shape() {
-    let spec = full_spec();
-    let file: resources::ServiceRecordSpec = (&spec).into();
-    assert_eq!(file.endpoints[0].port, 8443);
-    assert_eq!(
-        file.ports.as_ref().unwrap()[0].protocol.as_deref(),
-        Some("UDP")
-    );
-    let back = ServiceRecordSpec::try_from(&file).unwrap();
-    assert_eq!(back, spec);
-}
-
-#[test]
-fn file_shape_values_outside_the_schema_are_refused() {
-    let mut file: resources::ServiceRecordSpec = (&full_spec()).into();
-    file.endpoints[0].port = 70000;
-    assert_eq!(
-        ServiceRecordSpec::try_from(&file).unwrap_err().to_string(),
-        "spec.endpoints[0].port: port 70000 is out of range 1-65535"
-    );
-    let mut file: resources::ServiceRecordSpec = (&full_spec()).into();
-    file.ports.as_mut().unwrap()[0].protocol = Some("tcp".into());
-    assert_eq!(
-        ServiceRecordSpec::try_from(&file).unwrap_err().to_string(),
-        r#"spec.ports[0].protocol: "tcp" is not one of TCP, UDP, SCTP"#
-    );
-    let rr = resources::RemoteRegistrySpec {
-        role: Some("Child".into()),
-        ..Default::default()
-    };
-    assert!(matches!(
-        RemoteRegistrySpec::try_from(&rr),
-        Err(ConversionError::Enum { .. })
-    ));
-}
-
-#[test]
-fn remote_registry_spec_round_trips_except_imports() {
-    let spec = RemoteRegistrySpec {
-        address: "parent.example:443".into(),
-        tls_config: TlsConfig {
-            server_ca: "Q0E=".into(),
-            server_name: "parent.example".into(),
+fn a_full_record_round_trips_through_a_file() {
+    let sr = ServiceRecord {
+        metadata: ObjectMeta {
+            name: Some("web".into()),
+            namespace: Some("prod".into()),
+            ..Default::default()
         },
-        allowed_domains: Some(vec!["example".into()]),
-        role: Some(Role::Parent),
-        materialize: Some(Materialize::CiliumGlobalService),
-        imports: None,
+        spec: ServiceRecordSpec {
+            ports: Some(vec![ServicePort {
+                target_port: Some(30443),
+                ..full_spec().ports.unwrap()[0].clone()
+            }]),
+            ..full_spec()
+        },
+        status: None,
     };
-    let file: resources::RemoteRegistrySpec = (&spec).into();
-    assert_eq!(file.role.as_deref(), Some("Parent"));
-    assert_eq!(file.materialize.as_deref(), Some("CiliumGlobalService"));
-    assert_eq!(RemoteRegistrySpec::try_from(&file).unwrap(), spec);
+    let text = resources::to_yaml_documents(std::slice::from_ref(&sr)).unwrap();
+    let back: Vec<ServiceRecord> = resources::parse_documents(&text, "f.yaml").unwrap();
+    assert_eq!(back, [sr]);
+    assert_eq!(back[0].validate().ok(), Some(()));
+
+    let rr = RemoteRegistry {
+        metadata: ObjectMeta {
+            name: Some("parent".into()),
+            ..Default::default()
+        },
+        spec: RemoteRegistrySpec {
+            address: "parent.example:443".into(),
+            tls_config: TlsConfig {
+                server_ca: "Q0E=".into(),
+                server_name: "parent.example".into(),
+            },
+            allowed_domains: Some(vec!["example".into()]),
+            role: Some(Role::Parent),
+            materialize: Some(Materialize::CiliumGlobalService),
+            imports: Some(vec![Import {
+                fqdn: Some("api.example".into()),
+                ..Default::default()
+            }]),
+        },
+        status: None,
+    };
+    let text = resources::to_yaml_documents(std::slice::from_ref(&rr)).unwrap();
+    assert!(
+        text.contains("  role: Parent\n  materialize: CiliumGlobalService\n"),
+        "{text}"
+    );
+    let back: Vec<RemoteRegistry> = resources::parse_documents(&text, "f.yaml").unwrap();
+    assert_eq!(back, [rr]);
+    assert_eq!(back[0].validate().ok(), Some(()));
 }
 
 #[test]
-fn whole_objects_convert_with_their_metadata() {
-    let sr: ServiceRecord = serde_yaml::from_str(XCC_EXPORTED).unwrap();
-    let file: resources::ServiceRecord = (&sr).into();
-    assert_eq!(file.metadata.name, "my-service.xcc.test");
+fn file_values_outside_the_schema_are_refused() {
+    let file = |spec: &str| {
+        format!(
+            "apiVersion: connectivity.tanzu.vmware.com/v1alpha1\nkind: ServiceRecord\nmetadata: {{name: web}}\nspec:\n{spec}"
+        )
+    };
+    let far = file("  fqdn: web.example\n  endpoints: [{address: 10.0.0.1, port: 70000}]\n");
+    let records: Vec<ServiceRecord> = resources::parse_documents(&far, "f.yaml").unwrap();
     assert_eq!(
-        file.metadata.namespace.as_deref(),
-        Some("cross-cluster-connectivity")
+        records[0].validate().unwrap_err().to_string(),
+        r#"invalid ServiceRecord "web": spec.endpoints[0].port: 70000 is out of range 1-65535"#
     );
-    assert!(
-        file.metadata
-            .labels
-            .contains_key(crate::names::EXPORT_LABEL)
+    let lower = file(
+        "  fqdn: web.example\n  endpoints: []\n  ports: [{name: web, port: 80, protocol: tcp}]\n",
     );
-    assert_eq!(file.validate().ok(), Some(()));
-    let back = ServiceRecord::try_from(&file).unwrap();
-    assert_eq!(back, sr);
+    assert_eq!(
+        resources::parse_documents::<ServiceRecord>(&lower, "f.yaml")
+            .unwrap_err()
+            .to_string(),
+        "f.yaml: document 1: spec.ports[0].protocol: unknown variant `tcp`, expected one of `TCP`, `UDP`, `SCTP`"
+    );
+    let child = XCC_REMOTE_REGISTRY.replace("spec:\n", "spec:\n  role: Child\n");
+    assert_eq!(
+        resources::parse_documents::<RemoteRegistry>(&child, "rr.yaml")
+            .unwrap_err()
+            .to_string(),
+        "rr.yaml: document 1: spec.role: unknown variant `Child`, expected `Peer` or `Parent`"
+    );
+}
 
-    let mut rr: RemoteRegistry = serde_yaml::from_str(XCC_REMOTE_REGISTRY).unwrap();
-    rr.status = Some(RemoteRegistryStatus {
-        imported_records: Some(3),
-        ..Default::default()
-    });
-    let file: resources::RemoteRegistry = (&rr).into();
-    assert_eq!(file.status, Some(json!({"importedRecords": 3})));
+#[test]
+fn xcc_manifests_are_files_too() {
+    let records: Vec<ServiceRecord> = resources::parse_documents(XCC_EXPORTED, "sr.yaml").unwrap();
+    let sr: ServiceRecord = yaml_serde::from_str(XCC_EXPORTED).unwrap();
+    assert_eq!(records, [sr]);
+    assert_eq!(records[0].validate().ok(), Some(()));
+    let registries: Vec<RemoteRegistry> =
+        resources::parse_documents(XCC_REMOTE_REGISTRY, "rr.yaml").unwrap();
     assert_eq!(
-        file.spec.tls_config.server_ca_pem().unwrap().unwrap(),
+        registries[0]
+            .spec
+            .tls_config
+            .server_ca_pem()
+            .unwrap()
+            .unwrap(),
         b"SERVER_CA_CERTIFICATE"
     );
 }
@@ -426,7 +445,7 @@ fn crd_files_are_named_after_the_crds_and_carry_the_header() {
     );
     for (name, text) in &files {
         assert!(text.starts_with(GENERATED_HEADER), "{name}");
-        let crd: CustomResourceDefinition = serde_yaml::from_str(text).unwrap();
+        let crd: CustomResourceDefinition = yaml_serde::from_str(text).unwrap();
         assert_eq!(format!("{}.yaml", crd.metadata.name.unwrap()), *name);
     }
     let all = crds_yaml().unwrap();

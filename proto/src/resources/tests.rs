@@ -1,4 +1,12 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
 use super::*;
+use crate::crd::{
+    Endpoint, Import, Materialize, Origin, Protocol, RemoteRegistrySpec, Role, ServicePort,
+    ServiceRecordSpec,
+};
 use crate::names::{EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
 const PEM: &[u8] = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
@@ -34,17 +42,28 @@ spec:
 "#;
 
 fn xcc_service_record() -> ServiceRecord {
-    ServiceRecord::new(
-        ObjectMeta {
-            name: "test.some.domain".into(),
+    ServiceRecord {
+        metadata: ObjectMeta {
+            name: Some("test.some.domain".into()),
             namespace: Some("http-proxy-namespace".into()),
-            labels: BTreeMap::from([(EXPORT_LABEL.to_string(), String::new())]),
-            annotations: BTreeMap::from([(SERVICE_PORT_ANNOTATION.to_string(), "443".to_string())]),
+            labels: Some(BTreeMap::from([(EXPORT_LABEL.to_string(), String::new())])),
+            annotations: Some(BTreeMap::from([(
+                SERVICE_PORT_ANNOTATION.to_string(),
+                "443".to_string(),
+            )])),
             uid: Some("6f1c".into()),
             generation: Some(3),
             resource_version: Some("12345".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "projectcontour.io/v1".into(),
+                kind: "HTTPProxy".into(),
+                name: "test".into(),
+                uid: "http-proxy-uid".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
         },
-        ServiceRecordSpec {
+        spec: ServiceRecordSpec {
             fqdn: "test.some.domain".into(),
             endpoints: vec![
                 Endpoint {
@@ -58,7 +77,8 @@ fn xcc_service_record() -> ServiceRecord {
             ],
             ..Default::default()
         },
-    )
+        status: None,
+    }
 }
 
 fn remote_registry_yaml() -> String {
@@ -84,13 +104,13 @@ status:
     )
 }
 
-fn sr(name: &str, fqdn: &str, endpoints: &[(&str, u32)]) -> ServiceRecord {
-    ServiceRecord::new(
-        ObjectMeta {
-            name: name.into(),
+fn sr(name: &str, fqdn: &str, endpoints: &[(&str, i32)]) -> ServiceRecord {
+    ServiceRecord {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
             ..Default::default()
         },
-        ServiceRecordSpec {
+        spec: ServiceRecordSpec {
             fqdn: fqdn.into(),
             endpoints: endpoints
                 .iter()
@@ -101,24 +121,26 @@ fn sr(name: &str, fqdn: &str, endpoints: &[(&str, u32)]) -> ServiceRecord {
                 .collect(),
             ..Default::default()
         },
-    )
+        status: None,
+    }
 }
 
 fn rr(spec: RemoteRegistrySpec) -> RemoteRegistry {
-    RemoteRegistry::new(
-        ObjectMeta {
-            name: "peer".into(),
+    RemoteRegistry {
+        metadata: ObjectMeta {
+            name: Some("peer".into()),
             namespace: Some("cross-cluster-connectivity".into()),
             ..Default::default()
         },
         spec,
-    )
+        status: None,
+    }
 }
 
 fn good_rr_spec() -> RemoteRegistrySpec {
     RemoteRegistrySpec {
         address: "registry.example:443".into(),
-        tls_config: RemoteTlsConfig {
+        tls_config: TlsConfig {
             server_ca: PEM_B64.into(),
             server_name: "registry.example".into(),
         },
@@ -133,12 +155,17 @@ fn parses_an_xcc_v1_service_record() {
     assert_eq!(items[0].validate().ok(), Some(()));
 }
 
+/// The status (here with conditions the API server would refuse) is what a registry observed,
+/// never input: it is not read.
 #[test]
-fn parses_a_remote_registry_and_keeps_its_status() {
+fn parses_a_remote_registry_and_ignores_its_status() {
     let items: Vec<RemoteRegistry> = parse_documents(&remote_registry_yaml(), "rr.yaml").unwrap();
     assert_eq!(items.len(), 1);
     let rr = &items[0];
-    assert_eq!(rr.metadata.name, "shared-services-registry");
+    assert_eq!(
+        rr.metadata.name.as_deref(),
+        Some("shared-services-registry")
+    );
     assert_eq!(rr.spec.address, "172.18.0.3:30001");
     assert_eq!(
         rr.spec.tls_config.server_name,
@@ -150,13 +177,7 @@ fn parses_a_remote_registry_and_keeps_its_status() {
     );
     assert_eq!(rr.spec.allowed_domains, Some(vec!["xcc.test".to_string()]));
     assert_eq!(rr.spec.role, None);
-    assert_eq!(
-        rr.status,
-        Some(serde_json::json!({
-            "conditions": [{"type": "Valid", "status": "True"}],
-            "observedGeneration": 1
-        }))
-    );
+    assert_eq!(rr.status, None);
     assert_eq!(rr.validate().ok(), Some(()));
 }
 
@@ -169,7 +190,7 @@ fn multi_document_streams_skip_empty_documents() {
     let items: Vec<ServiceRecord> = parse_documents(&text, "two.yaml").unwrap();
     assert_eq!(items.len(), 2);
     assert_eq!(items[0], xcc_service_record());
-    assert_eq!(items[1].metadata.name, "other.some.domain");
+    assert_eq!(items[1].metadata.name.as_deref(), Some("other.some.domain"));
     assert_eq!(items[1].spec.fqdn, "other.some.domain");
     let none: Vec<ServiceRecord> = parse_documents("", "empty.yaml").unwrap();
     assert!(none.is_empty());
@@ -184,7 +205,10 @@ fn json_documents_parse_too() {
     assert_eq!(items, vec![xcc_service_record()]);
 }
 
-fn parse_error<T: ResourceKind + std::fmt::Debug>(text: &str, file: &str) -> String {
+fn parse_error<T>(text: &str, file: &str) -> String
+where
+    T: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     parse_documents::<T>(text, file).unwrap_err().to_string()
 }
 
@@ -193,7 +217,7 @@ fn errors_name_file_document_and_field() {
     let text = "apiVersion: connectivity.tanzu.vmware.com/v1alpha1\nkind: ServiceRecord\nmetadata: {name: web}\nspec:\n  fqdn: web.example\n  endpoints:\n  - address: 10.0.0.1\n    port: x\n";
     assert_eq!(
         parse_error::<ServiceRecord>(text, "exports/web.yaml"),
-        r#"exports/web.yaml: document 1: spec.endpoints[0].port: invalid type: string "x", expected u32"#
+        r#"exports/web.yaml: document 1: spec.endpoints[0].port: invalid type: string "x", expected i32"#
     );
     let missing = format!(
         "{XCC_SERVICE_RECORD}---\napiVersion: connectivity.tanzu.vmware.com/v1alpha1\nkind: ServiceRecord\nmetadata: {{name: a}}\nspec:\n  endpoints: []\n"
@@ -203,9 +227,10 @@ fn errors_name_file_document_and_field() {
         "f.yaml: document 2: spec: missing field `fqdn`"
     );
     let negative = XCC_SERVICE_RECORD.replacen("port: 443", "port: -1", 1);
+    let items: Vec<ServiceRecord> = parse_documents(&negative, "f.yaml").unwrap();
     assert_eq!(
-        parse_error::<ServiceRecord>(&negative, "f.yaml"),
-        "f.yaml: document 1: spec.endpoints[0].port: invalid value: integer `-1`, expected u32"
+        items[0].validate().unwrap_err().to_string(),
+        r#"invalid ServiceRecord "http-proxy-namespace/test.some.domain": spec.endpoints[0].port: -1 is out of range 1-65535"#
     );
     let bad_label = XCC_SERVICE_RECORD.replace("export: \"\"", "export: [1]");
     assert_eq!(
@@ -276,8 +301,8 @@ fn null_labels_read_as_empty() {
             "  annotations:\n",
         );
     let items: Vec<ServiceRecord> = parse_documents(&text, "f.yaml").unwrap();
-    assert!(items[0].metadata.labels.is_empty());
-    assert!(items[0].metadata.annotations.is_empty());
+    assert_eq!(items[0].metadata.labels, None);
+    assert_eq!(items[0].metadata.annotations, None);
 }
 
 #[test]
@@ -292,12 +317,14 @@ fn yaml_round_trip() {
         ServicePort {
             name: Some("https".into()),
             port: 443,
-            protocol: Some("TCP".into()),
+            protocol: Some(Protocol::Tcp),
+            target_port: None,
         },
         ServicePort {
             name: Some("dns".into()),
             port: 53,
-            protocol: Some("UDP".into()),
+            protocol: Some(Protocol::Udp),
+            target_port: Some(5353),
         },
     ]);
     extended.spec.origin = Some(Origin {
@@ -316,8 +343,8 @@ fn yaml_round_trip() {
 
     let mut parent = rr(good_rr_spec());
     parent.spec.allowed_domains = Some(Vec::new());
-    parent.spec.role = Some(ROLE_PARENT.into());
-    parent.spec.materialize = Some(MATERIALIZE_CILIUM_GLOBAL_SERVICE.into());
+    parent.spec.role = Some(Role::Parent);
+    parent.spec.materialize = Some(Materialize::CiliumGlobalService);
     let registries = vec![rr(good_rr_spec()), parent];
     let text = to_yaml_documents(&registries).unwrap();
     assert_eq!(
@@ -349,7 +376,7 @@ fn serialised_field_names_follow_the_crd() {
 
 #[test]
 fn server_ca_decoding() {
-    let mut tls = RemoteTlsConfig {
+    let mut tls = TlsConfig {
         server_ca: String::new(),
         server_name: "x".into(),
     };
@@ -384,25 +411,34 @@ fn service_record_validation_reports_every_field() {
         ServicePort {
             name: Some("web".into()),
             port: 443,
-            protocol: Some("tcp".into()),
+            protocol: Some(Protocol::Tcp),
+            target_port: Some(70000),
         },
         ServicePort {
             name: Some("web".into()),
             port: 0,
             protocol: None,
+            target_port: None,
         },
         ServicePort {
             name: None,
             port: 53,
-            protocol: Some("UDP".into()),
+            protocol: Some(Protocol::Udp),
+            target_port: None,
         },
         ServicePort {
             name: Some("Bad_Name".into()),
             port: 80,
-            protocol: Some("SCTP".into()),
+            protocol: Some(Protocol::Sctp),
+            target_port: None,
         },
     ]);
-    bad.spec.origin = Some(Origin::default());
+    bad.spec.origin = Some(Origin {
+        cluster: None,
+        namespace: String::new(),
+        name: String::new(),
+        kind: None,
+    });
     let err = bad.validate().unwrap_err();
     let ResourceError::Invalid {
         kind,
@@ -423,7 +459,7 @@ fn service_record_validation_reports_every_field() {
             r#"spec.endpoints[2].address: "not an address" is neither an IP address nor a DNS name (invalid FQDN "not an address": character ' ' is not allowed (only letters, digits, '-' and '.'))"#,
             "spec.endpoints[2].port: 0 is out of range 1-65535",
             "spec.allowedRequesters[1]: must not be empty",
-            r#"spec.ports[0].protocol: "tcp" is not one of TCP, UDP, SCTP"#,
+            "spec.ports[0].targetPort: 70000 is out of range 1-65535",
             r#"spec.ports[1].name: duplicate name "web""#,
             "spec.ports[1].port: 0 is out of range 1-65535",
             "spec.ports[2].name: required when more than one port is listed",
@@ -449,6 +485,7 @@ fn service_record_validation_accepts_good_shapes() {
         name: None,
         port: 443,
         protocol: None,
+        target_port: None,
     }]);
     assert_eq!(ok.validate().ok(), Some(()));
     let single = sr("x", "x.example", &[("10.0.0.1", 70000)]);
@@ -468,14 +505,14 @@ fn remote_registry_validation() {
     assert_eq!(rr(good_rr_spec()).validate().ok(), Some(()));
     let mut spec = good_rr_spec();
     spec.tls_config.server_ca = String::new();
-    spec.role = Some(ROLE_PEER.into());
-    spec.materialize = Some(MATERIALIZE_SERVICE.into());
+    spec.role = Some(Role::Peer);
+    spec.materialize = Some(Materialize::Service);
     spec.allowed_domains = Some(vec![".".into(), "xcc.test".into()]);
     assert_eq!(rr(spec).validate().ok(), Some(()));
 
     let bad = rr(RemoteRegistrySpec {
         address: "registry.example".into(),
-        tls_config: RemoteTlsConfig {
+        tls_config: TlsConfig {
             server_ca: "%%".into(),
             server_name: String::new(),
         },
@@ -484,9 +521,9 @@ fn remote_registry_validation() {
             "invalid..domain".into(),
             "".into(),
         ]),
-        role: Some("Child".into()),
-        materialize: Some("Magic".into()),
-        imports: Some(vec![HierarchyImport {
+        role: None,
+        materialize: None,
+        imports: Some(vec![Import {
             name: Some("api".into()),
             ..Default::default()
         }]),
@@ -503,10 +540,8 @@ fn remote_registry_validation() {
             "spec.tlsConfig.serverName: must not be empty",
             r#"spec.allowedDomains[1]: Invalid value: "invalid..domain": Invalid domain. For example, labels in the domain name must have between 1 and 63 characters. Check RFC1035 for more details."#,
             "spec.allowedDomains[2]: Required value: Invalid domain. For example, labels in the domain name must have between 1 and 63 characters. Check RFC1035 for more details.",
-            r#"spec.role: "Child" is not one of Peer, Parent"#,
-            r#"spec.materialize: "Magic" is not one of Service, CiliumGlobalService"#,
             "spec.imports[0]: imports need role Parent",
-            "spec.imports[0].namespace: required with name",
+            "spec.imports[0]: give either fqdn, or namespace and name",
         ]
     );
 }
@@ -580,6 +615,7 @@ fn remote_registry_addresses() {
 
 #[test]
 fn dns1123_subdomains() {
+    use crate::names::is_dns1123_subdomain;
     for ok in [
         "a",
         "web",

@@ -1,20 +1,23 @@
-//! Semantic checks of ServiceRecord and RemoteRegistry beyond their schema: names, FQDNs,
-//! addresses, port ranges and enumerations. Every broken rule is reported with its field path.
+//! Checks of ServiceRecord and RemoteRegistry: everything the CRD schema and its CEL rules
+//! enforce on the API server (so a file-store object is held to the same rules), and the
+//! semantic checks beyond them (names, FQDNs, addresses, base64). Every broken rule is reported
+//! with its field path.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv6Addr};
 
-use super::{
-    FieldViolation, MATERIALIZE_CILIUM_GLOBAL_SERVICE, MATERIALIZE_SERVICE, ObjectMeta,
-    ROLE_PARENT, ROLE_PEER, RemoteRegistry, ResourceError, ServiceRecord,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::{FieldViolation, RemoteRegistry, ResourceError, ServiceRecord};
+use crate::crd::{IMPORT_RULE_MESSAGE, ImportTarget, Role};
 use crate::domains::allowed_domain_errors;
-use crate::names::{REMOTE_REGISTRY_KIND, SERVICE_RECORD_KIND, canonical_fqdn, is_dns1123_label};
+use crate::names::{
+    REMOTE_REGISTRY_KIND, SERVICE_RECORD_KIND, canonical_fqdn, is_dns1123_label,
+    is_dns1123_subdomain,
+};
 
 /// Longest IANA service name (a Kubernetes port name).
 const MAX_PORT_NAME_LEN: usize = 15;
-/// Port protocols Kubernetes Services accept.
-const PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
 
 /// Collects violations in field order.
 #[derive(Default)]
@@ -32,9 +35,10 @@ impl Violations {
         if self.0.is_empty() {
             return Ok(());
         }
+        let name = meta.name.clone().unwrap_or_default();
         let name = match &meta.namespace {
-            Some(ns) => format!("{ns}/{}", meta.name),
-            None => meta.name.clone(),
+            Some(ns) => format!("{ns}/{name}"),
+            None => name,
         };
         Err(ResourceError::Invalid {
             kind,
@@ -43,8 +47,6 @@ impl Violations {
         })
     }
 }
-
-pub use crate::names::is_dns1123_subdomain;
 
 fn check_name(meta: &ObjectMeta, v: &mut Violations) {
     // The namespace becomes part of object names, file names and keys downstream: it must be a
@@ -59,20 +61,19 @@ fn check_name(meta: &ObjectMeta, v: &mut Violations) {
             ),
         );
     }
-    if meta.name.is_empty() {
-        v.add("metadata.name", "must not be empty");
-    } else if !is_dns1123_subdomain(&meta.name) {
-        v.add(
+    match meta.name.as_deref() {
+        None | Some("") => v.add("metadata.name", "must not be empty"),
+        Some(name) if !is_dns1123_subdomain(name) => v.add(
             "metadata.name",
             format!(
-                "{:?} is not a valid DNS-1123 subdomain (at most 253 lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit)",
-                meta.name
+                "{name:?} is not a valid DNS-1123 subdomain (at most 253 lowercase letters, digits, '-' and '.', each part starting and ending with a letter or digit)"
             ),
-        );
+        ),
+        Some(_) => {}
     }
 }
 
-fn check_port(path: String, port: u32, v: &mut Violations) {
+fn check_port(path: String, port: i32, v: &mut Violations) {
     if !(1..=65535).contains(&port) {
         v.add(path, format!("{port} is out of range 1-65535"));
     }
@@ -94,8 +95,8 @@ fn is_port_name(name: &str) -> bool {
 impl ServiceRecord {
     /// Check the record: `metadata.name` is a DNS-1123 subdomain, `spec.fqdn` is a DNS name
     /// ([`canonical_fqdn`]), every endpoint has a port in 1-65535 and an IP or DNS-name address,
-    /// named ports have valid names (required and unique when several), ports and protocols
-    /// (`TCP`, `UDP`, `SCTP`), allowed requesters are non-empty, and an origin names its object.
+    /// named ports have valid names (required and unique when several) and ports (and target
+    /// ports) in range, allowed requesters are non-empty, and an origin names its object.
     pub fn validate(&self) -> Result<(), ResourceError> {
         let mut v = Violations::default();
         check_name(&self.metadata, &mut v);
@@ -144,13 +145,8 @@ impl ServiceRecord {
                     _ => {}
                 }
                 check_port(format!("spec.ports[{i}].port"), port.port, &mut v);
-                if let Some(protocol) = &port.protocol
-                    && !PROTOCOLS.contains(&protocol.as_str())
-                {
-                    v.add(
-                        format!("spec.ports[{i}].protocol"),
-                        format!("{protocol:?} is not one of TCP, UDP, SCTP"),
-                    );
+                if let Some(target) = port.target_port {
+                    check_port(format!("spec.ports[{i}].targetPort"), target, &mut v);
                 }
             }
         }
@@ -226,9 +222,9 @@ fn check_address(address: &str) -> Result<(), String> {
 impl RemoteRegistry {
     /// Check the registry: `metadata.name` is a DNS-1123 subdomain, `spec.address` is
     /// `host:port`, `spec.tlsConfig.serverName` is set and `serverCA` is base64,
-    /// `spec.allowedDomains` passes the XCC v1 rules (messages as in the `Valid` condition),
-    /// `spec.role` is `Peer` or `Parent`, `spec.materialize` is `Service` or
-    /// `CiliumGlobalService`.
+    /// `spec.allowedDomains` passes the XCC v1 rules (messages as in the `Valid` condition), and
+    /// every `spec.imports` entry follows the CRD's CEL rule ([`crate::crd::IMPORT_RULE`]), names
+    /// a valid FQDN or namespace and object name, and belongs to a `Parent` registry.
     pub fn validate(&self) -> Result<(), ResourceError> {
         let mut v = Violations::default();
         check_name(&self.metadata, &mut v);
@@ -248,38 +244,34 @@ impl RemoteRegistry {
                 v.add(error.path, body);
             }
         }
-        if let Some(role) = &spec.role
-            && role != ROLE_PEER
-            && role != ROLE_PARENT
-        {
-            v.add("spec.role", format!("{role:?} is not one of Peer, Parent"));
-        }
-        if let Some(mode) = &spec.materialize
-            && mode != MATERIALIZE_SERVICE
-            && mode != MATERIALIZE_CILIUM_GLOBAL_SERVICE
-        {
-            v.add(
-                "spec.materialize",
-                format!("{mode:?} is not one of Service, CiliumGlobalService"),
-            );
-        }
         for (i, import) in spec.imports.iter().flatten().enumerate() {
             let path = format!("spec.imports[{i}]");
-            if spec.role.as_deref() != Some(ROLE_PARENT) {
+            if spec.role() != Role::Parent {
                 v.add(path.clone(), "imports need role Parent");
             }
-            match (&import.fqdn, &import.name) {
-                (Some(f), None) => {
-                    if let Err(e) = crate::names::canonical_fqdn(f) {
+            match import.target() {
+                None => v.add(path, IMPORT_RULE_MESSAGE),
+                Some(ImportTarget::Fqdn(fqdn)) => {
+                    if let Err(e) = canonical_fqdn(fqdn) {
                         v.add(format!("{path}.fqdn"), e.to_string());
                     }
                 }
-                (None, Some(n)) if !n.is_empty() => {
-                    if import.namespace.as_deref().is_none_or(str::is_empty) {
-                        v.add(format!("{path}.namespace"), "required with name");
+                Some(ImportTarget::Object { namespace, name }) => {
+                    if !is_dns1123_label(namespace) {
+                        v.add(
+                            format!("{path}.namespace"),
+                            format!(
+                                "{namespace:?} is not a valid namespace name (a DNS-1123 label)"
+                            ),
+                        );
+                    }
+                    if !is_dns1123_subdomain(name) {
+                        v.add(
+                            format!("{path}.name"),
+                            format!("{name:?} is not a valid object name (a DNS-1123 subdomain)"),
+                        );
                     }
                 }
-                _ => v.add(path.clone(), "give either fqdn, or namespace and name"),
             }
         }
         v.into_result(REMOTE_REGISTRY_KIND, &self.metadata)
@@ -288,17 +280,17 @@ impl RemoteRegistry {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{Endpoint, Origin, ServiceRecordSpec};
     use super::*;
+    use crate::crd::{Endpoint, Origin, ServiceRecordSpec};
 
     fn record(namespace: &str) -> ServiceRecord {
-        ServiceRecord::new(
-            ObjectMeta {
-                name: "api".into(),
+        ServiceRecord {
+            metadata: ObjectMeta {
+                name: Some("api".into()),
                 namespace: Some(namespace.into()),
                 ..Default::default()
             },
-            ServiceRecordSpec {
+            spec: ServiceRecordSpec {
                 fqdn: "api.shop.example".into(),
                 endpoints: vec![Endpoint {
                     address: "10.0.0.1".into(),
@@ -306,7 +298,8 @@ mod tests {
                 }],
                 ..Default::default()
             },
-        )
+            status: None,
+        }
     }
 
     /// Issue 10: an export whose namespace is a path reached file names downstream.

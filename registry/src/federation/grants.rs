@@ -539,7 +539,7 @@ impl GrantSink for FileGrants {
         check_route(route)?;
         let mut refs = vec![];
         for o in objects(&self.config, route)? {
-            let text = serde_yaml::to_string(&o).map_err(|e| e.to_string())?;
+            let text = yaml_serde::to_string(&o).map_err(|e| e.to_string())?;
             let path = self.path(&o)?;
             let tmp = path.with_extension("tmp");
             std::fs::write(&tmp, text)
@@ -861,7 +861,7 @@ mod tests {
             )
         );
         let text = std::fs::read_to_string(files[0].path()).expect("read");
-        let written: Value = serde_yaml::from_str(&text).expect("yaml");
+        let written: Value = yaml_serde::from_str(&text).expect("yaml");
         assert_eq!(written, want, "the same object as kube mode computes");
         // Without an identity nothing is written, and the reason is the error.
         let mut anonymous = route();

@@ -20,18 +20,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use notify::Watcher as _;
+use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-use xcc_proto::names;
-use xcc_proto::resources::{self, ObjectMeta, RemoteRegistry, ServiceRecord};
+use xcc_proto::crd::{self, ServiceRecord};
+use xcc_proto::{names, resources};
 
-use crate::catalog::{
-    Catalog, Endpoint, Labels, NamedPort, Origin, ServiceEntry, ServiceKey, Source,
-};
-use crate::hamlet::client::RemoteSpec;
-use crate::hamlet::convert::{Imported, LABEL_PASSTHROUGH_PREFIX};
+use crate::catalog::{Catalog, ServiceEntry, ServiceKey, Source};
+use crate::hamlet::convert::Imported;
+use crate::store::model::{ImportedRecordError, export_entry, imported_endpoints, namespace_name};
 
 mod imports;
 pub use imports::FileImportSink;
@@ -41,114 +41,31 @@ pub const EXPORTS_DIR: &str = "exports";
 pub const REMOTES_DIR: &str = "remotes";
 pub const IMPORTS_DIR: &str = "imports";
 
-/// Map a ServiceRecord to a catalog entry owned by `cluster`.
-pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, String> {
-    let fqdn = names::canonical_fqdn(&sr.spec.fqdn).map_err(|e| format!("spec.fqdn: {e}"))?;
-    let labels: Labels = sr
-        .metadata
-        .annotations
-        .iter()
-        .filter(|(k, _)| k.starts_with(LABEL_PASSTHROUGH_PREFIX))
-        .collect();
-    let mut allowed: Vec<String> = sr.spec.allowed_requesters.clone().unwrap_or_default();
-    if allowed.is_empty()
-        && let Some(list) = sr.metadata.annotations.get(names::CLUSTERS_ANNOTATION)
-    {
-        allowed = list
-            .split(',')
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-    }
-    allowed.sort();
-    allowed.dedup();
-    let entry = ServiceEntry {
-        key: ServiceKey::new(
-            cluster,
-            sr.metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into()),
-            sr.metadata.name.clone(),
-        ),
-        source: Source::Local,
-        fqdn,
-        endpoints: sr
-            .spec
-            .endpoints
-            .iter()
-            .map(|e| Endpoint {
-                address: e.address.clone(),
-                port: e.port,
-            })
-            .collect(),
-        ports: sr
-            .spec
-            .ports
-            .iter()
-            .flatten()
-            .map(|p| NamedPort {
-                name: p.name.clone().unwrap_or_default(),
-                port: p.port,
-                protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
-            })
-            .collect(),
-        labels,
-        allowed_requesters: allowed,
-        origin: sr.spec.origin.as_ref().map(|o| {
-            Box::new(Origin {
-                cluster: o.cluster.clone().unwrap_or_else(|| cluster.to_string()),
-                namespace: o.namespace.clone(),
-                name: o.name.clone(),
-                kind: o.kind.clone().unwrap_or_default(),
-            })
-        }),
-        revision: 0,
-    };
-    // Reported here, per record, rather than found out by a peer that cannot decode it.
-    let size = crate::hamlet::convert::wire_size_bound(&entry);
-    if size > crate::hamlet::convert::MAX_WIRE_RESOURCE_BYTES {
-        return Err(format!(
-            "too large for Hamlet: about {size} bytes, the limit is {} bytes",
-            crate::hamlet::convert::MAX_WIRE_RESOURCE_BYTES
-        ));
-    }
-    Ok(entry)
-}
-
 /// The imported ServiceRecord as XCC names and labels it (reference §3.4.3), with the canonical
 /// FQDN in `spec.fqdn` (C7).
 pub fn imported_record(
     remote: &str,
     namespace: &str,
     imported: &Imported,
-) -> Result<ServiceRecord, String> {
-    let name = names::imported_record_name(&imported.fqdn, remote).map_err(|e| e.to_string())?;
+) -> Result<ServiceRecord, ImportedRecordError> {
+    let name = names::imported_record_name(&imported.fqdn, remote)?;
     let mut labels = BTreeMap::new();
     labels.insert(names::IMPORTED_LABEL.to_string(), String::new());
     labels.insert(names::REMOTE_REGISTRY_LABEL.to_string(), remote.to_string());
     Ok(ServiceRecord {
-        api_version: names::API_VERSION.to_string(),
-        kind: "ServiceRecord".to_string(),
         metadata: ObjectMeta {
-            name,
+            name: Some(name),
             namespace: Some(namespace.to_string()),
-            labels,
-            annotations: imported.labels.clone(),
+            labels: Some(labels),
+            annotations: (!imported.labels.is_empty()).then(|| imported.labels.clone()),
             ..Default::default()
         },
-        spec: resources::ServiceRecordSpec {
+        spec: crd::ServiceRecordSpec {
             fqdn: imported.fqdn.clone(),
-            endpoints: imported
-                .endpoints
-                .iter()
-                .map(|e| resources::Endpoint {
-                    address: e.address.clone(),
-                    port: e.port,
-                })
-                .collect(),
+            endpoints: imported_endpoints(imported)?,
             ..Default::default()
         },
+        status: None,
     })
 }
 
@@ -201,29 +118,16 @@ struct LoadedFile<T> {
     keys: HashSet<u64>,
 }
 
-/// An object kept in a [`YamlDir`], identified by namespace and name.
-pub trait Named {
+/// An object kept in a [`YamlDir`]: a resource of this API group, identified by namespace and
+/// name.
+pub trait Named: kube::Resource<DynamicType = ()> + DeserializeOwned {
     /// Namespace (`default` when unset) and name.
-    fn namespace_name(&self) -> (&str, &str);
-}
-
-impl Named for ServiceRecord {
     fn namespace_name(&self) -> (&str, &str) {
-        (
-            self.metadata.namespace.as_deref().unwrap_or("default"),
-            self.metadata.name.as_str(),
-        )
+        namespace_name(self.meta())
     }
 }
 
-impl Named for RemoteRegistry {
-    fn namespace_name(&self) -> (&str, &str) {
-        (
-            self.metadata.namespace.as_deref().unwrap_or("default"),
-            self.metadata.name.as_str(),
-        )
-    }
-}
+impl<T: kube::Resource<DynamicType = ()> + DeserializeOwned> Named for T {}
 
 /// A fixed (unkeyed) hash of a namespace and name, for [`YamlDir::items_holding`]. Collisions
 /// only make a file a candidate; callers still compare the real keys.
@@ -357,7 +261,7 @@ pub struct DirChanges<T> {
     pub files: Vec<(PathBuf, Vec<T>)>,
 }
 
-impl<T: resources::ResourceKind + Named + Clone> YamlDir<T> {
+impl<T: Named + Clone> YamlDir<T> {
     pub fn new(dir: PathBuf) -> Self {
         Self {
             dir,
@@ -378,7 +282,11 @@ impl<T: resources::ResourceKind + Named + Clone> YamlDir<T> {
     /// Re-read what changed in the directory: every entry, or with [`YamlDir::with_events`] only
     /// the entries the watcher reported. `validate` checks each item; any error rejects the
     /// whole file (its previous content stays). Returns whether the effective content changed.
-    pub fn refresh(&mut self, validate: impl Fn(&T) -> Result<(), String>) -> bool {
+    pub fn refresh<E: std::fmt::Display>(
+        &mut self,
+        validate: impl Fn(&T) -> Result<(), E>,
+    ) -> bool {
+        let validate = |item: &T| validate(item).map_err(|e| e.to_string());
         let scope = match &self.events {
             Some(events) => events.take(&self.dir),
             None => Scope::Full,
@@ -595,30 +503,6 @@ fn display_name(dir: &Path, path: &Path) -> String {
     }
 }
 
-/// Validate a RemoteRegistry and resolve it into a client spec.
-pub fn remote_spec(rr: &RemoteRegistry) -> Result<RemoteSpec, String> {
-    rr.validate().map_err(|e| e.to_string())?;
-    let roots = match rr
-        .spec
-        .tls_config
-        .server_ca_pem()
-        .map_err(|e| e.to_string())?
-    {
-        Some(pem) => Some(
-            xcc_certs::client::roots_from_pem(&pem)
-                .map_err(|e| format!("spec.tlsConfig.serverCA: {e}"))?,
-        ),
-        None => None,
-    };
-    Ok(RemoteSpec {
-        name: rr.metadata.name.clone(),
-        address: rr.spec.address.clone(),
-        server_name: rr.spec.tls_config.server_name.clone(),
-        roots,
-        allowed_domains: rr.spec.allowed_domains.clone().unwrap_or_default(),
-    })
-}
-
 /// Errors currently reported for the watched files (shared with the admin/metrics side); a
 /// watch channel, so tests and status writers can wait for a change.
 #[derive(Clone)]
@@ -735,10 +619,8 @@ pub fn sync_exports(
     exports: &mut YamlDir<ServiceRecord>,
 ) -> bool {
     let cluster_owned = cluster.to_string();
-    let changed = exports.refresh(|sr: &ServiceRecord| {
-        sr.validate().map_err(|e| e.to_string())?;
-        export_entry(&cluster_owned, sr).map(|_| ())
-    });
+    let changed =
+        exports.refresh(|sr: &ServiceRecord| export_entry(&cluster_owned, sr).map(|_| ()));
     let changes = exports.take_changes();
     if changes.full {
         if !changed {
@@ -863,15 +745,17 @@ spec:
     #[test]
     fn an_export_too_large_for_hamlet_is_rejected_with_its_size() {
         let mut sr = ServiceRecord::default();
-        sr.metadata.name = "big".into();
+        sr.metadata.name = Some("big".into());
         sr.spec.fqdn = "big.xcc.test".into();
-        sr.metadata.annotations.insert(
+        sr.metadata.annotations = Some(BTreeMap::from([(
             "connectivity.tanzu.vmware.com/blob".into(),
             "x".repeat(5 * 1024 * 1024),
-        );
-        let err = export_entry("east", &sr).expect_err("too large");
+        )]));
+        let err = export_entry("east", &sr)
+            .expect_err("too large")
+            .to_string();
         assert!(err.starts_with("too large for Hamlet: about "), "{err}");
-        sr.metadata.annotations.clear();
+        sr.metadata.annotations = None;
         assert!(export_entry("east", &sr).is_ok());
     }
 
@@ -970,11 +854,11 @@ spec:
         write("b.yaml", &record("three", "10.0.0.3"));
         write("c.yaml", &record("two", "10.0.0.4"));
         let mut yd: YamlDir<ServiceRecord> = YamlDir::new(exports.clone());
-        yd.refresh(|_| Ok(()));
+        yd.refresh(|_| Ok::<_, String>(()));
         let names = |keys: &[&str]| -> Vec<String> {
             let hashes: HashSet<u64> = keys.iter().map(|n| key_hash("shop", n)).collect();
             yd.items_holding(&hashes)
-                .map(|sr| format!("{}={}", sr.metadata.name, sr.spec.endpoints[0].address))
+                .map(|sr| format!("{}={}", sr.namespace_name().1, sr.spec.endpoints[0].address))
                 .collect()
         };
         // Every item of each candidate file, in file order; b.yaml is skipped.

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::*;
-use xcc_proto::resources::ServiceRecord;
+use xcc_proto::crd::ServiceRecord;
 use xcc_registry::StoreConfig;
 use xcc_registry::store::file::FileImportSink;
 
@@ -99,14 +99,17 @@ async fn p01_p02_p03_imported_record_shape() {
     let records = imported_records(west_dir.path(), &west).await;
     assert_eq!(records.len(), 1);
     let r = &records[0];
-    assert_eq!(r.metadata.name, "foobar.some.domain-6068d556");
+    assert_eq!(
+        r.metadata.name.as_deref(),
+        Some("foobar.some.domain-6068d556")
+    );
     assert_eq!(
         r.metadata.namespace.as_deref(),
         Some("cross-cluster-connectivity")
     );
     assert_eq!(
         r.metadata.labels,
-        BTreeMap::from([
+        Some(BTreeMap::from([
             (
                 "connectivity.tanzu.vmware.com/imported".to_string(),
                 String::new()
@@ -115,14 +118,14 @@ async fn p01_p02_p03_imported_record_shape() {
                 "connectivity.tanzu.vmware.com/remote-registry".to_string(),
                 "shared-services-cls".to_string()
             ),
-        ])
+        ]))
     );
     assert_eq!(
         r.metadata.annotations,
-        BTreeMap::from([(
+        Some(BTreeMap::from([(
             "connectivity.tanzu.vmware.com/service-port".to_string(),
             "443".to_string()
-        )])
+        )]))
     );
     assert_eq!(r.spec.fqdn, "foobar.some.domain");
     assert_eq!(r.spec.endpoints.len(), 1);
@@ -153,7 +156,7 @@ async fn p01_p02_p03_imported_record_shape() {
         .expect("read");
     assert_eq!(
         records[0].metadata.annotations,
-        BTreeMap::from([
+        Some(BTreeMap::from([
             (
                 "connectivity.tanzu.vmware.com/service-port".to_string(),
                 "443".to_string()
@@ -162,7 +165,7 @@ async fn p01_p02_p03_imported_record_shape() {
                 "connectivity.tanzu.vmware.com/vip".to_string(),
                 "1.2.3.4".to_string()
             ),
-        ])
+        ]))
     );
 }
 

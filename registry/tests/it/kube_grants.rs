@@ -95,7 +95,7 @@ async fn exported_record(admin: &Client, ns: &str) -> ExportedService {
     }))
     .unwrap();
     let stored = api.create(&PostParams::default(), &sr).await.unwrap();
-    let entry = xcc_registry::store::kube::records::export_entry("b2", &stored).unwrap();
+    let entry = xcc_registry::store::model::export_entry("b2", &stored).unwrap();
     ExportedService::of(&entry)
 }
 

@@ -32,8 +32,9 @@ use anyhow::Context as _;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tracing::warn;
+use xcc_proto::crd::ServiceRecord;
 use xcc_proto::import_journal::{self, Change, Ep, Line, Put};
-use xcc_proto::resources::{self, ServiceRecord};
+use xcc_proto::resources;
 
 use super::{IMPORTS_DIR, imported_record};
 use crate::catalog::Endpoint;
@@ -252,19 +253,29 @@ impl FileImportSink {
                 let records: Vec<ServiceRecord> =
                     resources::parse_documents(&text, &path.display().to_string())?;
                 for sr in records {
+                    let mut endpoints = Vec::with_capacity(sr.spec.endpoints.len());
+                    for e in sr.spec.endpoints {
+                        let port = u32::try_from(e.port)
+                            .ok()
+                            .filter(|p| (1..=65535).contains(p))
+                            .with_context(|| {
+                                format!(
+                                    "{}: {}: port {} is out of range 1-65535",
+                                    path.display(),
+                                    sr.spec.fqdn,
+                                    e.port
+                                )
+                            })?;
+                        endpoints.push(Endpoint {
+                            address: e.address,
+                            port,
+                        });
+                    }
                     let i = Imported {
                         fqdn: sr.spec.fqdn.clone(),
                         raw_fqdn: sr.spec.fqdn,
-                        endpoints: sr
-                            .spec
-                            .endpoints
-                            .into_iter()
-                            .map(|e| Endpoint {
-                                address: e.address,
-                                port: e.port,
-                            })
-                            .collect(),
-                        labels: sr.metadata.annotations,
+                        endpoints,
+                        labels: sr.metadata.annotations.unwrap_or_default(),
                     };
                     imports.insert(i.fqdn.clone(), i);
                 }
@@ -594,20 +605,23 @@ mod tests {
         assert_eq!(records.len(), 1);
         let r = &records[0];
         // P-01's expected object, in file form.
-        assert_eq!(r.metadata.name, "foobar.some.domain-6068d556");
+        assert_eq!(
+            r.metadata.name.as_deref(),
+            Some("foobar.some.domain-6068d556")
+        );
         assert_eq!(
             r.metadata.namespace.as_deref(),
             Some("cross-cluster-connectivity")
         );
         assert_eq!(
             r.metadata.labels,
-            BTreeMap::from([
+            Some(BTreeMap::from([
                 (names::IMPORTED_LABEL.to_string(), String::new()),
                 (
                     names::REMOTE_REGISTRY_LABEL.to_string(),
                     "shared-services-cls".to_string()
                 ),
-            ])
+            ]))
         );
         assert_eq!(r.spec.fqdn, "foobar.some.domain");
         assert_eq!(sink.load("shared-services-cls").expect("load").len(), 1);

@@ -51,7 +51,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use xcc_proto::crd::{RemoteRegistry, RemoteRegistryStatus, Role, ServiceRecord};
-use xcc_proto::resources;
 
 use crate::catalog::{Catalog, ListFilter, ServiceEntry, Source};
 use crate::federation::kube_grants::KubeGrants;
@@ -60,7 +59,7 @@ use crate::hamlet::client::{RemoteSpec, entry_for};
 use crate::metrics::Health;
 use crate::peers::{PeerKind, PeerTable};
 use crate::run::{ParentWanted, Remotes};
-use crate::store::file;
+use crate::store::model::{self, export_entry};
 pub use metrics::KubeMetrics;
 pub use records::Owner;
 pub use sink::{FIELD_MANAGER, KubeImportSink, Owners};
@@ -304,7 +303,7 @@ fn export_or_last_good(
     cluster: &str,
     sr: &ServiceRecord,
 ) -> Option<ServiceEntry> {
-    match records::export_entry(cluster, sr) {
+    match export_entry(cluster, sr) {
         Ok(e) => Some(e),
         Err(error) => {
             let key = export_key(cluster, sr);
@@ -389,10 +388,9 @@ fn validity_of(rr: &RemoteRegistry, namespace: &str) -> (Validity, Option<Wanted
     ) {
         return invalid(xcc_proto::names::INVALID_DOMAIN_REASON, message);
     }
-    let plain = resources::RemoteRegistry::from(rr);
-    let spec = match file::remote_spec(&plain) {
+    let spec = match model::remote_spec(rr) {
         Ok(s) => s,
-        Err(message) => return invalid(status::INVALID_SPEC_REASON, message),
+        Err(e) => return invalid(status::INVALID_SPEC_REASON, e.to_string()),
     };
     let wanted = match rr.spec.role() {
         Role::Peer => Wanted::Peer(spec),
@@ -403,7 +401,7 @@ fn validity_of(rr: &RemoteRegistry, namespace: &str) -> (Validity, Option<Wanted
                 server_name: spec.server_name,
                 roots: spec.roots,
             },
-            crate::run::hierarchy_imports(&plain),
+            crate::run::hierarchy_imports(rr),
         ),
     };
     (Validity::Valid, Some(wanted))

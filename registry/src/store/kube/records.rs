@@ -6,17 +6,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use xcc_proto::crd::{Endpoint, Origin, ServiceRecord, ServiceRecordSpec};
+use xcc_proto::crd::{Origin, ServiceRecord, ServiceRecordSpec};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::{
     self, API_VERSION, IMPORTED_LABEL, REMOTE_REGISTRY_KIND, REMOTE_REGISTRY_LABEL,
     SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
 };
-use xcc_proto::resources;
 
-use crate::catalog::ServiceEntry;
 use crate::hamlet::convert::Imported;
-use crate::store::file;
+use crate::store::model::{ImportedRecordError, imported_endpoints};
 
 /// Label selector of the records this registry exports: the export label, and never an
 /// imported record (so nothing is re-exported transitively).
@@ -27,14 +25,6 @@ pub fn export_selector() -> String {
 /// Label selector of the imported records of the RemoteRegistry `remote`.
 pub fn imports_selector(remote: &str) -> String {
     format!("{IMPORTED_LABEL},{REMOTE_REGISTRY_LABEL}={remote}")
-}
-
-/// The catalog entry of an exported record (owned by `cluster`; keyed by namespace and name).
-/// Annotations pass through under exactly `connectivity.tanzu.vmware.com/` (S7).
-pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, String> {
-    let plain = resources::ServiceRecord::from(sr);
-    plain.validate().map_err(|e| e.to_string())?;
-    file::export_entry(cluster, &plain)
 }
 
 /// Whether a record is an export this registry serves: it carries the export label and not the
@@ -99,25 +89,13 @@ pub fn imported_record(
     owner: &Owner,
     namespace: &str,
     imported: &Imported,
-) -> Result<ServiceRecord, String> {
-    let name = names::imported_record_name(&imported.fqdn, &owner.name)
-        .map_err(|e| format!("{:?}: {e}", imported.fqdn))?;
+) -> Result<ServiceRecord, ImportedRecordError> {
+    let name = names::imported_record_name(&imported.fqdn, &owner.name)?;
     let labels = BTreeMap::from([
         (IMPORTED_LABEL.to_string(), String::new()),
         (REMOTE_REGISTRY_LABEL.to_string(), owner.name.clone()),
     ]);
     let annotations = allowed_annotations(Some(&imported.labels));
-    let mut endpoints = Vec::with_capacity(imported.endpoints.len());
-    for e in &imported.endpoints {
-        let port = i32::try_from(e.port)
-            .ok()
-            .filter(|p| (1..=65535).contains(p))
-            .ok_or_else(|| format!("endpoint {}: port {} out of range", e.address, e.port))?;
-        endpoints.push(Endpoint {
-            address: e.address.clone(),
-            port,
-        });
-    }
     Ok(ServiceRecord {
         metadata: ObjectMeta {
             name: Some(name),
@@ -129,7 +107,7 @@ pub fn imported_record(
         },
         spec: ServiceRecordSpec {
             fqdn: imported.fqdn.clone(),
-            endpoints,
+            endpoints: imported_endpoints(imported)?,
             origin: imported_origin(&imported.labels),
             ..ServiceRecordSpec::default()
         },
@@ -201,7 +179,7 @@ pub struct Plan {
     /// Imports whose record name is taken by a record this registry does not own: left alone.
     pub conflicts: Vec<String>,
     /// Imports that have no valid record (name too long, bad port): (fqdn, reason).
-    pub invalid: Vec<(String, String)>,
+    pub invalid: Vec<(String, ImportedRecordError)>,
     /// Number of imports whose record is (or will be after `apply`) in place.
     pub imported: usize,
 }

@@ -25,6 +25,7 @@ use super::records::{self, Owner};
 use crate::catalog::Endpoint;
 use crate::hamlet::client::ImportSink;
 use crate::hamlet::convert::Imported;
+use crate::store::model::ImportedRecordError;
 
 /// Field manager of every registry write.
 pub const FIELD_MANAGER: &str = "xcc-registry";
@@ -35,7 +36,7 @@ pub struct Rejections {
     /// Record names taken by records the registry does not own.
     pub conflicts: Vec<String>,
     /// (FQDN, reason) of imports without a valid record.
-    pub invalid: Vec<(String, String)>,
+    pub invalid: Vec<(String, ImportedRecordError)>,
 }
 
 impl Rejections {
