@@ -225,7 +225,7 @@ async fn run(
             Ok(c) => c,
             Err(e) => {
                 stats.set_state(PeerState::Failed);
-                stats.set_error(e.clone());
+                stats.set_error(e.to_string());
                 warn!(remote = %spec.name, error = %e, "cannot build a channel; waiting for a spec change");
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -280,18 +280,34 @@ async fn run(
     }
 }
 
+/// Why the client cannot talk to a remote until its spec changes, or cannot store a batch.
+#[derive(Debug, thiserror::Error)]
+enum ClientError {
+    #[error("TLS setup: {0}")]
+    Tls(#[from] xcc_certs::CertError),
+    #[error("invalid address {address:?}: {source}")]
+    Address {
+        address: String,
+        source: tonic::transport::Error,
+    },
+    #[error("persisting imports: {0:#}")]
+    Persist(anyhow::Error),
+}
+
 fn build_channel(
     ctx: &ClientContext,
     spec: &RemoteSpec,
-) -> Result<(Channel, xcc_certs::client::TlsConnector), String> {
+) -> Result<(Channel, xcc_certs::client::TlsConnector), ClientError> {
     let connector = xcc_certs::client::TlsConnector::new(
         ctx.tls.clone(),
         spec.server_name.clone(),
         spec.roots.clone(),
-    )
-    .map_err(|e| format!("TLS setup: {e}"))?;
+    )?;
     let endpoint = Endpoint::from_shared(format!("http://{}", spec.address))
-        .map_err(|e| format!("invalid address {:?}: {e}", spec.address))?
+        .map_err(|source| ClientError::Address {
+            address: spec.address.clone(),
+            source,
+        })?
         .connect_timeout(Duration::from_secs(10))
         // Go servers enforce a 40 s minimum between client pings (reference §1.9).
         .http2_keep_alive_interval(Duration::from_secs(60))
@@ -537,13 +553,13 @@ async fn store(
     spec: &RemoteSpec,
     imports: &BTreeMap<String, Imported>,
     changed: &BTreeSet<String>,
-) -> Result<(), String> {
+) -> Result<(), ClientError> {
     ctx.sink
         .persist_changes(&spec.name, imports, changed)
         .await
         .map_err(|e| {
             ctx.metrics.store_errors.inc();
-            format!("persisting imports: {e:#}")
+            ClientError::Persist(e)
         })
 }
 
@@ -606,7 +622,7 @@ async fn store_until_stored(
     while let Err(error) = store(ctx, spec, imports, changed).await {
         let delay = delays.next_delay();
         attempt = attempt.saturating_add(1);
-        stats.set_error(error.clone());
+        stats.set_error(error.to_string());
         warn!(remote = %spec.name, %error, ?delay, attempt, "cannot store imports; holding the ACKs and retrying");
         tokio::time::sleep(delay).await;
     }
