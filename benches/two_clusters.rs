@@ -67,14 +67,6 @@ fn args() -> Args {
     a
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
@@ -122,7 +114,9 @@ async fn run(args: Args) {
     };
     // Listed before the first sample, so that no sample pays for the initial list.
     while !matches!(slices.next().await, Some(Ok(watcher::Event::InitDone))) {}
-    let mut latencies = Vec::with_capacity(args.samples);
+    // Microseconds, three significant digits.
+    let mut latencies = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+    let mut samples: Vec<Duration> = Vec::with_capacity(args.samples);
     for i in 0..args.samples {
         let name = format!("lat-{i}");
         let started = Instant::now();
@@ -157,19 +151,20 @@ async fn run(args: Args) {
         })
         .await;
         assert!(seen.is_ok(), "no EndpointSlice for {svc} in B\n{}", logs());
-        latencies.push(started.elapsed());
+        let took = started.elapsed();
+        latencies.record(took.as_micros() as u64).unwrap();
+        samples.push(took);
     }
     drop(slices);
     // The slowest samples with their position: a slow first sample is warm-up (first
     // connection, first reconcile), a slow later one is not.
-    let mut slowest: Vec<(usize, Duration)> = latencies.iter().copied().enumerate().collect();
+    let mut slowest: Vec<(usize, Duration)> = samples.iter().copied().enumerate().collect();
     slowest.sort_by_key(|s| std::cmp::Reverse(s.1));
     let slowest: Vec<String> = slowest
         .iter()
         .take(3)
         .map(|(i, d)| format!("#{i} {} ms", ms(*d)))
         .collect();
-    latencies.sort();
 
     // 2. Many at once.
     let started = Instant::now();
@@ -248,10 +243,10 @@ async fn run(args: Args) {
     println!(
         "samples {}  p50 {} ms  p90 {} ms  p99 {} ms  max {} ms",
         latencies.len(),
-        ms(percentile(&latencies, 50.0)),
-        ms(percentile(&latencies, 90.0)),
-        ms(percentile(&latencies, 99.0)),
-        ms(latencies.last().copied().unwrap_or_default())
+        ms(Duration::from_micros(latencies.value_at_quantile(0.50))),
+        ms(Duration::from_micros(latencies.value_at_quantile(0.90))),
+        ms(Duration::from_micros(latencies.value_at_quantile(0.99))),
+        ms(Duration::from_micros(latencies.max()))
     );
     println!("slowest samples: {}", slowest.join(", "));
     println!(

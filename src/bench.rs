@@ -20,7 +20,7 @@
 //! `Catalog::upsert` (the pure server path; no RSS). Consumers always live in this process, each
 //! with its own TLS connection, and ACK every response.
 
-use crate::bench_common::{Target, loadavg, targets_table};
+use crate::bench_common::{Summary, Target, loadavg, targets_table};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -140,21 +140,18 @@ struct Stats {
 }
 
 impl Stats {
-    fn of(mut v: Vec<Duration>) -> Option<Self> {
-        if v.is_empty() {
-            return None;
-        }
-        v.sort();
-        let rank = |p: f64| {
-            // Nearest-rank percentile.
-            let idx = ((p / 100.0) * v.len() as f64).ceil() as usize;
-            ms(v[idx.clamp(1, v.len()) - 1])
-        };
+    fn of(v: Vec<Duration>) -> Option<Self> {
+        let ns: Vec<i64> = v
+            .iter()
+            .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+            .collect();
+        let s = Summary::of(&ns)?;
+        let in_ms = |ns: i64| ns as f64 / 1e6;
         Some(Stats {
             samples: v.len(),
-            p50_ms: rank(50.0),
-            p99_ms: rank(99.0),
-            max_ms: ms(v[v.len() - 1]),
+            p50_ms: in_ms(s.percentile(50.0)),
+            p99_ms: in_ms(s.percentile(99.0)),
+            max_ms: in_ms(s.max),
         })
     }
 }
@@ -1274,12 +1271,14 @@ mod tests {
     }
 
     #[test]
-    fn percentiles_use_nearest_rank() {
-        let v: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+    fn stats_are_in_milliseconds() {
+        let v: Vec<Duration> = (1..=100).map(Duration::from_nanos).collect();
         let s = Stats::of(v).expect("samples");
-        assert_eq!((s.p50_ms, s.p99_ms, s.max_ms), (50.0, 99.0, 100.0));
-        let s = Stats::of(vec![Duration::from_millis(7)]).expect("samples");
-        assert_eq!((s.p50_ms, s.p99_ms), (7.0, 7.0));
+        let ms = |ns: i64| ns as f64 / 1e6;
+        assert_eq!(
+            (s.samples, s.p50_ms, s.p99_ms, s.max_ms),
+            (100, ms(50), ms(99), ms(100))
+        );
         assert!(Stats::of(vec![]).is_none());
     }
 

@@ -31,7 +31,7 @@
 //! bounded by `--timeout-seconds`.
 
 // `Target` here is the federation lookup target; a benchmark target is a `Goal`.
-use crate::bench_common::{Target as Goal, loadavg, targets_table};
+use crate::bench_common::{Summary, Target as Goal, loadavg, targets_table};
 use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -269,7 +269,7 @@ impl Rng {
 // ---------------------------------------------------------------------------------------------
 // Results
 
-/// Percentiles of signed nanosecond samples (nearest rank).
+/// Percentiles of signed nanosecond samples ([`Summary`]).
 #[derive(Clone, Debug, Serialize)]
 struct Stats {
     count: usize,
@@ -281,22 +281,15 @@ struct Stats {
 }
 
 impl Stats {
-    fn of(mut v: Vec<i64>) -> Option<Self> {
-        if v.is_empty() {
-            return None;
-        }
-        v.sort_unstable();
-        let rank = |p: f64| {
-            let idx = ((p / 100.0) * v.len() as f64).ceil() as usize;
-            v[idx.clamp(1, v.len()) - 1]
-        };
+    fn of(v: Vec<i64>) -> Option<Self> {
+        let s = Summary::of(&v)?;
         Some(Stats {
             count: v.len(),
-            p50_ns: rank(50.0),
-            p99_ns: rank(99.0),
-            max_ns: v[v.len() - 1],
-            min_ns: v[0],
-            mean_ns: v.iter().map(|&x| x as f64).sum::<f64>() / v.len() as f64,
+            p50_ns: s.percentile(50.0),
+            p99_ns: s.percentile(99.0),
+            max_ns: s.max,
+            min_ns: s.min,
+            mean_ns: s.mean,
         })
     }
 }
@@ -1514,15 +1507,6 @@ mod tests {
             big_leaf_services: 1_000,
             namespaces: 10,
         }
-    }
-
-    #[test]
-    fn percentiles_use_nearest_rank_and_keep_signs() {
-        let s = Stats::of((1..=100).collect()).expect("samples");
-        assert_eq!((s.p50_ns, s.p99_ns, s.max_ns, s.min_ns), (50, 99, 100, 1));
-        let s = Stats::of(vec![-5, 3]).expect("samples");
-        assert_eq!((s.p50_ns, s.p99_ns, s.min_ns), (-5, 3, -5));
-        assert!(Stats::of(vec![]).is_none());
     }
 
     #[test]

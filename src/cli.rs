@@ -99,7 +99,9 @@ pub enum Command {
     Admin(crate::admin_cli::AdminArgs),
     /// Run a two-registry federation on loopback and print what it did.
     Demo,
-    /// Measure a registry under load (snapshot time, update fan-out, memory).
+    /// Measure a registry under load (snapshot time, update fan-out, memory). Built with
+    /// `--features bench` only.
+    #[cfg(feature = "bench")]
     Bench(crate::bench::BenchArgs),
 }
 
@@ -113,6 +115,7 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Admin(args) => crate::admin_cli::run(args).await,
         Command::Dns(args) => crate::dns_cli::run(args).await,
         Command::Demo => crate::demo::run().await,
+        #[cfg(feature = "bench")]
         Command::Bench(args) => crate::bench::run(args).await,
     }
 }

@@ -1,9 +1,14 @@
 //! `xcc`: one binary for every role. Thin wiring only; the work happens in the crates.
 
 mod admin_cli;
+// `xcc bench ...` only with the `bench` feature: not in the production binary.
+#[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "bench")]
 mod bench_common;
+#[cfg(feature = "bench")]
 mod bench_hierarchy;
+#[cfg(feature = "bench")]
 mod bench_import;
 mod binder_cli;
 mod certs_cli;

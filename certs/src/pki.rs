@@ -7,11 +7,10 @@
 //! [`ReloadingTls`](crate::ReloadingTls) never reads a half-written file.
 
 use std::fmt;
-use std::fs::{self, OpenOptions};
+use std::fs;
 use std::io::{self, Write};
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -19,6 +18,7 @@ use rcgen::{
 };
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tempfile::NamedTempFile;
 use time::{Duration, OffsetDateTime};
 use x509_parser::extensions::GeneralName;
 
@@ -311,19 +311,17 @@ pub fn init_ca_dir(trust_domain: &str, dir: &Path) -> Result<Ca, CertError> {
     }
     let ca = Ca::generate(trust_domain)?;
     create_dir(dir)?;
-    // Write the key to a temporary file, then hard-link it into place: linking fails if the name exists,
-    // which makes "refuse to overwrite" race-free, and readers never see a partial key.
+    // Write the key to a temporary file, then persist it without clobbering: that fails if the
+    // name exists, which makes "refuse to overwrite" race-free, and readers never see a partial key.
     let tmp = write_temp(&key_path, ca.key_pem.as_bytes(), KEY_MODE)?;
-    let linked = fs::hard_link(&tmp, &key_path);
-    let _ = fs::remove_file(&tmp);
-    match linked {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+    match tmp.persist_noclobber(&key_path) {
+        Ok(_) => {}
+        Err(e) if e.error.kind() == io::ErrorKind::AlreadyExists => {
             return Err(CertError::CaExists {
                 file: display(&key_path),
             });
         }
-        Err(source) => return Err(io_error(&key_path, source)),
+        Err(e) => return Err(io_error(&key_path, e.error)),
     }
     write_atomic(&dir.join(CA_CERT_FILE), ca.cert_pem.as_bytes(), PUBLIC_MODE)?;
     Ok(ca)
@@ -421,41 +419,33 @@ const PUBLIC_MODE: u32 = 0o644;
 
 /// Replaces `path` atomically: write a temporary file in the same directory, fsync, rename over `path`.
 pub(crate) fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertError> {
-    let tmp = write_temp(path, contents, mode)?;
-    fs::rename(&tmp, path).map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        io_error(path, e)
-    })
+    write_temp(path, contents, mode)?
+        .persist(path)
+        .map_err(|e| io_error(path, e.error))?;
+    Ok(())
 }
 
-/// Writes `contents` to a fresh temporary file beside `path` and returns its name.
-fn write_temp(path: &Path, contents: &[u8], mode: u32) -> Result<PathBuf, CertError> {
-    // Unique per process and call, so concurrent writers never share a temporary file.
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Writes `contents` (fsynced) to a fresh temporary file beside `path`, created with `mode`
+/// (less the umask); it is removed unless persisted.
+fn write_temp(path: &Path, contents: &[u8], mode: u32) -> Result<NamedTempFile, CertError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = path.with_file_name(format!(
-        ".{name}.tmp-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let mut options = OpenOptions::new();
-    options.write(true).create_new(true);
+    let mut builder = tempfile::Builder::new();
+    let prefix = format!(".{name}.tmp-");
+    builder.prefix(&prefix);
     #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, mode);
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(mode));
     #[cfg(not(unix))]
     let _ = mode;
-    let result = options.open(&tmp).and_then(|mut file| {
-        file.write_all(contents)?;
-        file.sync_all()
-    });
-    match result {
-        Ok(()) => Ok(tmp),
-        Err(e) => {
-            let _ = fs::remove_file(&tmp);
-            Err(io_error(&tmp, e))
-        }
-    }
+    let mut file = builder.tempfile_in(dir).map_err(|e| io_error(dir, e))?;
+    file.write_all(contents)
+        .and_then(|()| file.as_file().sync_all())
+        .map_err(|e| io_error(file.path(), e))?;
+    Ok(file)
 }

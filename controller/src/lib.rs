@@ -5,6 +5,7 @@
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod backoff;
 pub mod cluster_id;
 pub mod leader;
 pub mod probes;

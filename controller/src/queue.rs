@@ -12,37 +12,24 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// Retry delays of failed keys: `base` after the first failure, doubled per further failure,
-/// at most `max`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    pub base: Duration,
-    pub max: Duration,
-}
+use crate::backoff::Delays;
 
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_millis(250),
-            max: Duration::from_secs(300),
-        }
-    }
-}
+pub use crate::backoff::Backoff;
 
-impl Backoff {
-    /// Retry delay after `failures` consecutive failures (at least 1).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let exp = failures.saturating_sub(1).min(20);
-        self.base.saturating_mul(1u32 << exp).min(self.max)
-    }
-}
+/// Retry delays of failed keys unless the caller says otherwise: 250 ms after the first failure,
+/// doubled per further failure, at most 5 minutes.
+pub const DEFAULT_BACKOFF: Backoff = Backoff {
+    min: Duration::from_millis(250),
+    max: Duration::from_secs(300),
+};
 
 struct Inner<K> {
     order: VecDeque<K>,
     queued: HashSet<K>,
     active: HashSet<K>,
     dirty: HashSet<K>,
-    failures: HashMap<K, u32>,
+    /// Retry delays of the keys that failed last time.
+    failures: HashMap<K, Delays>,
     /// Retries scheduled and not yet due.
     waiting: usize,
 }
@@ -58,7 +45,7 @@ pub struct Queue<K> {
 
 impl<K: Clone + Eq + Hash> Default for Queue<K> {
     fn default() -> Self {
-        Self::new(Backoff::default(), None)
+        Self::new(DEFAULT_BACKOFF, None)
     }
 }
 
@@ -160,9 +147,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
             inner.failures.remove(&key);
             None
         } else {
-            let n = inner.failures.entry(key.clone()).or_insert(0);
-            *n = n.saturating_add(1);
-            Some(self.backoff.delay(*n))
+            let backoff = &self.backoff;
+            let delays = inner
+                .failures
+                .entry(key.clone())
+                .or_insert_with(|| backoff.delays());
+            Some(delays.next_delay())
         };
         if delay.is_some() && !requeue {
             inner.waiting += 1;
@@ -236,19 +226,26 @@ mod tests {
         let cancel = CancellationToken::new();
         q.add("a");
         let key = q.next(&cancel).await.unwrap();
-        let b = Backoff::default();
-        assert_eq!(q.done(key, false, &cancel), Some(b.base));
+        assert_eq!(
+            q.done(key, false, &cancel),
+            Some(Duration::from_millis(250))
+        );
         assert!(!q.is_idle(), "a retry is pending");
-        assert_eq!(b.delay(1), Duration::from_millis(250));
-        assert_eq!(b.delay(2), b.base * 2);
-        assert_eq!(b.delay(3), b.base * 4);
-        assert_eq!(b.delay(30), Duration::from_secs(300));
         // A key added while active after a failure is queued at once.
         q.add("b");
         let key = q.next(&cancel).await.unwrap();
         q.add("b");
-        assert_eq!(q.done(key, false, &cancel), Some(b.base));
+        assert_eq!(
+            q.done(key, false, &cancel),
+            Some(Duration::from_millis(250))
+        );
         assert_eq!(q.len(), 1);
+        // Its second failure in a row waits twice as long.
+        let key = q.next(&cancel).await.unwrap();
+        assert_eq!(
+            q.done(key, false, &cancel),
+            Some(Duration::from_millis(500))
+        );
         cancel.cancel();
     }
 
@@ -288,7 +285,7 @@ mod tests {
     #[tokio::test]
     async fn depth_counts_queued_and_active_keys() {
         let depth = Gauge::default();
-        let q: Arc<Queue<&str>> = Arc::new(Queue::new(Backoff::default(), Some(depth.clone())));
+        let q: Arc<Queue<&str>> = Arc::new(Queue::new(DEFAULT_BACKOFF, Some(depth.clone())));
         let cancel = CancellationToken::new();
         q.add("a");
         q.add("b");

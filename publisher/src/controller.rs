@@ -89,7 +89,7 @@ impl Default for Settings {
             discovery_retry: Duration::from_secs(30),
             workers: 4,
             backoff: Backoff {
-                base: Duration::from_millis(100),
+                min: Duration::from_millis(100),
                 max: Duration::from_secs(300),
             },
             instance: None,
@@ -856,7 +856,7 @@ pub async fn run(
         reporter,
         client: client.clone(),
         queue: Arc::new(Queue::new(
-            settings.backoff,
+            settings.backoff.clone(),
             Some(metrics.queue_depth.clone()),
         )),
         metrics,
@@ -1147,11 +1147,14 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_cap() {
-        let b = Settings::default().backoff;
-        assert_eq!(b.delay(1), Duration::from_millis(100));
-        assert_eq!(b.delay(2), Duration::from_millis(200));
-        assert_eq!(b.delay(4), Duration::from_millis(800));
-        assert_eq!(b.delay(40), Duration::from_secs(300));
+        let mut d = Settings::default().backoff.delays();
+        let got: Vec<u128> = (0..13).map(|_| d.next_delay().as_millis()).collect();
+        assert_eq!(
+            got,
+            [
+                100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600, 51200, 102400, 204800, 300000
+            ]
+        );
     }
 
     #[test]

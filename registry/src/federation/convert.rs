@@ -1,5 +1,6 @@
 //! Catalog entries ⇄ federation messages. Pure.
 
+use xcc_proto::names::FqdnError;
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::level::Target;
@@ -15,21 +16,42 @@ pub fn endpoint_string(e: &Endpoint) -> String {
     }
 }
 
-pub fn parse_endpoint(s: &str) -> Result<Endpoint, String> {
+/// Why an endpoint string or an announcement is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnnouncementError {
+    #[error("endpoint {0:?} is not host:port")]
+    EndpointNotHostPort(String),
+    #[error("endpoint {0:?}: port must be 1-65535")]
+    EndpointPort(String),
+    #[error("endpoint {0:?}: host is neither an IP address nor a DNS name")]
+    EndpointHost(String),
+    #[error("announcement without cluster or name")]
+    MissingKey,
+    #[error("cluster {0:?} is not a cluster name (DNS-1123 label)")]
+    Cluster(String),
+    #[error("namespace {0:?} is not a namespace name (DNS-1123 label)")]
+    Namespace(String),
+    #[error("name {0:?} is not an object name (DNS-1123 subdomain)")]
+    Name(String),
+    #[error(transparent)]
+    Fqdn(#[from] FqdnError),
+    #[error("port {0} out of range 1-65535")]
+    Port(u32),
+}
+
+pub fn parse_endpoint(s: &str) -> Result<Endpoint, AnnouncementError> {
     let (host, port) = s
         .rsplit_once(':')
-        .ok_or_else(|| format!("endpoint {s:?} is not host:port"))?;
+        .ok_or_else(|| AnnouncementError::EndpointNotHostPort(s.into()))?;
     let port: u32 = port
         .parse()
         .ok()
         .filter(|p| (1..=65535).contains(p))
-        .ok_or_else(|| format!("endpoint {s:?}: port must be 1-65535"))?;
+        .ok_or_else(|| AnnouncementError::EndpointPort(s.into()))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.parse::<std::net::IpAddr>().is_err() && xcc_proto::names::canonical_fqdn(host).is_err()
     {
-        return Err(format!(
-            "endpoint {s:?}: host is neither an IP address nor a DNS name"
-        ));
+        return Err(AnnouncementError::EndpointHost(s.into()));
     }
     Ok(Endpoint {
         address: host.to_string(),
@@ -63,36 +85,27 @@ pub fn announcement(e: &ServiceEntry, deleted: bool) -> fed::ServiceAnnouncement
 pub fn entry_from_announcement(
     a: &fed::ServiceAnnouncement,
     source: Source,
-) -> Result<ServiceEntry, String> {
+) -> Result<ServiceEntry, AnnouncementError> {
     if a.cluster.is_empty() || a.name.is_empty() {
-        return Err("announcement without cluster or name".into());
+        return Err(AnnouncementError::MissingKey);
     }
     // The key's parts reach object names, label values and file names downstream (grants,
     // imports): each must be the Kubernetes name it stands for, never a path.
     if !xcc_proto::names::is_dns1123_label(&a.cluster) {
-        return Err(format!(
-            "cluster {:?} is not a cluster name (DNS-1123 label)",
-            a.cluster
-        ));
+        return Err(AnnouncementError::Cluster(a.cluster.clone()));
     }
     if !xcc_proto::names::is_dns1123_label(&a.namespace) {
-        return Err(format!(
-            "namespace {:?} is not a namespace name (DNS-1123 label)",
-            a.namespace
-        ));
+        return Err(AnnouncementError::Namespace(a.namespace.clone()));
     }
     if !xcc_proto::names::is_dns1123_subdomain(&a.name) {
-        return Err(format!(
-            "name {:?} is not an object name (DNS-1123 subdomain)",
-            a.name
-        ));
+        return Err(AnnouncementError::Name(a.name.clone()));
     }
     // Entries built here are what a parent stores for every service of its subtree, so every
     // buffer gets exactly the capacity it needs (a collected or pushed Vec starts at 4 slots).
     let mut fqdn = if a.fqdn.is_empty() {
         xcc_proto::names::clusterset_fqdn(&a.name, &a.namespace)
     } else {
-        xcc_proto::names::canonical_fqdn(&a.fqdn).map_err(|e| e.to_string())?
+        xcc_proto::names::canonical_fqdn(&a.fqdn)?
     };
     fqdn.shrink_to_fit();
     let mut endpoints = Vec::with_capacity(a.endpoints.len());
@@ -102,7 +115,7 @@ pub fn entry_from_announcement(
     let mut ports = Vec::with_capacity(a.ports.len());
     for p in &a.ports {
         if !(1..=65535).contains(&p.port) {
-            return Err(format!("port {} out of range 1-65535", p.port));
+            return Err(AnnouncementError::Port(p.port));
         }
         ports.push(NamedPort {
             name: p.name.clone(),
@@ -209,10 +222,15 @@ mod tests {
             assert_eq!(endpoint_string(&e), s);
             assert_eq!(parse_endpoint(s).expect("valid"), e);
         }
-        assert!(parse_endpoint("10.0.0.1").is_err());
-        assert!(parse_endpoint("10.0.0.1:0").is_err());
-        assert!(parse_endpoint("10.0.0.1:70000").is_err());
-        assert!(parse_endpoint("not valid:80").is_err());
+        use AnnouncementError::*;
+        for (s, e) in [
+            ("10.0.0.1", EndpointNotHostPort("10.0.0.1".into())),
+            ("10.0.0.1:0", EndpointPort("10.0.0.1:0".into())),
+            ("10.0.0.1:70000", EndpointPort("10.0.0.1:70000".into())),
+            ("not valid:80", EndpointHost("not valid:80".into())),
+        ] {
+            assert_eq!(parse_endpoint(s), Err(e));
+        }
     }
 
     #[test]

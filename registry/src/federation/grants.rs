@@ -541,9 +541,14 @@ impl GrantSink for FileGrants {
         for o in objects(&self.config, route)? {
             let text = yaml_serde::to_string(&o).map_err(|e| e.to_string())?;
             let path = self.path(&o)?;
-            let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, text)
-                .and_then(|()| std::fs::rename(&tmp, &path))
+            // Atomically: a reader sees the old file or the new one, never a part.
+            tempfile::NamedTempFile::new_in(&self.dir)
+                .and_then(|mut tmp| {
+                    std::io::Write::write_all(&mut tmp, text.as_bytes())?;
+                    tmp.as_file().sync_all()?;
+                    tmp.persist(&path).map_err(|e| e.error)?;
+                    Ok(())
+                })
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             refs.push(object_ref(&o));
         }

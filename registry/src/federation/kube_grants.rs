@@ -147,27 +147,15 @@ pub fn merged_grants(current: &[Grant], route: &OwnerRoute, present: bool) -> Op
     Some(out)
 }
 
-/// Delay before retry number `attempts` (1-based): `min` doubling up to `max`.
-pub fn backoff(attempts: u32, min: Duration, max: Duration) -> Duration {
-    let factor = 2u32.saturating_pow(attempts.saturating_sub(1).min(16));
-    min.saturating_mul(factor).min(max)
-}
+/// Retry settings of failed grant writes ([`Backoff::delays`]).
+pub use xcc_controller::backoff::Backoff;
+use xcc_controller::backoff::Delays;
 
-/// Retry settings.
-#[derive(Clone, Copy, Debug)]
-pub struct Backoff {
-    pub min: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            min: Duration::from_millis(500),
-            max: Duration::from_secs(60),
-        }
-    }
-}
+/// The retry settings of [`KubeGrants::spawn`].
+pub const DEFAULT_BACKOFF: Backoff = Backoff {
+    min: Duration::from_millis(500),
+    max: Duration::from_secs(60),
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
@@ -251,7 +239,8 @@ struct Want {
     present: bool,
     generation: u64,
     done: Option<u64>,
-    attempts: u32,
+    /// Delays of the retries since the last success or change.
+    retries: Option<Delays>,
     retry_at: Option<Instant>,
     error: Option<String>,
 }
@@ -294,7 +283,7 @@ impl Shared {
                 present,
                 generation,
                 done: None,
-                attempts: 0,
+                retries: None,
                 retry_at: None,
                 error: None,
             });
@@ -313,7 +302,7 @@ impl Shared {
             }
             slot.present = present;
             slot.generation = generation;
-            slot.attempts = 0;
+            slot.retries = None;
             slot.retry_at = None;
             self.publish(&inner);
         }
@@ -359,7 +348,7 @@ impl KubeGrants {
         store_errors: Counter,
         cancel: CancellationToken,
     ) -> Arc<Self> {
-        Self::spawn_with(client, config, Backoff::default(), store_errors, cancel)
+        Self::spawn_with(client, config, DEFAULT_BACKOFF, store_errors, cancel)
     }
 
     /// [`KubeGrants::spawn`] with explicit retry settings.
@@ -517,7 +506,7 @@ impl Worker {
                             if w.error.take().is_some() {
                                 info!(grant = %key_name(&key), "grant applied after earlier failures");
                             }
-                            w.attempts = 0;
+                            w.retries = None;
                             w.retry_at = None;
                             if w.generation == generation {
                                 w.done = Some(generation);
@@ -537,8 +526,11 @@ impl Worker {
                             }
                             self.store_errors.inc();
                             if w.generation == generation {
-                                w.attempts += 1;
-                                let delay = backoff(w.attempts, self.backoff.min, self.backoff.max);
+                                let backoff = &self.backoff;
+                                let delay = w
+                                    .retries
+                                    .get_or_insert_with(|| backoff.delays())
+                                    .next_delay();
                                 w.retry_at = Some(Instant::now() + delay);
                                 warn!(grant = %key_name(&key), error = %message, retry_in = ?delay, "grant not applied; retrying");
                             }
@@ -893,13 +885,5 @@ mod tests {
         let three = merged_grants(&left, &cluster_wide, true).unwrap_or_default();
         assert_eq!(three[0].caller_service, None);
         assert_eq!(three.len(), 2);
-    }
-
-    #[test]
-    fn backoff_doubles_to_the_cap() {
-        let (min, max) = (Duration::from_millis(100), Duration::from_secs(1));
-        let got: Vec<u128> = (1..=6).map(|a| backoff(a, min, max).as_millis()).collect();
-        assert_eq!(got, [100, 200, 400, 800, 1000, 1000]);
-        assert_eq!(backoff(u32::MAX, min, max), max);
     }
 }

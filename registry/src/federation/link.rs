@@ -3,12 +3,13 @@
 //! persistent queries, then streams catalog changes up ([`Upward`], paced by the parent's
 //! reading: no subtree is too large to attach); messages from the parent go to the [`Level`].
 //! Reconnects use the same jittered exponential backoff as the Hamlet client; a session reset
-//! because a control message did not fit its queue reconnects at once.
+//! (a control message did not fit a queue, the parent's policies changed) reconnects at once if
+//! the session had stayed up for [`STABLE_SESSION`], and backs off like any other end if not, so
+//! a parent that keeps resetting sessions is not redialled in a tight loop.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::SeedableRng;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 use tracing::{info, warn};
@@ -17,7 +18,7 @@ use xcc_proto::xcc::federation::v1 as fed;
 use super::level::{Level, Uplink};
 use super::upward::Upward;
 use crate::hamlet::client::Backoff;
-use crate::peers::{PeerKind, PeerState, PeerTable};
+use crate::peers::{PeerKind, PeerState, PeerStats, PeerTable};
 
 /// Where the parent is.
 #[derive(Clone)]
@@ -41,8 +42,12 @@ impl std::fmt::Debug for ParentSpec {
 }
 
 /// Room for control messages (membership, queries, route acknowledgements) on the way up;
-/// overflowing it resets the session, which reconnects at once.
+/// overflowing it resets the session.
 const UP_QUEUE: usize = 8192;
+
+/// A session that stayed up this long went well: the backoff starts again from its floor, and a
+/// reset that ends it reconnects at once.
+const STABLE_SESSION: Duration = Duration::from_secs(30);
 
 pub fn spawn(
     level: Level,
@@ -96,10 +101,32 @@ async fn run(
             return;
         }
     };
-    let mut rng = rand::rngs::StdRng::from_os_rng();
-    let mut attempt = 0u32;
+    reconnect(&spec.name, backoff, &stats, &cancel, || async {
+        let end = session(&level, channel.clone(), &connector, &stats).await;
+        level.parent_disconnected();
+        end
+    })
+    .await;
+    level.parent_disconnected();
+    stats.set_state(PeerState::Stopped);
+}
+
+/// Runs `session` again and again, waiting per `backoff` between two, until `cancel` fires or a
+/// session ends fatally.
+async fn reconnect<S, F>(
+    parent: &str,
+    backoff: Backoff,
+    stats: &PeerStats,
+    cancel: &CancellationToken,
+    mut session: S,
+) where
+    S: FnMut() -> F,
+    F: Future<Output = End>,
+{
+    let mut delays = backoff.jittered();
     loop {
         stats.set_state(PeerState::Connecting);
+        let started = tokio::time::Instant::now();
         let End {
             healthy,
             error,
@@ -107,46 +134,45 @@ async fn run(
             reset,
         } = tokio::select! {
             _ = cancel.cancelled() => break,
-            r = session(&level, channel.clone(), &connector, &stats) => r,
+            r = session() => r,
         };
-        level.parent_disconnected();
-        if healthy {
-            attempt = 0;
+        let stable = healthy && started.elapsed() >= STABLE_SESSION;
+        if stable {
+            delays = backoff.jittered();
         }
         stats.set_error(error.clone());
         if fatal {
             stats.set_state(PeerState::Failed);
-            warn!(parent = %spec.name, %error, "parent link stopped; fix the configuration and restart");
+            warn!(parent, %error, "parent link stopped; fix the configuration and restart");
             break;
         }
         stats
             .reconnects
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if reset {
-            info!(parent = %spec.name, %error, "parent session reset; reconnecting now");
+        if reset && stable {
+            info!(parent, %error, "parent session reset; reconnecting now");
             continue;
         }
-        let delay = backoff.delay(attempt, &mut rng);
-        attempt = attempt.saturating_add(1);
+        let delay = delays.next_delay();
         stats.set_state(PeerState::Backoff);
-        info!(parent = %spec.name, %error, ?delay, "parent link down; reconnecting after backoff");
+        info!(parent, %error, ?delay, "parent link down; reconnecting after backoff");
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep(delay) => {}
         }
     }
-    level.parent_disconnected();
-    stats.set_state(PeerState::Stopped);
 }
 
 /// How a session ended.
 struct End {
-    /// Got far enough to reset the backoff.
+    /// Connected: once the session has also stayed up for [`STABLE_SESSION`], the backoff is
+    /// reset.
     healthy: bool,
     error: String,
     /// Unrecoverable without a configuration change.
     fatal: bool,
-    /// A message did not fit the upward queue: reconnect at once, without backoff.
+    /// Ended to be resent from scratch (a queue overflowed, the parent's policies changed):
+    /// reconnect at once after a [`STABLE_SESSION`].
     reset: bool,
 }
 
@@ -211,12 +237,112 @@ async fn session(
                     let fatal = s.code() == tonic::Code::Unauthenticated;
                     return End {
                         // The parent ended the session to have it resent (its queue to us
-                        // overflowed, or its policies changed): at once.
+                        // overflowed, or its policies changed).
                         reset: s.code() == tonic::Code::Unavailable,
                         ..End::new(true, format!("{:?}: {}", s.code(), s.message()), fatal)
                     };
                 }
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    const BACKOFF: Backoff = Backoff {
+        min: Duration::from_secs(1),
+        max: Duration::from_secs(8),
+    };
+
+    /// Runs [`reconnect`] over scripted sessions (each stays up for its duration, then ends as
+    /// given) on paused time; returns when each session started, after the first.
+    async fn starts(script: Vec<(Duration, End)>) -> Vec<Duration> {
+        tokio::time::pause();
+        let peers = PeerTable::default();
+        let guard = peers.register(PeerKind::RemoteRegistry, "root", "", "a:1");
+        let cancel = CancellationToken::new();
+        let script = Mutex::new(script.into_iter());
+        let started = Mutex::new(Vec::new());
+        let t0 = Instant::now();
+        reconnect("root", BACKOFF, &guard.stats, &cancel, || async {
+            started.lock().expect("lock").push(Instant::now() - t0);
+            let next = script.lock().expect("lock").next();
+            match next {
+                Some((up, end)) => {
+                    tokio::time::sleep(up).await;
+                    end
+                }
+                None => {
+                    cancel.cancel();
+                    std::future::pending().await
+                }
+            }
+        })
+        .await;
+        started.into_inner().expect("lock")
+    }
+
+    fn reset() -> End {
+        End {
+            reset: true,
+            ..End::new(true, "Unavailable: resend", false)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_parent_that_keeps_resetting_sessions_is_redialled_with_backoff() {
+        let short = Duration::from_millis(100);
+        let t = starts((0..5).map(|_| (short, reset())).collect()).await;
+        // Each session lives 100 ms; the waits after them are jittered in [d, 2d] with d = 1, 2,
+        // 4, 4, 4 s (max 8 s: d stops at 4 s).
+        let waits: Vec<u128> = t
+            .windows(2)
+            .map(|w| (w[1] - w[0] - short).as_millis())
+            .collect();
+        assert_eq!(waits.len(), 5, "{t:?}");
+        for (wait, d) in waits.iter().zip([1000, 2000, 4000, 4000, 4000]) {
+            assert!(*wait >= d && *wait <= 2 * d, "waits {waits:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reset_after_a_stable_session_reconnects_at_once_and_resets_the_backoff() {
+        let short = Duration::from_millis(100);
+        let t = starts(vec![
+            (short, End::new(true, "parent closed the stream", false)),
+            (short, End::new(true, "parent closed the stream", false)),
+            (STABLE_SESSION, reset()),
+            (short, End::new(false, "Unavailable: refused", false)),
+        ])
+        .await;
+        assert_eq!(t.len(), 5, "{t:?}");
+        let wait_ms = |i: usize| (t[i + 1] - t[i] - short).as_millis();
+        // Two short sessions back off 1..2 s, then 2..4 s.
+        assert!((1000..=2000).contains(&wait_ms(0)), "{t:?}");
+        assert!((2000..=4000).contains(&wait_ms(1)), "{t:?}");
+        // After the stable session: no wait at all (beyond the timer's 1 ms resolution, with
+        // which the session's own 30 s end).
+        assert!(
+            t[3] - t[2] - STABLE_SESSION <= Duration::from_millis(1),
+            "{t:?}"
+        );
+        // The next failure waits the first delay again (1..2 s), not the third (4..8 s).
+        assert!((1000..=2000).contains(&wait_ms(3)), "{t:?}");
+    }
+
+    #[tokio::test]
+    async fn a_fatal_end_stops_the_link() {
+        let t = starts(vec![(
+            Duration::ZERO,
+            End::new(false, "Unauthenticated: who are you", true),
+        )])
+        .await;
+        assert_eq!(t, [Duration::ZERO]);
     }
 }

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -82,7 +81,11 @@ pub struct ClientConfig {
 impl Default for ClientConfig {
     fn default() -> Self {
         Self {
-            backoff: Backoff::default(),
+            backoff: Backoff {
+                // The Hamlet spec's floor for Unavailable retries.
+                min: Duration::from_secs(1),
+                max: Duration::from_secs(120),
+            },
             quiet_period: Duration::from_secs(10),
             // Bounds staleness under churn; three quiet periods, so a snapshot the server sends
             // in bursts still has time to finish (XCC v1 waited 300 s after the first record).
@@ -98,39 +101,8 @@ impl Default for ClientConfig {
 /// rather than end the stream: bounds the memory one response can take at 4x the entry limit.
 pub const TRANSPORT_SLACK: usize = 4;
 
-/// Jittered exponential backoff: attempt n waits a random time in
-/// `[max(min, d/2), d]` with `d = min(max, min * 2^n)`; never below `min`.
-#[derive(Clone, Debug)]
-pub struct Backoff {
-    pub min: Duration,
-    pub max: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            // The Hamlet spec's floor for Unavailable retries.
-            min: Duration::from_secs(1),
-            max: Duration::from_secs(120),
-        }
-    }
-}
-
-impl Backoff {
-    pub fn delay(&self, attempt: u32, rng: &mut impl Rng) -> Duration {
-        let ceiling = self
-            .min
-            .saturating_mul(1u32 << attempt.min(20))
-            .min(self.max)
-            .max(self.min);
-        let floor = (ceiling / 2).max(self.min).min(ceiling);
-        if floor == ceiling {
-            return ceiling;
-        }
-        let span = (ceiling - floor).as_nanos() as u64;
-        floor + Duration::from_nanos(rng.random_range(0..=span))
-    }
-}
+/// Reconnect delays ([`Backoff::jittered`]).
+pub use xcc_controller::backoff::Backoff;
 
 /// Where imports are kept durably.
 pub trait ImportSink: Send + Sync + 'static {
@@ -240,7 +212,6 @@ async fn run(
     mut spec_rx: watch::Receiver<RemoteSpec>,
     cancel: CancellationToken,
 ) {
-    let mut rng = rand::rngs::StdRng::from_os_rng();
     'spec: loop {
         let spec = spec_rx.borrow_and_update().clone();
         let guard = ctx.peers.register(
@@ -254,7 +225,7 @@ async fn run(
             Ok(c) => c,
             Err(e) => {
                 stats.set_state(PeerState::Failed);
-                stats.set_error(e.clone());
+                stats.set_error(e.to_string());
                 warn!(remote = %spec.name, error = %e, "cannot build a channel; waiting for a spec change");
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -262,7 +233,7 @@ async fn run(
                 }
             }
         };
-        let mut attempt: u32 = 0;
+        let mut delays = ctx.config.backoff.jittered();
         loop {
             stats.set_state(PeerState::Connecting);
             let end = tokio::select! {
@@ -290,10 +261,9 @@ async fn run(
                 }
                 End::Retry { error, healthy } => {
                     if healthy {
-                        attempt = 0;
+                        delays = ctx.config.backoff.jittered();
                     }
-                    let delay = ctx.config.backoff.delay(attempt, &mut rng);
-                    attempt = attempt.saturating_add(1);
+                    let delay = delays.next_delay();
                     stats.set_state(PeerState::Backoff);
                     stats.set_error(error.clone());
                     stats.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -310,18 +280,34 @@ async fn run(
     }
 }
 
+/// Why the client cannot talk to a remote until its spec changes, or cannot store a batch.
+#[derive(Debug, thiserror::Error)]
+enum ClientError {
+    #[error("TLS setup: {0}")]
+    Tls(#[from] xcc_certs::CertError),
+    #[error("invalid address {address:?}: {source}")]
+    Address {
+        address: String,
+        source: tonic::transport::Error,
+    },
+    #[error("persisting imports: {0:#}")]
+    Persist(anyhow::Error),
+}
+
 fn build_channel(
     ctx: &ClientContext,
     spec: &RemoteSpec,
-) -> Result<(Channel, xcc_certs::client::TlsConnector), String> {
+) -> Result<(Channel, xcc_certs::client::TlsConnector), ClientError> {
     let connector = xcc_certs::client::TlsConnector::new(
         ctx.tls.clone(),
         spec.server_name.clone(),
         spec.roots.clone(),
-    )
-    .map_err(|e| format!("TLS setup: {e}"))?;
+    )?;
     let endpoint = Endpoint::from_shared(format!("http://{}", spec.address))
-        .map_err(|e| format!("invalid address {:?}: {e}", spec.address))?
+        .map_err(|source| ClientError::Address {
+            address: spec.address.clone(),
+            source,
+        })?
         .connect_timeout(Duration::from_secs(10))
         // Go servers enforce a 40 s minimum between client pings (reference §1.9).
         .http2_keep_alive_interval(Duration::from_secs(60))
@@ -567,13 +553,13 @@ async fn store(
     spec: &RemoteSpec,
     imports: &BTreeMap<String, Imported>,
     changed: &BTreeSet<String>,
-) -> Result<(), String> {
+) -> Result<(), ClientError> {
     ctx.sink
         .persist_changes(&spec.name, imports, changed)
         .await
         .map_err(|e| {
             ctx.metrics.store_errors.inc();
-            format!("persisting imports: {e:#}")
+            ClientError::Persist(e)
         })
 }
 
@@ -632,12 +618,11 @@ async fn store_until_stored(
     stats: &PeerStats,
 ) {
     let mut attempt = 0u32;
-    let mut rng = None;
+    let mut delays = ctx.config.backoff.jittered();
     while let Err(error) = store(ctx, spec, imports, changed).await {
-        let rng = rng.get_or_insert_with(rand::rngs::StdRng::from_os_rng);
-        let delay = ctx.config.backoff.delay(attempt, rng);
+        let delay = delays.next_delay();
         attempt = attempt.saturating_add(1);
-        stats.set_error(error.clone());
+        stats.set_error(error.to_string());
         warn!(remote = %spec.name, %error, ?delay, attempt, "cannot store imports; holding the ACKs and retrying");
         tokio::time::sleep(delay).await;
     }
@@ -791,34 +776,5 @@ mod tests {
             ]
         );
         assert_eq!(ctx.metrics.store_errors.get(), 1);
-    }
-
-    #[test]
-    fn backoff_grows_exponentially_within_floor_and_cap() {
-        let b = Backoff {
-            min: Duration::from_secs(1),
-            max: Duration::from_secs(30),
-        };
-        let mut rng = rand::rng();
-        for _ in 0..200 {
-            assert_eq!(b.delay(0, &mut rng), Duration::from_secs(1));
-            let d1 = b.delay(1, &mut rng);
-            assert!(
-                d1 >= Duration::from_secs(1) && d1 <= Duration::from_secs(2),
-                "{d1:?}"
-            );
-            let d3 = b.delay(3, &mut rng);
-            assert!(
-                d3 >= Duration::from_secs(4) && d3 <= Duration::from_secs(8),
-                "{d3:?}"
-            );
-            let d10 = b.delay(10, &mut rng);
-            assert!(
-                d10 >= Duration::from_secs(15) && d10 <= Duration::from_secs(30),
-                "{d10:?}"
-            );
-            let huge = b.delay(u32::MAX, &mut rng);
-            assert!(huge <= Duration::from_secs(30));
-        }
     }
 }

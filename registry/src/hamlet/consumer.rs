@@ -17,6 +17,8 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use xcc_controller::backoff::{Backoff, Delays};
+
 use super::convert;
 use crate::catalog::{HamletView, ServiceEntry, ViewPos};
 
@@ -61,10 +63,11 @@ pub enum Reply {
     UnknownNonce,
 }
 
-/// First retry delay after a NACK; doubles per consecutive NACK of the same FQDN.
-const NACK_RETRY_MIN: Duration = Duration::from_secs(1);
-/// Retry delay cap after repeated NACKs.
-const NACK_RETRY_MAX: Duration = Duration::from_secs(60);
+/// Retry delays after a NACK: 1 s, doubling per consecutive NACK of the same FQDN, at most 60 s.
+const NACK_RETRY: Backoff = Backoff {
+    min: Duration::from_secs(1),
+    max: Duration::from_secs(60),
+};
 /// Differences from the base that trigger a rebase (at least; more for large views).
 const REBASE_MIN: usize = 64;
 /// Buffers larger than this are released once empty (the snapshot and change bursts leave
@@ -101,7 +104,8 @@ pub struct ConsumerState {
     inflight: VecDeque<Inflight>,
     next_nonce: u64,
     retries: BTreeMap<(Instant, u64), Arc<str>>,
-    nack_streak: HashMap<Arc<str>, u32>,
+    /// Retry delays of the FQDNs NACKed since their last ACK.
+    nack_streak: HashMap<Arc<str>, Delays>,
 }
 
 fn same(a: Option<&Arc<ServiceEntry>>, b: Option<&Arc<ServiceEntry>>) -> bool {
@@ -434,11 +438,11 @@ impl ConsumerState {
                 retry_in: Duration::ZERO,
             };
         };
-        let streak = self.nack_streak.entry(fqdn.clone()).or_insert(0);
-        let retry_in = NACK_RETRY_MIN
-            .saturating_mul(1u32 << (*streak).min(16))
-            .min(NACK_RETRY_MAX);
-        *streak += 1;
+        let retry_in = self
+            .nack_streak
+            .entry(fqdn.clone())
+            .or_insert_with(|| NACK_RETRY.delays())
+            .next_delay();
         if inflight.op == Op::Delete
             && let Some(prev) = inflight.entry
             && self.holds(&fqdn).is_none()

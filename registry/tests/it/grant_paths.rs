@@ -173,7 +173,7 @@ fn announcements_with_path_like_names_are_refused() {
     let with = |f: &dyn Fn(&mut fed::ServiceAnnouncement)| {
         let mut a = good.clone();
         f(&mut a);
-        entry_from_announcement(&a, source())
+        entry_from_announcement(&a, source()).map_err(|e| e.to_string())
     };
     assert_eq!(
         with(&|a| a.namespace = "../../x".into()).err().as_deref(),

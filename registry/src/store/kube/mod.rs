@@ -131,7 +131,7 @@ impl GrantWiring {
         let grants = KubeGrants::spawn_shared(
             client,
             self.config.clone(),
-            crate::federation::kube_grants::Backoff::default(),
+            crate::federation::kube_grants::DEFAULT_BACKOFF,
             self.metrics.clone(),
             self.store_errors.clone(),
             token,
