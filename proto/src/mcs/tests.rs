@@ -41,7 +41,7 @@ const UPSTREAM: [(&str, &str); 3] = [
 fn upstream(kind: &str) -> CustomResourceDefinition {
     UPSTREAM
         .iter()
-        .map(|(_, text)| serde_yaml::from_str::<CustomResourceDefinition>(text).unwrap())
+        .map(|(_, text)| yaml_serde::from_str::<CustomResourceDefinition>(text).unwrap())
         .find(|crd| crd.spec.names.kind == kind)
         .unwrap_or_else(|| panic!("no upstream CRD of kind {kind}"))
 }
@@ -231,7 +231,7 @@ fn shipped_crds_are_the_upstream_files() {
 #[test]
 fn manifests_of_other_implementations_parse() {
     // As Submariner's and Cilium's documentation show them.
-    let export: ServiceExport = serde_yaml::from_str(
+    let export: ServiceExport = yaml_serde::from_str(
         "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceExport\nmetadata: {name: nginx, namespace: demo}\n",
     )
     .unwrap();
@@ -241,7 +241,7 @@ fn manifests_of_other_implementations_parse() {
         json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
                "metadata": {"name": "nginx", "namespace": "demo"}, "spec": {}})
     );
-    let import: ServiceImport = serde_yaml::from_str(
+    let import: ServiceImport = yaml_serde::from_str(
         "apiVersion: multicluster.x-k8s.io/v1alpha1\nkind: ServiceImport\nmetadata: {name: nginx, namespace: demo}\n\
          spec: {type: ClusterSetIP, ips: [10.1.2.3], ports: [{name: http, protocol: TCP, port: 80}], ipFamilies: [IPv4]}\n\
          status: {clusters: [{cluster: east}]}\n",
@@ -255,7 +255,7 @@ fn manifests_of_other_implementations_parse() {
             cluster: "east".into()
         }])
     );
-    let id: ClusterProperty = serde_yaml::from_str(
+    let id: ClusterProperty = yaml_serde::from_str(
         "apiVersion: about.k8s.io/v1alpha1\nkind: ClusterProperty\nmetadata: {name: cluster.clusterset.k8s.io}\nspec: {value: east}\n",
     )
     .unwrap();
