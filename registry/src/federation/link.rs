@@ -44,18 +44,8 @@ impl std::fmt::Debug for ParentSpec {
 /// overflowing it resets the session, which reconnects at once.
 const UP_QUEUE: usize = 8192;
 
-pub fn spawn(
-    level: Level,
-    tls: xcc_certs::reload::ReloadingTls,
-    spec: ParentSpec,
-    backoff: Backoff,
-    peers: PeerTable,
-    cancel: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(run(level, tls, spec, backoff, peers, cancel))
-}
-
-async fn run(
+/// Keep the link to the parent `spec` up until `cancel`.
+pub async fn run(
     level: Level,
     tls: xcc_certs::reload::ReloadingTls,
     spec: ParentSpec,

@@ -42,9 +42,9 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use xcc_controller::tasks::Spawner;
 use xcc_proto::crd::{RemoteRegistry, RemoteRegistryStatus, Role, ServiceRecord};
 use xcc_proto::resources;
 
@@ -54,7 +54,7 @@ use crate::federation::link::ParentSpec;
 use crate::hamlet::client::{RemoteSpec, entry_for};
 use crate::metrics::Health;
 use crate::peers::{PeerKind, PeerTable};
-use crate::run::{ParentWanted, Remotes};
+use crate::remotes::{ParentWanted, Remotes};
 use crate::store::file;
 pub use metrics::KubeMetrics;
 pub use records::Owner;
@@ -158,13 +158,9 @@ impl GrantWiring {
     }
 }
 
-/// Start both halves on `tasks`.
-pub(crate) fn spawn(
-    parts: Parts,
-    config: KubeConfig,
-    cancel: CancellationToken,
-    tasks: &mut JoinSet<anyhow::Result<()>>,
-) {
+/// Start both halves on `spawner`'s task set.
+pub(crate) fn spawn(parts: Parts, config: KubeConfig, spawner: &Spawner) {
+    let cancel = spawner.token().clone();
     {
         let (client, catalog, cluster, c) = (
             config.client.clone(),
@@ -173,14 +169,16 @@ pub(crate) fn spawn(
             cancel.clone(),
         );
         let (listed_tx, listed) = watch::channel(false);
-        tasks.spawn(async move { run_exports(client, catalog, cluster, listed_tx, c).await });
+        spawner.spawn("ServiceRecord export watch", async move {
+            run_exports(client, catalog, cluster, listed_tx, c).await
+        });
         // Ready once the exports were listed and the policy ConfigMap (if any) was read.
         let (health, policy, c) = (
             parts.health.clone(),
             parts.policy_synced.clone(),
             cancel.clone(),
         );
-        tasks.spawn(async move {
+        spawner.spawn("kube store readiness", async move {
             let all = async {
                 let mut listed = listed;
                 listed.wait_for(|l| *l).await.ok()?;
@@ -204,13 +202,16 @@ pub(crate) fn spawn(
         // The record cache the sink plans against (cheap; kept on every replica so a new
         // leader starts warm).
         let (sink, c) = (parts.sink.clone(), cancel.clone());
-        tasks.spawn(async move { sink.run_cache(c).await });
+        spawner.spawn(
+            "import record cache",
+            async move { sink.run_cache(c).await },
+        );
     }
     let leader = config
         .leader_elect
         .then(|| xcc_controller::leader::LeaderConfig::new(&parts.namespace, LEASE_NAME));
     let client = config.client.clone();
-    tasks.spawn(async move {
+    spawner.spawn("kube import half", async move {
         xcc_controller::leader::run_as_leader(
             client,
             leader,
@@ -384,7 +385,7 @@ fn validity_of(rr: &RemoteRegistry, namespace: &str) -> (Validity, Option<Wanted
                 server_name: spec.server_name,
                 roots: spec.roots,
             },
-            crate::run::hierarchy_imports(&plain),
+            crate::remotes::hierarchy_imports(&plain),
         ),
     };
     (Validity::Valid, Some(wanted))
