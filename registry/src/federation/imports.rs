@@ -126,17 +126,7 @@ pub async fn run(
         if ready && last.as_ref() != Some(&entries) {
             let imports: BTreeMap<String, Imported> = entries
                 .iter()
-                .map(|e| {
-                    (
-                        e.fqdn.clone(),
-                        Imported {
-                            fqdn: e.fqdn.clone(),
-                            raw_fqdn: e.fqdn.clone(),
-                            endpoints: e.endpoints.clone(),
-                            labels: e.labels.to_btree_map(),
-                        },
-                    )
-                })
+                .map(|e| (e.fqdn.clone(), Imported::of_entry(e)))
                 .collect();
             match sink.persist(&parent, &imports).await {
                 Ok(()) => {

@@ -351,17 +351,7 @@ fn current_imports(catalog: &Catalog, remote: &str) -> BTreeMap<String, Imported
             ..Default::default()
         })
         .into_iter()
-        .map(|e| {
-            (
-                e.fqdn.clone(),
-                Imported {
-                    fqdn: e.fqdn.clone(),
-                    raw_fqdn: e.fqdn.clone(),
-                    endpoints: e.endpoints.clone(),
-                    labels: e.labels.to_btree_map(),
-                },
-            )
-        })
+        .map(|e| (e.fqdn.clone(), Imported::of_entry(&e)))
         .collect()
 }
 
