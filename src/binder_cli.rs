@@ -45,7 +45,7 @@ pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
         .leader_elect
         .then(|| LeaderConfig::new(&args.namespace, COMPONENT));
     tracing::info!(namespace = %args.namespace, leader_elect = args.leader_elect, "xcc binder starting");
-    runtime.spawn_leader("binder", client, leader, Some(health), |token| {
+    runtime.spawn_leader("binder", client, leader, health, |token| {
         controller.run(token)
     });
     Ok(runtime.run().await?)

@@ -19,7 +19,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::leader::{LeaderConfig, run_as_leader, run_as_ready_leader};
+use crate::leader::{LeaderConfig, run_as_ready_leader};
 use crate::probes::{Health, Probes};
 use crate::tasks::{Spawner, TaskError, Tasks};
 
@@ -115,31 +115,24 @@ impl Runtime {
     }
 
     /// Run `work` while this replica holds the Lease `config` names (`None`: at once), as
-    /// the task `name`. With `health`, readiness follows the leader's rules
+    /// the task `name`, with readiness in `health` following the leader's rules
     /// ([`run_as_ready_leader`]); losing the Lease stops the process.
     pub fn spawn_leader<F, Fut>(
         &self,
         name: impl Into<String>,
         client: kube::Client,
         config: Option<LeaderConfig>,
-        health: Option<Health>,
+        health: Health,
         work: F,
     ) where
         F: FnOnce(CancellationToken) -> Fut + Send + 'static,
         Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
     {
         let cancel = self.token().clone();
-        let name = name.into();
-        let task = name.clone();
-        self.spawn(name, async move {
-            match health {
-                Some(health) => run_as_ready_leader(client, config, cancel, health, work).await,
-                None => {
-                    let on_leading = move |leading| info!(task = %task, leading, "leadership");
-                    run_as_leader(client, config, cancel, on_leading, work).await
-                }
-            }
-        });
+        self.spawn(
+            name,
+            run_as_ready_leader(client, config, cancel, health, work),
+        );
     }
 
     /// Run until shutdown or until a task stops the process; then drain.
@@ -220,7 +213,7 @@ mod tests {
             kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap()))
                 .unwrap(),
             None,
-            None,
+            Health::default(),
             move |_token| async move {
                 w.notified().await;
                 Ok(())
