@@ -269,6 +269,14 @@ impl Tasks {
     }
 }
 
+impl Drop for Tasks {
+    /// A task set dropped without being run or shut down (a start-up that failed half-way)
+    /// tells its tasks to stop.
+    fn drop(&mut self) {
+        self.spawner.cancel.cancel();
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -375,6 +383,21 @@ mod tests {
         s.token().cancel();
         let err = tasks.run().await.unwrap_err();
         assert_eq!(err.to_string(), "task `flusher` failed");
+    }
+
+    #[tokio::test]
+    async fn a_task_set_dropped_before_running_stops_its_tasks() {
+        let tasks = Tasks::new(CancellationToken::new());
+        let s = tasks.spawner().clone();
+        let (stopped_tx, stopped) = oneshot::channel();
+        let c = s.token().clone();
+        s.spawn("listener", async move {
+            c.cancelled().await;
+            stopped_tx.send(()).ok();
+            Ok(())
+        });
+        drop(tasks);
+        stopped.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

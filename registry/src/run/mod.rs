@@ -19,7 +19,6 @@ use tracing::info;
 use xcc_certs::reload::ReloadingTls;
 use xcc_controller::probes::Probes;
 use xcc_controller::runtime::Runtime;
-use xcc_controller::tasks::Spawner;
 
 pub use self::config::{FederationConfig, RegistryConfig, StoreConfig};
 use crate::catalog::Catalog;
@@ -160,11 +159,6 @@ impl Registry {
             remotes,
             runtime,
         })
-    }
-
-    /// The registry's task set, to start more tasks on it.
-    pub fn spawner(&self) -> &Spawner {
-        self.runtime.spawner()
     }
 
     /// Shut down gracefully when `signal` completes (SIGTERM or Ctrl-C, see
