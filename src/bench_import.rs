@@ -202,7 +202,8 @@ async fn import_once(
     let mut events = catalog.subscribe();
     let cancel = CancellationToken::new();
     let start = Instant::now();
-    let handle = client::spawn(ctx, spec, cancel.clone());
+    let tasks = xcc_controller::tasks::Tasks::new(cancel.clone());
+    let handle = client::spawn(ctx, spec, tasks.spawner());
     let done = tokio::time::timeout(timeout, async {
         while catalog.len() < n {
             match events.recv().await {

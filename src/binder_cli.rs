@@ -1,13 +1,11 @@
 //! `xcc binder`: wiring only (the controller lives in `xcc_binder::controller`).
 
-use std::sync::Arc;
-
-use anyhow::Context as _;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 use xcc_binder::controller::{COMPONENT, Config, Controller, Metrics};
-use xcc_controller::leader::{LeaderConfig, run_as_leader};
-use xcc_controller::probes::{Health, serve};
+use xcc_controller::leader::LeaderConfig;
+use xcc_controller::probes::{Health, Probes};
+use xcc_controller::runtime::Runtime;
 
 #[derive(Args, Debug)]
 pub struct BinderArgs {
@@ -27,14 +25,11 @@ pub struct BinderArgs {
 }
 
 pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
-    let cancel = CancellationToken::new();
-    let stop = crate::cli::shutdown_signal()?;
+    let metrics_addr = crate::cli::metrics_listen(&args.metrics_listen)?;
     let client = xcc_controller::client().await?;
-
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     let health = Health::default();
-    let health_flag = health.clone();
     let controller = Controller::new(
         client.clone(),
         Config {
@@ -45,57 +40,20 @@ pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
         health.clone(),
     );
     let handle = controller.handle();
-    let probes = if args.metrics_listen.is_empty() {
-        None
-    } else {
-        let listener = tokio::net::TcpListener::bind(&args.metrics_listen)
-            .await
-            .with_context(|| format!("binding the metrics listener {}", args.metrics_listen))?;
-        tracing::info!(addr = %args.metrics_listen, "serving /healthz, /readyz, /metrics");
-        let on_scrape: Arc<dyn Fn() + Send + Sync> = Arc::new(move || handle.refresh_gauges());
-        Some(tokio::spawn(serve(
-            listener,
-            Arc::new(registry),
-            health,
-            on_scrape,
-            cancel.clone(),
-        )))
-    };
-    let on_signal = cancel.clone();
-    tokio::spawn(async move {
-        stop.await;
-        tracing::info!("shutdown requested");
-        on_signal.cancel();
-    });
 
+    let runtime = Runtime::new(CancellationToken::new());
+    if let Some(addr) = metrics_addr {
+        let probes =
+            Probes::new(registry, health.clone()).on_scrape(move || handle.refresh_gauges());
+        runtime.serve_probes(addr, probes).await?;
+    }
+    runtime.stop_on_signals()?;
     let leader = args
         .leader_elect
         .then(|| LeaderConfig::new(&args.namespace, COMPONENT));
     tracing::info!(namespace = %args.namespace, leader_elect = args.leader_elect, "xcc binder starting");
-    // A standby replica is healthy and ready to take over: it reports ready, so a rolling update
-    // (new pod ready before the old one stops and releases the Lease) never stalls. The leader is
-    // ready once its first sync is done.
-    let standby = leader.is_some();
-    health_flag.set_ready(standby);
-    let result = run_as_leader(
-        client,
-        leader,
-        cancel.clone(),
-        move |leading| {
-            if leading {
-                health_flag.set_ready(false);
-            }
-        },
-        |token| controller.run(token),
-    )
-    .await;
-    cancel.cancel();
-    if let Some(probes) = probes {
-        match probes.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "probe server failed"),
-            Err(e) => tracing::warn!(error = %e, "probe server task failed"),
-        }
-    }
-    result
+    runtime.spawn_leader("binder", client, leader, health, |token| {
+        controller.run(token)
+    });
+    Ok(runtime.run().await?)
 }

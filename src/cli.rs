@@ -120,8 +120,6 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
     }
 }
 
-/// Registers SIGTERM (and Ctrl-C) now; the returned future completes on either. Every
-/// long-running command shuts down gracefully on it.
 /// The `--metrics-listen` address; empty turns the endpoint off.
 pub fn metrics_listen(value: &str) -> anyhow::Result<Option<std::net::SocketAddr>> {
     use anyhow::Context as _;
@@ -132,27 +130,6 @@ pub fn metrics_listen(value: &str) -> anyhow::Result<Option<std::net::SocketAddr
         .parse()
         .map(Some)
         .with_context(|| format!("--metrics-listen {value:?}"))
-}
-
-pub fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
-    #[cfg(unix)]
-    {
-        use anyhow::Context as _;
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        Ok(async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async move {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-    }
 }
 
 #[cfg(test)]

@@ -1,16 +1,16 @@
 //! `xcc dns`: wiring only. Flags → a [`DnsIndex`] fed by Kubernetes watches, a file-mode
 //! registry's imports directory and/or a static records file → the UDP/TCP server, the metrics
-//! endpoint and the snapshot observer, all under one cancellation token; if the server or a feed
-//! stops on its own, the process exits non-zero.
+//! endpoint and the snapshot observer, on the process runtime; if the server or a feed stops on
+//! its own, the process exits non-zero.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
+use xcc_controller::runtime::Runtime;
 use xcc_dns::answer::{DEFAULT_TTL, Settings};
 use xcc_dns::imports_feed;
 use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
@@ -148,39 +148,29 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     let server = DnsServer::bind(args.listen).await?;
-    let cancel = CancellationToken::new();
-    let mut tasks = tokio::task::JoinSet::new();
+    let runtime = Runtime::new(CancellationToken::new());
+    let cancel = runtime.token().clone();
     if let Some(addr) = crate::cli::metrics_listen(&args.metrics_listen)? {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding --metrics-listen {addr}"))?;
-        let (snapshots, c) = (feed.subscribe(), cancel.clone());
-        tasks.spawn(async move {
-            metrics::serve_http(listener, Arc::new(registry), snapshots, c)
-                .await
-                .context("metrics endpoint")
-        });
+        runtime
+            .serve_probes(addr, metrics::probes(registry, feed.subscribe()))
+            .await?;
     }
-    tasks.spawn(ok(metrics::observe_snapshots(
-        feed.subscribe(),
-        metrics.clone(),
-        cancel.clone(),
-    )));
+    let spawner = runtime.spawner();
+    spawner.spawn_infallible(
+        "snapshot observer",
+        metrics::observe_snapshots(feed.subscribe(), metrics.clone(), cancel.clone()),
+    );
     if let Some(client) = client {
-        tasks.spawn(ok(kube_feed::run(
-            client,
-            feed.clone(),
-            kube_config,
-            cancel.clone(),
-        )));
+        spawner.spawn_infallible(
+            "kube feed",
+            kube_feed::run(client, feed.clone(), kube_config, cancel.clone()),
+        );
     }
     if let Some(dir) = args.imports_dir.clone() {
-        tasks.spawn(ok(imports_feed::run(
-            dir,
-            feed.clone(),
-            imports_feed::POLL,
-            cancel.clone(),
-        )));
+        spawner.spawn_infallible(
+            "imports feed",
+            imports_feed::run(dir, feed.clone(), imports_feed::POLL, cancel.clone()),
+        );
     }
     let config = ServerConfig {
         settings: Settings {
@@ -202,9 +192,9 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         forward_timeout: Duration::from_millis(args.forward_timeout_ms.max(1)),
         ..ServerConfig::default()
     };
-    // Register the signal handlers before announcing readiness, so a SIGTERM that follows the
-    // "serving" line is always handled gracefully.
-    let stop = crate::cli::shutdown_signal()?;
+    // Signal handlers before announcing readiness, so a SIGTERM that follows the "serving" line
+    // is always handled gracefully.
+    runtime.stop_on_signals()?;
     tracing::info!(
         udp = %server.udp_addr()?,
         tcp = %server.tcp_addr()?,
@@ -213,34 +203,9 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         transparent = args.transparent,
         "xcc dns serving"
     );
-    let (snapshots, c) = (feed.subscribe(), cancel.clone());
-    tasks.spawn(async move {
-        server
-            .run(snapshots, config, metrics, c)
-            .await
-            .context("DNS server")
+    let snapshots = feed.subscribe();
+    runtime.spawn("DNS server", async move {
+        Ok(server.run(snapshots, config, metrics, cancel).await?)
     });
-    let signal = cancel.clone();
-    tokio::spawn(async move {
-        stop.await;
-        tracing::info!("shutdown requested");
-        signal.cancel();
-    });
-    // Every task runs until cancellation; one ending earlier is a failure of the process.
-    let mut result = Ok(());
-    while let Some(joined) = tasks.join_next().await {
-        let outcome = joined.context("task panicked").and_then(|r| r);
-        if !cancel.is_cancelled() {
-            result = outcome.and(Err(anyhow::anyhow!("a component stopped unexpectedly")));
-            cancel.cancel();
-        } else if let Err(e) = outcome {
-            result = result.and(Err(e));
-        }
-    }
-    result
-}
-
-async fn ok(f: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
-    f.await;
-    Ok(())
+    Ok(runtime.run().await?)
 }

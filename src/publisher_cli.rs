@@ -1,14 +1,11 @@
 //! `xcc publisher`: wiring only (the controller lives in `xcc-publisher`). Flags → settings →
-//! the probes/metrics endpoint and the controller under leader election, all under one
-//! cancellation token that SIGTERM and Ctrl-C fire.
+//! the probes/metrics endpoint and the controller under leader election, on the process runtime.
 
-use std::sync::Arc;
-
-use anyhow::Context as _;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 use xcc_controller::leader::LeaderConfig;
-use xcc_controller::probes::{self, Health};
+use xcc_controller::probes::{Health, Probes};
+use xcc_controller::runtime::Runtime;
 use xcc_publisher::controller::{self, LEASE_NAME, Metrics, Settings};
 use xcc_publisher::desired::Config;
 
@@ -70,26 +67,15 @@ pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
     let health = Health::default();
-    let cancel = CancellationToken::new();
 
-    let mut probes_task = None;
+    let runtime = Runtime::new(CancellationToken::new());
     if let Some(addr) = metrics_addr {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding --metrics-listen {addr}"))?;
-        let (registry, health, c) = (Arc::new(registry), health.clone(), cancel.clone());
-        probes_task = Some(tokio::spawn(async move {
-            probes::serve(listener, registry, health, Arc::new(|| {}), c).await
-        }));
+        runtime
+            .serve_probes(addr, Probes::new(registry, health.clone()))
+            .await?;
     }
-    // Register the handlers before starting work, so an early SIGTERM is handled gracefully.
-    let stop = crate::cli::shutdown_signal()?;
-    let signal = cancel.clone();
-    tokio::spawn(async move {
-        stop.await;
-        tracing::info!("shutdown requested");
-        signal.cancel();
-    });
+    // Signal handlers before starting work, so an early SIGTERM is handled gracefully.
+    runtime.stop_on_signals()?;
     tracing::info!(
         namespace = %args.namespace,
         cluster = ?settings.config.cluster,
@@ -98,12 +84,10 @@ pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
         leader_elect = args.leader_elect,
         "xcc publisher starting"
     );
-    let result = controller::serve(client, settings, metrics, health, leader, cancel.clone()).await;
-    cancel.cancel();
-    if let Some(task) = probes_task {
-        task.await
-            .context("metrics endpoint task failed")?
-            .context("metrics endpoint")?;
-    }
-    result
+    let cancel = runtime.token().clone();
+    runtime.spawn(
+        "publisher",
+        controller::serve(client, settings, metrics, health, leader, cancel),
+    );
+    Ok(runtime.run().await?)
 }

@@ -156,15 +156,10 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
     if args.mcs {
         check_cluster_property(&config.tls).await?;
     }
-    let cancel = CancellationToken::new();
     // Handlers first: a SIGTERM right after the "registry started" line must stop it gracefully.
-    let stop = crate::cli::shutdown_signal()?;
-    let registry = Registry::start(config, cancel.clone()).await?;
-    tokio::spawn(async move {
-        stop.await;
-        tracing::info!("shutdown requested");
-        cancel.cancel();
-    });
+    let stop = xcc_controller::runtime::shutdown_signal()?;
+    let registry = Registry::start(config, CancellationToken::new()).await?;
+    registry.stop_on(stop);
     registry.run().await
 }
 

@@ -49,6 +49,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use xcc_controller::probes::Health;
 use xcc_controller::queue;
+use xcc_controller::tasks::{Spawner, Tasks};
 use xcc_proto::crd::{
     BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
     MANAGED_BY_LABEL, Materialize, RemoteRegistry, ServiceRecord,
@@ -244,122 +245,141 @@ impl Controller {
         }
     }
 
-    /// Watch and reconcile until `cancel` fires; in-flight reconciles finish first.
+    /// Watch and reconcile until `cancel` fires; in-flight reconciles finish first. Every watch,
+    /// worker and the resync are supervised for as long as the binder runs: one that stops on
+    /// its own or panics stops the binder with an error naming it.
     pub async fn run(self, cancel: CancellationToken) -> anyhow::Result<()> {
         let ctx = self.ctx;
         let w = self.writers;
         let ns = ctx.config.namespace.clone();
         let client = ctx.client.clone();
         let managed = format!("{MANAGED_BY_LABEL}={BINDER_MANAGER}");
-        let stop = cancel.child_token();
-        let mut tasks = tokio::task::JoinSet::new();
+        let tasks = Tasks::new(cancel.child_token());
+        let spawner = tasks.spawner().clone();
+        let stop = spawner.token().clone();
 
-        tasks.spawn(follow(
-            Api::<ServiceRecord>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels(IMPORTED_LABEL),
-            w.records,
-            ctx.clone(),
-            stop.clone(),
-            RecordEvents::default(),
-        ));
-        tasks.spawn(follow(
-            Api::<RemoteRegistry>::namespaced(client.clone(), &ns),
-            watcher::Config::default(),
-            w.registries,
-            ctx.clone(),
-            stop.clone(),
-            RegistryEvents::default(),
-        ));
-        tasks.spawn(follow(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default().labels(&managed),
-            w.services,
-            ctx.clone(),
-            stop.clone(),
-            ManagedEvents,
-        ));
-        tasks.spawn(follow(
-            Api::<EndpointSlice>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels(&format!(
-                "{ENDPOINTSLICE_MANAGED_BY_LABEL}={BINDER_MANAGER}"
-            )),
-            w.slices,
-            ctx.clone(),
-            stop.clone(),
-            ManagedEvents,
-        ));
-        tasks.spawn(follow(
-            Api::<Endpoints>::namespaced(client.clone(), &ns),
-            watcher::Config::default().labels(&managed),
-            w.endpoints,
-            ctx.clone(),
-            stop.clone(),
-            ManagedEvents,
-        ));
-
-        if ctx.config.mcs {
-            tasks.spawn(crate::mcs_run::run(
-                client.clone(),
-                ns.clone(),
+        spawner.spawn_infallible(
+            "ServiceRecord watch",
+            follow(
+                Api::<ServiceRecord>::namespaced(client.clone(), &ns),
+                watcher::Config::default().labels(IMPORTED_LABEL),
+                w.records,
+                ctx.clone(),
                 stop.clone(),
-            ));
-        }
-
-        // Reconcile nothing before every store holds a complete listing: a half-listed store
-        // would make present objects look orphaned.
-        let listed = async {
-            ctx.records.wait_until_ready().await?;
-            ctx.registries.wait_until_ready().await?;
-            ctx.services.wait_until_ready().await?;
-            ctx.slices.wait_until_ready().await?;
-            ctx.endpoints.wait_until_ready().await
-        };
-        tokio::select! {
-            _ = stop.cancelled() => {
-                stop.cancel();
-                while tasks.join_next().await.is_some() {}
-                return Ok(());
-            }
-            r = listed => r.map_err(|_| anyhow::anyhow!("a watch of the binder stopped before listing"))?,
-        }
-        ctx.listed.store(true, Ordering::SeqCst);
-        let initial: HashSet<Key> = ctx.all_keys().into_iter().collect();
-        tracing::info!(
-            namespace = %ns,
-            keys = initial.len(),
-            "binder watches listed; reconciling"
+                RecordEvents::default(),
+            ),
         );
-        if initial.is_empty() {
-            ctx.health.set_ready(true);
-        } else {
-            *lock(&ctx.initial) = Some(initial.clone());
-            ctx.queue.add_all(initial);
+        spawner.spawn_infallible(
+            "RemoteRegistry watch",
+            follow(
+                Api::<RemoteRegistry>::namespaced(client.clone(), &ns),
+                watcher::Config::default(),
+                w.registries,
+                ctx.clone(),
+                stop.clone(),
+                RegistryEvents::default(),
+            ),
+        );
+        spawner.spawn_infallible(
+            "Service watch",
+            follow(
+                Api::<Service>::all(client.clone()),
+                watcher::Config::default().labels(&managed),
+                w.services,
+                ctx.clone(),
+                stop.clone(),
+                ManagedEvents,
+            ),
+        );
+        spawner.spawn_infallible(
+            "EndpointSlice watch",
+            follow(
+                Api::<EndpointSlice>::namespaced(client.clone(), &ns),
+                watcher::Config::default().labels(&format!(
+                    "{ENDPOINTSLICE_MANAGED_BY_LABEL}={BINDER_MANAGER}"
+                )),
+                w.slices,
+                ctx.clone(),
+                stop.clone(),
+                ManagedEvents,
+            ),
+        );
+        spawner.spawn_infallible(
+            "Endpoints watch",
+            follow(
+                Api::<Endpoints>::namespaced(client.clone(), &ns),
+                watcher::Config::default().labels(&managed),
+                w.endpoints,
+                ctx.clone(),
+                stop.clone(),
+                ManagedEvents,
+            ),
+        );
+        if ctx.config.mcs {
+            spawner.spawn_infallible(
+                "ServiceImport sync",
+                crate::mcs_run::run(client.clone(), ns.clone(), stop.clone()),
+            );
         }
+        let s = spawner.clone();
+        spawner.spawn("binder start-up", start_up(ctx.clone(), s));
 
-        let mut workers = tokio::task::JoinSet::new();
-        for _ in 0..ctx.config.workers.max(1) {
-            workers.spawn(work(ctx.clone(), stop.clone()));
-        }
-        let resync = ctx.config.resync;
-        let resync_ctx = ctx.clone();
-        let resync_stop = stop.clone();
-        tasks.spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
-            loop {
-                tokio::select! {
-                    _ = resync_stop.cancelled() => return,
-                    _ = tick.tick() => resync_ctx.queue.add_all(resync_ctx.all_keys()),
-                }
-            }
-        });
-
-        stop.cancelled().await;
-        while workers.join_next().await.is_some() {}
-        while tasks.join_next().await.is_some() {}
+        let result = tasks.run().await;
         ctx.health.set_ready(false);
         tracing::info!("binder stopped");
-        Ok(())
+        Ok(result?)
     }
+}
+
+/// Once every store holds a complete listing, queue every key and start the workers and the
+/// resync; then wait for shutdown.
+async fn start_up(ctx: Arc<Ctx>, spawner: Spawner) -> anyhow::Result<()> {
+    let stop = spawner.token().clone();
+    // Reconcile nothing before every store holds a complete listing: a half-listed store would
+    // make present objects look orphaned.
+    let listed = async {
+        ctx.records.wait_until_ready().await?;
+        ctx.registries.wait_until_ready().await?;
+        ctx.services.wait_until_ready().await?;
+        ctx.slices.wait_until_ready().await?;
+        ctx.endpoints.wait_until_ready().await
+    };
+    tokio::select! {
+        _ = stop.cancelled() => return Ok(()),
+        r = listed => r.map_err(|_| anyhow::anyhow!("a watch of the binder stopped before listing"))?,
+    }
+    ctx.listed.store(true, Ordering::SeqCst);
+    let initial: HashSet<Key> = ctx.all_keys().into_iter().collect();
+    tracing::info!(
+        namespace = %ctx.config.namespace,
+        keys = initial.len(),
+        "binder watches listed; reconciling"
+    );
+    if initial.is_empty() {
+        ctx.health.set_ready(true);
+    } else {
+        *lock(&ctx.initial) = Some(initial.clone());
+        ctx.queue.add_all(initial);
+    }
+    for i in 0..ctx.config.workers.max(1) {
+        spawner.spawn_infallible(
+            format!("binder worker {i}"),
+            work(ctx.clone(), stop.clone()),
+        );
+    }
+    let resync = ctx.config.resync;
+    let (resync_ctx, resync_stop) = (ctx.clone(), stop.clone());
+    spawner.spawn("binder resync", async move {
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
+        loop {
+            tokio::select! {
+                _ = resync_stop.cancelled() => return Ok(()),
+                _ = tick.tick() => resync_ctx.queue.add_all(resync_ctx.all_keys()),
+            }
+        }
+    });
+    stop.cancelled().await;
+    Ok(())
 }
 
 async fn work(ctx: Arc<Ctx>, stop: CancellationToken) {

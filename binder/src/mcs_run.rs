@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use xcc_controller::backoff::Backoff;
 use xcc_proto::crd::{BINDER_MANAGER, MANAGED_BY_LABEL, ServiceRecord};
 use xcc_proto::mcs::ServiceImport;
 use xcc_proto::names::IMPORTED_LABEL;
@@ -235,6 +236,12 @@ pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
     while tasks.join_next().await.is_some() {}
 }
 
+/// Retries of a failed pass: 100 ms doubling to 5 minutes.
+const RETRY: Backoff = Backoff {
+    min: Duration::from_millis(100),
+    max: Duration::from_secs(300),
+};
+
 async fn passes(
     client: &Client,
     install: &str,
@@ -244,7 +251,7 @@ async fn passes(
     changed: &Notify,
     stop: &CancellationToken,
 ) {
-    let mut failures = 0u32;
+    let mut retries = RETRY.delays();
     loop {
         match sync(
             client,
@@ -256,7 +263,7 @@ async fn passes(
         .await
         {
             Ok(pass) => {
-                failures = 0;
+                retries = RETRY.delays();
                 if !pass.written.is_empty() || !pass.deleted.is_empty() {
                     tracing::info!(written = ?pass.written, deleted = ?pass.deleted, "ServiceImports updated");
                 }
@@ -269,10 +276,7 @@ async fn passes(
                 }
             }
             Err(e) => {
-                failures = failures.saturating_add(1);
-                let delay = Duration::from_millis(100)
-                    .saturating_mul(1 << failures.min(12))
-                    .min(Duration::from_secs(300));
+                let delay = retries.next_delay();
                 tracing::warn!(error = %e, ?delay, "writing ServiceImports failed; retrying");
                 tokio::select! {
                     _ = stop.cancelled() => return,

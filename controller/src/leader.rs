@@ -13,6 +13,8 @@ use kube_lease_manager::{LeaseCreateMode, LeaseManagerBuilder};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::probes::Health;
+
 /// Which Lease to contend for, and as whom.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderConfig {
@@ -148,6 +150,34 @@ where
     drop(leading);
     let released = finish(task, &lease).await;
     result.and(released)
+}
+
+/// [`run_as_leader`] for a controller whose readiness is `health`. A standby replica reports
+/// ready: it is healthy and ready to take over, so a rolling update (new pod ready before the
+/// old one stops and releases the Lease) never stalls. The leader is not ready from the moment
+/// it leads until its work says so (after its first sync), nor once leadership ends.
+pub async fn run_as_ready_leader<F, Fut>(
+    client: kube::Client,
+    config: Option<LeaderConfig>,
+    cancel: CancellationToken,
+    health: Health,
+    work: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    if config.is_some() {
+        health.set_ready(true);
+    }
+    run_as_leader(
+        client,
+        config,
+        cancel,
+        move |_| health.set_ready(false),
+        work,
+    )
+    .await
 }
 
 /// Resolves when the watch says we are no longer the leader (or the watcher died).

@@ -1,7 +1,8 @@
-//! Plumbing every xcc controller process shares: Lease-based leader election ([`leader`]),
-//! the `/healthz`, `/readyz` and `/metrics` endpoint ([`probes`]), the work queue of reconcile
-//! keys ([`queue`]) and the Kubernetes client ([`client`]). Nothing here knows about ServiceRecords; the publisher, the binder and the
-//! registry's Kubernetes store build on it.
+//! Plumbing every xcc process shares: the process [`runtime`] (signals, probes, leader Lease and
+//! supervised tasks, [`tasks`]), Lease-based leader election ([`leader`]), the `/healthz`,
+//! `/readyz` and `/metrics` endpoint ([`probes`]), the work queue of reconcile keys ([`queue`])
+//! and the Kubernetes client ([`client`]). Nothing here knows about ServiceRecords; the registry,
+//! the publisher, the binder and the DNS server build on it.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
@@ -10,6 +11,8 @@ pub mod cluster_id;
 pub mod leader;
 pub mod probes;
 pub mod queue;
+pub mod runtime;
+pub mod tasks;
 
 /// What xcc's requests say they come from (the API server's audit log and managed fields show
 /// it): `xcc/<version>`.

@@ -22,34 +22,51 @@ impl Health {
     }
 }
 
-/// Serve the probes and metrics on `listener` until `cancel` fires. `on_scrape` runs before each
-/// scrape to refresh gauges.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    registry: Arc<Registry>,
-    health: Health,
-    on_scrape: Arc<dyn Fn() + Send + Sync>,
-    cancel: CancellationToken,
-) -> std::io::Result<()> {
-    serve_with(
-        listener,
-        registry,
-        Arc::new(move || health.is_ready()),
-        on_scrape,
-        cancel,
-    )
-    .await
-}
-
-/// [`serve`] with readiness computed by `ready` (for components whose readiness lives elsewhere,
-/// e.g. the DNS server's published snapshot).
-pub async fn serve_with(
-    listener: tokio::net::TcpListener,
+/// What the endpoint serves: the metrics, the readiness answer and a refresh run before each
+/// scrape.
+pub struct Probes {
     registry: Arc<Registry>,
     ready: Arc<dyn Fn() -> bool + Send + Sync>,
     on_scrape: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Probes {
+    /// `registry`'s metrics, ready while `health` says so.
+    pub fn new(registry: Registry, health: Health) -> Self {
+        Self::ready_when(registry, move || health.is_ready())
+    }
+
+    /// Readiness computed by `ready` (for components whose readiness lives elsewhere, e.g. the
+    /// DNS server's published snapshot).
+    pub fn ready_when(
+        registry: Registry,
+        ready: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            registry: Arc::new(registry),
+            ready: Arc::new(ready),
+            on_scrape: Arc::new(|| {}),
+        }
+    }
+
+    /// Run `refresh` before each scrape (to update gauges).
+    pub fn on_scrape(mut self, refresh: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_scrape = Arc::new(refresh);
+        self
+    }
+}
+
+/// Serve the probes and metrics on `listener` until `cancel` fires.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    probes: Probes,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
+    let Probes {
+        registry,
+        ready,
+        on_scrape,
+    } = probes;
     use axum::http::{StatusCode, header};
     use axum::routing::get;
     let app = axum::Router::new()

@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use xcc_controller::probes::Probes;
 
 use super::answer::Snapshot;
 use super::wire::Transport;
@@ -347,22 +348,10 @@ fn gauge_value(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// Serve `/metrics`, `/healthz` and `/readyz` until `cancel` fires; ready once the index
-/// has published a snapshot built from every feed.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    registry: Arc<Registry>,
-    snapshots: watch::Receiver<Arc<Snapshot>>,
-    cancel: CancellationToken,
-) -> std::io::Result<()> {
-    xcc_controller::probes::serve_with(
-        listener,
-        registry,
-        Arc::new(move || snapshots.borrow().ready),
-        Arc::new(|| {}),
-        cancel,
-    )
-    .await
+/// What `/metrics`, `/healthz` and `/readyz` serve: ready once the index has published a
+/// snapshot built from every feed.
+pub fn probes(registry: Registry, snapshots: watch::Receiver<Arc<Snapshot>>) -> Probes {
+    Probes::ready_when(registry, move || snapshots.borrow().ready)
 }
 
 #[cfg(test)]

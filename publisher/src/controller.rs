@@ -1109,22 +1109,11 @@ pub async fn serve(
     leader: Option<xcc_controller::leader::LeaderConfig>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
-    // A standby replica is healthy and ready to take over: it reports ready, so a rolling update
-    // (new pod ready before the old one stops and releases the Lease) never stalls. The leader
-    // turns not-ready for its first sync (`run`).
-    if leader.is_some() {
-        health.set_ready(true);
-    }
-    let h = health.clone();
-    xcc_controller::leader::run_as_leader(
+    xcc_controller::leader::run_as_ready_leader(
         client.clone(),
         leader,
         cancel,
-        move |leading| {
-            if !leading {
-                h.set_ready(false);
-            }
-        },
+        health.clone(),
         move |token| run(client, settings, metrics, health, token),
     )
     .await

@@ -1,5 +1,6 @@
 //! `xcc.admin.v1.Admin`: catalog listing and lookup, peers, and a catalog event watch. Served on
-//! its own mTLS listener; every call must come from a certificate with an admin identity.
+//! its own mTLS listener behind one authorization layer ([`AdminOnly`]): every call must come
+//! from a certificate with an admin identity.
 
 use std::pin::Pin;
 use std::time::SystemTime;
@@ -8,6 +9,7 @@ use futures::Stream;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 use xcc_proto::xcc::admin::v1 as api;
 
@@ -93,23 +95,35 @@ impl AdminService {
             .collect()
     }
 
-    pub fn into_server(self) -> api::admin_server::AdminServer<Self> {
+    /// The service behind its authorization layer ([`AdminOnly`]).
+    pub fn into_server(
+        self,
+    ) -> InterceptedService<api::admin_server::AdminServer<Self>, AdminOnly> {
+        let layer = AdminOnly {
+            level: self.level.clone(),
+        };
         // Admin requests are small; 1 MiB is far above any legitimate one.
-        api::admin_server::AdminServer::new(self).max_decoding_message_size(1024 * 1024)
+        let server =
+            api::admin_server::AdminServer::new(self).max_decoding_message_size(1024 * 1024);
+        InterceptedService::new(server, layer)
     }
 }
 
-impl AdminService {
-    /// Only admin identities of this trust domain may use this API (the decision point binds
-    /// kind and trust domain, as for every other listener).
-    fn authorize<T>(&self, req: &Request<T>) -> Result<(), Status> {
-        match xcc_certs::server::peer_info(req) {
-            Some(p) => {
-                self.level.gate().admin_of(&p.identity)?;
-                Ok(())
-            }
-            None => Err(Status::unauthenticated("no verified client certificate")),
-        }
+/// The admin API's one authorization layer, run on every call's headers before its message is
+/// read: only admin identities of this trust domain may use the API (the decision point binds
+/// kind and trust domain, as for every other listener).
+#[derive(Clone)]
+pub struct AdminOnly {
+    level: Level,
+}
+
+impl tonic::service::Interceptor for AdminOnly {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(peer) = xcc_certs::server::peer_info(&req) else {
+            return Err(Status::unauthenticated("no verified client certificate"));
+        };
+        self.level.gate().admin_of(&peer.identity)?;
+        Ok(req)
     }
 }
 
@@ -244,7 +258,6 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ListServicesRequest>,
     ) -> Result<Response<api::ListServicesResponse>, Status> {
-        self.authorize(&request)?;
         let r = request.into_inner();
         let filter = ListFilter {
             cluster: non_empty(&r.owner_cluster),
@@ -265,7 +278,6 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::GetServiceRequest>,
     ) -> Result<Response<api::Service>, Status> {
-        self.authorize(&request)?;
         let r = request.into_inner();
         let found = if !r.fqdn.is_empty() {
             if !r.owner_cluster.is_empty() || !r.namespace.is_empty() || !r.name.is_empty() {
@@ -292,9 +304,8 @@ impl api::admin_server::Admin for AdminService {
 
     async fn list_peers(
         &self,
-        request: Request<api::ListPeersRequest>,
+        _request: Request<api::ListPeersRequest>,
     ) -> Result<Response<api::ListPeersResponse>, Status> {
-        self.authorize(&request)?;
         let peers = self
             .peers
             .list()
@@ -333,7 +344,6 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ResolveRequest>,
     ) -> Result<Response<api::Decision>, Status> {
-        self.authorize(&request)?;
         let r = request.into_inner();
         let target = target_of(&r)?;
         if !r.requester_cluster.is_empty() && r.requester_cluster != self.level.cluster() {
@@ -364,7 +374,6 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ResolveRequest>,
     ) -> Result<Response<api::Decision>, Status> {
-        self.authorize(&request)?;
         Ok(Response::new(self.explain_locally(request.get_ref())?))
     }
 
@@ -372,7 +381,6 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::ExplainPolicyRequest>,
     ) -> Result<Response<api::Decision>, Status> {
-        self.authorize(&request)?;
         let r = request.into_inner();
         let entry = ServiceEntry {
             key: ServiceKey::new(
@@ -435,9 +443,8 @@ impl api::admin_server::Admin for AdminService {
 
     async fn list_routes(
         &self,
-        request: Request<api::ListRoutesRequest>,
+        _request: Request<api::ListRoutesRequest>,
     ) -> Result<Response<api::ListRoutesResponse>, Status> {
-        self.authorize(&request)?;
         let mut routes: Vec<api::Route> = self
             .level
             .owner_routes()
@@ -470,9 +477,8 @@ impl api::admin_server::Admin for AdminService {
 
     async fn get_tree(
         &self,
-        request: Request<api::GetTreeRequest>,
+        _request: Request<api::GetTreeRequest>,
     ) -> Result<Response<api::Tree>, Status> {
-        self.authorize(&request)?;
         let parent_state = self
             .level
             .parent()
@@ -591,7 +597,6 @@ impl api::admin_server::Admin for AdminService {
         &self,
         request: Request<api::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        self.authorize(&request)?;
         let snapshot = request.into_inner().snapshot;
         let mut events = self.catalog.subscribe();
         let (tx, rx) = mpsc::channel(256);

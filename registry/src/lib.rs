@@ -10,6 +10,7 @@ pub mod federation;
 pub mod hamlet;
 pub mod metrics;
 pub mod peers;
+pub(crate) mod remotes;
 pub mod run;
 pub mod store;
 

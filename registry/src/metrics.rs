@@ -1,8 +1,6 @@
 //! Prometheus metrics of the registry (one `prometheus-client` registry; labels from small fixed
-//! sets only) and the plain-HTTP `/metrics`, `/healthz`, `/readyz` endpoint for probes. That
-//! endpoint carries no catalog data; every federation and admin API is mTLS-only.
-
-use std::net::SocketAddr;
+//! sets only) and the readiness the plain-HTTP `/metrics`, `/healthz`, `/readyz` endpoint reports.
+//! That endpoint carries no catalog data; every federation and admin API is mTLS-only.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -115,13 +113,6 @@ impl Metrics {
     }
 }
 
-/// Readiness flag shared with the probe endpoint, and the endpoint itself (`/healthz`,
-/// `/readyz`, `/metrics`): the same for every xcc process.
-pub use xcc_controller::probes::{Health, serve as serve_http};
-
-/// Bind helper that reports the bound address (port 0 picks a free one).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
-    let l = tokio::net::TcpListener::bind(addr).await?;
-    let a = l.local_addr()?;
-    Ok((l, a))
-}
+/// Readiness flag shared with the probe endpoint (`/healthz`, `/readyz`, `/metrics`, served by
+/// the process runtime): the same for every xcc process.
+pub use xcc_controller::probes::Health;

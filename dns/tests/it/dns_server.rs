@@ -3,8 +3,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-
 use crate::dns_common::*;
 use hickory_proto::op::{Edns, Message, ResponseCode};
 use hickory_proto::rr::{DNSClass, RecordType};
@@ -264,10 +262,9 @@ async fn not_ready_before_the_first_sync() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = listener.local_addr().unwrap();
     let cancel = CancellationToken::new();
-    tokio::spawn(metrics::serve_http(
+    tokio::spawn(xcc_controller::probes::serve(
         listener,
-        Arc::new(registry),
-        feed.subscribe(),
+        metrics::probes(registry, feed.subscribe()),
         cancel.clone(),
     ));
     tokio::spawn(metrics::observe_snapshots(

@@ -104,58 +104,46 @@ pub fn all_decided(level: &Level) -> bool {
 }
 
 /// Keep the catalog and the sink in step with the granted answers until `cancel`.
-pub fn spawn(
+pub async fn run(
     level: Level,
     parent: String,
     sink: Arc<dyn ImportSink>,
     retry: Duration,
     cancel: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut changes = level.subscribe();
-        let mut tick = tokio::time::interval(retry);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last: Option<Vec<ServiceEntry>> = None;
-        let mut remembered: BTreeMap<Question, ServiceEntry> = BTreeMap::new();
-        loop {
-            // Before the first persist, wait until every question is decided (see the module
-            // docs); afterwards a granted answer stays until it is revoked or denied.
-            let subs = level.subscriptions();
-            let ready = last.is_some() || subs.iter().all(|(_, _, a)| decided(a.as_ref()));
-            let (entries, memory) = granted_entries(&subs, &remembered, &parent);
-            remembered = memory;
-            if ready && last.as_ref() != Some(&entries) {
-                let imports: BTreeMap<String, Imported> = entries
-                    .iter()
-                    .map(|e| {
-                        (
-                            e.fqdn.clone(),
-                            Imported {
-                                fqdn: e.fqdn.clone(),
-                                raw_fqdn: e.fqdn.clone(),
-                                endpoints: e.endpoints.clone(),
-                                labels: e.labels.to_btree_map(),
-                            },
-                        )
-                    })
-                    .collect();
-                match sink.persist(&parent, &imports).await {
-                    Ok(()) => {
-                        level
-                            .catalog()
-                            .replace_source(&Source::Hierarchy(parent.clone()), entries.clone());
-                        last = Some(entries);
-                    }
-                    Err(e) => {
-                        warn!(%parent, error = %format!("{e:#}"), "cannot persist hierarchy imports; retrying")
-                    }
+) {
+    let mut changes = level.subscribe();
+    let mut tick = tokio::time::interval(retry);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<Vec<ServiceEntry>> = None;
+    let mut remembered: BTreeMap<Question, ServiceEntry> = BTreeMap::new();
+    loop {
+        // Before the first persist, wait until every question is decided (see the module
+        // docs); afterwards a granted answer stays until it is revoked or denied.
+        let subs = level.subscriptions();
+        let ready = last.is_some() || subs.iter().all(|(_, _, a)| decided(a.as_ref()));
+        let (entries, memory) = granted_entries(&subs, &remembered, &parent);
+        remembered = memory;
+        if ready && last.as_ref() != Some(&entries) {
+            let imports: BTreeMap<String, Imported> = entries
+                .iter()
+                .map(|e| (e.fqdn.clone(), Imported::of_entry(e)))
+                .collect();
+            match sink.persist(&parent, &imports).await {
+                Ok(()) => {
+                    level
+                        .catalog()
+                        .replace_source(&Source::Hierarchy(parent.clone()), entries.clone());
+                    last = Some(entries);
+                }
+                Err(e) => {
+                    warn!(%parent, error = %format!("{e:#}"), "cannot persist hierarchy imports; retrying")
                 }
             }
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                r = changes.changed() => if r.is_err() { return },
-                _ = tick.tick() => level.retry_unanswered(),
-            }
         }
-    })
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = changes.changed() => if r.is_err() { return },
+            _ = tick.tick() => level.retry_unanswered(),
+        }
+    }
 }

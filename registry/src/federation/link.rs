@@ -49,18 +49,8 @@ const UP_QUEUE: usize = 8192;
 /// reset that ends it reconnects at once.
 const STABLE_SESSION: Duration = Duration::from_secs(30);
 
-pub fn spawn(
-    level: Level,
-    tls: xcc_certs::reload::ReloadingTls,
-    spec: ParentSpec,
-    backoff: Backoff,
-    peers: PeerTable,
-    cancel: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(run(level, tls, spec, backoff, peers, cancel))
-}
-
-async fn run(
+/// Keep the link to the parent `spec` up until `cancel`.
+pub async fn run(
     level: Level,
     tls: xcc_certs::reload::ReloadingTls,
     spec: ParentSpec,

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
+use xcc_controller::tasks::{Spawner, TaskHandle};
 use xcc_proto::federation::resourcediscovery::v1alpha1 as rd1;
 use xcc_proto::google::rpc::Status as RpcStatus;
 use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, SNAPSHOT_COMPLETE_URL, SNAPSHOT_MARKER_METADATA};
@@ -154,8 +155,7 @@ pub struct ClientContext {
 /// Handle of a running client: update its spec or stop it.
 pub struct ClientHandle {
     spec: watch::Sender<RemoteSpec>,
-    cancel: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    task: TaskHandle,
 }
 
 impl ClientHandle {
@@ -177,21 +177,17 @@ impl ClientHandle {
 
     /// Stop the client and wait for it. Its imports stay (the caller decides about them).
     pub async fn stop(self) {
-        self.cancel.cancel();
-        let _ = self.task.await;
+        self.task.stop().await;
     }
 }
 
-/// Start a managed client for `spec`.
-pub fn spawn(ctx: ClientContext, spec: RemoteSpec, cancel: CancellationToken) -> ClientHandle {
+/// Start a managed client for `spec`, supervised by `spawner` (it runs until stopped or until
+/// the process shuts down).
+pub fn spawn(ctx: ClientContext, spec: RemoteSpec, spawner: &Spawner) -> ClientHandle {
+    let name = format!("import client {}", spec.name);
     let (tx, rx) = watch::channel(spec);
-    let cancel = cancel.child_token();
-    let task = tokio::spawn(run(ctx, rx, cancel.clone()));
-    ClientHandle {
-        spec: tx,
-        cancel,
-        task,
-    }
+    let task = spawner.spawn_stoppable(name, |cancel| run(ctx, rx, cancel).map(Ok));
+    ClientHandle { spec: tx, task }
 }
 
 /// Why a stream ended.
@@ -341,17 +337,7 @@ fn current_imports(catalog: &Catalog, remote: &str) -> BTreeMap<String, Imported
             ..Default::default()
         })
         .into_iter()
-        .map(|e| {
-            (
-                e.fqdn.clone(),
-                Imported {
-                    fqdn: e.fqdn.clone(),
-                    raw_fqdn: e.fqdn.clone(),
-                    endpoints: e.endpoints.clone(),
-                    labels: e.labels.to_btree_map(),
-                },
-            )
-        })
+        .map(|e| (e.fqdn.clone(), Imported::of_entry(&e)))
         .collect()
 }
 

@@ -145,6 +145,18 @@ pub struct Imported {
     pub labels: BTreeMap<String, String>,
 }
 
+impl Imported {
+    /// A catalog entry as an import (its FQDN as it was received is not kept there).
+    pub fn of_entry(e: &ServiceEntry) -> Self {
+        Self {
+            fqdn: e.fqdn.clone(),
+            raw_fqdn: e.fqdn.clone(),
+            endpoints: e.endpoints.clone(),
+            labels: e.labels.to_btree_map(),
+        }
+    }
+}
+
 /// Decode and validate a v1alpha1 resource (the Go client's type check: the part after the last
 /// `/` of the type URL must name the message).
 pub fn import_v1alpha1(any: &prost_types::Any) -> Result<Imported, ImportError> {

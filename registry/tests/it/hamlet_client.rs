@@ -401,8 +401,8 @@ async fn store_failure_holds_the_ack_and_retries_without_redownloading() {
             ..Default::default()
         },
     };
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let handle = xcc_registry::hamlet::client::spawn(ctx, remote("go", addr, &[]), cancel);
+    let tasks = xcc_controller::tasks::Tasks::new(tokio_util::sync::CancellationToken::new());
+    let handle = xcc_registry::hamlet::client::spawn(ctx, remote("go", addr, &[]), tasks.spawner());
     wait_catalog(&catalog, "both imports", |c| {
         imported_fqdns(c, "go") == ["x.some.domain", "y.some.domain"]
     })

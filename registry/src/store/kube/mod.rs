@@ -47,9 +47,9 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use xcc_controller::tasks::Spawner;
 use xcc_proto::crd::{RemoteRegistry, RemoteRegistryStatus, Role, ServiceRecord};
 
 use crate::catalog::{Catalog, ListFilter, ServiceEntry, Source};
@@ -58,7 +58,7 @@ use crate::federation::link::ParentSpec;
 use crate::hamlet::client::{RemoteSpec, entry_for};
 use crate::metrics::Health;
 use crate::peers::{PeerKind, PeerTable};
-use crate::run::{ParentWanted, Remotes};
+use crate::remotes::{ParentWanted, Remotes};
 use crate::store::model::{self, export_entry};
 pub use metrics::KubeMetrics;
 pub use records::Owner;
@@ -162,13 +162,9 @@ impl GrantWiring {
     }
 }
 
-/// Start both halves on `tasks`.
-pub(crate) fn spawn(
-    parts: Parts,
-    config: KubeConfig,
-    cancel: CancellationToken,
-    tasks: &mut JoinSet<anyhow::Result<()>>,
-) {
+/// Start both halves on `spawner`'s task set.
+pub(crate) fn spawn(parts: Parts, config: KubeConfig, spawner: &Spawner) {
+    let cancel = spawner.token().clone();
     let (listed_tx, listed) = watch::channel(false);
     let mut exports_listed = listed.clone();
     {
@@ -178,14 +174,16 @@ pub(crate) fn spawn(
             parts.cluster.clone(),
             cancel.clone(),
         );
-        tasks.spawn(async move { run_exports(client, catalog, cluster, listed_tx, c).await });
+        spawner.spawn("ServiceRecord export watch", async move {
+            run_exports(client, catalog, cluster, listed_tx, c).await
+        });
         // Ready once the exports were listed and the policy ConfigMap (if any) was read.
         let (health, policy, c) = (
             parts.health.clone(),
             parts.policy_synced.clone(),
             cancel.clone(),
         );
-        tasks.spawn(async move {
+        spawner.spawn("kube store readiness", async move {
             let all = async {
                 let mut listed = listed;
                 listed.wait_for(|l| *l).await.ok()?;
@@ -209,13 +207,16 @@ pub(crate) fn spawn(
         // The record cache the sink plans against (cheap; kept on every replica so a new
         // leader starts warm).
         let (sink, c) = (parts.sink.clone(), cancel.clone());
-        tasks.spawn(async move { sink.run_cache(c).await });
+        spawner.spawn(
+            "import record cache",
+            async move { sink.run_cache(c).await },
+        );
     }
     let leader = config
         .leader_elect
         .then(|| xcc_controller::leader::LeaderConfig::new(&parts.namespace, LEASE_NAME));
     let client = config.client.clone();
-    tasks.spawn(async move {
+    spawner.spawn("kube import half", async move {
         xcc_controller::leader::run_as_leader(
             client,
             leader,
@@ -401,7 +402,7 @@ fn validity_of(rr: &RemoteRegistry, namespace: &str) -> (Validity, Option<Wanted
                 server_name: spec.server_name,
                 roots: spec.roots,
             },
-            crate::run::hierarchy_imports(rr),
+            crate::remotes::hierarchy_imports(rr),
         ),
     };
     (Validity::Valid, Some(wanted))
