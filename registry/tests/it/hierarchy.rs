@@ -8,8 +8,8 @@ use crate::common::*;
 use tokio_util::sync::CancellationToken;
 use xcc_proto::xcc::federation::v1 as fed;
 use xcc_registry::catalog::{ServiceEntry, ServiceKey, Source};
-use xcc_registry::federation::Target;
 use xcc_registry::federation::link::ParentSpec;
+use xcc_registry::federation::{Question, Target};
 use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::{Registry, RegistryConfig};
 
@@ -152,7 +152,7 @@ async fn seed_end_to_end_flow() {
     w.b1.0
         .set_parent(Some((
             parent(w.b.0.hamlet_addr),
-            vec![(api_target(), "web".into())],
+            vec![Question::new(api_target(), "web")],
         )))
         .await;
     wait_level(&w.b1.0, "import materialised", |r| {
@@ -252,7 +252,7 @@ async fn grant_revoked_when_callee_drops_caller() {
     w.b1.0
         .set_parent(Some((
             parent(w.b.0.hamlet_addr),
-            vec![(api_target(), "web".into())],
+            vec![Question::new(api_target(), "web")],
         )))
         .await;
     wait_level(&w.b1.0, "granted", |r| {

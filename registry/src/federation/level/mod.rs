@@ -65,6 +65,26 @@ impl Target {
     }
 }
 
+/// A persistent question asked through the parent (an import): what is asked for, by which
+/// service, and on behalf of which workload (the identity the owner's grant admits).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Question {
+    pub target: Target,
+    pub requester_service: String,
+    pub identity: Option<WorkloadIdentity>,
+}
+
+impl Question {
+    /// Asked as the cluster, with no workload identity.
+    pub fn new(target: Target, requester_service: impl Into<String>) -> Self {
+        Self {
+            target,
+            requester_service: requester_service.into(),
+            identity: None,
+        }
+    }
+}
+
 pub use crate::authz::PolicyHandle;
 
 /// What flows down a child's stream: messages, or the status that closes it.
@@ -405,6 +425,8 @@ pub struct Level {
 struct Inner {
     cluster: String,
     parent: RwLock<Option<String>>,
+    /// The trust domain of this cluster's own workloads (an import's identity without one).
+    trust_domain: RwLock<String>,
     catalog: Catalog,
     gate: Gate,
     state: Mutex<State>,
@@ -451,6 +473,7 @@ impl Level {
                 }),
                 cluster,
                 parent: RwLock::new(parent),
+                trust_domain: RwLock::new(super::grants::DEFAULT_TRUST_DOMAIN.into()),
                 catalog,
                 gate,
                 changes: watch::Sender::new(0),
@@ -494,6 +517,25 @@ impl Level {
     pub fn set_parent(&self, parent: Option<String>) {
         *self.inner.parent.write().unwrap_or_else(|p| p.into_inner()) = parent;
         self.bump();
+    }
+
+    /// The trust domain of this cluster's workloads, as the grant settings assign it
+    /// (`--grant-trust-domain` for this cluster; [`super::grants::DEFAULT_TRUST_DOMAIN`] unless
+    /// set): what an import's workload identity names when it gives none.
+    pub fn trust_domain(&self) -> String {
+        self.inner
+            .trust_domain
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_trust_domain(&self, trust_domain: String) {
+        *self
+            .inner
+            .trust_domain
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = trust_domain;
     }
 
     pub fn catalog(&self) -> &Catalog {

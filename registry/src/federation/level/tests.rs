@@ -503,6 +503,70 @@ fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
     assert_eq!(b.refusal_of("shop", "cart"), Some(refusal("cart")));
 }
 
+/// An import's question carries its workload identity up, on every re-issue; a changed
+/// identity asks again at once, an unchanged set of imports asks nothing.
+#[test]
+fn an_import_asks_with_its_workload_identity() {
+    let b = level("b");
+    let (up, mut rx) = Uplink::new(16);
+    b.begin_upward(up);
+    let asked = |rx: &mut mpsc::Receiver<fed::ChildMessage>| -> Vec<(String, String, String)> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .filter_map(|m| match m.payload {
+                Some(fed::child_message::Payload::ServiceQuery(q)) => Some((
+                    q.requester_trust_domain,
+                    q.requester_namespace,
+                    q.requester_service_account,
+                )),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(asked(&mut rx), [], "no import yet");
+    let identity = |namespace: &str| WorkloadIdentity {
+        trust_domain: "b.mesh.test".into(),
+        namespace: namespace.into(),
+        service_account: "web".into(),
+    };
+    let import = |namespace: &str| Question {
+        identity: Some(identity(namespace)),
+        ..Question::new(
+            Target::Name {
+                namespace: "shop".into(),
+                name: "api".into(),
+            },
+            "web",
+        )
+    };
+    let wire = |namespace: &str| {
+        (
+            "b.mesh.test".to_string(),
+            namespace.to_string(),
+            "web".to_string(),
+        )
+    };
+    b.set_imports(&[import("storefront")]);
+    assert_eq!(asked(&mut rx), [wire("storefront")]);
+    b.set_imports(&[import("storefront")]);
+    assert_eq!(asked(&mut rx), [], "nothing changed");
+    b.set_imports(&[import("checkout")]);
+    assert_eq!(asked(&mut rx), [wire("checkout")]);
+    // Re-issued with the parent session's questions.
+    let (up, _rx) = Uplink::new(16);
+    let again = b.begin_upward(up);
+    assert_eq!(
+        again
+            .into_iter()
+            .map(|q| (
+                q.requester_trust_domain,
+                q.requester_namespace,
+                q.requester_service_account
+            ))
+            .collect::<Vec<_>>(),
+        [wire("checkout")]
+    );
+}
+
 /// A refused question stands across a confirmed snapshot (it is asked again after it) and goes
 /// once the question is answered.
 #[test]
@@ -514,7 +578,7 @@ fn a_refused_question_stands_until_it_is_answered() {
         namespace: "shop".into(),
         name: "api".into(),
     };
-    b.set_imports(&[(api, "web".into())]);
+    b.set_imports(&[Question::new(api, "web")]);
     let asked = std::iter::from_fn(|| rx.try_recv().ok())
         .find_map(|m| match m.payload {
             Some(fed::child_message::Payload::ServiceQuery(q)) => Some(q),
