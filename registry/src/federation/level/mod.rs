@@ -286,6 +286,8 @@ type RefusedKey = (String, String, String, String);
 
 /// [`fed::Rejection::kind`] of a refused question.
 pub const QUERY_KIND: &str = "query";
+/// [`fed::Rejection::kind`] of a refused announcement.
+pub const ANNOUNCEMENT_KIND: &str = "announcement";
 
 fn refused_key(kind: &str, cluster: &str, namespace: &str, name: &str, fqdn: &str) -> RefusedKey {
     let name = match kind == QUERY_KIND && namespace.is_empty() && name.is_empty() {
@@ -999,7 +1001,7 @@ impl Level {
     /// The parent's latest refusal of our announcement of `namespace/name`, if it stands.
     pub fn refusal_of(&self, namespace: &str, name: &str) -> Option<fed::Rejection> {
         let key = (
-            "announcement".to_string(),
+            ANNOUNCEMENT_KIND.to_string(),
             self.inner.cluster.clone(),
             namespace.to_string(),
             name.to_string(),
@@ -1180,7 +1182,7 @@ impl Level {
             if !st.refused.is_empty() {
                 let k = &ev.entry().key;
                 st.refused.remove(&(
-                    "announcement".to_string(),
+                    ANNOUNCEMENT_KIND.to_string(),
                     k.cluster.clone(),
                     k.namespace.clone(),
                     k.name.clone(),
@@ -1250,6 +1252,17 @@ impl Level {
                 warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = ?tonic::Code::from_i32(r.code), check = %r.check, policies = ?r.policy_ids, reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
                 let key = refused_key(&r.kind, &r.cluster, &r.namespace, &r.name, &r.fqdn);
                 let mut st = self.lock();
+                // What a cluster below announced or asked: the refusal goes on down to it, so
+                // the sender stores and shows it (it is kept here too, as our subtree's).
+                if (r.kind == ANNOUNCEMENT_KIND || r.kind == QUERY_KIND)
+                    && let Direction::Child(child) = st.tree.direction(&r.cluster)
+                    && let Some(session) = st.sessions.get(&child)
+                {
+                    self.down(
+                        &session.link,
+                        fed::parent_message::Payload::Rejection(r.clone()),
+                    );
+                }
                 st.refused_before.remove(&key);
                 if st.refused.len() < KEEP_REFUSED || st.refused.contains_key(&key) {
                     st.refused.insert(key, (SystemTime::now(), r));
@@ -1262,10 +1275,29 @@ impl Level {
             Some(Payload::NameClash(n)) => self.route_clash(n),
             Some(Payload::SnapshotComplete(_)) => {
                 let mut st = self.lock();
-                for k in std::mem::take(&mut st.refused_before) {
-                    st.refused.remove(&k);
+                let lifted = std::mem::take(&mut st.refused_before);
+                for k in &lifted {
+                    st.refused.remove(k);
                 }
                 st.refusals_confirmed = true;
+                // A lifted refusal of what a cluster below announced was forwarded to it: its
+                // child is asked to send its snapshot again, and the refusal goes there when
+                // we confirm that snapshot without repeating it.
+                let children: BTreeSet<String> = lifted
+                    .iter()
+                    .filter_map(|k| match st.tree.direction(&k.1) {
+                        Direction::Child(child) => Some(child),
+                        _ => None,
+                    })
+                    .collect();
+                for child in children {
+                    if let Some(session) = st.sessions.get(&child) {
+                        info!(%child, "a refusal of the child's subtree was lifted above; asking it to reconnect and resend");
+                        session.link.close(tonic::Status::unavailable(
+                            "a refusal above was lifted; reconnect to announce again",
+                        ));
+                    }
+                }
                 drop(st);
                 self.bump();
             }
