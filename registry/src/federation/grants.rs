@@ -71,7 +71,7 @@ pub enum GrantError {
     )]
     ForeignTrustDomain {
         caller: String,
-        identity: WorkloadIdentity,
+        identity: Box<WorkloadIdentity>,
         cluster: String,
         expected: String,
     },
@@ -393,7 +393,7 @@ fn caller_identity<'a>(
     if id.trust_domain != expected {
         return Err(GrantError::ForeignTrustDomain {
             caller: caller(),
-            identity: id.clone(),
+            identity: Box::new(id.clone()),
             cluster: r.caller_cluster.clone(),
             expected,
         });
@@ -912,7 +912,7 @@ mod tests {
         );
         assert_eq!(
             WorkloadIdentity::from_wire("", "storefront", "web-sa")
-                .unwrap_err()
+                .expect_err("an empty trust domain")
                 .to_string(),
             r#"workload trust domain "" is not a DNS name"#
         );
