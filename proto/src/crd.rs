@@ -374,6 +374,31 @@ pub struct Import {
     /// narrow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requester_service: Option<String>,
+    /// The calling workload's mesh identity, sent with the question: the owner's grant (an
+    /// Istio AuthorizationPolicy, a CiliumNetworkPolicy) admits exactly this identity. Without
+    /// it those grant modes open nothing for the import.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requester_identity: Option<RequesterIdentity>,
+}
+
+/// The mesh identity of the workload an [`Import`] is for:
+/// `<trustDomain>/ns/<namespace>/sa/<serviceAccount>`.
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema, Default,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RequesterIdentity {
+    /// Namespace of the calling workload.
+    #[schemars(length(min = 1))]
+    pub namespace: String,
+    /// Service account of the calling workload.
+    #[schemars(length(min = 1))]
+    pub service_account: String,
+    /// Trust domain of the calling workload. Unset: the one this registry's grant settings
+    /// assign to its own cluster (`--grant-trust-domain`, `cluster.local` by default); the
+    /// owner refuses any other than the one it assigns to this cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trust_domain: Option<String>,
 }
 
 /// What an [`Import`] names.

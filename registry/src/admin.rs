@@ -356,7 +356,7 @@ impl api::admin_server::Admin for AdminService {
             &r.requester_namespace,
             &r.requester_service_account,
         )
-        .map_err(Status::invalid_argument)?;
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let answer = self
             .level
             .query_as(

@@ -13,13 +13,14 @@ use xcc_controller::tasks::{Spawner, TaskHandle};
 use xcc_proto::crd::RemoteRegistry;
 
 use crate::catalog::Source;
+use crate::federation::grants::WorkloadIdentity;
 use crate::federation::link::ParentSpec;
-use crate::federation::{Level, Target};
+use crate::federation::{Level, Question, Target};
 use crate::hamlet::client::{self, ClientContext, ClientHandle, RemoteSpec};
 use crate::store::file::FileImportSink;
 
 /// A parent link and the imports asked through it.
-pub type ParentWanted = Option<(ParentSpec, Vec<(Target, String)>)>;
+pub type ParentWanted = Option<(ParentSpec, Vec<Question>)>;
 
 /// The managed clients, keyed by RemoteRegistry name, and the parent link.
 #[derive(Clone)]
@@ -206,27 +207,97 @@ impl Remotes {
     }
 }
 
-/// The services a `role: Parent` RemoteRegistry asks the hierarchy for.
-pub fn hierarchy_imports(rr: &RemoteRegistry) -> Vec<(Target, String)> {
+/// The services a `role: Parent` RemoteRegistry asks the hierarchy for, each on behalf of its
+/// requester identity (`trust_domain` is this cluster's, for an identity that names none). An
+/// import that does not hold (the RemoteRegistry is validated before it gets here) is left out.
+pub fn hierarchy_imports(rr: &RemoteRegistry, trust_domain: &str) -> Vec<Question> {
     rr.spec
         .imports
         .iter()
         .flatten()
         .filter_map(|i| {
-            let service = i.requester_service.clone().unwrap_or_default();
-            match (&i.fqdn, &i.namespace, &i.name) {
-                (Some(f), _, _) => xcc_proto::names::canonical_fqdn(f)
-                    .ok()
-                    .map(|f| (Target::Fqdn(f), service)),
-                (None, Some(ns), Some(n)) => Some((
-                    Target::Name {
-                        namespace: ns.clone(),
-                        name: n.clone(),
-                    },
-                    service,
-                )),
-                _ => None,
-            }
+            let target = match (&i.fqdn, &i.namespace, &i.name) {
+                (Some(f), _, _) => Target::Fqdn(xcc_proto::names::canonical_fqdn(f).ok()?),
+                (None, Some(ns), Some(n)) => Target::Name {
+                    namespace: ns.clone(),
+                    name: n.clone(),
+                },
+                _ => return None,
+            };
+            let identity = match &i.requester_identity {
+                None => None,
+                Some(id) => {
+                    let id = WorkloadIdentity {
+                        trust_domain: id.trust_domain.as_deref().unwrap_or(trust_domain).into(),
+                        namespace: id.namespace.clone(),
+                        service_account: id.service_account.clone(),
+                    };
+                    id.check().ok()?;
+                    Some(id)
+                }
+            };
+            Some(Question {
+                target,
+                requester_service: i.requester_service.clone().unwrap_or_default(),
+                identity,
+            })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each import is asked on behalf of its requester identity, in this cluster's trust domain
+    /// unless it names one; one whose identity does not hold is left out.
+    #[test]
+    fn hierarchy_imports_carry_the_requester_identity() {
+        let rr: RemoteRegistry = serde_json::from_value(serde_json::json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+            "kind": "RemoteRegistry",
+            "metadata": {"name": "up", "namespace": "xcc"},
+            "spec": {
+                "address": "root.example:443",
+                "tlsConfig": {"serverCA": "", "serverName": "root.example"},
+                "role": "Parent",
+                "imports": [
+                    {"namespace": "shop", "name": "api"},
+                    {"fqdn": "API.shop.example.", "requesterService": "web",
+                     "requesterIdentity": {"namespace": "storefront", "serviceAccount": "web"}},
+                    {"namespace": "shop", "name": "cart", "requesterService": "web",
+                     "requesterIdentity": {"namespace": "storefront", "serviceAccount": "web",
+                                           "trustDomain": "other.example"}},
+                    {"namespace": "shop", "name": "bad",
+                     "requesterIdentity": {"namespace": "../x", "serviceAccount": "web"}},
+                ],
+            },
+        }))
+        .expect("a RemoteRegistry");
+        let identity = |trust_domain: &str| {
+            Some(WorkloadIdentity {
+                trust_domain: trust_domain.into(),
+                namespace: "storefront".into(),
+                service_account: "web".into(),
+            })
+        };
+        let name = |name: &str| Target::Name {
+            namespace: "shop".into(),
+            name: name.into(),
+        };
+        assert_eq!(
+            hierarchy_imports(&rr, "west.mesh.example"),
+            [
+                Question::new(name("api"), ""),
+                Question {
+                    identity: identity("west.mesh.example"),
+                    ..Question::new(Target::Fqdn("api.shop.example".into()), "web")
+                },
+                Question {
+                    identity: identity("other.example"),
+                    ..Question::new(name("cart"), "web")
+                },
+            ]
+        );
+    }
 }

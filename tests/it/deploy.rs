@@ -593,6 +593,21 @@ async fn crd_cel_rules_and_validate_agree_on_a_real_api_server() {
             json!({"namespace": "shop", "name": "api", "requesterService": "web"}),
             true,
         ),
+        (
+            json!({"namespace": "shop", "name": "api", "requesterService": "web",
+                   "requesterIdentity": {"namespace": "storefront", "serviceAccount": "web"}}),
+            true,
+        ),
+        (
+            json!({"fqdn": "api.shop.example", "requesterIdentity":
+                   {"namespace": "storefront", "serviceAccount": "web",
+                    "trustDomain": "west.mesh.example"}}),
+            true,
+        ),
+        (
+            json!({"requesterIdentity": {"namespace": "storefront", "serviceAccount": "web"}}),
+            false,
+        ),
         // An explicit null is no value (the API server prunes it before CEL runs).
         (json!({"fqdn": "api.shop.example", "namespace": null}), true),
         (

@@ -4,8 +4,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::*;
 use crate::crd::{
-    Endpoint, Import, Materialize, Origin, Protocol, RemoteRegistrySpec, Role, ServicePort,
-    ServiceRecordSpec,
+    Endpoint, Import, Materialize, Origin, Protocol, RemoteRegistrySpec, RequesterIdentity, Role,
+    ServicePort, ServiceRecordSpec,
 };
 use crate::names::{EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
@@ -542,6 +542,57 @@ fn remote_registry_validation() {
             "spec.allowedDomains[2]: Required value: Invalid domain. For example, labels in the domain name must have between 1 and 63 characters. Check RFC1035 for more details.",
             "spec.imports[0]: imports need role Parent",
             "spec.imports[0]: give either fqdn, or namespace and name",
+        ]
+    );
+}
+
+/// An import's requester identity is held to the names the mesh gives it; every bad field is
+/// reported with its path.
+#[test]
+fn remote_registry_import_identity() {
+    let with = |namespace: &str, service_account: &str, trust_domain: Option<&str>| {
+        let mut spec = good_rr_spec();
+        spec.role = Some(Role::Parent);
+        spec.imports = Some(vec![Import {
+            fqdn: Some("api.shop.example".into()),
+            requester_identity: Some(RequesterIdentity {
+                namespace: namespace.into(),
+                service_account: service_account.into(),
+                trust_domain: trust_domain.map(str::to_string),
+            }),
+            ..Default::default()
+        }]);
+        match rr(spec).validate() {
+            Ok(()) => vec![],
+            Err(ResourceError::Invalid { violations, .. }) => {
+                violations.iter().map(ToString::to_string).collect()
+            }
+            Err(other) => panic!("{other}"),
+        }
+    };
+    assert_eq!(with("storefront", "web", None), Vec::<String>::new());
+    assert_eq!(
+        with("storefront", "web.v1", Some("west.mesh.example")),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        with("../x", &"a".repeat(64), Some("Mesh_Example")),
+        vec![
+            r#"spec.imports[0].requesterIdentity.namespace: "../x" is not a valid namespace name (a DNS-1123 label)"#
+                .to_string(),
+            format!(
+                "spec.imports[0].requesterIdentity.serviceAccount: {:?} is not a service account name (a DNS-1123 subdomain of at most 63 characters)",
+                "a".repeat(64)
+            ),
+            r#"spec.imports[0].requesterIdentity.trustDomain: "Mesh_Example" is not a trust domain (a lowercase DNS name)"#
+                .to_string(),
+        ]
+    );
+    assert_eq!(
+        with("", "", None),
+        vec![
+            r#"spec.imports[0].requesterIdentity.namespace: "" is not a valid namespace name (a DNS-1123 label)"#,
+            r#"spec.imports[0].requesterIdentity.serviceAccount: "" is not a service account name (a DNS-1123 subdomain of at most 63 characters)"#,
         ]
     );
 }

@@ -9,11 +9,11 @@ use std::net::{IpAddr, Ipv6Addr};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{FieldViolation, RemoteRegistry, ResourceError, ServiceRecord};
-use crate::crd::{IMPORT_RULE_MESSAGE, ImportTarget, Role};
+use crate::crd::{IMPORT_RULE_MESSAGE, ImportTarget, RequesterIdentity, Role};
 use crate::domains::allowed_domain_errors;
 use crate::names::{
     REMOTE_REGISTRY_KIND, SERVICE_RECORD_KIND, canonical_fqdn, is_dns1123_label,
-    is_dns1123_subdomain,
+    is_dns1123_subdomain, is_label_value,
 };
 
 /// Longest IANA service name (a Kubernetes port name).
@@ -219,6 +219,38 @@ fn check_address(address: &str) -> Result<(), String> {
         .map_err(|e| format!("{address:?}: host is neither an IP address nor a DNS name ({e})"))
 }
 
+/// Check a requester's mesh identity: the namespace is a DNS-1123 label, the service account a
+/// DNS-1123 subdomain of at most 63 characters (Cilium matches it as a label value), the trust
+/// domain (if set) a DNS name.
+fn check_identity(path: &str, id: &RequesterIdentity, v: &mut Violations) {
+    if !is_dns1123_label(&id.namespace) {
+        v.add(
+            format!("{path}.namespace"),
+            format!(
+                "{:?} is not a valid namespace name (a DNS-1123 label)",
+                id.namespace
+            ),
+        );
+    }
+    if !is_dns1123_subdomain(&id.service_account) || !is_label_value(&id.service_account) {
+        v.add(
+            format!("{path}.serviceAccount"),
+            format!(
+                "{:?} is not a service account name (a DNS-1123 subdomain of at most 63 characters)",
+                id.service_account
+            ),
+        );
+    }
+    if let Some(td) = &id.trust_domain
+        && !is_dns1123_subdomain(td)
+    {
+        v.add(
+            format!("{path}.trustDomain"),
+            format!("{td:?} is not a trust domain (a lowercase DNS name)"),
+        );
+    }
+}
+
 impl RemoteRegistry {
     /// Check the registry: `metadata.name` is a DNS-1123 subdomain, `spec.address` is
     /// `host:port`, `spec.tlsConfig.serverName` is set and `serverCA` is base64,
@@ -250,7 +282,7 @@ impl RemoteRegistry {
                 v.add(path.clone(), "imports need role Parent");
             }
             match import.target() {
-                None => v.add(path, IMPORT_RULE_MESSAGE),
+                None => v.add(path.clone(), IMPORT_RULE_MESSAGE),
                 Some(ImportTarget::Fqdn(fqdn)) => {
                     if let Err(e) = canonical_fqdn(fqdn) {
                         v.add(format!("{path}.fqdn"), e.to_string());
@@ -272,6 +304,9 @@ impl RemoteRegistry {
                         );
                     }
                 }
+            }
+            if let Some(id) = &import.requester_identity {
+                check_identity(&format!("{path}.requesterIdentity"), id, &mut v);
             }
         }
         v.into_result(REMOTE_REGISTRY_KIND, &self.metadata)

@@ -42,9 +42,48 @@ use xcc_proto::crd::{Grant, ServiceRecord};
 use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL};
 
 use super::grants::{
-    GrantConfig, GrantSink, MANAGED_BY_LABEL, check_route, object_keys, object_ref, objects,
+    GrantConfig, GrantError, GrantSink, MANAGED_BY_LABEL, check_route, object_keys, object_ref,
+    objects,
 };
 use super::level::OwnerRoute;
+
+/// Why one step of writing a grant in kube mode failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeGrantError {
+    #[error(transparent)]
+    Grant(#[from] GrantError),
+    #[error("no resource known for kind {0:?}")]
+    UnknownKind(String),
+    #[error("{0} without an apiVersion")]
+    NoApiVersion(String),
+    /// `what` is the object's reference (`Kind/namespace/name`, or `ServiceRecord ns/name`).
+    #[error("reading {what}: {source}")]
+    Read { what: String, source: kube::Error },
+    #[error(
+        "resource {}.{} ({}) is not served — is its CRD installed? ({source})",
+        resource.plural, resource.group, resource.api_version
+    )]
+    NotServed {
+        resource: Box<ApiResource>,
+        source: kube::Error,
+    },
+    #[error("{reference} exists and is not managed by {MANAGER}; left alone")]
+    NotOurs { reference: String },
+    #[error("applying {reference}: {source}")]
+    Apply {
+        reference: String,
+        source: kube::Error,
+    },
+    #[error("deleting {reference}: {source}")]
+    Delete {
+        reference: String,
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error("writing the status of {what}: {source}")]
+    WriteStatus { what: String, source: kube::Error },
+}
 
 /// Field manager of every grant write.
 pub const FIELD_MANAGER: &str = "xcc-registry";
@@ -62,16 +101,16 @@ pub fn plural_of(kind: &str) -> Option<&'static str> {
 }
 
 /// The API resource of a grant object (from its `apiVersion` and `kind`).
-pub fn api_resource(object: &Value) -> Result<ApiResource, String> {
+pub fn api_resource(object: &Value) -> Result<ApiResource, KubeGrantError> {
     let api_version = object["apiVersion"].as_str().unwrap_or_default();
     let kind = object["kind"].as_str().unwrap_or_default();
-    let plural = plural_of(kind).ok_or_else(|| format!("no resource known for kind {kind:?}"))?;
+    let plural = plural_of(kind).ok_or_else(|| KubeGrantError::UnknownKind(kind.into()))?;
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g, v),
         None => ("", api_version),
     };
     if version.is_empty() {
-        return Err(format!("{kind} without an apiVersion"));
+        return Err(KubeGrantError::NoApiVersion(kind.into()));
     }
     Ok(ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(group, version, kind),
@@ -80,7 +119,7 @@ pub fn api_resource(object: &Value) -> Result<ApiResource, String> {
 }
 
 /// The objects of `route` as written in kube mode: [`objects`] with our managed-by value.
-pub fn desired_objects(config: &GrantConfig, route: &OwnerRoute) -> Result<Vec<Value>, String> {
+pub fn desired_objects(config: &GrantConfig, route: &OwnerRoute) -> Result<Vec<Value>, GrantError> {
     Ok(objects(config, route)?
         .into_iter()
         .map(|mut o| {
@@ -417,7 +456,7 @@ impl KubeGrants {
 }
 
 impl GrantSink for KubeGrants {
-    fn apply(&self, route: &OwnerRoute) -> Result<Vec<String>, String> {
+    fn apply(&self, route: &OwnerRoute) -> Result<Vec<String>, GrantError> {
         // Names from the wire are checked before they reach an object, a label or a request
         // path; which services may be granted at all is decided by the federation level.
         check_route(route)?;
@@ -429,7 +468,7 @@ impl GrantSink for KubeGrants {
         Ok(refs)
     }
 
-    fn remove(&self, route: &OwnerRoute) -> Result<(), String> {
+    fn remove(&self, route: &OwnerRoute) -> Result<(), GrantError> {
         check_route(route)?;
         self.shared.want(route, false);
         Ok(())
@@ -439,7 +478,7 @@ impl GrantSink for KubeGrants {
 /// A failed step of a grant, with the kind it concerned (for the metric).
 struct StepError {
     kind: String,
-    message: String,
+    error: KubeGrantError,
 }
 
 fn api_code(e: &kube::Error) -> Option<u16> {
@@ -518,7 +557,7 @@ impl Worker {
                         Err(errors) => {
                             let message = errors
                                 .iter()
-                                .map(|e| e.message.as_str())
+                                .map(|e| e.error.to_string())
                                 .collect::<Vec<_>>()
                                 .join("; ");
                             for e in &errors {
@@ -556,10 +595,10 @@ impl Worker {
         } else {
             Ok(object_keys(self.shared.config.mode, route))
         };
-        let objects = objects.unwrap_or_else(|message| {
+        let objects = objects.unwrap_or_else(|e| {
             errors.push(StepError {
                 kind: "grant".to_string(),
-                message,
+                error: e.into(),
             });
             vec![]
         });
@@ -570,14 +609,14 @@ impl Worker {
             } else {
                 self.delete_object(&object).await
             };
-            if let Err(message) = result {
-                errors.push(StepError { kind, message });
+            if let Err(error) = result {
+                errors.push(StepError { kind, error });
             }
         }
-        if let Err(message) = self.record_status(route, present).await {
+        if let Err(error) = self.record_status(route, present).await {
             errors.push(StepError {
                 kind: "ServiceRecord".to_string(),
-                message,
+                error,
             });
         }
         if errors.is_empty() {
@@ -587,7 +626,10 @@ impl Worker {
         }
     }
 
-    fn dynamic_api(&self, object: &Value) -> Result<(Api<DynamicObject>, ApiResource), String> {
+    fn dynamic_api(
+        &self,
+        object: &Value,
+    ) -> Result<(Api<DynamicObject>, ApiResource), KubeGrantError> {
         let ar = api_resource(object)?;
         let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
         Ok((
@@ -596,24 +638,27 @@ impl Worker {
         ))
     }
 
-    async fn ensure_object(&self, desired: &Value) -> Result<(), String> {
+    async fn ensure_object(&self, desired: &Value) -> Result<(), KubeGrantError> {
         let (api, ar) = self.dynamic_api(desired)?;
         let reference = object_ref(desired);
         let name = desired["metadata"]["name"].as_str().unwrap_or_default();
-        let current = api.get_opt(name).await.map_err(|e| {
-            if api_code(&e) == Some(404) {
-                not_served(&ar, &e)
+        let current = api.get_opt(name).await.map_err(|source| {
+            if api_code(&source) == Some(404) {
+                not_served(&ar, source)
             } else {
-                format!("reading {reference}: {e}")
+                KubeGrantError::Read {
+                    what: reference.clone(),
+                    source,
+                }
             }
         })?;
         if let Some(current_object) = current {
             let current = serde_json::to_value(&current_object).unwrap_or_default();
             if !is_ours(&current) {
-                let message =
-                    format!("{reference} exists and is not managed by {MANAGER}; left alone");
-                self.report_conflict(&current_object, &ar, &message).await;
-                return Err(message);
+                let error = KubeGrantError::NotOurs { reference };
+                self.report_conflict(&current_object, &ar, &error.to_string())
+                    .await;
+                return Err(error);
             }
             if up_to_date(&current, desired) {
                 return Ok(());
@@ -626,8 +671,8 @@ impl Worker {
                 info!(object = %reference, "grant object applied");
                 Ok(())
             }
-            Err(e) if api_code(&e) == Some(404) => Err(not_served(&ar, &e)),
-            Err(e) => Err(format!("applying {reference}: {e}")),
+            Err(e) if api_code(&e) == Some(404) => Err(not_served(&ar, e)),
+            Err(source) => Err(KubeGrantError::Apply { reference, source }),
         }
     }
 
@@ -654,7 +699,7 @@ impl Worker {
         }
     }
 
-    async fn delete_object(&self, desired: &Value) -> Result<(), String> {
+    async fn delete_object(&self, desired: &Value) -> Result<(), KubeGrantError> {
         let (api, ar) = self.dynamic_api(desired)?;
         let reference = object_ref(desired);
         let name = desired["metadata"]["name"].as_str().unwrap_or_default();
@@ -663,7 +708,12 @@ impl Worker {
             // Absent, or the resource type is not served: nothing of ours exists.
             Ok(None) => return Ok(()),
             Err(e) if api_code(&e) == Some(404) => return Ok(()),
-            Err(e) => return Err(format!("reading {reference}: {e}")),
+            Err(source) => {
+                return Err(KubeGrantError::Read {
+                    what: reference,
+                    source,
+                });
+            }
         };
         if !is_ours(&serde_json::to_value(&current).unwrap_or_default()) {
             info!(object = %reference, "not deleting an object {MANAGER} does not manage");
@@ -684,21 +734,24 @@ impl Worker {
             }
             // Gone already, or replaced by another object since we read it (UID changed).
             Err(e) if matches!(api_code(&e), Some(404 | 409)) => Ok(()),
-            Err(e) => Err(format!("deleting {reference}: {e}")),
+            Err(source) => Err(KubeGrantError::Delete { reference, source }),
         }
     }
 
     /// Add or remove the caller in `status.grants` of the exported record the grant is about.
-    async fn record_status(&self, route: &OwnerRoute, present: bool) -> Result<(), String> {
+    async fn record_status(&self, route: &OwnerRoute, present: bool) -> Result<(), KubeGrantError> {
         let api: Api<ServiceRecord> = Api::namespaced(self.client.clone(), &route.target_namespace);
         let what = format!(
             "ServiceRecord {}/{}",
             route.target_namespace, route.target_service
         );
-        let Some(record) = api
-            .get_opt(&route.target_service)
-            .await
-            .map_err(|e| format!("reading {what}: {e}"))?
+        let Some(record) =
+            api.get_opt(&route.target_service)
+                .await
+                .map_err(|source| KubeGrantError::Read {
+                    what: what.clone(),
+                    source,
+                })?
         else {
             debug!(record = %what, "no exported record to record the grant on");
             return Ok(());
@@ -719,7 +772,7 @@ impl Worker {
         let grants_value = if grants.is_empty() {
             Value::Null
         } else {
-            serde_json::to_value(&grants).map_err(|e| e.to_string())?
+            serde_json::to_value(&grants)?
         };
         // The resourceVersion makes the patch conditional: a concurrent status change (409) is
         // retried from a fresh read instead of being overwritten.
@@ -734,7 +787,10 @@ impl Worker {
             &Patch::Merge(&patch),
         )
         .await
-        .map_err(|e| format!("writing the status of {what}: {e}"))?;
+        .map_err(|source| KubeGrantError::WriteStatus {
+            what: what.clone(),
+            source,
+        })?;
         let caller = format!("{}/{}", route.caller_cluster, route.caller_service);
         info!(record = %what, %caller, granted = present, "grant recorded in status");
         let event = KubeEvent {
@@ -758,11 +814,11 @@ impl Worker {
     }
 }
 
-fn not_served(ar: &ApiResource, e: &kube::Error) -> String {
-    format!(
-        "resource {}.{} ({}) is not served — is its CRD installed? ({e})",
-        ar.plural, ar.group, ar.api_version
-    )
+fn not_served(ar: &ApiResource, source: kube::Error) -> KubeGrantError {
+    KubeGrantError::NotServed {
+        resource: Box::new(ar.clone()),
+        source,
+    }
 }
 
 #[cfg(test)]
@@ -832,12 +888,14 @@ mod tests {
         .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()));
         assert_eq!(got, want);
         assert_eq!(
-            desired_objects(&config(GrantMode::None), &route("b1")),
-            Ok(vec![])
+            desired_objects(&config(GrantMode::None), &route("b1")).expect("no objects"),
+            Vec::<Value>::new()
         );
+        let pod = api_resource(&json!({"apiVersion": "v1", "kind": "Pod"}));
+        assert!(matches!(&pod, Err(KubeGrantError::UnknownKind(k)) if k == "Pod"));
         assert_eq!(
-            api_resource(&json!({"apiVersion": "v1", "kind": "Pod"})).err(),
-            Some("no resource known for kind \"Pod\"".to_string())
+            pod.expect_err("not a grant kind").to_string(),
+            "no resource known for kind \"Pod\""
         );
     }
 

@@ -11,4 +11,4 @@ pub mod session;
 pub mod tree;
 pub mod upward;
 
-pub use level::{Level, Target};
+pub use level::{Level, Question, Target};

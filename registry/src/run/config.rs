@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use xcc_certs::reload::TlsFiles;
 
-use crate::federation::Target;
+use crate::federation::Question;
 use crate::federation::link::ParentSpec;
 use crate::hamlet::client::ClientConfig;
 use crate::hamlet::server::HamletConfig;
@@ -29,7 +29,7 @@ pub struct FederationConfig {
     /// The parent (memory store; in file mode a RemoteRegistry with `role: Parent`).
     pub parent: Option<ParentSpec>,
     /// Services to ask the hierarchy for (with `parent`).
-    pub imports: Vec<(Target, String)>,
+    pub imports: Vec<Question>,
     /// Extra Cedar policies (`*.cedar`), watched and reloaded; the defaults always apply.
     pub policy_dir: Option<PathBuf>,
     /// Cedar policies given in code (the embedded demo, tests and the hierarchy bench use them

@@ -33,6 +33,7 @@ pub(super) async fn start(
         core.catalog.clone(),
         gate.clone(),
     );
+    level.set_trust_domain(config.federation.grants().trust_domain_of(&core.cluster));
     metrics.sub_registry_with_prefix("xcc").register(
         "federation_queue_overflows",
         "Federation messages that did not fit a queue (each reset its session); expected 0",

@@ -41,7 +41,7 @@ pub enum StartError {
     #[error("loading Cedar policies")]
     Policies(#[source] crate::authz::PolicyError),
     #[error("{0}")]
-    Grants(String),
+    Grants(crate::federation::grants::GrantError),
     #[error("reading the name-owner ledger")]
     Owners(#[source] anyhow::Error),
     #[error("preparing {}", path.display())]

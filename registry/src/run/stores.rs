@@ -155,7 +155,7 @@ async fn start_files(
     // First load before serving readiness.
     file::sync_exports(&core.catalog, &core.cluster, &mut exports);
     remote_files.refresh(|rr| model::remote_spec(rr).map(|_| ()));
-    let (peers_wanted, parent_wanted) = split_remotes(&remote_files);
+    let (peers_wanted, parent_wanted) = split_remotes(&remote_files, remotes.level());
     remotes.reconcile(peers_wanted).await;
     remotes.reconcile_parent(parent_wanted).await;
     errors.set([exports.errors(), remote_files.errors()].concat());
@@ -179,7 +179,7 @@ async fn start_files(
             }
             file::sync_exports(&core.catalog, &core.cluster, &mut exports);
             if remote_files.refresh(|rr| model::remote_spec(rr).map(|_| ())) {
-                let (peers_wanted, parent_wanted) = split_remotes(&remote_files);
+                let (peers_wanted, parent_wanted) = split_remotes(&remote_files, remotes.level());
                 remotes.reconcile(peers_wanted).await;
                 remotes.reconcile_parent(parent_wanted).await;
             }
@@ -193,7 +193,10 @@ async fn start_files(
 
 /// Peers (Hamlet imports) and the parent (hierarchy) among the RemoteRegistry files. With
 /// several parents, the first by name wins and the others are reported.
-fn split_remotes(files: &YamlDir<RemoteRegistry>) -> (Vec<RemoteSpec>, ParentWanted) {
+fn split_remotes(
+    files: &YamlDir<RemoteRegistry>,
+    level: &Level,
+) -> (Vec<RemoteSpec>, ParentWanted) {
     let mut peers = vec![];
     let mut parents = vec![];
     for rr in files.items() {
@@ -201,7 +204,7 @@ fn split_remotes(files: &YamlDir<RemoteRegistry>) -> (Vec<RemoteSpec>, ParentWan
             continue;
         };
         if rr.spec.role() == Role::Parent {
-            let imports = hierarchy_imports(&rr);
+            let imports = hierarchy_imports(&rr, &level.trust_domain());
             parents.push((
                 ParentSpec {
                     name: spec.name,

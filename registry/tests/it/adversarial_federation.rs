@@ -21,8 +21,8 @@ use xcc_certs::reload::{ReloadingTls, TlsFiles};
 use xcc_proto::xcc::admin::v1 as api;
 use xcc_proto::xcc::federation::v1 as fed;
 use xcc_registry::catalog::{Endpoint, ServiceEntry, ServiceKey, Source};
-use xcc_registry::federation::Target;
 use xcc_registry::federation::link::ParentSpec;
+use xcc_registry::federation::{Question, Target};
 use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::{Registry, RegistryConfig};
 
@@ -98,12 +98,12 @@ async fn node(
     cfg.federation.imports = imports
         .iter()
         .map(|(ns, n)| {
-            (
+            Question::new(
                 Target::Name {
                     namespace: ns.to_string(),
                     name: n.to_string(),
                 },
-                String::new(),
+                "",
             )
         })
         .collect();

@@ -8,8 +8,8 @@ use crate::common::*;
 use tokio_util::sync::CancellationToken;
 use xcc_proto::xcc::federation::v1 as fed;
 use xcc_registry::catalog::{ServiceEntry, ServiceKey, Source};
-use xcc_registry::federation::Target;
 use xcc_registry::federation::link::ParentSpec;
+use xcc_registry::federation::{Question, Target};
 use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::{Registry, RegistryConfig};
 
@@ -152,7 +152,7 @@ async fn seed_end_to_end_flow() {
     w.b1.0
         .set_parent(Some((
             parent(w.b.0.hamlet_addr),
-            vec![(api_target(), "web".into())],
+            vec![Question::new(api_target(), "web")],
         )))
         .await;
     wait_level(&w.b1.0, "import materialised", |r| {
@@ -252,7 +252,7 @@ async fn grant_revoked_when_callee_drops_caller() {
     w.b1.0
         .set_parent(Some((
             parent(w.b.0.hamlet_addr),
-            vec![(api_target(), "web".into())],
+            vec![Question::new(api_target(), "web")],
         )))
         .await;
     wait_level(&w.b1.0, "granted", |r| {
@@ -622,4 +622,172 @@ async fn a_child_with_50000_services_attaches() {
     assert_eq!(big.0.level.overflows().get(), 0);
     root.1.cancel();
     big.1.cancel();
+}
+
+/// A registry below `up` (none: a root) with the Cedar `policies` given in code and those of
+/// `policy_dir` (watched).
+async fn node_with(
+    pki: &Pki,
+    name: &str,
+    up: Option<SocketAddr>,
+    policies: Vec<(String, String)>,
+    policy_dir: Option<&std::path::Path>,
+) -> (Registry, CancellationToken) {
+    let mut cfg = RegistryConfig::loopback(pki.cluster(name));
+    cfg.client.backoff = Backoff {
+        min: Duration::from_millis(50),
+        max: Duration::from_millis(200),
+    };
+    cfg.federation.parent = up.map(parent);
+    cfg.federation.policies = policies;
+    cfg.federation.policy_dir = policy_dir.map(std::path::Path::to_path_buf);
+    start_with(cfg).await
+}
+
+/// Issue 14: a refusal at the root of what a grandchild sent reaches that grandchild (leaf →
+/// mid → root over mTLS), which stores it (what `xcc admin` and the kube store show) with the
+/// failed check and the Cedar policy id: an announcement the root's policy forbids, and a
+/// question asked on behalf of a cluster the root does not let `mid` carry. When the root's
+/// policy no longer forbids it, the refusal goes at the leaf too.
+#[tokio::test]
+async fn a_refusal_at_the_root_reaches_the_grandchild_that_sent_it() {
+    let pki = Pki::new("xcc.test");
+    let policies = tempfile::tempdir().expect("tempdir");
+    let forbid = policies.path().join("no-secret.cedar");
+    std::fs::write(
+        &forbid,
+        r#"@id("no-secret")
+forbid (principal, action == Xcc::Action::"announce", resource) when { resource.name == "secret" };"#,
+    )
+    .expect("policy");
+    // The root lets mid carry leaf, not leaf2.
+    let carry = vec![(
+        "carry-mid.cedar".to_string(),
+        xcc_registry::authz::carry_policy("mid", &["leaf"]).expect("names"),
+    )];
+    let root = node_with(&pki, "root", None, carry, Some(policies.path())).await;
+    let mid = node_with(&pki, "mid", Some(root.0.hamlet_addr), vec![], None).await;
+    let leaf = node_with(&pki, "leaf", Some(mid.0.hamlet_addr), vec![], None).await;
+    let leaf2 = node_with(&pki, "leaf2", Some(mid.0.hamlet_addr), vec![], None).await;
+    wait_level(&root.0, "mid carries leaf", |r| {
+        r.level.subtree() == ["leaf", "mid", "root"]
+    })
+    .await;
+    wait_level(&mid.0, "both leaves attached", |r| {
+        r.level.subtree() == ["leaf", "leaf2", "mid"]
+    })
+    .await;
+
+    for name in ["api", "secret"] {
+        leaf.0
+            .catalog
+            .upsert(service("leaf", "shop", name, "10.3.0.1", &[]));
+    }
+    wait_level(&leaf.0, "the root's refusal reached the leaf", |r| {
+        r.level.refusal_of("shop", "secret").is_some()
+    })
+    .await;
+    wait_level(&root.0, "api accepted at the root", |r| {
+        r.catalog
+            .get(&ServiceKey::new("leaf", "shop", "api"))
+            .is_some()
+    })
+    .await;
+    let refused: Vec<fed::Rejection> = leaf
+        .0
+        .level
+        .rejections()
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect();
+    let fqdn = xcc_proto::names::clusterset_fqdn("secret", "shop");
+    assert_eq!(
+        refused,
+        [fed::Rejection {
+            kind: "announcement".into(),
+            cluster: "leaf".into(),
+            namespace: "shop".into(),
+            name: "secret".into(),
+            fqdn: fqdn.clone(),
+            code: tonic::Code::PermissionDenied as i32,
+            reason: format!("leaf may not announce {fqdn}: forbidden by no-secret"),
+            refused_by: "root".into(),
+            check: "announce".into(),
+            policy_ids: vec!["no-secret".into()],
+        }]
+    );
+    // mid, whose subtree it is, holds it too; leaf2 got nothing of it.
+    assert!(
+        mid.0
+            .level
+            .rejections()
+            .iter()
+            .any(|(_, r)| r == &refused[0]),
+        "{:?}",
+        mid.0.level.rejections()
+    );
+
+    // leaf2 asks for something outside mid's subtree: mid sends the question up, and the root
+    // refuses it (mid may not speak for leaf2).
+    let asking = leaf2.0.level.clone();
+    let question = tokio::spawn(async move {
+        asking
+            .query(
+                Target::Name {
+                    namespace: "ops".into(),
+                    name: "db".into(),
+                },
+                "batch",
+                false,
+                Duration::from_secs(60),
+            )
+            .await
+    });
+    wait_level(
+        &leaf2.0,
+        "the root's refusal of the question reached leaf2",
+        |r| !r.level.rejections().is_empty(),
+    )
+    .await;
+    question.abort();
+    let refused: Vec<(String, String, String, String, String)> = leaf2
+        .0
+        .level
+        .rejections()
+        .into_iter()
+        .map(|(_, r)| {
+            (
+                r.kind,
+                r.cluster,
+                format!("{}/{}", r.namespace, r.name),
+                r.check,
+                r.refused_by,
+            )
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        [(
+            "query".to_string(),
+            "leaf2".to_string(),
+            "ops/db".to_string(),
+            "subtree".to_string(),
+            "root".to_string()
+        )]
+    );
+
+    // The root's policy goes: the root asks mid to resend, lifts the refusal, mid asks leaf to
+    // resend, and the leaf's copy goes when mid confirms its snapshot.
+    std::fs::remove_file(&forbid).expect("rm policy");
+    wait_level(&root.0, "secret accepted at the root", |r| {
+        r.catalog
+            .get(&ServiceKey::new("leaf", "shop", "secret"))
+            .is_some()
+    })
+    .await;
+    wait_level(&leaf.0, "the refusal lifted at the leaf", |r| {
+        r.level.refusal_of("shop", "secret").is_none() && r.level.refusals_confirmed()
+    })
+    .await;
+    drop((root, mid, leaf, leaf2, policies));
 }

@@ -1762,25 +1762,106 @@ fn ar_event() -> ApiResource {
 
 /// The owner runs on the kube store with `--grant-mode istio` (and the RBAC of
 /// `deploy/overlays/grants-istio`, the upstream Istio CRD installed) below a root; a requester
-/// asks the hierarchy for the owner's exported ServiceRecord. The owner applies the
-/// AuthorizationPolicy and records the caller in the record's `status.grants`; when the record
-/// stops admitting the caller, the grant is revoked: the policy is deleted and the caller
-/// dropped from the status.
+/// in file mode declares in its `role: Parent` RemoteRegistry an import of the owner's exported
+/// ServiceRecord on behalf of the workload `storefront/web` (no trust domain: the requester's
+/// own, `west.mesh.test` under `--grant-trust-domain {cluster}.mesh.test`, which the owner
+/// assigns to cluster west too). The owner applies the AuthorizationPolicy admitting exactly
+/// that identity and records the caller in the record's `status.grants`; when the record stops
+/// admitting the caller, the grant is revoked: the policy is deleted and the caller dropped
+/// from the status.
 #[tokio::test]
 async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes_it() {
-    use xcc_registry::federation::Target;
-    let Some(lab) = Lab::with_rbac(
+    let kind = GrantKind {
+        mode: xcc_registry::federation::grants::GrantMode::Istio,
+        overlay: "overlays/grants-istio",
+        crd: "security.istio.io_authorizationpolicies.yaml",
+        resource: ApiResource {
+            group: "security.istio.io".into(),
+            version: "v1".into(),
+            api_version: "security.istio.io/v1".into(),
+            kind: "AuthorizationPolicy".into(),
+            plural: "authorizationpolicies".into(),
+        },
+        prefix: "allow-to-",
+    };
+    let Some(found) = grant_through_an_import(
         "granted_hierarchy_query_applies_the_grant_object_and_revocation_removes_it",
-        "overlays/grants-istio",
+        kind,
     )
     .await
     else {
         return;
     };
-    let istio = xcc_testkube::upstream_crds().join("security.istio.io_authorizationpolicies.yaml");
+    assert_eq!(
+        found["spec"]["rules"][0]["from"][0]["source"]["principals"],
+        json!(["west.mesh.test/ns/storefront/sa/web"])
+    );
+    assert_eq!(
+        found["spec"]["selector"]["matchLabels"],
+        json!({"app": "api"})
+    );
+}
+
+/// The same with `--grant-mode cilium` (RBAC of `deploy/overlays/grants-cilium`, the upstream
+/// Cilium CRD installed): the CiliumNetworkPolicy admits the import's workload by cluster,
+/// namespace and service account.
+#[tokio::test]
+async fn an_import_with_a_workload_identity_opens_a_cilium_policy_at_the_owner() {
+    let kind = GrantKind {
+        mode: xcc_registry::federation::grants::GrantMode::Cilium,
+        overlay: "overlays/grants-cilium",
+        crd: "cilium.io_ciliumnetworkpolicies.yaml",
+        resource: ApiResource {
+            group: "cilium.io".into(),
+            version: "v2".into(),
+            api_version: "cilium.io/v2".into(),
+            kind: "CiliumNetworkPolicy".into(),
+            plural: "ciliumnetworkpolicies".into(),
+        },
+        prefix: "cnp-mesh-",
+    };
+    let Some(found) = grant_through_an_import(
+        "an_import_with_a_workload_identity_opens_a_cilium_policy_at_the_owner",
+        kind,
+    )
+    .await
+    else {
+        return;
+    };
+    assert_eq!(
+        found["spec"]["ingress"][0]["fromEndpoints"],
+        json!([{"matchLabels": {
+            "io.cilium.k8s.policy.cluster": "west",
+            "k8s:io.kubernetes.pod.namespace": "storefront",
+            "io.cilium.k8s.policy.serviceaccount": "web",
+        }}])
+    );
+    assert_eq!(
+        found["spec"]["endpointSelector"]["matchLabels"],
+        json!({"app": "api"})
+    );
+}
+
+/// What one grant mode writes at the owner.
+struct GrantKind {
+    mode: xcc_registry::federation::grants::GrantMode,
+    overlay: &'static str,
+    /// The upstream CRD of the object (`../shared/kube/crds/`).
+    crd: &'static str,
+    resource: ApiResource,
+    prefix: &'static str,
+}
+
+/// A root, an owner on the kube store writing `kind`'s grant objects, and a requester in file
+/// mode whose parent RemoteRegistry imports the owner's `shop/api` for the workload
+/// `storefront/web`. Returns the grant object the owner applied (before the revocation, which
+/// this checks too); `None` without the real-tier assets.
+async fn grant_through_an_import(test: &str, kind: GrantKind) -> Option<Value> {
+    let lab = Lab::with_rbac(test, kind.overlay).await?;
+    let crd = xcc_testkube::upstream_crds().join(kind.crd);
     lab.cp
         .apply(&xcc_testkube::yaml_docs(
-            &std::fs::read_to_string(istio).unwrap(),
+            &std::fs::read_to_string(crd).unwrap(),
         ))
         .await;
     let pki = Pki::new("xcc.test");
@@ -1795,10 +1876,12 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
                  "allowedRequesters": ["west/web"]},
     }))
     .await;
+    let trust_domain = "{cluster}.mesh.test".to_string();
     let mut ocfg = RegistryConfig::loopback(pki.cluster("owner"));
     ocfg.namespace = lab.ns.clone();
     ocfg.store = StoreConfig::Kube(lab.kube_config(false).await);
-    ocfg.federation.grant_mode = xcc_registry::federation::grants::GrantMode::Istio;
+    ocfg.federation.grant_mode = kind.mode;
+    ocfg.federation.grant_trust_domain = trust_domain.clone();
     let (_owner, _oc) = start_with(ocfg).await;
     lab.create(parent_rr(&lab.ns, root.hamlet_addr, json!([])))
         .await;
@@ -1809,20 +1892,41 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
     })
     .await;
 
+    // The requester's import, as a file-mode RemoteRegistry declares it.
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(west_dir.path().join("remotes")).expect("mkdir");
+    std::fs::write(
+        west_dir.path().join("remotes/up.yaml"),
+        format!(
+            r#"apiVersion: connectivity.tanzu.vmware.com/v1alpha1
+kind: RemoteRegistry
+metadata:
+  name: up
+  namespace: cross-cluster-connectivity
+spec:
+  address: "{}"
+  tlsConfig:
+    serverCA: ""
+    serverName: localhost
+  role: Parent
+  imports:
+  - namespace: {shop}
+    name: api
+    requesterService: web
+    requesterIdentity:
+      namespace: storefront
+      serviceAccount: web
+"#,
+            root.hamlet_addr
+        ),
+    )
+    .expect("write the RemoteRegistry");
     let mut wcfg = RegistryConfig::loopback(pki.cluster("west"));
-    wcfg.federation.parent = Some(xcc_registry::federation::link::ParentSpec {
-        name: "up".into(),
-        address: root.hamlet_addr.to_string(),
-        server_name: "localhost".into(),
-        roots: None,
-    });
-    wcfg.federation.imports = vec![(
-        Target::Name {
-            namespace: shop.clone(),
-            name: "api".into(),
-        },
-        "web".into(),
-    )];
+    wcfg.store = StoreConfig::File {
+        state_dir: west_dir.path().to_path_buf(),
+        poll: Duration::from_secs(60),
+    };
+    wcfg.federation.grant_trust_domain = trust_domain;
     let (west, _wc) = start_with(wcfg).await;
     wait_catalog(&west.catalog, "the requester imports the service", |c| {
         c.list(&xcc_registry::catalog::ListFilter {
@@ -1833,48 +1937,17 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
             == 1
     })
     .await;
-    // The import asks as the cluster, with no workload identity: a grant without one opens
-    // no mesh object. Asking on behalf of a workload does.
-    let answer = west
-        .level
-        .query_as(
-            Target::Name {
-                namespace: shop.clone(),
-                name: "api".into(),
-            },
-            "web",
-            Some(xcc_registry::federation::grants::WorkloadIdentity {
-                trust_domain: "cluster.local".into(),
-                namespace: "storefront".into(),
-                service_account: "web".into(),
-            }),
-            true,
-            std::time::Duration::from_secs(30),
-        )
-        .await;
-    assert!(answer.access_allowed, "{answer:?}");
 
-    let ap = xcc_proto::names::policy_object_name("allow-to-", &[&shop, "api", "west", "web"]);
-    let policies = ApiResource {
-        group: "security.istio.io".into(),
-        version: "v1".into(),
-        api_version: "security.istio.io/v1".into(),
-        kind: "AuthorizationPolicy".into(),
-        plural: "authorizationpolicies".into(),
-    };
+    let name = xcc_proto::names::policy_object_name(kind.prefix, &[&shop, "api", "west", "web"]);
     let found = await_objects(
-        lab.api(&policies, &shop),
-        "the AuthorizationPolicy at the owner",
-        |o| o.contains_key(&ap),
+        lab.api(&kind.resource, &shop),
+        "the grant object at the owner",
+        |o| o.contains_key(&name),
     )
     .await;
-    let policy = &found[&ap];
+    let object = found[&name].clone();
     assert_eq!(
-        policy["spec"]["rules"][0]["from"][0]["source"]["principals"],
-        json!(["cluster.local/ns/storefront/sa/web"])
-    );
-    assert_eq!(
-        policy["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        object["metadata"]["labels"]["app.kubernetes.io/managed-by"],
         json!("xcc-registry")
     );
     let record = lab
@@ -1901,9 +1974,9 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
         .await
         .expect("patch record");
     await_objects(
-        lab.api(&policies, &shop),
-        "the AuthorizationPolicy deleted",
-        |o| !o.contains_key(&ap),
+        lab.api(&kind.resource, &shop),
+        "the grant object deleted",
+        |o| !o.contains_key(&name),
     )
     .await;
     lab.wait_sr(&shop, "api", "the caller dropped from status.grants", |r| {
@@ -1911,6 +1984,7 @@ async fn granted_hierarchy_query_applies_the_grant_object_and_revocation_removes
     })
     .await;
     lab.assert_not_forbidden();
+    Some(object)
 }
 
 // ----- policies from a ConfigMap (kube mode) -----

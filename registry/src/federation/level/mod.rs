@@ -65,6 +65,26 @@ impl Target {
     }
 }
 
+/// A persistent question asked through the parent (an import): what is asked for, by which
+/// service, and on behalf of which workload (the identity the owner's grant admits).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Question {
+    pub target: Target,
+    pub requester_service: String,
+    pub identity: Option<WorkloadIdentity>,
+}
+
+impl Question {
+    /// Asked as the cluster, with no workload identity.
+    pub fn new(target: Target, requester_service: impl Into<String>) -> Self {
+        Self {
+            target,
+            requester_service: requester_service.into(),
+            identity: None,
+        }
+    }
+}
+
 pub use crate::authz::PolicyHandle;
 
 /// What flows down a child's stream: messages, or the status that closes it.
@@ -266,6 +286,8 @@ type RefusedKey = (String, String, String, String);
 
 /// [`fed::Rejection::kind`] of a refused question.
 pub const QUERY_KIND: &str = "query";
+/// [`fed::Rejection::kind`] of a refused announcement.
+pub const ANNOUNCEMENT_KIND: &str = "announcement";
 
 fn refused_key(kind: &str, cluster: &str, namespace: &str, name: &str, fqdn: &str) -> RefusedKey {
     let name = match kind == QUERY_KIND && namespace.is_empty() && name.is_empty() {
@@ -405,6 +427,8 @@ pub struct Level {
 struct Inner {
     cluster: String,
     parent: RwLock<Option<String>>,
+    /// The trust domain of this cluster's own workloads (an import's identity without one).
+    trust_domain: RwLock<String>,
     catalog: Catalog,
     gate: Gate,
     state: Mutex<State>,
@@ -451,6 +475,7 @@ impl Level {
                 }),
                 cluster,
                 parent: RwLock::new(parent),
+                trust_domain: RwLock::new(super::grants::DEFAULT_TRUST_DOMAIN.into()),
                 catalog,
                 gate,
                 changes: watch::Sender::new(0),
@@ -494,6 +519,25 @@ impl Level {
     pub fn set_parent(&self, parent: Option<String>) {
         *self.inner.parent.write().unwrap_or_else(|p| p.into_inner()) = parent;
         self.bump();
+    }
+
+    /// The trust domain of this cluster's workloads, as the grant settings assign it
+    /// (`--grant-trust-domain` for this cluster; [`super::grants::DEFAULT_TRUST_DOMAIN`] unless
+    /// set): what an import's workload identity names when it gives none.
+    pub fn trust_domain(&self) -> String {
+        self.inner
+            .trust_domain
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_trust_domain(&self, trust_domain: String) {
+        *self
+            .inner
+            .trust_domain
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = trust_domain;
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -957,7 +1001,7 @@ impl Level {
     /// The parent's latest refusal of our announcement of `namespace/name`, if it stands.
     pub fn refusal_of(&self, namespace: &str, name: &str) -> Option<fed::Rejection> {
         let key = (
-            "announcement".to_string(),
+            ANNOUNCEMENT_KIND.to_string(),
             self.inner.cluster.clone(),
             namespace.to_string(),
             name.to_string(),
@@ -1138,7 +1182,7 @@ impl Level {
             if !st.refused.is_empty() {
                 let k = &ev.entry().key;
                 st.refused.remove(&(
-                    "announcement".to_string(),
+                    ANNOUNCEMENT_KIND.to_string(),
                     k.cluster.clone(),
                     k.namespace.clone(),
                     k.name.clone(),
@@ -1208,6 +1252,17 @@ impl Level {
                 warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = ?tonic::Code::from_i32(r.code), check = %r.check, policies = ?r.policy_ids, reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
                 let key = refused_key(&r.kind, &r.cluster, &r.namespace, &r.name, &r.fqdn);
                 let mut st = self.lock();
+                // What a cluster below announced or asked: the refusal goes on down to it, so
+                // the sender stores and shows it (it is kept here too, as our subtree's).
+                if (r.kind == ANNOUNCEMENT_KIND || r.kind == QUERY_KIND)
+                    && let Direction::Child(child) = st.tree.direction(&r.cluster)
+                    && let Some(session) = st.sessions.get(&child)
+                {
+                    self.down(
+                        &session.link,
+                        fed::parent_message::Payload::Rejection(r.clone()),
+                    );
+                }
                 st.refused_before.remove(&key);
                 if st.refused.len() < KEEP_REFUSED || st.refused.contains_key(&key) {
                     st.refused.insert(key, (SystemTime::now(), r));
@@ -1220,10 +1275,29 @@ impl Level {
             Some(Payload::NameClash(n)) => self.route_clash(n),
             Some(Payload::SnapshotComplete(_)) => {
                 let mut st = self.lock();
-                for k in std::mem::take(&mut st.refused_before) {
-                    st.refused.remove(&k);
+                let lifted = std::mem::take(&mut st.refused_before);
+                for k in &lifted {
+                    st.refused.remove(k);
                 }
                 st.refusals_confirmed = true;
+                // A lifted refusal of what a cluster below announced was forwarded to it: its
+                // child is asked to send its snapshot again, and the refusal goes there when
+                // we confirm that snapshot without repeating it.
+                let children: BTreeSet<String> = lifted
+                    .iter()
+                    .filter_map(|k| match st.tree.direction(&k.1) {
+                        Direction::Child(child) => Some(child),
+                        _ => None,
+                    })
+                    .collect();
+                for child in children {
+                    if let Some(session) = st.sessions.get(&child) {
+                        info!(%child, "a refusal of the child's subtree was lifted above; asking it to reconnect and resend");
+                        session.link.close(tonic::Status::unavailable(
+                            "a refusal above was lifted; reconnect to announce again",
+                        ));
+                    }
+                }
                 drop(st);
                 self.bump();
             }

@@ -474,14 +474,16 @@ impl Level {
         }
     }
 
-    /// Make exactly `imports` (target, requester service) the persistent questions: new ones
-    /// are asked now, dropped ones are forgotten.
-    pub fn set_imports(&self, imports: &[(Target, String)]) {
+    /// Make exactly `imports` the persistent questions: new ones are asked now, dropped ones
+    /// are forgotten, and a held one whose workload identity changed is asked again with it.
+    pub fn set_imports(&self, imports: &[super::Question]) {
         let mut ask = vec![];
         {
             let mut st = self.lock();
-            let wanted: std::collections::HashSet<(Target, String)> =
-                imports.iter().cloned().collect();
+            let wanted: std::collections::HashSet<(Target, String)> = imports
+                .iter()
+                .map(|q| (q.target.clone(), q.requester_service.clone()))
+                .collect();
             let dropped: Vec<u64> = st
                 .subs
                 .iter()
@@ -496,11 +498,15 @@ impl Level {
                     st.sub_index.remove(&(s.target, s.requester_service));
                 }
             }
-            for (target, service) in imports {
-                let key = (target.clone(), service.clone());
+            for q in imports {
+                let key = (q.target.clone(), q.requester_service.clone());
                 if let Some(id) = st.sub_index.get(&key).copied() {
                     if let Some(s) = st.subs.get_mut(&id) {
                         s.persistent = true;
+                        if s.identity != q.identity {
+                            s.identity = q.identity.clone();
+                            ask.push(self.query_msg(id, s));
+                        }
                     }
                     continue;
                 }
@@ -508,9 +514,9 @@ impl Level {
                 st.next_id += 1;
                 st.sub_index.insert(key, id);
                 let s = Subscription {
-                    target: target.clone(),
-                    requester_service: service.clone(),
-                    identity: None,
+                    target: q.target.clone(),
+                    requester_service: q.requester_service.clone(),
+                    identity: q.identity.clone(),
                     answer: None,
                     waiters: vec![],
                     persistent: true,

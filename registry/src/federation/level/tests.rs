@@ -465,6 +465,59 @@ fn the_child_stores_what_its_parent_refused() {
     assert_eq!(b.rejections()[0].1, r);
 }
 
+/// A refusal of what a cluster below announced or asked goes on down to its child (and is
+/// kept here too); one of our own entries, or of another kind, is not sent down. When the
+/// parent lifts a forwarded refusal (it confirms a snapshot without repeating it), the child
+/// holding it is asked to reconnect, so that its copy is decided again.
+#[test]
+fn a_refusal_of_a_grandchilds_entry_is_sent_down_to_it() {
+    let b = level("b");
+    let (tx, mut rx) = session_channel();
+    b.attach_child("b1", "a".into(), &membership(&["b1"]), tx.clone())
+        .expect("attach");
+    drain(&mut rx);
+    let (up, _up_rx) = Uplink::new(16);
+    b.begin_upward(up);
+    let from_parent = |r: fed::Rejection| {
+        b.on_parent_message(fed::ParentMessage {
+            payload: Some(fed::parent_message::Payload::Rejection(r)),
+        })
+        .expect("ok")
+    };
+    let forbidden = Refusal::new("announce", tonic::Code::PermissionDenied, "forbidden")
+        .with_policies(vec!["no-secret".into()]);
+    let announced = forbidden.to_rejection("announcement", "b1", "shop", "secret", "", "root");
+    let asked = Refusal::new("subtree", tonic::Code::PermissionDenied, "not carried")
+        .to_rejection("query", "b1", "ops", "db", "", "root");
+    let own = forbidden.to_rejection("announcement", "b", "shop", "mine", "", "root");
+    let carried = forbidden.to_rejection("subtree", "b1", "", "", "", "root");
+    for r in [&announced, &asked, &own, &carried] {
+        from_parent(r.clone());
+    }
+    assert_eq!(rejections(&mut rx), [announced.clone(), asked]);
+    assert_eq!(b.rejections().len(), 4, "all kept here");
+
+    // A new parent session in which the parent no longer refuses b1's entry.
+    let (up, _up_rx) = Uplink::new(16);
+    b.begin_upward(up);
+    from_parent(own);
+    assert!(!tx.end.is_cancelled());
+    b.on_parent_message(fed::ParentMessage {
+        payload: Some(fed::parent_message::Payload::SnapshotComplete(
+            fed::SnapshotComplete::default(),
+        )),
+    })
+    .expect("ok");
+    assert!(
+        !b.rejections().iter().any(|(_, r)| r == &announced),
+        "lifted here"
+    );
+    assert_eq!(
+        closing_status(&tx, rx).message(),
+        "a refusal above was lifted; reconnect to announce again"
+    );
+}
+
 /// A refusal stands across a reconnect: it goes only when the parent, having applied the new
 /// session's snapshot (its confirmation), did not repeat it.
 #[test]
@@ -503,6 +556,70 @@ fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
     assert_eq!(b.refusal_of("shop", "cart"), Some(refusal("cart")));
 }
 
+/// An import's question carries its workload identity up, on every re-issue; a changed
+/// identity asks again at once, an unchanged set of imports asks nothing.
+#[test]
+fn an_import_asks_with_its_workload_identity() {
+    let b = level("b");
+    let (up, mut rx) = Uplink::new(16);
+    b.begin_upward(up);
+    let asked = |rx: &mut mpsc::Receiver<fed::ChildMessage>| -> Vec<(String, String, String)> {
+        std::iter::from_fn(|| rx.try_recv().ok())
+            .filter_map(|m| match m.payload {
+                Some(fed::child_message::Payload::ServiceQuery(q)) => Some((
+                    q.requester_trust_domain,
+                    q.requester_namespace,
+                    q.requester_service_account,
+                )),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(asked(&mut rx), [], "no import yet");
+    let identity = |namespace: &str| WorkloadIdentity {
+        trust_domain: "b.mesh.test".into(),
+        namespace: namespace.into(),
+        service_account: "web".into(),
+    };
+    let import = |namespace: &str| Question {
+        identity: Some(identity(namespace)),
+        ..Question::new(
+            Target::Name {
+                namespace: "shop".into(),
+                name: "api".into(),
+            },
+            "web",
+        )
+    };
+    let wire = |namespace: &str| {
+        (
+            "b.mesh.test".to_string(),
+            namespace.to_string(),
+            "web".to_string(),
+        )
+    };
+    b.set_imports(&[import("storefront")]);
+    assert_eq!(asked(&mut rx), [wire("storefront")]);
+    b.set_imports(&[import("storefront")]);
+    assert_eq!(asked(&mut rx), [], "nothing changed");
+    b.set_imports(&[import("checkout")]);
+    assert_eq!(asked(&mut rx), [wire("checkout")]);
+    // Re-issued with the parent session's questions.
+    let (up, _rx) = Uplink::new(16);
+    let again = b.begin_upward(up);
+    assert_eq!(
+        again
+            .into_iter()
+            .map(|q| (
+                q.requester_trust_domain,
+                q.requester_namespace,
+                q.requester_service_account
+            ))
+            .collect::<Vec<_>>(),
+        [wire("checkout")]
+    );
+}
+
 /// A refused question stands across a confirmed snapshot (it is asked again after it) and goes
 /// once the question is answered.
 #[test]
@@ -514,7 +631,7 @@ fn a_refused_question_stands_until_it_is_answered() {
         namespace: "shop".into(),
         name: "api".into(),
     };
-    b.set_imports(&[(api, "web".into())]);
+    b.set_imports(&[Question::new(api, "web")]);
     let asked = std::iter::from_fn(|| rx.try_recv().ok())
         .find_map(|m| match m.payload {
             Some(fed::child_message::Payload::ServiceQuery(q)) => Some(q),

@@ -345,7 +345,7 @@ struct Classified {
 
 enum Wanted {
     Peer(RemoteSpec),
-    Parent(ParentSpec, Vec<(crate::federation::Target, String)>),
+    Parent(ParentSpec, Vec<crate::federation::Question>),
 }
 
 struct Controller {
@@ -363,7 +363,11 @@ struct Controller {
     retry: bool,
 }
 
-fn validity_of(rr: &RemoteRegistry, namespace: &str) -> (Validity, Option<Wanted>) {
+fn validity_of(
+    rr: &RemoteRegistry,
+    namespace: &str,
+    trust_domain: &str,
+) -> (Validity, Option<Wanted>) {
     let invalid = |reason: &str, message: String| {
         (
             Validity::Invalid {
@@ -402,7 +406,7 @@ fn validity_of(rr: &RemoteRegistry, namespace: &str) -> (Validity, Option<Wanted
                 server_name: spec.server_name,
                 roots: spec.roots,
             },
-            crate::remotes::hierarchy_imports(rr),
+            crate::remotes::hierarchy_imports(rr, trust_domain),
         ),
     };
     (Validity::Valid, Some(wanted))
@@ -507,11 +511,12 @@ impl Controller {
     }
 
     fn classify(&self) -> Vec<Classified> {
+        let trust_domain = self.parts.remotes.level().trust_domain();
         let mut out: Vec<Classified> = self
             .rrs
             .values()
             .map(|rr| {
-                let (validity, run) = validity_of(rr, &self.parts.namespace);
+                let (validity, run) = validity_of(rr, &self.parts.namespace, &trust_domain);
                 Classified {
                     rr: rr.clone(),
                     validity,
