@@ -42,7 +42,9 @@ use xcc_proto::crd::{
     MANAGED_BY_LABEL, Protocol, ServiceRecord,
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
-use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, record_hostnames};
+use xcc_proto::mcs::{
+    MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, record_hostnames,
+};
 use xcc_proto::names::{
     self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
 };
@@ -373,9 +375,7 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
     for (record, ports) in &contributing {
         let cluster = cilium::source_cluster(record).unwrap_or_default();
         for (address, host) in record_hostnames(record) {
-            hostnames
-                .entry((cluster.clone(), address))
-                .or_insert(host);
+            hostnames.entry((cluster.clone(), address)).or_insert(host);
         }
         for endpoint in &record.spec.endpoints {
             let shown = format!("{}:{}", endpoint.address, endpoint.port);

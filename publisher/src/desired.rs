@@ -19,8 +19,8 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use xcc_proto::crd::{
     Endpoint, MANAGED_BY_LABEL, Origin, PUBLISHER_MANAGER, Protocol, ServicePort, ServiceRecord,

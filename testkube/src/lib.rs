@@ -111,6 +111,48 @@ impl Turn {
     }
 }
 
+/// A shared control plane set up for a controller in MCS mode that sees every namespace: the
+/// test runs alone ([`Turn::alone`]), our CRDs and the upstream MCS CRDs (`deploy/mcs/crds`)
+/// are installed, and there are two fresh namespaces (`xcc-…` for the controller, `shop-…`
+/// for the exported and imported services) and the ServiceAccount `account` in the first,
+/// bound to `deploy/overlays/mcs`'s RBAC.
+pub struct McsPlane {
+    /// The control plane.
+    pub cp: &'static ControlPlane,
+    /// A cluster-admin client.
+    pub admin: kube::Client,
+    /// The controller's namespace.
+    pub xcc: String,
+    /// The namespace of the services.
+    pub shop: String,
+    /// The controller's ServiceAccount.
+    pub id: Identity,
+    _turn: Turn,
+}
+
+impl McsPlane {
+    /// The plane for `test` (`None`, after a skip line, without a control plane), the
+    /// controller running as `account`.
+    pub async fn start(test: &str, account: &str) -> Option<Self> {
+        let cp = shared(test)?;
+        let turn = Turn::alone().await;
+        cp.apply_dir(&deploy_dir().join("crds")).await;
+        cp.apply_dir(&deploy_dir().join("mcs/crds")).await;
+        let admin = cp.client().await;
+        let xcc = cp.namespace("xcc").await;
+        let shop = cp.namespace("shop").await;
+        let id = cp.identity(&xcc, "overlays/mcs", account).await;
+        Some(Self {
+            cp,
+            admin,
+            xcc,
+            shop,
+            id,
+            _turn: turn,
+        })
+    }
+}
+
 fn skip(test: &str) {
     eprintln!(
         "SKIP {test}: needs a real Kubernetes control plane; set {ASSETS_ENV} to a directory \

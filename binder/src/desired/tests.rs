@@ -944,7 +944,10 @@ fn a_headless_export_is_a_headless_service_with_hostnames_and_other_types_lose()
         m.conflict,
         Some(Conflict {
             winner: "e".into(),
-            losers: vec![("n".into(), "ClusterSetIP where the service is Headless".into())],
+            losers: vec![(
+                "n".into(),
+                "ClusterSetIP where the service is Headless".into()
+            )],
         })
     );
 

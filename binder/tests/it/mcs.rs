@@ -21,7 +21,7 @@ use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, ServiceImport};
 use xcc_proto::names::{self, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
-use xcc_testkube::poll;
+use xcc_testkube::{McsPlane, poll};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -47,18 +47,18 @@ fn imported(
 #[tokio::test]
 async fn imports_become_service_imports_beside_the_binders_objects() {
     let test = "imports_become_service_imports_beside_the_binders_objects";
-    let Some(cp) = xcc_testkube::shared(test) else {
+    // The controller in MCS mode watches every namespace: the test runs alone.
+    let Some(plane) = McsPlane::start(test, "xcc-binder").await else {
         return;
     };
-    // The controller in MCS mode watches every namespace: no other test's objects meanwhile.
-    let _turn = xcc_testkube::Turn::alone().await;
-    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
-    cp.apply_dir(&xcc_testkube::deploy_dir().join("mcs/crds"))
-        .await;
-    let admin = cp.client().await;
-    let xcc = cp.namespace("xcc").await;
-    let shop = cp.namespace("shop").await;
-    let id = cp.identity(&xcc, "overlays/mcs", "xcc-binder").await;
+    let McsPlane {
+        cp,
+        admin,
+        xcc,
+        shop,
+        id,
+        ..
+    } = &plane;
     let changes = cp
         .changes(
             None,

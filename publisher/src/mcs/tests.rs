@@ -100,10 +100,7 @@ fn only_other_clusters_exports_of_the_same_name_with_other_ports_conflict() {
             ],
         }
     );
-    assert_eq!(
-        conflicts(&own, Some("east"), [&same]),
-        Conflicts::default()
-    );
+    assert_eq!(conflicts(&own, Some("east"), [&same]), Conflicts::default());
 }
 
 fn headless(mut r: ServiceRecord) -> ServiceRecord {
@@ -167,7 +164,10 @@ fn conditions_follow_the_kep_reasons() {
         ]
     );
     assert_eq!(
-        table(&conditions(State::Skipped(&Skip::ExternalName), &Conflicts::default())),
+        table(&conditions(
+            State::Skipped(&Skip::ExternalName),
+            &Conflicts::default()
+        )),
         [
             ("Valid", "False", "InvalidServiceType"),
             ("Ready", "False", "Pending"),
@@ -175,15 +175,24 @@ fn conditions_follow_the_kep_reasons() {
         ]
     );
     assert_eq!(
-        table(&conditions(State::Skipped(&Skip::Headless), &Conflicts::default()))[0],
+        table(&conditions(
+            State::Skipped(&Skip::Headless),
+            &Conflicts::default()
+        ))[0],
         ("Valid", "False", "InvalidServiceType")
     );
     assert_eq!(
-        table(&conditions(State::Skipped(&Skip::NoPorts), &Conflicts::default()))[0],
+        table(&conditions(
+            State::Skipped(&Skip::NoPorts),
+            &Conflicts::default()
+        ))[0],
         ("Valid", "False", "NoPorts")
     );
     assert_eq!(
-        table(&conditions(State::RecordTaken("api.example"), &Conflicts::default())),
+        table(&conditions(
+            State::RecordTaken("api.example"),
+            &Conflicts::default()
+        )),
         [
             ("Valid", "True", "Valid"),
             ("Ready", "False", "Failed"),
@@ -227,11 +236,21 @@ fn merging_keeps_transition_times_while_the_status_holds() {
     let then = Time(Timestamp::from_second(1_700_000_000).unwrap());
     let now = Time(Timestamp::from_second(1_800_000_000).unwrap());
     let own = record("a.b", Some("east"), json!([{"port": 80}]));
-    let first = merge(&[], &conditions(State::NoService, &Conflicts::default()), Some(1), &then);
+    let first = merge(
+        &[],
+        &conditions(State::NoService, &Conflicts::default()),
+        Some(1),
+        &then,
+    );
     assert!(first.iter().all(|c| c.last_transition_time == then));
     assert!(up_to_date(
         &first,
-        &merge(&first, &conditions(State::NoService, &Conflicts::default()), Some(1), &now)
+        &merge(
+            &first,
+            &conditions(State::NoService, &Conflicts::default()),
+            Some(1),
+            &now
+        )
     ));
 
     let second = merge(

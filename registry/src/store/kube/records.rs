@@ -307,8 +307,8 @@ mod tests {
             (xcc_proto::mcs::HEADLESS_ANNOTATION, "true"),
             (xcc_proto::mcs::HOSTNAMES_ANNOTATION, "10.0.0.1=web-0"),
         ];
-        let r = imported_record(&owner(), "xcc", &imported("web.example", &headless))
-            .expect("valid");
+        let r =
+            imported_record(&owner(), "xcc", &imported("web.example", &headless)).expect("valid");
         assert_eq!(
             r.metadata.annotations,
             Some(
