@@ -10,6 +10,10 @@
 //!   of the binder's Service, `clusters: [east]`), EndpointSlices with the MCS labels, and the
 //!   DNS zone built from west's Services answering `<svc>.<ns>.svc.clusterset.local` with the
 //!   ServiceImport's IP;
+//! - a headless Service with a ServiceExport in `east` → in `west` a `Headless` ServiceImport
+//!   without IPs, a headless Service and a slice carrying east's pod addresses and hostnames
+//!   (they travel over Hamlet as record annotations), and the DNS index fed with those objects
+//!   answering the MCS name with the pods and `<hostname>.east.<svc>.<ns>...` with one pod;
 //! - the ServiceExport deleted → the ServiceImport and the slices gone in `west`.
 //!
 //! No request of any xcc process was refused. Every step waits on API state, never on time.
@@ -191,6 +195,112 @@ async fn service_export_in_east_is_a_service_import_in_west() {
         .map(|ip| ip.to_string())
         .collect();
     assert_eq!(answer, [west_ip]);
+
+    // A headless Service in east, exported with a ServiceExport: its pods (from its
+    // EndpointSlice) and their hostnames travel over Hamlet; west writes a Headless
+    // ServiceImport without IPs, a headless Service and a slice with the hostnames, and the
+    // DNS index fed with west's objects answers the MCS name with the pods and
+    // `<hostname>.east.db.shop.svc.clusterset.local` with the pod of that hostname.
+    east.apply(
+        "services",
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "db", "namespace": "shop"},
+               "spec": {"clusterIP": "None", "ports": [{"name": "sql", "port": 5432}]}}),
+    )
+    .await;
+    east.apply(
+        "endpointslices",
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "db-pods", "namespace": "shop",
+                            "labels": {"kubernetes.io/service-name": "db"}},
+               "addressType": "IPv4",
+               "ports": [{"name": "sql", "port": 15432, "protocol": "TCP"}],
+               "endpoints": [{"addresses": ["10.4.0.1"], "hostname": "db-0"},
+                             {"addresses": ["10.4.0.2"], "hostname": "db-1"}]}),
+    )
+    .await;
+    east.apply(
+        "serviceexports",
+        json!({"apiVersion": MCS, "kind": "ServiceExport",
+               "metadata": {"name": "db", "namespace": "shop"}}),
+    )
+    .await;
+    let db_import = wait_for(
+        "west's Headless ServiceImport db",
+        WAIT,
+        async || west.get(MCS, "serviceimports", Some("shop"), "db").await,
+        || logs(&east, &west),
+    )
+    .await;
+    assert_eq!(
+        db_import["spec"],
+        json!({"type": "Headless", "ports": [{"protocol": "TCP", "port": 5432}]})
+    );
+    let db_fqdn = "db.shop.svc.clusterset.local";
+    let db_svc = service_name(db_fqdn);
+    let db_service = west.get("v1", "services", Some(NS), &db_svc).await.unwrap();
+    assert_eq!(db_service["spec"]["clusterIP"], "None");
+    let db_slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice> = wait_for(
+        "west's slice of db with both pods",
+        WAIT,
+        async || {
+            let slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice> = west
+                .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
+                .await
+                .into_iter()
+                .filter(|s| {
+                    s["metadata"]["labels"]["kubernetes.io/service-name"] == db_svc.as_str()
+                })
+                .map(|s| serde_json::from_value(s).unwrap())
+                .collect();
+            (slices.len() == 1 && slices[0].endpoints.len() == 2).then_some(slices)
+        },
+        || logs(&east, &west),
+    )
+    .await;
+    let pods: Vec<(String, Option<String>, Option<i32>)> = db_slices[0]
+        .endpoints
+        .iter()
+        .map(|e| {
+            (
+                e.addresses[0].clone(),
+                e.hostname.clone(),
+                db_slices[0].ports.as_ref().unwrap()[0].port,
+            )
+        })
+        .collect();
+    assert_eq!(
+        pods,
+        [
+            (
+                "10.4.0.1".to_string(),
+                Some("db-0".to_string()),
+                Some(15432)
+            ),
+            (
+                "10.4.0.2".to_string(),
+                Some("db-1".to_string()),
+                Some(15432)
+            ),
+        ]
+    );
+    let mut index = xcc_dns::index::DnsIndex::new(vec!["clusterset.local".to_string()], []);
+    let typed: k8s_openapi::api::core::v1::Service = serde_json::from_value(db_service).unwrap();
+    index.reset_services(xcc_dns::kube_feed::service_info(&typed));
+    index.reset_slices(db_slices.iter().filter_map(xcc_dns::headless::slice_info));
+    index.publish(1);
+    let snapshot = index.snapshot();
+    let a = |name: &str| -> Vec<String> {
+        let name = hickory_proto::rr::Name::from_ascii(format!("{name}.")).unwrap();
+        snapshot
+            .zones
+            .find_zone(&name)
+            .and_then(|z| z.node(&name))
+            .map(|n| n.v4.iter().map(|ip| ip.to_string()).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(a(db_fqdn), ["10.4.0.1", "10.4.0.2"]);
+    assert_eq!(a(&format!("db-1.east.{db_fqdn}")), ["10.4.0.2"]);
 
     // Unexport: the ServiceImport and the slices leave west.
     east.delete(MCS, "ServiceExport", "serviceexports", Some("shop"), "api")
