@@ -5,7 +5,9 @@
 //! source clusters) beside the Service and the per-cluster EndpointSlices with the MCS labels;
 //! a ServiceImport someone else made is never touched; a headless export is a `Headless`
 //! ServiceImport without IPs beside a headless Service whose slices carry the pod hostnames;
-//! a restarted binder rewrites nothing at steady state; removing the imports removes the
+//! a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
+//! an export that stops being headless gets a Service with a cluster IP and a ClusterSetIP
+//! ServiceImport; removing the imports removes the
 //! binder's ServiceImport and slices. Waits wake on watches, never on time.
 
 #![allow(clippy::unwrap_used)]
@@ -15,7 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use xcc_binder::controller::{Config, Controller, Metrics};
@@ -251,6 +253,55 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         .filter(|w| w.contains("serviceimports") && !w.contains(&format!("{shop}/late ")))
         .collect();
     assert_eq!(imports_written, Vec::<String>::new());
+
+    // A pod's hostname changes: the slice follows. Then the export stops being headless: the
+    // Service is made again with a cluster IP, and the ServiceImport becomes ClusterSetIP.
+    let annotate = async |annotations: serde_json::Value| {
+        records
+            .patch(
+                "db-east",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await
+            .unwrap();
+    };
+    annotate(json!({HOSTNAMES_ANNOTATION: "10.1.0.5=db-5"})).await;
+    changes
+        .wait_for(
+            "the slice of db with the new hostname",
+            TIMEOUT,
+            async || {
+                let list = slices
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("kubernetes.io/service-name={db_service}")),
+                    )
+                    .await
+                    .unwrap();
+                (list.items.first()?.endpoints[0].hostname.as_deref() == Some("db-5")).then_some(())
+            },
+        )
+        .await;
+    annotate(json!({HEADLESS_ANNOTATION: null, HOSTNAMES_ANNOTATION: null})).await;
+    let cluster_ip = changes
+        .wait_for("db's Service with a cluster IP", TIMEOUT, async || {
+            let ip = services
+                .get_opt(&db_service)
+                .await
+                .unwrap()?
+                .spec?
+                .cluster_ip?;
+            (ip != "None").then_some(ip)
+        })
+        .await;
+    changes
+        .wait_for("ServiceImport db as ClusterSetIP", TIMEOUT, async || {
+            let i = imports.get_opt("db").await.unwrap()?;
+            (i.spec.type_ == "ClusterSetIP" && i.spec.ips == Some(vec![cluster_ip.clone()]))
+                .then_some(())
+        })
+        .await;
 
     // Removing the imports removes the binder's ServiceImport and slices; the foreign
     // ServiceImport stays as it was.
