@@ -912,7 +912,9 @@ fn a_headless_export_is_a_headless_service_with_hostnames_and_other_types_lose()
     assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
     assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
     assert_eq!(m.vip, None, "a headless Service carries no VIP");
-    let got: Vec<(String, Vec<(String, Option<String>)>)> = m
+    // Source cluster → its slice's (address, hostname)s.
+    type Pods = Vec<(String, Option<String>)>;
+    let got: Vec<(String, Pods)> = m
         .slices
         .iter()
         .map(|s| {

@@ -82,7 +82,7 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         .await;
     let pp = PostParams::default();
     // Someone else's ServiceImport (Submariner's, say) of an origin imported here too.
-    let imports: Api<ServiceImport> = Api::namespaced(admin.clone(), &shop);
+    let imports: Api<ServiceImport> = Api::namespaced(admin.clone(), shop);
     let foreign: ServiceImport = serde_json::from_value(json!({
         "metadata": {"name": "web", "labels": {"app.kubernetes.io/managed-by": "lighthouse"}},
         "spec": {"type": "Headless", "ports": [{"port": 9}]},
@@ -91,13 +91,13 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
     imports.create(&pp, &foreign).await.unwrap();
 
     let ar = kube::api::ApiResource::erase::<ServiceRecord>(&());
-    let records: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &xcc, &ar);
+    let records: Api<DynamicObject> = Api::namespaced_with(admin.clone(), xcc, &ar);
     let fqdn = format!("api.{shop}.svc.clusterset.local");
     let web_fqdn = format!("web.{shop}.svc.clusterset.local");
     for r in [
-        imported("api-east", &fqdn, "east", "10.1.0.1", &shop, "api"),
-        imported("api-west", &fqdn, "west", "10.2.0.1", &shop, "api"),
-        imported("web-east", &web_fqdn, "east", "10.1.0.2", &shop, "web"),
+        imported("api-east", &fqdn, "east", "10.1.0.1", shop, "api"),
+        imported("api-west", &fqdn, "west", "10.2.0.1", shop, "api"),
+        imported("web-east", &web_fqdn, "east", "10.1.0.2", shop, "web"),
     ] {
         records.create(&pp, &r).await.unwrap();
     }
@@ -105,7 +105,7 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
     let running = Running::start(id, xcc).await;
 
     // The binder's Service for the FQDN, with its cluster IP: the ServiceImport's IP.
-    let services: Api<Service> = Api::namespaced(admin.clone(), &xcc);
+    let services: Api<Service> = Api::namespaced(admin.clone(), xcc);
     let service_name = names::service_name(&fqdn);
     let cluster_ip = changes
         .wait_for(
@@ -142,7 +142,7 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         json!({"clusters": [{"cluster": "east"}, {"cluster": "west"}]})
     );
     // One slice per source cluster, labelled for MCS.
-    let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), &xcc);
+    let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), xcc);
     let mut labelled: Vec<(String, String, Vec<String>)> = slices
         .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service_name}")))
         .await

@@ -97,9 +97,9 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
             ],
         )
         .await;
-    let services: Api<Service> = Api::namespaced(admin.clone(), &shop);
-    let exports: Api<ServiceExport> = Api::namespaced(admin.clone(), &shop);
-    let records: Api<ServiceRecord> = Api::namespaced(admin.clone(), &shop);
+    let services: Api<Service> = Api::namespaced(admin.clone(), shop);
+    let exports: Api<ServiceExport> = Api::namespaced(admin.clone(), shop);
+    let records: Api<ServiceRecord> = Api::namespaced(admin.clone(), shop);
     let pp = PostParams::default();
     services
         .create(&pp, &service("api", json!({}), 80))
@@ -209,7 +209,7 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
     }))
     .unwrap();
     let ar = kube::api::ApiResource::erase::<ServiceRecord>(&());
-    Api::<DynamicObject>::namespaced_with(admin.clone(), &xcc, &ar)
+    Api::<DynamicObject>::namespaced_with(admin.clone(), xcc, &ar)
         .create(&pp, &imported)
         .await
         .unwrap();
