@@ -86,13 +86,10 @@ pub fn is_headless(record: &crate::crd::ServiceRecord) -> bool {
         .is_some_and(|v| v == HEADLESS_TRUE)
 }
 
-/// The [`HOSTNAMES_ANNOTATION`] value of `hostnames` (address → hostname).
+/// The [`HOSTNAMES_ANNOTATION`] value of `hostnames` (address → hostname): the
+/// `key=value,...` form of selectors.
 pub fn format_hostnames(hostnames: &BTreeMap<String, String>) -> String {
-    hostnames
-        .iter()
-        .map(|(address, host)| format!("{address}={host}"))
-        .collect::<Vec<_>>()
-        .join(",")
+    crate::names::format_selector(hostnames)
 }
 
 /// The address → hostname pairs of a [`HOSTNAMES_ANNOTATION`] value, addresses in canonical

@@ -56,6 +56,13 @@ fn conditions(export: &ServiceExport) -> Vec<(String, String, String)> {
     out
 }
 
+/// The message of the export's condition `type_`.
+fn message(export: &ServiceExport, type_: &str) -> String {
+    let conditions = export.status.as_ref().unwrap().conditions.as_ref().unwrap();
+    let found = conditions.iter().find(|c| c.type_ == type_).unwrap();
+    found.message.clone()
+}
+
 fn expect(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
     let mut out: Vec<_> = rows
         .iter()
@@ -152,16 +159,8 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ("example.com/Seen", "True", "Seen"),
     ]);
     let api = wait_conditions("api", exported.clone()).await;
-    let ready = api
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
     assert_eq!(
-        ready.message,
+        message(&api, "Ready"),
         format!("exported as ServiceRecord {}", fqdn("api"))
     );
     wait_conditions(
@@ -223,16 +222,8 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ]),
     )
     .await;
-    let conflict = conflicted
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .find(|c| c.type_ == "Conflict")
-        .unwrap();
     assert_eq!(
-        conflict.message,
+        message(&conflicted, "Conflict"),
         "ports here (http:80/TCP) differ from west (http:8080/TCP); importers serve one port set and leave the other clusters' endpoints out"
     );
 
@@ -307,16 +298,8 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ]),
     )
     .await;
-    let conflict = typed
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .find(|c| c.type_ == "Conflict")
-        .unwrap();
     assert_eq!(
-        conflict.message,
+        message(&typed, "Conflict"),
         "exported here as Headless, by west (ClusterSetIP); importers serve one type and leave the other clusters' endpoints out"
     );
 
