@@ -18,7 +18,7 @@ use xcc_proto::crd::{
     BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
 };
 use xcc_proto::mapping::validate_namespace;
-use xcc_proto::mcs::MCS_SOURCE_CLUSTER_LABEL;
+use xcc_proto::mcs::{MCS_SOURCE_CLUSTER_LABEL, ready_endpoints};
 use xcc_proto::names::clusterset_fqdn;
 
 use super::zone::{NameAnnotations, ServiceInfo, ServiceKey};
@@ -38,8 +38,7 @@ pub struct SliceInfo {
 }
 
 /// The key and DNS view of `slice`, or `None` when it is not the binder's or names no
-/// Service. Endpoints whose `ready` condition is false, and addresses that are not IPs, are
-/// left out (an unset condition counts as ready).
+/// Service; its endpoints are the [`ready_endpoints`].
 pub fn slice_info(slice: &EndpointSlice) -> Option<(SliceKey, SliceInfo)> {
     let labels = slice.metadata.labels.as_ref()?;
     if labels
@@ -54,18 +53,10 @@ pub fn slice_info(slice: &EndpointSlice) -> Option<(SliceKey, SliceInfo)> {
         .get(MCS_SOURCE_CLUSTER_LABEL)
         .filter(|c| validate_namespace(c).is_ok())
         .cloned();
-    let mut endpoints = Vec::new();
-    for e in &slice.endpoints {
-        if e.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
-            continue;
-        }
-        let hostname = e.hostname.clone().filter(|h| validate_namespace(h).is_ok());
-        for address in &e.addresses {
-            if let Ok(ip) = address.parse::<IpAddr>() {
-                endpoints.push((ip, hostname.clone()));
-            }
-        }
-    }
+    let endpoints = ready_endpoints(slice)
+        .into_iter()
+        .map(|(ip, hostname)| (ip, hostname.map(str::to_string)))
+        .collect();
     let key = (
         slice.metadata.namespace.clone()?,
         slice.metadata.name.clone()?,

@@ -114,6 +114,34 @@ pub fn parse_hostnames(value: &str) -> (BTreeMap<String, String>, usize) {
     (out, bad)
 }
 
+/// The ready endpoints of an EndpointSlice, as (address, hostname) per address: IPv4 and IPv6
+/// slices only; an endpoint whose `ready` condition is false is left out (unset counts as
+/// ready, as in Kubernetes), so are addresses that are not IPs; a hostname only when it is a
+/// DNS-1123 label.
+pub fn ready_endpoints(
+    slice: &k8s_openapi::api::discovery::v1::EndpointSlice,
+) -> Vec<(std::net::IpAddr, Option<&str>)> {
+    if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for e in &slice.endpoints {
+        if e.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+            continue;
+        }
+        let hostname = e
+            .hostname
+            .as_deref()
+            .filter(|h| crate::mapping::validate_namespace(h).is_ok());
+        for address in &e.addresses {
+            if let Ok(ip) = address.parse() {
+                out.push((ip, hostname));
+            }
+        }
+    }
+    out
+}
+
 /// The hostnames of a record's endpoints ([`parse_hostnames`] of its [`HOSTNAMES_ANNOTATION`],
 /// invalid pairs left out); empty for a record that is not headless.
 pub fn record_hostnames(record: &crate::crd::ServiceRecord) -> BTreeMap<String, String> {

@@ -48,7 +48,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use xcc_controller::probes::Health;
 use xcc_controller::queue::{Backoff, Queue};
-use xcc_proto::crd::{MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord};
+use xcc_proto::crd::{
+    ENDPOINTSLICE_SERVICE_NAME_LABEL, MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord,
+};
 use xcc_proto::mcs::ServiceExport;
 use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL};
 
@@ -455,7 +457,14 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
             service.and_then(|s| {
                 let uid = s.metadata.uid.clone()?;
                 let exported = mcs::exported(&s.metadata, export.as_deref());
-                let all_slices = shared.slices.state();
+                // Only a headless Service exports its slices (read in MCS mode only).
+                let headless =
+                    s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
+                let all_slices = if headless {
+                    shared.slices.state()
+                } else {
+                    Vec::new()
+                };
                 let slices = shared.settings.mcs.then(|| {
                     desired::slices_of(
                         &key.namespace,
@@ -937,7 +946,7 @@ pub async fn run(
         let s = shared.clone();
         tasks.spawn(drive(
             api,
-            watcher::Config::default().labels(desired::SLICE_SERVICE_NAME_LABEL),
+            watcher::Config::default().labels(ENDPOINTSLICE_SERVICE_NAME_LABEL),
             slice_writer,
             "endpointslices",
             shared.metrics.clone(),
@@ -949,7 +958,7 @@ pub async fn run(
                         e.metadata
                             .labels
                             .as_ref()
-                            .and_then(|l| l.get(desired::SLICE_SERVICE_NAME_LABEL)),
+                            .and_then(|l| l.get(ENDPOINTSLICE_SERVICE_NAME_LABEL)),
                     )
                 {
                     s.queue.add(SourceKey {

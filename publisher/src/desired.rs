@@ -23,11 +23,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use xcc_proto::crd::{
-    Endpoint, MANAGED_BY_LABEL, Origin, PUBLISHER_MANAGER, Protocol, ServicePort, ServiceRecord,
-    ServiceRecordSpec,
+    ENDPOINTSLICE_SERVICE_NAME_LABEL, Endpoint, MANAGED_BY_LABEL, Origin, PUBLISHER_MANAGER,
+    Protocol, ServicePort, ServiceRecord, ServiceRecordSpec,
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
-use xcc_proto::mcs::{HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION, format_hostnames};
+use xcc_proto::mcs::{
+    HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION, format_hostnames, ready_endpoints,
+};
 use xcc_proto::names::{
     self, CLUSTERS_ANNOTATION, EXPORT_LABEL, FQDN_ANNOTATION, LABEL_PREFIX, NODE_ROLE_MASTER_LABEL,
     SERVICE_PORT_ANNOTATION, WORKLOAD_SELECTOR_ANNOTATION,
@@ -371,9 +373,6 @@ pub fn from_service(
     )
 }
 
-/// The label Kubernetes puts on a Service's EndpointSlices: the Service's name.
-pub const SLICE_SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-
 /// The EndpointSlices among `slices` that belong to the Service `namespace/name`.
 pub fn slices_of<'a>(
     namespace: &str,
@@ -387,16 +386,15 @@ pub fn slices_of<'a>(
             s.metadata
                 .labels
                 .as_ref()
-                .and_then(|l| l.get(SLICE_SERVICE_NAME_LABEL))
+                .and_then(|l| l.get(ENDPOINTSLICE_SERVICE_NAME_LABEL))
                 .is_some_and(|n| n == name)
         })
         .collect()
 }
 
-/// What a headless Service exports, from its EndpointSlices: the ready addresses (an
-/// endpoint whose `ready` condition is unset counts as ready, as in Kubernetes), each
-/// endpoint's hostname (address → hostname, DNS-1123 labels only) and, per slice port name,
-/// the port the pods serve it on. FQDN-typed slices are left out.
+/// What a headless Service exports, from its EndpointSlices: the ready addresses
+/// ([`ready_endpoints`]), their hostnames (address → hostname) and, per slice port name, the
+/// port the pods serve it on.
 struct Pods {
     addresses: BTreeSet<String>,
     hostnames: BTreeMap<String, String>,
@@ -410,9 +408,6 @@ fn pods(slices: &[&EndpointSlice]) -> Pods {
         ports: BTreeMap::new(),
     };
     for slice in slices {
-        if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
-            continue;
-        }
         for p in slice.ports.iter().flatten() {
             if let Some(port) = p.port.filter(|p| (1..=65535).contains(p)) {
                 out.ports
@@ -420,26 +415,14 @@ fn pods(slices: &[&EndpointSlice]) -> Pods {
                     .or_insert(port);
             }
         }
-        for endpoint in &slice.endpoints {
-            if endpoint.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
-                continue;
+        for (ip, host) in ready_endpoints(slice) {
+            let ip = ip.to_string();
+            if let Some(host) = host {
+                out.hostnames
+                    .entry(ip.clone())
+                    .or_insert_with(|| host.to_string());
             }
-            let host = endpoint
-                .hostname
-                .as_deref()
-                .filter(|h| xcc_proto::mapping::validate_namespace(h).is_ok());
-            for address in &endpoint.addresses {
-                let Ok(ip) = address.parse::<IpAddr>() else {
-                    continue;
-                };
-                let ip = ip.to_string();
-                if let Some(host) = host {
-                    out.hostnames
-                        .entry(ip.clone())
-                        .or_insert_with(|| host.to_string());
-                }
-                out.addresses.insert(ip);
-            }
+            out.addresses.insert(ip);
         }
     }
     out

@@ -667,7 +667,7 @@ fn clusters_annotation_parsing() {
 fn slice(service: &str, namespace: &str, address_type: &str, endpoints: Value) -> EndpointSlice {
     serde_json::from_value(json!({
         "metadata": {"name": format!("{service}-x"), "namespace": namespace,
-                     "labels": {SLICE_SERVICE_NAME_LABEL: service}},
+                     "labels": {ENDPOINTSLICE_SERVICE_NAME_LABEL: service}},
         "addressType": address_type,
         "endpoints": endpoints,
         "ports": [{"name": "web", "port": 8080}, {"name": "metrics", "port": 0}],
