@@ -155,13 +155,20 @@ fn type_of(spec: Option<&ServiceSpec>) -> &str {
     spec.and_then(|s| s.type_.as_deref()).unwrap_or("ClusterIP")
 }
 
-/// Whether the stored Service matches the desired one on the binder's fields: metadata, type
-/// and load-balancer class, no selector, and each port's name, number and protocol.
+/// Whether a Service is headless (`clusterIP: None`).
+fn headless(service: &Service) -> bool {
+    service.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None")
+}
+
+/// Whether the stored Service matches the desired one on the binder's fields: metadata, type,
+/// headless or not, and load-balancer class, no selector, and each port's name, number and
+/// protocol.
 pub fn service_up_to_date(current: &Service, desired: &Service) -> bool {
     let ports = service_ports;
     let spec = current.spec.as_ref();
     meta_up_to_date(&current.metadata, &desired.metadata)
         && type_of(spec) == type_of(desired.spec.as_ref())
+        && headless(current) == headless(desired)
         && spec.and_then(|s| s.load_balancer_class.as_ref())
             == desired
                 .spec
@@ -187,12 +194,12 @@ fn ingress_ips(service: &Service) -> Vec<String> {
 
 /// Whether the stored EndpointSlice matches the desired one on the binder's fields.
 pub fn slice_up_to_date(current: &EndpointSlice, desired: &EndpointSlice) -> bool {
-    let endpoints = |s: &EndpointSlice| -> Vec<(Vec<String>, bool)> {
+    let endpoints = |s: &EndpointSlice| -> Vec<(Vec<String>, bool, Option<String>)> {
         s.endpoints
             .iter()
             .map(|e| {
                 let ready = e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true);
-                (e.addresses.clone(), ready)
+                (e.addresses.clone(), ready, e.hostname.clone())
             })
             .collect()
     };
@@ -349,10 +356,21 @@ pub async fn sync_group_known<'a>(
         let current = match service {
             Some(c) if service_up_to_date(&c, &m.service) => c,
             _ => {
+                // A cluster IP cannot be added to or taken from a Service: one that turns
+                // headless or back (its export changed type) is made again.
+                let service = match service {
+                    Some(c) if headless(&c) != headless(&m.service) => {
+                        let uid = c.metadata.uid.clone().unwrap_or_default();
+                        delete_exact(&services, "Service", namespace, &service_name, &uid).await?;
+                        applied.push(format!("Service/{service_name} (deleted: type changed)"));
+                        None
+                    }
+                    other => other,
+                };
                 if let Some(c) = &service {
                     let mut taken = Written::default();
                     take_back_ports(&services, c, &m.service, &mut taken).await?;
-                    applied = taken.applied;
+                    applied.extend(taken.applied);
                 }
                 let stored = services
                     .patch(&service_name, &params, &Patch::Apply(&m.service))

@@ -7,7 +7,9 @@
 //! - a selector-less ClusterIP **Service** named [`names::service_name`] with the FQDN
 //!   annotation (and the origin annotations the DNS server reads), owned by every record of the
 //!   group (owner references sorted by UID); with a VIP it is a LoadBalancer of the inert class
-//!   [`VIP_LOAD_BALANCER_CLASS`] and the VIP goes into its load-balancer status;
+//!   [`VIP_LOAD_BALANCER_CLASS`] and the VIP goes into its load-balancer status; for a headless
+//!   export ([`xcc_proto::mcs::HEADLESS_ANNOTATION`]) it is headless (`clusterIP: None`) and
+//!   the slices' endpoints carry the exporter's pod hostnames;
 //! - **EndpointSlices**, one per source cluster, address family and port set, labelled
 //!   `kubernetes.io/service-name` and `endpointslice.kubernetes.io/managed-by: xcc-binder`, and
 //!   with the MCS labels `multicluster.kubernetes.io/service-name` (the origin's name: the
@@ -17,7 +19,8 @@
 //!
 //! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. When
 //! the records of a group disagree on ports, the record with the lowest UID wins, the others'
-//! endpoints are left out and the outcome carries a [`Conflict`] (B3: deterministic, reported).
+//! endpoints are left out and the outcome carries a [`Conflict`] (B3: deterministic, reported);
+//! so are records of the other type (headless or not) than the winner's (MCS `TypeConflict`).
 //! Only fields the binder owns are set, so server-side apply compares exactly those (B1).
 //!
 //! [`cilium`] computes the `CiliumGlobalService` materialisation (seed 004).
@@ -39,7 +42,9 @@ use xcc_proto::crd::{
     MANAGED_BY_LABEL, Protocol, ServiceRecord,
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
-use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
+use xcc_proto::mcs::{
+    MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, record_hostnames,
+};
 use xcc_proto::names::{
     self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
 };
@@ -328,10 +333,19 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         ));
     };
     let winner_key = port_key(&ports);
+    let headless = is_headless(winner);
     let mut losers = Vec::new();
     let mut contributing = Vec::new();
     for (record, result) in &resolved {
         match result {
+            Ok(_) if is_headless(record) != headless => losers.push((
+                name(record).to_string(),
+                format!(
+                    "{} where the service is {}",
+                    kind(!headless),
+                    kind(headless)
+                ),
+            )),
             Ok(p) if port_key(p) == winner_key => contributing.push((*record, p.clone())),
             Ok(p) => losers.push((
                 name(record).to_string(),
@@ -356,8 +370,13 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
     // (source cluster, address) → (is IPv6, the (name, protocol, endpoint port) entries it
     // serves).
     let mut served: BTreeMap<(String, String), (bool, BTreeSet<PortEntry>)> = BTreeMap::new();
+    // (source cluster, address) → the pod's hostname, of headless exports.
+    let mut hostnames: BTreeMap<(String, String), String> = BTreeMap::new();
     for (record, ports) in &contributing {
         let cluster = cilium::source_cluster(record).unwrap_or_default();
+        for (address, host) in record_hostnames(record) {
+            hostnames.entry((cluster.clone(), address)).or_insert(host);
+        }
         for endpoint in &record.spec.endpoints {
             let shown = format!("{}:{}", endpoint.address, endpoint.port);
             let Ok(ip) = endpoint.address.parse::<IpAddr>() else {
@@ -417,7 +436,9 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         );
         annotations.insert(ORIGIN_NAME_ANNOTATION.to_string(), origin.name.clone());
     }
+    // A headless Service has no address to put a VIP on.
     let vip = annotation(winner, VIP_ANNOTATION)
+        .filter(|_| !headless)
         .and_then(|v| v.trim().parse::<IpAddr>().ok())
         .map(|ip| ip.to_string());
     let service = Service {
@@ -434,6 +455,7 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
                 }
                 .into(),
             ),
+            cluster_ip: headless.then(|| "None".into()),
             load_balancer_class: vip.as_ref().map(|_| VIP_LOAD_BALANCER_CLASS.into()),
             allocate_load_balancer_node_ports: vip.as_ref().map(|_| false),
             ports: Some(
@@ -492,6 +514,7 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
                     .iter()
                     .map(|a| SliceEndpoint {
                         addresses: vec![a.clone()],
+                        hostname: hostnames.get(&(cluster.clone(), a.clone())).cloned(),
                         conditions: Some(EndpointConditions {
                             ready: Some(true),
                             ..EndpointConditions::default()
@@ -568,6 +591,15 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         conflict,
         dropped,
     })
+}
+
+/// The MCS type name of a headless or cluster IP service, for messages.
+fn kind(headless: bool) -> &'static str {
+    if headless {
+        xcc_proto::mcs::TYPE_HEADLESS
+    } else {
+        xcc_proto::mcs::TYPE_CLUSTER_SET_IP
+    }
 }
 
 /// Names of the binder's EndpointSlices for `service_name` among `existing` that are not in

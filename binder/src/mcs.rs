@@ -1,10 +1,11 @@
 //! The Multi-Cluster Services side of the binder (KEP-1645), pure: for each service imported
 //! here, a `ServiceImport` named like its origin in the origin's namespace (namespace
 //! sameness), beside the Service and EndpointSlices the binder already writes ([`desired`]):
-//! - `spec.type: ClusterSetIP` (xcc exports only Services with a cluster IP, so no import is
-//!   headless), `spec.ports` from the lowest-UID record with usable ports (as the Service's),
-//!   `spec.ips`: the cluster IPs of the binder's Service for the FQDN — what `xcc dns` answers
-//!   for `<name>.<namespace>.svc.clusterset.local` (none until the API server allocated them);
+//! - `spec.type: ClusterSetIP`, or `Headless` when that record is a headless export
+//!   ([`xcc_proto::mcs::HEADLESS_ANNOTATION`]), `spec.ports` from the lowest-UID record with
+//!   usable ports (as the Service's), `spec.ips` (ClusterSetIP only): the cluster IPs of the
+//!   binder's Service for the FQDN — what `xcc dns` answers for
+//!   `<name>.<namespace>.svc.clusterset.local` (none until the API server allocated them);
 //! - `status.clusters`: the source clusters of the records, sorted;
 //! - the managed label and the install annotation of Cilium mode ([`cilium::INSTALL_ANNOTATION`]),
 //!   so a binder writes and deletes only its own ServiceImports: one that Submariner, Cilium or
@@ -19,7 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use xcc_proto::crd::{BINDER_MANAGER, MANAGED_BY_LABEL, ServiceRecord};
 use xcc_proto::mcs::{
     ClusterStatus, McsServicePort, ServiceImport, ServiceImportSpec, ServiceImportStatus,
-    TYPE_CLUSTER_SET_IP,
+    TYPE_CLUSTER_SET_IP, TYPE_HEADLESS, is_headless,
 };
 use xcc_proto::names::{self, FQDN_ANNOTATION};
 
@@ -80,7 +81,12 @@ pub fn desired(
             .namespace
             .clone()
             .and_then(|ns| services.get(&(ns, names::service_name(&fqdn))).copied());
-        let ips = service_ips(service);
+        let headless = is_headless(winner);
+        let ips = if headless {
+            Vec::new()
+        } else {
+            service_ips(service)
+        };
         let clusters: BTreeSet<String> = group
             .iter()
             .filter_map(|r| cilium::source_cluster(r))
@@ -111,7 +117,12 @@ pub fn desired(
             },
             spec: ServiceImportSpec {
                 ports: mcs_ports,
-                type_: TYPE_CLUSTER_SET_IP.into(),
+                type_: if headless {
+                    TYPE_HEADLESS
+                } else {
+                    TYPE_CLUSTER_SET_IP
+                }
+                .into(),
                 ips: (!ips.is_empty()).then_some(ips),
                 session_affinity: None,
             },

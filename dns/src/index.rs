@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use xcc_proto::mapping::NamespaceMapping;
 
 use super::answer::Snapshot;
+use super::headless::{self, SliceInfo, SliceKey};
 use super::pods::PodIndex;
 use super::zone::{ServiceInfo, ServiceKey, ZoneSet};
 
@@ -32,6 +33,8 @@ pub enum FeedSource {
     Pods,
     /// Namespaces, for the mapping annotations.
     Namespaces,
+    /// The binder's EndpointSlices, for headless imports ([`headless`]).
+    EndpointSlices,
     /// The static records file.
     Static,
 }
@@ -52,6 +55,7 @@ pub struct PublishReport {
 pub struct DnsIndex {
     apexes: Vec<String>,
     services: BTreeMap<ServiceKey, ServiceInfo>,
+    slices: BTreeMap<SliceKey, SliceInfo>,
     statics: Vec<ServiceInfo>,
     pods: Arc<PodIndex>,
     mapping: Arc<NamespaceMapping>,
@@ -77,6 +81,7 @@ impl DnsIndex {
         Self {
             apexes,
             services: BTreeMap::new(),
+            slices: BTreeMap::new(),
             statics: Vec::new(),
             pods: Arc::default(),
             mapping: Arc::default(),
@@ -127,6 +132,32 @@ impl DnsIndex {
             self.zones_dirty = true;
         }
         self.complete(FeedSource::Services);
+    }
+
+    /// Add or replace one of the binder's EndpointSlices.
+    pub fn apply_slice(&mut self, key: SliceKey, slice: SliceInfo) {
+        if self.slices.get(&key) != Some(&slice) {
+            self.slices.insert(key, slice);
+            self.zones_dirty = true;
+        }
+    }
+
+    /// Remove an EndpointSlice (absent keys are fine).
+    pub fn delete_slice(&mut self, key: &SliceKey) {
+        if self.slices.remove(key).is_some() {
+            self.zones_dirty = true;
+        }
+    }
+
+    /// Replace every EndpointSlice with a full listing; completes
+    /// [`FeedSource::EndpointSlices`].
+    pub fn reset_slices(&mut self, all: impl IntoIterator<Item = (SliceKey, SliceInfo)>) {
+        let all: BTreeMap<SliceKey, SliceInfo> = all.into_iter().collect();
+        if all != self.slices {
+            self.slices = all;
+            self.zones_dirty = true;
+        }
+        self.complete(FeedSource::EndpointSlices);
     }
 
     /// Replace the static records; completes [`FeedSource::Static`].
@@ -230,7 +261,17 @@ impl DnsIndex {
         }
         let zones = if self.zones_dirty {
             report.zones_rebuilt = true;
-            let services = self.statics.iter().chain(self.services.values());
+            // Headless Services answer with their endpoints (from the binder's slices).
+            let (replaced, derived) = headless::derive(&self.services, &self.slices);
+            let services = self
+                .statics
+                .iter()
+                .chain(
+                    self.services
+                        .values()
+                        .filter(|s| !replaced.contains(&s.key)),
+                )
+                .chain(derived.iter());
             Arc::new(ZoneSet::build(
                 &self.apexes,
                 services,

@@ -1,6 +1,7 @@
-//! The Kubernetes feed of `xcc dns`: watches Services (always), and Pods and Namespaces (when
-//! transparent resolution or namespace mapping needs them), and applies what they say to the
-//! [`DnsIndex`] through a [`DnsFeed`].
+//! The Kubernetes feed of `xcc dns`: watches Services and the binder's EndpointSlices (always:
+//! headless imports answer with their endpoints, [`crate::headless`]), and Pods and Namespaces
+//! (when transparent resolution or namespace mapping needs them), and applies what they say to
+//! the [`DnsIndex`] through a [`DnsFeed`].
 //!
 //! Each watch is a `kube::runtime::watcher` (list, then watch from the list's resourceVersion,
 //! relisting after 410 Gone, with kube's default backoff on errors). The index is the cache, so
@@ -22,6 +23,7 @@ use std::path::Path;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -29,9 +31,11 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
+use xcc_proto::crd::{BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::FQDN_ANNOTATION;
 
+use super::headless::slice_info;
 use super::index::{DnsFeed, DnsIndex, FeedSource};
 use super::zone::{NameAnnotations, NamedPort, PortProtocol, ServiceInfo, ServiceKey};
 
@@ -78,7 +82,8 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeClientError
 /// What the Kubernetes feed watches.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KubeFeedConfig {
-    /// Watch Services in this namespace only (all namespaces when `None`).
+    /// Watch Services (and the binder's EndpointSlices) in this namespace only (all
+    /// namespaces when `None`).
     pub service_namespace: Option<String>,
     /// Watch Pods and Namespaces for the source address index and the namespace mapping.
     pub pods_and_namespaces: bool,
@@ -87,7 +92,7 @@ pub struct KubeFeedConfig {
 impl KubeFeedConfig {
     /// The sources the index must see listed before it is ready.
     pub fn required_sources(&self) -> Vec<FeedSource> {
-        let mut out = vec![FeedSource::Services];
+        let mut out = vec![FeedSource::Services, FeedSource::EndpointSlices];
         if self.pods_and_namespaces {
             out.extend([FeedSource::Pods, FeedSource::Namespaces]);
         }
@@ -198,18 +203,44 @@ pub async fn run(client: Client, feed: DnsFeed, config: KubeFeedConfig, cancel: 
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    let services = follow(services, &feed, &cancel, apply_services);
+    let slices: Api<EndpointSlice> = match &config.service_namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let all = watcher::Config::default;
+    let services = follow(services, all(), &feed, &cancel, apply_services);
+    let binders = format!("{ENDPOINTSLICE_MANAGED_BY_LABEL}={BINDER_MANAGER}");
+    let slices = follow(slices, all().labels(&binders), &feed, &cancel, apply_slices);
     if config.pods_and_namespaces {
-        let pods = follow(Api::<Pod>::all(client.clone()), &feed, &cancel, apply_pods);
+        let pods = follow(
+            Api::<Pod>::all(client.clone()),
+            all(),
+            &feed,
+            &cancel,
+            apply_pods,
+        );
         let namespaces = follow(
             Api::<Namespace>::all(client),
+            all(),
             &feed,
             &cancel,
             apply_namespaces,
         );
-        tokio::join!(services, pods, namespaces);
+        tokio::join!(services, slices, pods, namespaces);
     } else {
-        services.await;
+        tokio::join!(services, slices);
+    }
+}
+
+fn apply_slices(index: &mut DnsIndex, change: Change<EndpointSlice>) {
+    let key = |s: &EndpointSlice| (s.namespace().unwrap_or_default(), s.name_any());
+    match change {
+        Change::Listed(all) => index.reset_slices(all.iter().filter_map(slice_info)),
+        Change::Applied(slice) => match slice_info(&slice) {
+            Some((key, info)) => index.apply_slice(key, info),
+            None => index.delete_slice(&key(&slice)),
+        },
+        Change::Deleted(slice) => index.delete_slice(&key(&slice)),
     }
 }
 
@@ -261,10 +292,11 @@ fn apply_namespaces(index: &mut DnsIndex, change: Change<Namespace>) {
     }
 }
 
-/// Watch `api` until `cancel`, turning watcher events into [`Change`]s applied to the index in
-/// batches.
+/// Watch `api` (as `config` selects) until `cancel`, turning watcher events into [`Change`]s
+/// applied to the index in batches.
 async fn follow<K>(
     api: Api<K>,
+    config: watcher::Config,
     feed: &DnsFeed,
     cancel: &CancellationToken,
     apply: fn(&mut DnsIndex, Change<K>),
@@ -272,7 +304,7 @@ async fn follow<K>(
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let kind = K::kind(&()).to_string();
-    let mut stream = watcher::watcher(api, watcher::Config::default())
+    let mut stream = watcher::watcher(api, config)
         .default_backoff()
         .ready_chunks(BATCH)
         .boxed();

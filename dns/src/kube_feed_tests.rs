@@ -151,7 +151,7 @@ fn namespaces_and_required_sources() {
     assert_eq!(annotations["multicluster.kubernetes.io/namespace"], "bar");
     assert_eq!(
         KubeFeedConfig::default().required_sources(),
-        vec![FeedSource::Services]
+        vec![FeedSource::Services, FeedSource::EndpointSlices]
     );
     let all = KubeFeedConfig {
         pods_and_namespaces: true,
@@ -161,6 +161,7 @@ fn namespaces_and_required_sources() {
         all.required_sources(),
         vec![
             FeedSource::Services,
+            FeedSource::EndpointSlices,
             FeedSource::Pods,
             FeedSource::Namespaces
         ]

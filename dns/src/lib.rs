@@ -17,6 +17,7 @@
 
 pub mod answer;
 pub mod fast;
+pub mod headless;
 pub mod imports_feed;
 pub mod index;
 pub mod kube_feed;

@@ -64,6 +64,99 @@ pub const REASON_TYPE_CONFLICT: &str = "TypeConflict";
 /// `Conflict=False`.
 pub const REASON_NO_CONFLICTS: &str = "NoConflicts";
 
+/// Record annotation (travels over Hamlet as a FederatedService label): the exported Service
+/// is headless (`clusterIP: None`), its endpoints are the ready pod addresses, and importers
+/// answer its name with them (ServiceImport `type: Headless`). Value [`HEADLESS_TRUE`].
+pub const HEADLESS_ANNOTATION: &str = "connectivity.tanzu.vmware.com/headless";
+/// The only value of [`HEADLESS_ANNOTATION`].
+pub const HEADLESS_TRUE: &str = "true";
+/// Record annotation of a headless export: the hostnames of its endpoints that have one, as
+/// `address=hostname` pairs joined by `,`, sorted by address ([`format_hostnames`],
+/// [`parse_hostnames`]). The MCS DNS name of such an endpoint is
+/// `<hostname>.<cluster>.<service>.<namespace>.svc.clusterset.local`.
+pub const HOSTNAMES_ANNOTATION: &str = "connectivity.tanzu.vmware.com/hostnames";
+
+/// Whether a record is a headless export ([`HEADLESS_ANNOTATION`] is `true`).
+pub fn is_headless(record: &crate::crd::ServiceRecord) -> bool {
+    record
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HEADLESS_ANNOTATION))
+        .is_some_and(|v| v == HEADLESS_TRUE)
+}
+
+/// The [`HOSTNAMES_ANNOTATION`] value of `hostnames` (address → hostname): the
+/// `key=value,...` form of selectors.
+pub fn format_hostnames(hostnames: &BTreeMap<String, String>) -> String {
+    crate::names::format_selector(hostnames)
+}
+
+/// The address → hostname pairs of a [`HOSTNAMES_ANNOTATION`] value, addresses in canonical
+/// text form. A pair whose address is not an IP or whose hostname is not a DNS-1123 label is
+/// left out (counted in the second value); for an address listed twice the first pair counts.
+pub fn parse_hostnames(value: &str) -> (BTreeMap<String, String>, usize) {
+    let mut out = BTreeMap::new();
+    let mut bad = 0;
+    for pair in value.split(',').filter(|p| !p.is_empty()) {
+        let parsed = pair.split_once('=').and_then(|(address, host)| {
+            let ip = address.parse::<std::net::IpAddr>().ok()?;
+            crate::mapping::validate_namespace(host).ok()?;
+            Some((ip.to_string(), host.to_string()))
+        });
+        match parsed {
+            Some((address, host)) => {
+                out.entry(address).or_insert(host);
+            }
+            None => bad += 1,
+        }
+    }
+    (out, bad)
+}
+
+/// The ready endpoints of an EndpointSlice, as (address, hostname) per address: IPv4 and IPv6
+/// slices only; an endpoint whose `ready` condition is false is left out (unset counts as
+/// ready, as in Kubernetes), so are addresses that are not IPs; a hostname only when it is a
+/// DNS-1123 label.
+pub fn ready_endpoints(
+    slice: &k8s_openapi::api::discovery::v1::EndpointSlice,
+) -> Vec<(std::net::IpAddr, Option<&str>)> {
+    if slice.address_type != "IPv4" && slice.address_type != "IPv6" {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for e in &slice.endpoints {
+        if e.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+            continue;
+        }
+        let hostname = e
+            .hostname
+            .as_deref()
+            .filter(|h| crate::mapping::validate_namespace(h).is_ok());
+        for address in &e.addresses {
+            if let Ok(ip) = address.parse() {
+                out.push((ip, hostname));
+            }
+        }
+    }
+    out
+}
+
+/// The hostnames of a record's endpoints ([`parse_hostnames`] of its [`HOSTNAMES_ANNOTATION`],
+/// invalid pairs left out); empty for a record that is not headless.
+pub fn record_hostnames(record: &crate::crd::ServiceRecord) -> BTreeMap<String, String> {
+    if !is_headless(record) {
+        return BTreeMap::new();
+    }
+    record
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(HOSTNAMES_ANNOTATION))
+        .map(|v| parse_hostnames(v).0)
+        .unwrap_or_default()
+}
+
 /// The cluster an imported ServiceRecord comes from (its MCS source cluster):
 /// `spec.origin.cluster`, else the remote registry it was imported through.
 pub fn source_cluster(record: &crate::crd::ServiceRecord) -> Option<&str> {

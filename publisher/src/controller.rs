@@ -18,8 +18,9 @@
 //!
 //! In MCS mode ([`Settings::mcs`]) every Service is watched, a ServiceExport exports the Service
 //! of its name like the label does ([`crate::mcs`]), imported ServiceRecords are watched for
-//! other clusters' exports of the same name, and each ServiceExport's status conditions are
-//! written with server-side apply after its Service is reconciled.
+//! other clusters' exports of the same name, EndpointSlices are watched for the pods a
+//! headless Service exports, and each ServiceExport's status conditions are written with
+//! server-side apply after its Service is reconciled.
 //!
 //! Clusters without Contour are normal: when the HTTPProxy API is not served, Services are
 //! still exported, and the API is looked up again every [`Settings::discovery_retry`].
@@ -31,6 +32,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
@@ -46,7 +48,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use xcc_controller::probes::Health;
 use xcc_controller::queue::{Backoff, Queue};
-use xcc_proto::crd::{MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord};
+use xcc_proto::crd::{
+    ENDPOINTSLICE_SERVICE_NAME_LABEL, MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord,
+};
 use xcc_proto::mcs::ServiceExport;
 use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL};
 
@@ -287,6 +291,8 @@ struct Shared {
     exports: Store<ServiceExport>,
     /// Imported ServiceRecords, for other clusters' exports of the same name (MCS mode).
     imported: Store<ServiceRecord>,
+    /// EndpointSlices of Services, the pods a headless Service exports (MCS mode).
+    slices: Store<EndpointSlice>,
     proxy_api: tokio::sync::watch::Sender<ProxyApi>,
     reported: Mutex<HashMap<SourceKey, Reported>>,
     /// Keys of the first full sync not reconciled yet; `None` once ready.
@@ -451,6 +457,21 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
             service.and_then(|s| {
                 let uid = s.metadata.uid.clone()?;
                 let exported = mcs::exported(&s.metadata, export.as_deref());
+                // Only a headless Service exports its slices (read in MCS mode only).
+                let headless =
+                    s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
+                let all_slices = if headless {
+                    shared.slices.state()
+                } else {
+                    Vec::new()
+                };
+                let slices = shared.settings.mcs.then(|| {
+                    desired::slices_of(
+                        &key.namespace,
+                        &key.name,
+                        all_slices.iter().map(|s| s.as_ref()),
+                    )
+                });
                 // The clusterset namespace is the Service's own (no namespace mapping here).
                 Some((
                     uid,
@@ -459,6 +480,7 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
                         exported,
                         &key.namespace,
                         &nodes,
+                        slices.as_deref(),
                         &shared.settings.config,
                     ),
                 ))
@@ -537,12 +559,12 @@ async fn write_export_status(
         return Ok(());
     }
     let conflicts = match state {
-        mcs::State::Published(record) => mcs::port_conflicts(
+        mcs::State::Published(record) => mcs::conflicts(
             record,
             shared.settings.config.cluster.as_deref(),
             shared.imported.state().iter().map(|r| r.as_ref()),
         ),
-        _ => Vec::new(),
+        _ => mcs::Conflicts::default(),
     };
     let existing = export
         .status
@@ -848,6 +870,7 @@ pub async fn run(
     let (records, record_writer) = reflector::store::<ServiceRecord>();
     let (exports, export_writer) = reflector::store::<ServiceExport>();
     let (imported, imported_writer) = reflector::store::<ServiceRecord>();
+    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
     let reporter = Reporter {
         controller: LEASE_NAME.into(),
         instance: settings.instance.clone(),
@@ -867,6 +890,7 @@ pub async fn run(
         records: records.clone(),
         exports: exports.clone(),
         imported: imported.clone(),
+        slices: slices.clone(),
         proxy_api: tokio::sync::watch::Sender::new(ProxyApi::Unknown),
         reported: Mutex::default(),
         initial: Mutex::new(Some(HashSet::new())),
@@ -915,6 +939,34 @@ pub async fn run(
                     }
                 }
                 Event::Init | Event::InitDone => {}
+            },
+        ));
+        // EndpointSlices: a headless Service exports its pods.
+        let api: Api<EndpointSlice> = Api::all(client.clone());
+        let s = shared.clone();
+        tasks.spawn(drive(
+            api,
+            watcher::Config::default().labels(ENDPOINTSLICE_SERVICE_NAME_LABEL),
+            slice_writer,
+            "endpointslices",
+            shared.metrics.clone(),
+            cancel.clone(),
+            move |event| {
+                if let Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) = event
+                    && let (Some(namespace), Some(name)) = (
+                        e.metadata.namespace.as_ref(),
+                        e.metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get(ENDPOINTSLICE_SERVICE_NAME_LABEL)),
+                    )
+                {
+                    s.queue.add(SourceKey {
+                        kind: SourceKind::Service,
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                    });
+                }
             },
         ));
         // Imported records: another cluster's export of a name exported here may conflict.
@@ -1042,6 +1094,7 @@ pub async fn run(
             if mcs_mode {
                 exports.wait_until_ready().await?;
                 imported.wait_until_ready().await?;
+                slices.wait_until_ready().await?;
             }
             records.wait_until_ready().await
         };

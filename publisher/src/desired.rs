@@ -18,13 +18,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 use xcc_proto::crd::{
-    Endpoint, MANAGED_BY_LABEL, Origin, PUBLISHER_MANAGER, Protocol, ServicePort, ServiceRecord,
-    ServiceRecordSpec,
+    ENDPOINTSLICE_SERVICE_NAME_LABEL, Endpoint, MANAGED_BY_LABEL, Origin, PUBLISHER_MANAGER,
+    Protocol, ServicePort, ServiceRecord, ServiceRecordSpec,
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
+use xcc_proto::mcs::{
+    HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION, format_hostnames, ready_endpoints,
+};
 use xcc_proto::names::{
     self, CLUSTERS_ANNOTATION, EXPORT_LABEL, FQDN_ANNOTATION, LABEL_PREFIX, NODE_ROLE_MASTER_LABEL,
     SERVICE_PORT_ANNOTATION, WORKLOAD_SELECTOR_ANNOTATION,
@@ -81,7 +86,8 @@ pub enum Skip {
     NoVirtualHost,
     /// The FQDN is not a DNS name; the message says why.
     InvalidFqdn(String),
-    /// A Service without a cluster IP (`clusterIP: None`) has no single address to export.
+    /// A Service without a cluster IP (`clusterIP: None`) and no EndpointSlices to read its
+    /// pods from (the publisher reads them in MCS mode only).
     Headless,
     /// An ExternalName Service points elsewhere already.
     ExternalName,
@@ -98,7 +104,10 @@ impl std::fmt::Display for Skip {
             Skip::NotExported => write!(f, "not labelled {EXPORT_LABEL}"),
             Skip::NoVirtualHost => write!(f, "HTTPProxy has no spec.virtualhost"),
             Skip::InvalidFqdn(why) => write!(f, "{why}"),
-            Skip::Headless => write!(f, "headless Service (clusterIP: None) cannot be exported"),
+            Skip::Headless => write!(
+                f,
+                "headless Service (clusterIP: None) is exported only in MCS mode"
+            ),
             Skip::ExternalName => write!(f, "ExternalName Service cannot be exported"),
             Skip::NoPorts => write!(f, "Service has no ports"),
             Skip::IncompleteMetadata => write!(f, "object has no name, namespace or uid"),
@@ -347,7 +356,7 @@ pub fn parse_clusters(value: &str) -> Vec<String> {
 /// Endpoints by type: `LoadBalancer` — each ingress address on each service port (none until
 /// the load balancer is provisioned); `NodePort` — each ready node's InternalIPs on each node
 /// port (`spec.ports[].targetPort` then names the node port); `ClusterIP` — the cluster IPs on
-/// each port, for flat networks.
+/// each port, for flat networks; headless (`clusterIP: None`) — see [`from_exported_service`].
 pub fn from_service(
     service: &Service,
     clusterset_namespace: &str,
@@ -359,18 +368,80 @@ pub fn from_service(
         has_label(&service.metadata, EXPORT_LABEL),
         clusterset_namespace,
         nodes,
+        None,
         config,
     )
+}
+
+/// The EndpointSlices among `slices` that belong to the Service `namespace/name`.
+pub fn slices_of<'a>(
+    namespace: &str,
+    name: &str,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+) -> Vec<&'a EndpointSlice> {
+    slices
+        .into_iter()
+        .filter(|s| s.metadata.namespace.as_deref() == Some(namespace))
+        .filter(|s| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(ENDPOINTSLICE_SERVICE_NAME_LABEL))
+                .is_some_and(|n| n == name)
+        })
+        .collect()
+}
+
+/// What a headless Service exports, from its EndpointSlices: the ready addresses
+/// ([`ready_endpoints`]), their hostnames (address → hostname) and, per slice port name, the
+/// port the pods serve it on.
+struct Pods {
+    addresses: BTreeSet<String>,
+    hostnames: BTreeMap<String, String>,
+    ports: BTreeMap<String, i32>,
+}
+
+fn pods(slices: &[&EndpointSlice]) -> Pods {
+    let mut out = Pods {
+        addresses: BTreeSet::new(),
+        hostnames: BTreeMap::new(),
+        ports: BTreeMap::new(),
+    };
+    for slice in slices {
+        for p in slice.ports.iter().flatten() {
+            if let Some(port) = p.port.filter(|p| (1..=65535).contains(p)) {
+                out.ports
+                    .entry(p.name.clone().unwrap_or_default())
+                    .or_insert(port);
+            }
+        }
+        for (ip, host) in ready_endpoints(slice) {
+            let ip = ip.to_string();
+            if let Some(host) = host {
+                out.hostnames
+                    .entry(ip.clone())
+                    .or_insert_with(|| host.to_string());
+            }
+            out.addresses.insert(ip);
+        }
+    }
+    out
 }
 
 /// [`from_service`] with the export decision made by the caller: `exported` is the export
 /// label or, in MCS mode, a ServiceExport of the Service's name ([`crate::mcs::exported`]) —
 /// either way the same record.
+///
+/// `slices` are the Service's EndpointSlices ([`slices_of`]) when the caller reads them (MCS
+/// mode). A headless Service then exports its ready pod addresses on the ports the pods serve,
+/// marked with [`HEADLESS_ANNOTATION`] and, for pods with a hostname, [`HOSTNAMES_ANNOTATION`];
+/// without slices (`None`) it is not exported ([`Skip::Headless`]).
 pub fn from_exported_service(
     service: &Service,
     exported: bool,
     clusterset_namespace: &str,
     nodes: &[Node],
+    slices: Option<&[&EndpointSlice]>,
     config: &Config,
 ) -> Desired {
     if !exported {
@@ -422,7 +493,30 @@ pub fn from_exported_service(
         });
     }
     ports.retain(|p| p.target_port != Some(0));
+    let headless = svc_spec.cluster_ip.as_deref() == Some("None")
+        || svc_spec.cluster_ips.iter().flatten().any(|ip| ip == "None");
+    let pods = match (headless, slices) {
+        (false, _) => None,
+        (true, None) => return Desired::Skip(Skip::Headless),
+        (true, Some(slices)) => Some(pods(slices)),
+    };
+    if let Some(pods) = &pods {
+        // The pods serve each port on the slice port of its name; without slices yet, on the
+        // Service's numeric targetPort, else its port.
+        // (`ports` still lines up with `svc_ports`: only NodePort ports were left out.)
+        for (p, spec) in ports.iter_mut().zip(svc_ports) {
+            let name = p.name.clone().unwrap_or_default();
+            p.target_port = pods.ports.get(&name).copied().or(match spec.target_port {
+                Some(IntOrString::Int(t)) if (1..=65535).contains(&t) => Some(t),
+                _ => None,
+            });
+        }
+    }
     let addresses: Vec<String> = match type_ {
+        _ if headless => pods
+            .as_ref()
+            .map(|p| p.addresses.iter().cloned().collect())
+            .unwrap_or_default(),
         "LoadBalancer" => load_balancer_addresses(service),
         "NodePort" => nodes
             .iter()
@@ -452,6 +546,18 @@ pub fn from_exported_service(
             .collect(),
     );
     let mut annotations = passed_annotations(&service.metadata);
+    // Only the publisher says what is headless: a user's annotation of these keys is dropped.
+    annotations.remove(HEADLESS_ANNOTATION);
+    annotations.remove(HOSTNAMES_ANNOTATION);
+    if let Some(pods) = &pods {
+        annotations.insert(HEADLESS_ANNOTATION.to_string(), HEADLESS_TRUE.to_string());
+        if !pods.hostnames.is_empty() {
+            annotations.insert(
+                HOSTNAMES_ANNOTATION.to_string(),
+                format_hostnames(&pods.hostnames),
+            );
+        }
+    }
     // The pods behind the Service, for grant policies at the registry (which never reads
     // Services). A Service without a selector keeps the one its user annotated, if any.
     if let Some(selector) = svc_spec.selector.as_ref().filter(|s| !s.is_empty()) {

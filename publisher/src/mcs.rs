@@ -2,14 +2,14 @@
 //! like a Service in the same namespace exports that Service exactly as the XCC export label
 //! does ([`exported`]: label or export, one record either way), and the export's status carries
 //! the MCS conditions ([`conditions`]):
-//! - `Valid`: `Valid`, or `NoService` / `InvalidServiceType` (ExternalName, and headless
-//!   Services, which xcc cannot export) / `NoPorts` / `InvalidFqdn`;
+//! - `Valid`: `Valid`, or `NoService` / `InvalidServiceType` (ExternalName; headless
+//!   Services outside MCS mode) / `NoPorts` / `InvalidFqdn`;
 //! - `Ready`: `Exported` once the ServiceRecord is written, `Pending` while the export is not
 //!   valid, `Failed` when a ServiceRecord of that name belongs to someone else;
-//! - `Conflict`: `PortConflict` when another cluster exports the same name with other ports —
-//!   seen in the imported ServiceRecords of that name, so only in a cluster that also imports
-//!   the name; else `NoConflicts`. xcc exports no headless Services, so every export here has
-//!   a cluster IP and `TypeConflict` cannot arise.
+//! - `Conflict`: `TypeConflict` when another cluster exports the same name headless and this
+//!   one not (or the other way round), else `PortConflict` when another cluster exports it with
+//!   other ports — seen in the imported ServiceRecords of that name ([`conflicts`]), so only in
+//!   a cluster that also imports the name; else `NoConflicts`.
 //!
 //! [`merge`] keeps each condition's `lastTransitionTime` while its status holds, so a reconcile
 //! that changes nothing writes nothing ([`up_to_date`]).
@@ -21,7 +21,7 @@ use xcc_proto::crd::{Protocol, ServiceRecord};
 use xcc_proto::mcs::{
     CONDITION_CONFLICT, CONDITION_READY, CONDITION_VALID, REASON_EXPORTED, REASON_FAILED,
     REASON_INVALID_SERVICE_TYPE, REASON_NO_CONFLICTS, REASON_NO_SERVICE, REASON_PENDING,
-    REASON_PORT_CONFLICT, REASON_VALID, ServiceExport,
+    REASON_PORT_CONFLICT, REASON_TYPE_CONFLICT, REASON_VALID, ServiceExport, is_headless,
 };
 use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
@@ -105,18 +105,34 @@ fn shown(ports: &BTreeSet<String>) -> String {
     ports.iter().cloned().collect::<Vec<_>>().join(",")
 }
 
+fn kind(headless: bool) -> &'static str {
+    if headless { "Headless" } else { "ClusterSetIP" }
+}
+
+/// How other clusters' exports of the same name disagree with this cluster's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Conflicts {
+    /// Clusters exporting it headless when this one has a cluster IP, or the other way
+    /// round: `cluster (Headless)` / `cluster (ClusterSetIP)`, sorted.
+    pub types: Vec<String>,
+    /// Clusters exporting it with other ports: `cluster (ports)`, sorted.
+    pub ports: Vec<String>,
+}
+
 /// The other clusters whose export of `own`'s FQDN (among the imported records `imported`)
-/// has other ports than `own`: `cluster (ports)`, sorted. Records of this cluster, of other
-/// names, or without ports are not compared.
-pub fn port_conflicts<'a>(
+/// differs from `own` in type (headless or not) or ports. Records of this cluster or of other
+/// names are not compared, nor ports of records without ports.
+pub fn conflicts<'a>(
     own: &ServiceRecord,
     cluster: Option<&str>,
     imported: impl IntoIterator<Item = &'a ServiceRecord>,
-) -> Vec<String> {
+) -> Conflicts {
     let Ok(fqdn) = names::canonical_fqdn(&own.spec.fqdn) else {
-        return Vec::new();
+        return Conflicts::default();
     };
     let mine = port_set(own);
+    let headless = is_headless(own);
+    let mut types: BTreeSet<String> = BTreeSet::new();
     let mut out: BTreeSet<String> = BTreeSet::new();
     for record in imported {
         if names::canonical_fqdn(&record.spec.fqdn).as_deref() != Ok(fqdn.as_str()) {
@@ -126,17 +142,24 @@ pub fn port_conflicts<'a>(
         if cluster == Some(from) {
             continue;
         }
+        if is_headless(record) != headless {
+            types.insert(format!("{from} ({})", kind(!headless)));
+        }
         let theirs = port_set(record);
         if !theirs.is_empty() && theirs != mine {
             out.insert(format!("{from} ({})", shown(&theirs)));
         }
     }
-    out.into_iter().collect()
+    Conflicts {
+        types: types.into_iter().collect(),
+        ports: out.into_iter().collect(),
+    }
 }
 
 /// The `Valid`, `Ready` and `Conflict` conditions for `state`; `conflicts` is what
-/// [`port_conflicts`] found for the published record.
-pub fn conditions(state: State<'_>, conflicts: &[String]) -> [Wanted; 3] {
+/// [`conflicts`] found for the published record (a type conflict is reported before a port
+/// conflict, as KEP-1645 orders them).
+pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
     let no_conflict = |why: &str| {
         wanted(
             CONDITION_CONFLICT,
@@ -186,7 +209,18 @@ pub fn conditions(state: State<'_>, conflicts: &[String]) -> [Wanted; 3] {
         ],
         State::Published(record) => {
             let name = record.metadata.name.as_deref().unwrap_or_default();
-            let conflict = if conflicts.is_empty() {
+            let conflict = if !conflicts.types.is_empty() {
+                wanted(
+                    CONDITION_CONFLICT,
+                    true,
+                    REASON_TYPE_CONFLICT,
+                    format!(
+                        "exported here as {}, by {}; importers serve one type and leave the other clusters' endpoints out",
+                        kind(is_headless(record)),
+                        conflicts.types.join(", ")
+                    ),
+                )
+            } else if conflicts.ports.is_empty() {
                 no_conflict("no other cluster's export of this name differs")
             } else {
                 wanted(
@@ -196,7 +230,7 @@ pub fn conditions(state: State<'_>, conflicts: &[String]) -> [Wanted; 3] {
                     format!(
                         "ports here ({}) differ from {}; importers serve one port set and leave the other clusters' endpoints out",
                         shown(&port_set(record)),
-                        conflicts.join(", ")
+                        conflicts.ports.join(", ")
                     ),
                 )
             };

@@ -248,6 +248,43 @@ impl Cluster {
         ));
     }
 
+    /// `xcc dns` serving `clusterset.local` from this cluster's API server, as the
+    /// ServiceAccount of `deploy/dns/server`; returns once it serves, with its UDP address.
+    pub async fn start_dns(&self, log: &str) -> (Proc, SocketAddr) {
+        let id = self.cp.identity(NS, "dns/server", "xcc-dns").await;
+        self.users.lock().unwrap().push(id.user.clone());
+        let args = [
+            "dns",
+            "--listen",
+            "127.0.0.1:0",
+            "--zone",
+            "clusterset.local",
+            "--metrics-listen",
+            "",
+        ]
+        .map(String::from);
+        let dns = spawn(format!("{}/dns", self.name), &id.kubeconfig, &args, log);
+        let udp = wait_for(
+            "xcc dns serving",
+            Duration::from_secs(30),
+            async || {
+                dns.log().iter().find_map(|l| {
+                    let after = l.split_once("xcc dns serving")?.1;
+                    after
+                        .split("udp=")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse()
+                        .ok()
+                })
+            },
+            || dns.log().join("\n"),
+        )
+        .await;
+        (dns, udp)
+    }
+
     /// Switch to the RBAC of `deploy/<overlay>`, as an operator applying it would (the running
     /// processes keep their tokens; their rights change at once).
     pub async fn switch_overlay(&mut self, overlay: &str) {

@@ -7,9 +7,13 @@
 //!   the registry runs;
 //! - a `ServiceExport` in `east` (no XCC label) → `Valid`/`Ready` conditions there, and in
 //!   `west` a `ServiceImport` of the same name and namespace (`ClusterSetIP`, the ports, the IP
-//!   of the binder's Service, `clusters: [east]`), EndpointSlices with the MCS labels, and the
-//!   DNS zone built from west's Services answering `<svc>.<ns>.svc.clusterset.local` with the
-//!   ServiceImport's IP;
+//!   of the binder's Service, `clusters: [east]`) and EndpointSlices with the MCS labels;
+//! - a headless Service with a ServiceExport in `east` → in `west` a `Headless` ServiceImport
+//!   without IPs, a headless Service and a slice carrying east's pod addresses and hostnames
+//!   (they travel over Hamlet as record annotations);
+//! - `xcc dns` running in `west` (deploy/dns/server's RBAC) answering over UDP:
+//!   `<svc>.<ns>.svc.clusterset.local` with the ServiceImport's IP, the headless name with
+//!   east's pods, and `<hostname>.east.<svc>.<ns>.svc.clusterset.local` with one pod;
 //! - the ServiceExport deleted → the ServiceImport and the slices gone in `west`.
 //!
 //! No request of any xcc process was refused. Every step waits on API state, never on time.
@@ -29,6 +33,36 @@ const MCS: &str = "multicluster.x-k8s.io/v1alpha1";
 
 fn logs(a: &Cluster, b: &Cluster) -> String {
     format!("== east\n{}== west\n{}", a.logs(), b.logs())
+}
+
+/// The A records `xcc dns` at `server` answers for `name` (empty on any other answer).
+async fn a_records(server: std::net::SocketAddr, name: &str) -> Vec<String> {
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::rr::{Name, RData, RecordType};
+    let mut query = Message::new(7, MessageType::Query, OpCode::Query);
+    query.add_query(Query::query(
+        Name::from_ascii(format!("{name}.")).unwrap(),
+        RecordType::A,
+    ));
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    socket
+        .send_to(&query.to_vec().unwrap(), server)
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let Ok(Ok(n)) = tokio::time::timeout(Duration::from_secs(2), socket.recv(&mut buf)).await
+    else {
+        return Vec::new();
+    };
+    let reply = Message::from_vec(&buf[..n]).unwrap();
+    reply
+        .answers
+        .iter()
+        .filter_map(|r| match &r.data {
+            RData::A(a) => Some(a.to_string()),
+            _ => None,
+        })
+        .collect()
 }
 
 fn cluster_property(value: &str) -> serde_json::Value {
@@ -175,22 +209,115 @@ async fn service_export_in_east_is_a_service_import_in_west() {
         .collect();
     assert_eq!(labels, [("api", "east")]);
 
-    // DNS: the zone `xcc dns` builds from west's Service answers the MCS name with the
-    // ServiceImport's IP.
-    let typed: k8s_openapi::api::core::v1::Service =
-        serde_json::from_value(west_service.clone()).unwrap();
-    let info = xcc_dns::kube_feed::service_info(&typed).unwrap();
-    let zones = xcc_dns::zone::ZoneSet::build(&["clusterset.local".to_string()], [&info], None, 1);
-    let name = hickory_proto::rr::Name::from_ascii(format!("{fqdn}.")).unwrap();
-    let answer: Vec<String> = zones
-        .find_zone(&name)
-        .and_then(|z| z.node(&name))
-        .unwrap()
-        .v4
+    // A headless Service in east, exported with a ServiceExport: its pods (from its
+    // EndpointSlice) and their hostnames travel over Hamlet; west writes a Headless
+    // ServiceImport without IPs, a headless Service and a slice with the hostnames.
+    east.apply(
+        "services",
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "db", "namespace": "shop"},
+               "spec": {"clusterIP": "None", "ports": [{"name": "sql", "port": 5432}]}}),
+    )
+    .await;
+    east.apply(
+        "endpointslices",
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "db-pods", "namespace": "shop",
+                            "labels": {"kubernetes.io/service-name": "db"}},
+               "addressType": "IPv4",
+               "ports": [{"name": "sql", "port": 15432, "protocol": "TCP"}],
+               "endpoints": [{"addresses": ["10.4.0.1"], "hostname": "db-0"},
+                             {"addresses": ["10.4.0.2"], "hostname": "db-1"}]}),
+    )
+    .await;
+    east.apply(
+        "serviceexports",
+        json!({"apiVersion": MCS, "kind": "ServiceExport",
+               "metadata": {"name": "db", "namespace": "shop"}}),
+    )
+    .await;
+    let db_import = wait_for(
+        "west's Headless ServiceImport db",
+        WAIT,
+        async || west.get(MCS, "serviceimports", Some("shop"), "db").await,
+        || logs(&east, &west),
+    )
+    .await;
+    assert_eq!(
+        db_import["spec"],
+        json!({"type": "Headless", "ports": [{"protocol": "TCP", "port": 5432}]})
+    );
+    let db_fqdn = "db.shop.svc.clusterset.local";
+    let db_svc = service_name(db_fqdn);
+    let db_service = west.get("v1", "services", Some(NS), &db_svc).await.unwrap();
+    assert_eq!(db_service["spec"]["clusterIP"], "None");
+    let db_slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice> = wait_for(
+        "west's slice of db with both pods",
+        WAIT,
+        async || {
+            let slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice> = west
+                .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
+                .await
+                .into_iter()
+                .filter(|s| {
+                    s["metadata"]["labels"]["kubernetes.io/service-name"] == db_svc.as_str()
+                })
+                .map(|s| serde_json::from_value(s).unwrap())
+                .collect();
+            (slices.len() == 1 && slices[0].endpoints.len() == 2).then_some(slices)
+        },
+        || logs(&east, &west),
+    )
+    .await;
+    let pods: Vec<(String, Option<String>, Option<i32>)> = db_slices[0]
+        .endpoints
         .iter()
-        .map(|ip| ip.to_string())
+        .map(|e| {
+            (
+                e.addresses[0].clone(),
+                e.hostname.clone(),
+                db_slices[0].ports.as_ref().unwrap()[0].port,
+            )
+        })
         .collect();
-    assert_eq!(answer, [west_ip]);
+    assert_eq!(
+        pods,
+        [
+            (
+                "10.4.0.1".to_string(),
+                Some("db-0".to_string()),
+                Some(15432)
+            ),
+            (
+                "10.4.0.2".to_string(),
+                Some("db-1".to_string()),
+                Some(15432)
+            ),
+        ]
+    );
+
+    // DNS through `xcc dns` running in west as its ServiceAccount, asked over UDP: the
+    // ClusterSetIP name answers with the ServiceImport's IP, the headless one with east's pods,
+    // and each pod's hostname name with that pod.
+    let (dns, udp) = west.start_dns(LOG).await;
+    for (name, want) in [
+        (fqdn.to_string(), vec![west_ip.to_string()]),
+        (
+            db_fqdn.to_string(),
+            vec!["10.4.0.1".into(), "10.4.0.2".into()],
+        ),
+        (format!("db-0.east.{db_fqdn}"), vec!["10.4.0.1".into()]),
+        (format!("db-1.east.{db_fqdn}"), vec!["10.4.0.2".into()]),
+    ] {
+        wait_for(
+            &format!("xcc dns to answer {name} with {want:?}"),
+            WAIT,
+            async || (a_records(udp, &name).await == want).then_some(()),
+            || dns.log().join("\n"),
+        )
+        .await;
+    }
+    drop(dns);
 
     // Unexport: the ServiceImport and the slices leave west.
     east.delete(MCS, "ServiceExport", "serviceexports", Some("shop"), "api")

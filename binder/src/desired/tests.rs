@@ -866,3 +866,100 @@ fn slices_are_split_per_source_cluster_and_carry_the_mcs_labels() {
     assert_eq!(got, want);
     assert_eq!(addresses(&m.endpoints), [["10.0.0.1", "10.0.0.9"]]);
 }
+
+#[test]
+fn a_headless_export_is_a_headless_service_with_hostnames_and_other_types_lose() {
+    use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
+    let fqdn = "web.shop.svc.clusterset.local";
+    let from = |name: &str, uid: &str, cluster: &str, annotations: Value, ips: &[&str]| {
+        let endpoints: Vec<(&str, i32)> = ips.iter().map(|ip| (*ip, 8080)).collect();
+        let mut sr = record(name, uid, fqdn, annotations, &endpoints);
+        sr.spec.origin = Some(Origin {
+            cluster: Some(cluster.into()),
+            namespace: "shop".into(),
+            name: "web".into(),
+            kind: None,
+        });
+        sr
+    };
+    let records = [
+        from(
+            "e",
+            "1",
+            "east",
+            json!({SERVICE_PORT_ANNOTATION: "80", HEADLESS_ANNOTATION: "true",
+                   VIP_ANNOTATION: "192.0.2.1",
+                   HOSTNAMES_ANNOTATION: "10.0.0.1=web-0,10.0.0.2=web-1"}),
+            &["10.0.0.1", "10.0.0.2"],
+        ),
+        from(
+            "w",
+            "2",
+            "west",
+            json!({SERVICE_PORT_ANNOTATION: "80", HEADLESS_ANNOTATION: "true"}),
+            &["10.1.0.1"],
+        ),
+        from(
+            "n",
+            "3",
+            "north",
+            json!({SERVICE_PORT_ANNOTATION: "80"}),
+            &["10.2.0.1"],
+        ),
+    ];
+    let m = group_for(&records, fqdn);
+    let spec = m.service.spec.as_ref().unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(m.vip, None, "a headless Service carries no VIP");
+    // Source cluster → its slice's (address, hostname)s.
+    type Pods = Vec<(String, Option<String>)>;
+    let got: Vec<(String, Pods)> = m
+        .slices
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.labels.as_ref().unwrap()[MCS_SOURCE_CLUSTER_LABEL].clone(),
+                s.endpoints
+                    .iter()
+                    .map(|e| (e.addresses[0].clone(), e.hostname.clone()))
+                    .collect(),
+            )
+        })
+        .collect::<BTreeMap<_, _>>()
+        .into_iter()
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "east".to_string(),
+                vec![
+                    ("10.0.0.1".to_string(), Some("web-0".to_string())),
+                    ("10.0.0.2".to_string(), Some("web-1".to_string()))
+                ]
+            ),
+            ("west".to_string(), vec![("10.1.0.1".to_string(), None)]),
+        ]
+    );
+    assert_eq!(
+        m.conflict,
+        Some(Conflict {
+            winner: "e".into(),
+            losers: vec![(
+                "n".into(),
+                "ClusterSetIP where the service is Headless".into()
+            )],
+        })
+    );
+
+    // The same records with a cluster IP export winning: a ClusterIP Service, no hostnames,
+    // the headless exports left out.
+    let mut records = records;
+    records[2].metadata.uid = Some("0".into());
+    let m = group_for(&records, fqdn);
+    assert_eq!(m.service.spec.as_ref().unwrap().cluster_ip, None);
+    assert_eq!(m.slices.len(), 1);
+    assert_eq!(m.slices[0].endpoints[0].hostname, None);
+    assert_eq!(m.conflict.unwrap().losers.len(), 2);
+}

@@ -172,3 +172,18 @@ fn differs_compares_what_the_binder_owns() {
     other_spec.spec.ports[0].port = 81;
     assert_eq!(differs(Some(&other_spec), want), (true, false));
 }
+
+#[test]
+fn a_headless_export_is_a_headless_import_without_ips() {
+    let r = record(
+        "a",
+        "1",
+        "east",
+        json!([{"port": 80}]),
+        json!({xcc_proto::mcs::HEADLESS_ANNOTATION: "true"}),
+    );
+    let svc = binder_service("None", None);
+    let (imports, _) = desired(&[&r], &services(&svc), "i");
+    assert_eq!(imports[0].spec.type_, xcc_proto::mcs::TYPE_HEADLESS);
+    assert_eq!(imports[0].spec.ips, None);
+}

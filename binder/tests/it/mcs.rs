@@ -3,7 +3,11 @@
 //! `deploy/overlays/mcs`'s RBAC (no request may be refused): each imported origin gets a
 //! ServiceImport in its namespace (ClusterSetIP, ports, the IP of the binder's Service, the
 //! source clusters) beside the Service and the per-cluster EndpointSlices with the MCS labels;
-//! a ServiceImport someone else made is never touched; removing the imports removes the
+//! a ServiceImport someone else made is never touched; a headless export is a `Headless`
+//! ServiceImport without IPs beside a headless Service whose slices carry the pod hostnames;
+//! a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
+//! an export that stops being headless gets a Service with a cluster IP and a ClusterSetIP
+//! ServiceImport; removing the imports removes the
 //! binder's ServiceImport and slices. Waits wake on watches, never on time.
 
 #![allow(clippy::unwrap_used)]
@@ -13,15 +17,18 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use xcc_binder::controller::{Config, Controller, Metrics};
 use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
-use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, ServiceImport};
+use xcc_proto::mcs::{
+    HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
+    ServiceImport,
+};
 use xcc_proto::names::{self, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
-use xcc_testkube::poll;
+use xcc_testkube::{McsPlane, poll};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -47,18 +54,18 @@ fn imported(
 #[tokio::test]
 async fn imports_become_service_imports_beside_the_binders_objects() {
     let test = "imports_become_service_imports_beside_the_binders_objects";
-    let Some(cp) = xcc_testkube::shared(test) else {
+    // The controller in MCS mode watches every namespace: the test runs alone.
+    let Some(plane) = McsPlane::start(test, "xcc-binder").await else {
         return;
     };
-    // The controller in MCS mode watches every namespace: no other test's objects meanwhile.
-    let _turn = xcc_testkube::Turn::alone().await;
-    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
-    cp.apply_dir(&xcc_testkube::deploy_dir().join("mcs/crds"))
-        .await;
-    let admin = cp.client().await;
-    let xcc = cp.namespace("xcc").await;
-    let shop = cp.namespace("shop").await;
-    let id = cp.identity(&xcc, "overlays/mcs", "xcc-binder").await;
+    let McsPlane {
+        cp,
+        admin,
+        xcc,
+        shop,
+        id,
+        ..
+    } = &plane;
     let changes = cp
         .changes(
             None,
@@ -75,7 +82,7 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         .await;
     let pp = PostParams::default();
     // Someone else's ServiceImport (Submariner's, say) of an origin imported here too.
-    let imports: Api<ServiceImport> = Api::namespaced(admin.clone(), &shop);
+    let imports: Api<ServiceImport> = Api::namespaced(admin.clone(), shop);
     let foreign: ServiceImport = serde_json::from_value(json!({
         "metadata": {"name": "web", "labels": {"app.kubernetes.io/managed-by": "lighthouse"}},
         "spec": {"type": "Headless", "ports": [{"port": 9}]},
@@ -84,34 +91,21 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
     imports.create(&pp, &foreign).await.unwrap();
 
     let ar = kube::api::ApiResource::erase::<ServiceRecord>(&());
-    let records: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &xcc, &ar);
+    let records: Api<DynamicObject> = Api::namespaced_with(admin.clone(), xcc, &ar);
     let fqdn = format!("api.{shop}.svc.clusterset.local");
     let web_fqdn = format!("web.{shop}.svc.clusterset.local");
     for r in [
-        imported("api-east", &fqdn, "east", "10.1.0.1", &shop, "api"),
-        imported("api-west", &fqdn, "west", "10.2.0.1", &shop, "api"),
-        imported("web-east", &web_fqdn, "east", "10.1.0.2", &shop, "web"),
+        imported("api-east", &fqdn, "east", "10.1.0.1", shop, "api"),
+        imported("api-west", &fqdn, "west", "10.2.0.1", shop, "api"),
+        imported("web-east", &web_fqdn, "east", "10.1.0.2", shop, "web"),
     ] {
         records.create(&pp, &r).await.unwrap();
     }
 
-    let cancel = CancellationToken::new();
-    let health = Health::default();
-    let controller = Controller::new(
-        id.client().await,
-        Config {
-            mcs: true,
-            ..Config::new(&xcc)
-        },
-        Metrics::default(),
-        health.clone(),
-    );
-    let task = tokio::spawn(controller.run(cancel.clone()));
-    let h = health.clone();
-    poll("readiness", TIMEOUT, || h.is_ready()).await;
+    let running = Running::start(id, xcc).await;
 
     // The binder's Service for the FQDN, with its cluster IP: the ServiceImport's IP.
-    let services: Api<Service> = Api::namespaced(admin.clone(), &xcc);
+    let services: Api<Service> = Api::namespaced(admin.clone(), xcc);
     let service_name = names::service_name(&fqdn);
     let cluster_ip = changes
         .wait_for(
@@ -148,7 +142,7 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         json!({"clusters": [{"cluster": "east"}, {"cluster": "west"}]})
     );
     // One slice per source cluster, labelled for MCS.
-    let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), &xcc);
+    let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), xcc);
     let mut labelled: Vec<(String, String, Vec<String>)> = slices
         .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service_name}")))
         .await
@@ -176,9 +170,142 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         ]
     );
 
+    // A headless export: a headless ServiceImport without IPs, a headless Service, and the
+    // slice's endpoints carry the exporter's pod hostnames.
+    let db_fqdn = format!("db.{shop}.svc.clusterset.local");
+    let mut db = imported("db-east", &db_fqdn, "east", "10.1.0.5", shop, "db");
+    db.metadata.annotations = Some(
+        [
+            (HEADLESS_ANNOTATION, "true"),
+            (HOSTNAMES_ANNOTATION, "10.1.0.5=db-0"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    );
+    records.create(&pp, &db).await.unwrap();
+    let db_import = changes
+        .wait_for("ServiceImport db", TIMEOUT, async || {
+            imports.get_opt("db").await.unwrap()
+        })
+        .await;
+    assert_eq!(
+        serde_json::to_value(&db_import.spec).unwrap(),
+        json!({"type": "Headless", "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
+    );
+    let db_service = names::service_name(&db_fqdn);
+    let db_slice = changes
+        .wait_for("the slice of db", TIMEOUT, async || {
+            slices
+                .list(
+                    &ListParams::default()
+                        .labels(&format!("kubernetes.io/service-name={db_service}")),
+                )
+                .await
+                .unwrap()
+                .items
+                .pop()
+        })
+        .await;
+    assert_eq!(
+        db_slice
+            .endpoints
+            .iter()
+            .map(|e| (e.addresses[0].as_str(), e.hostname.as_deref()))
+            .collect::<Vec<_>>(),
+        [("10.1.0.5", Some("db-0"))]
+    );
+    let spec = services.get(&db_service).await.unwrap().spec.unwrap();
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+
+    // Steady state: a restarted binder rewrites no ServiceImport and nothing else. A record
+    // imported after the restart is written in a full pass, so once its ServiceImport is
+    // there every other one has been compared too; only its own objects are written.
+    running.stop().await;
+    let since = std::time::SystemTime::now();
+    let running = Running::start(id, xcc).await;
+    let late_fqdn = format!("late.{shop}.svc.clusterset.local");
+    records
+        .create(
+            &pp,
+            &imported("late-east", &late_fqdn, "east", "10.1.0.6", shop, "late"),
+        )
+        .await
+        .unwrap();
+    changes
+        .wait_for("ServiceImport late with its status", TIMEOUT, async || {
+            let i = imports.get_opt("late").await.unwrap()?;
+            i.status?.clusters.map(|_| ())
+        })
+        .await;
+    cp.audit_flushed(&id.client().await, &id.user, xcc).await;
+    let late_service = names::service_name(&late_fqdn);
+    let others: Vec<String> = cp
+        .writes_since(&id.user, since)
+        .into_iter()
+        .filter(|w| !w.contains(&late_service) && !w.contains("serviceimports"))
+        .collect();
+    assert_eq!(others, Vec::<String>::new());
+    // The new ServiceImport is written once or twice (its IP may come in a second pass).
+    let imports_written: Vec<String> = cp
+        .writes_since(&id.user, since)
+        .into_iter()
+        .filter(|w| w.contains("serviceimports") && !w.contains(&format!("{shop}/late ")))
+        .collect();
+    assert_eq!(imports_written, Vec::<String>::new());
+
+    // A pod's hostname changes: the slice follows. Then the export stops being headless: the
+    // Service is made again with a cluster IP, and the ServiceImport becomes ClusterSetIP.
+    let annotate = async |annotations: serde_json::Value| {
+        records
+            .patch(
+                "db-east",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": annotations}})),
+            )
+            .await
+            .unwrap();
+    };
+    annotate(json!({HOSTNAMES_ANNOTATION: "10.1.0.5=db-5"})).await;
+    changes
+        .wait_for(
+            "the slice of db with the new hostname",
+            TIMEOUT,
+            async || {
+                let list = slices
+                    .list(
+                        &ListParams::default()
+                            .labels(&format!("kubernetes.io/service-name={db_service}")),
+                    )
+                    .await
+                    .unwrap();
+                (list.items.first()?.endpoints[0].hostname.as_deref() == Some("db-5")).then_some(())
+            },
+        )
+        .await;
+    annotate(json!({HEADLESS_ANNOTATION: null, HOSTNAMES_ANNOTATION: null})).await;
+    let cluster_ip = changes
+        .wait_for("db's Service with a cluster IP", TIMEOUT, async || {
+            let ip = services
+                .get_opt(&db_service)
+                .await
+                .unwrap()?
+                .spec?
+                .cluster_ip?;
+            (ip != "None").then_some(ip)
+        })
+        .await;
+    changes
+        .wait_for("ServiceImport db as ClusterSetIP", TIMEOUT, async || {
+            let i = imports.get_opt("db").await.unwrap()?;
+            (i.spec.type_ == "ClusterSetIP" && i.spec.ips == Some(vec![cluster_ip.clone()]))
+                .then_some(())
+        })
+        .await;
+
     // Removing the imports removes the binder's ServiceImport and slices; the foreign
     // ServiceImport stays as it was.
-    for name in ["api-east", "api-west", "web-east"] {
+    for name in ["api-east", "api-west", "web-east", "db-east", "late-east"] {
         records
             .delete(name, &DeleteParams::default())
             .await
@@ -218,6 +345,36 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         "the binder never wrote the foreign ServiceImport"
     );
     assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
-    cancel.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
+}
+
+/// A running binder in MCS mode.
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Start it as `id` in `xcc` and wait until it is ready.
+    async fn start(id: &xcc_testkube::Identity, xcc: &str) -> Self {
+        let cancel = CancellationToken::new();
+        let health = Health::default();
+        let controller = Controller::new(
+            id.client().await,
+            Config {
+                mcs: true,
+                ..Config::new(xcc)
+            },
+            Metrics::default(),
+            health.clone(),
+        );
+        let task = tokio::spawn(controller.run(cancel.clone()));
+        poll("readiness", TIMEOUT, || health.is_ready()).await;
+        Self { cancel, task }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap().unwrap();
+    }
 }

@@ -2,7 +2,8 @@
 //! ServiceAccount with exactly the RBAC of `deploy/dns/server` (`deploy/dns/transparent` for
 //! namespace mapping), answering over real sockets: the reference's SD-01..03 end to end,
 //! readiness after the first listing, and the pod and namespace watches behind namespace
-//! mapping. No request of the feed may be refused.
+//! mapping, and the MCS names of ClusterSetIP and headless imports (the binder's EndpointSlices).
+//! No request of the feed may be refused.
 
 #![allow(clippy::unwrap_used)]
 
@@ -201,7 +202,8 @@ async fn sd_01_to_03_end_to_end() {
 #[tokio::test]
 async fn not_ready_until_the_services_are_listed() {
     // A feed whose watch never lists (no API server behind the client: a port nothing listens
-    // on) keeps the server in SERVFAIL; the same index becomes ready once a listing is applied.
+    // on) keeps the server in SERVFAIL; the same index becomes ready once a listing of
+    // Services and of EndpointSlices is applied.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("https://{}", closed.local_addr().unwrap());
     drop(closed);
@@ -218,6 +220,13 @@ async fn not_ready_until_the_services_are_listed() {
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
     assert!(!feed.snapshot().ready);
     feed.reset_services(vec![]);
+    let m = ask(dns.addr, Via::Udp, "a.xcc.test.", RecordType::A).await;
+    assert_eq!(
+        m.metadata.response_code,
+        ResponseCode::ServFail,
+        "EndpointSlices not listed yet"
+    );
+    feed.update(|i| i.reset_slices([]));
     let m = ask(dns.addr, Via::Udp, "a.xcc.test.", RecordType::A).await;
     assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
     cancel.cancel();
@@ -345,6 +354,129 @@ async fn pods_and_namespaces_drive_namespace_mapping() {
         s.pods.namespace_of("127.0.0.2".parse().unwrap()).is_none()
     })
     .await;
+    cancel.cancel();
+    assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
+}
+
+/// The MCS names through a running DNS server fed from the API server: a ClusterSetIP
+/// import answers with its VIP (the cluster IP of the binder's Service); a headless import
+/// (the binder's headless Service and its per-cluster EndpointSlices) answers with the ready
+/// endpoints, and `<hostname>.<cluster>.<svc>.<ns>.svc.clusterset.local` with the endpoint of
+/// that hostname in that cluster. Slices the binder did not write are not read.
+#[tokio::test]
+async fn mcs_names_of_cluster_set_ip_and_headless_imports() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use xcc_proto::crd::{
+        BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
+    };
+    use xcc_proto::mcs::MCS_SOURCE_CLUSTER_LABEL;
+
+    let Some(cp) = xcc_testkube::shared("mcs_names_of_cluster_set_ip_and_headless_imports") else {
+        return;
+    };
+    let (id, dns, cancel) = stack(
+        cp,
+        "dns/server",
+        &["clusterset.local"],
+        KubeFeedConfig::default(),
+        Settings::default(),
+    )
+    .await;
+    // The origin namespace is this test's own namespace, so names of other tests never clash.
+    let ns = cp.namespace("mcs").await;
+    let admin = cp.client().await;
+    let services: Api<Service> = Api::namespaced(admin.clone(), &ns);
+    let pp = PostParams::default();
+    let origin =
+        |name: &str| json!({ORIGIN_NAMESPACE_ANNOTATION: ns, ORIGIN_NAME_ANNOTATION: name});
+    let vip = services
+        .create(&pp, &annotated_service("api-import", origin("api")))
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    let headless: Service = serde_json::from_value(json!({
+        "metadata": {"name": "db-import", "annotations": origin("db")},
+        "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80}]}
+    }))
+    .unwrap();
+    services.create(&pp, &headless).await.unwrap();
+    let slices: Api<EndpointSlice> = Api::namespaced(admin, &ns);
+    let slice = |name: &str, managed_by: &str, cluster: &str, endpoints: serde_json::Value| {
+        serde_json::from_value::<EndpointSlice>(json!({
+            "metadata": {"name": name, "labels": {
+                ENDPOINTSLICE_MANAGED_BY_LABEL: managed_by,
+                ENDPOINTSLICE_SERVICE_NAME_LABEL: "db-import",
+                MCS_SOURCE_CLUSTER_LABEL: cluster}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": endpoints,
+        }))
+        .unwrap()
+    };
+    for s in [
+        slice(
+            "db-east",
+            BINDER_MANAGER,
+            "east",
+            json!([{"addresses": ["10.0.0.1"], "hostname": "db-0"},
+                   {"addresses": ["10.0.0.2"]},
+                   {"addresses": ["10.0.0.3"], "hostname": "db-2", "conditions": {"ready": false}}]),
+        ),
+        slice(
+            "db-west",
+            BINDER_MANAGER,
+            "west",
+            json!([{"addresses": ["10.1.0.1"], "hostname": "db-0"}]),
+        ),
+        slice(
+            "db-other",
+            "endpointslice-controller.k8s.io",
+            "north",
+            json!([{"addresses": ["10.2.0.1"], "hostname": "db-9"}]),
+        ),
+    ] {
+        slices.create(&pp, &s).await.unwrap();
+    }
+    let name = |host: &str| format!("{host}.{ns}.svc.clusterset.local.");
+    let mut rx = dns.feed.subscribe();
+    until(&mut rx, |s| {
+        s.ready
+            && has_name(s, &name("api"))
+            && has_name(s, &name("db-0.east.db"))
+            && has_name(s, &name("db-0.west.db"))
+    })
+    .await;
+
+    let a = async |n: &str| lines(&ask(dns.addr, Via::Udp, n, RecordType::A).await.answers);
+    assert_eq!(
+        a(&name("api")).await,
+        [format!("{} 5 A {vip}", name("api"))]
+    );
+    assert_eq!(
+        a(&name("db")).await,
+        ["10.0.0.1", "10.0.0.2", "10.1.0.1"].map(|ip| format!("{} 5 A {ip}", name("db")))
+    );
+    for (host, ip) in [("db-0.east.db", "10.0.0.1"), ("db-0.west.db", "10.1.0.1")] {
+        assert_eq!(a(&name(host)).await, [format!("{} 5 A {ip}", name(host))]);
+    }
+    for absent in ["db-2.east.db", "db-9.north.db"] {
+        let m = ask(dns.addr, Via::Udp, &name(absent), RecordType::A).await;
+        assert_eq!(m.metadata.response_code, ResponseCode::NXDomain, "{absent}");
+    }
+
+    // The west slice goes: so do its endpoint and its hostname's name.
+    slices
+        .delete("db-west", &DeleteParams::default())
+        .await
+        .unwrap();
+    until(&mut rx, |s| !has_name(s, &name("db-0.west.db"))).await;
+    assert_eq!(
+        a(&name("db")).await,
+        ["10.0.0.1", "10.0.0.2"].map(|ip| format!("{} 5 A {ip}", name("db")))
+    );
     cancel.cancel();
     assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
 }

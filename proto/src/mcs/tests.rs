@@ -261,3 +261,48 @@ fn manifests_of_other_implementations_parse() {
     .unwrap();
     assert_eq!(id.spec.value, "east");
 }
+
+#[test]
+fn hostnames_round_trip_and_bad_pairs_are_left_out() {
+    let hostnames = BTreeMap::from([
+        ("10.0.0.1".to_string(), "web-0".to_string()),
+        ("10.0.0.2".to_string(), "web-1".to_string()),
+    ]);
+    let value = format_hostnames(&hostnames);
+    assert_eq!(value, "10.0.0.1=web-0,10.0.0.2=web-1");
+    assert_eq!(parse_hostnames(&value), (hostnames, 0));
+    let (parsed, bad) = parse_hostnames(
+        "fd00:0:0::1=a,10.0.0.1=UPPER,nonsense,10.0.0.3=ok,10.0.0.3=second,not-an-ip=x,10.0.0.4=",
+    );
+    assert_eq!(
+        parsed,
+        BTreeMap::from([
+            ("fd00::1".to_string(), "a".to_string()),
+            ("10.0.0.3".to_string(), "ok".to_string()),
+        ])
+    );
+    assert_eq!(bad, 4);
+    assert_eq!(parse_hostnames(""), (BTreeMap::new(), 0));
+}
+
+#[test]
+fn hostnames_count_only_on_headless_records() {
+    let mut record = crate::crd::ServiceRecord::default();
+    record.metadata.annotations = Some(BTreeMap::from([(
+        HOSTNAMES_ANNOTATION.to_string(),
+        "10.0.0.1=web-0".to_string(),
+    )]));
+    assert!(!is_headless(&record));
+    assert!(record_hostnames(&record).is_empty());
+    record
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(HEADLESS_ANNOTATION.to_string(), HEADLESS_TRUE.to_string());
+    assert!(is_headless(&record));
+    assert_eq!(
+        record_hostnames(&record),
+        BTreeMap::from([("10.0.0.1".to_string(), "web-0".to_string())])
+    );
+}

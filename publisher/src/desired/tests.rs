@@ -663,3 +663,130 @@ fn clusters_annotation_parsing() {
     assert_eq!(parse_clusters(" b ,a,b, "), ["a", "b"]);
     assert!(parse_clusters(" , ").is_empty());
 }
+
+fn slice(service: &str, namespace: &str, address_type: &str, endpoints: Value) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{service}-x"), "namespace": namespace,
+                     "labels": {ENDPOINTSLICE_SERVICE_NAME_LABEL: service}},
+        "addressType": address_type,
+        "endpoints": endpoints,
+        "ports": [{"name": "web", "port": 8080}, {"name": "metrics", "port": 0}],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn headless_service_exports_its_ready_pods_with_their_hostnames_in_mcs_mode() {
+    let svc = service(
+        "web",
+        exported(),
+        json!({HEADLESS_ANNOTATION: "spoofed", HOSTNAMES_ANNOTATION: "10.9.9.9=evil"}),
+        json!({"clusterIP": "None", "ports": [{"name": "web", "port": 80}]}),
+        json!({}),
+    );
+    let slices = [
+        slice(
+            "web",
+            "db",
+            "IPv4",
+            json!([
+                {"addresses": ["10.0.0.2"], "hostname": "web-1"},
+                {"addresses": ["10.0.0.1"], "hostname": "web-0", "conditions": {"ready": true}},
+                {"addresses": ["10.0.0.3"], "hostname": "web-2", "conditions": {"ready": false}},
+                {"addresses": ["10.0.0.4"], "hostname": "Not_A_Label"},
+            ]),
+        ),
+        slice("web", "db", "FQDN", json!([{"addresses": ["pod.example"]}])),
+        slice("web", "other", "IPv4", json!([{"addresses": ["10.1.0.1"]}])),
+        slice("api", "db", "IPv4", json!([{"addresses": ["10.2.0.1"]}])),
+    ];
+    let mine = slices_of("db", "web", slices.iter());
+    assert_eq!(mine.len(), 2);
+    let config = Config {
+        cluster: Some("east".into()),
+        ..Config::default()
+    };
+    let record = published(from_exported_service(
+        &svc,
+        true,
+        "db",
+        &[],
+        Some(&mine),
+        &config,
+    ));
+    assert_eq!(
+        record.spec.endpoints,
+        [
+            ep("10.0.0.1", 8080),
+            ep("10.0.0.2", 8080),
+            ep("10.0.0.4", 8080)
+        ]
+    );
+    assert_eq!(
+        record.spec.ports,
+        Some(vec![ServicePort {
+            name: Some("web".into()),
+            port: 80,
+            protocol: Some(Protocol::Tcp),
+            target_port: Some(8080),
+        }])
+    );
+    let annotations = record.metadata.annotations.unwrap();
+    assert_eq!(annotations[HEADLESS_ANNOTATION], "true");
+    assert_eq!(
+        annotations[HOSTNAMES_ANNOTATION],
+        "10.0.0.1=web-0,10.0.0.2=web-1"
+    );
+    assert_eq!(annotations[SERVICE_PORT_ANNOTATION], "80");
+
+    // Without slices yet: exported with no endpoints, on the numeric targetPort.
+    let pending = service(
+        "web",
+        exported(),
+        json!({}),
+        json!({"clusterIP": "None", "ports": [{"port": 80, "targetPort": 8081}]}),
+        json!({}),
+    );
+    let record = published(from_exported_service(
+        &pending,
+        true,
+        "db",
+        &[],
+        Some(&[]),
+        &config,
+    ));
+    assert!(record.spec.endpoints.is_empty());
+    assert_eq!(record.spec.ports.unwrap()[0].target_port, Some(8081));
+    let annotations = record.metadata.annotations.unwrap();
+    assert_eq!(annotations[HEADLESS_ANNOTATION], "true");
+    assert!(!annotations.contains_key(HOSTNAMES_ANNOTATION));
+
+    // Outside MCS mode (no slices read) a headless Service is not exported.
+    assert_eq!(
+        from_exported_service(&pending, true, "db", &[], None, &config),
+        Desired::Skip(Skip::Headless)
+    );
+}
+
+#[test]
+fn a_cluster_ip_service_never_carries_the_headless_annotations() {
+    let svc = service(
+        "web",
+        exported(),
+        json!({HEADLESS_ANNOTATION: "true", HOSTNAMES_ANNOTATION: "10.0.0.1=web-0"}),
+        json!({"clusterIP": "10.96.0.9", "ports": [{"port": 80}]}),
+        json!({}),
+    );
+    let record = published(from_exported_service(
+        &svc,
+        true,
+        "db",
+        &[],
+        Some(&[]),
+        &Config::default(),
+    ));
+    assert_eq!(record.spec.endpoints, [ep("10.96.0.9", 80)]);
+    let annotations = record.metadata.annotations.unwrap();
+    assert!(!annotations.contains_key(HEADLESS_ANNOTATION));
+    assert!(!annotations.contains_key(HOSTNAMES_ANNOTATION));
+}

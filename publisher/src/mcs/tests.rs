@@ -91,12 +91,61 @@ fn only_other_clusters_exports_of_the_same_name_with_other_ports_conflict() {
         &via_registry,
     ];
     assert_eq!(
-        port_conflicts(&own, Some("east"), all),
-        ["via-registry (7/UDP)", "west (8080/TCP)"]
+        conflicts(&own, Some("east"), all),
+        Conflicts {
+            types: vec![],
+            ports: vec![
+                "via-registry (7/UDP)".to_string(),
+                "west (8080/TCP)".to_string()
+            ],
+        }
+    );
+    assert_eq!(conflicts(&own, Some("east"), [&same]), Conflicts::default());
+}
+
+fn headless(mut r: ServiceRecord) -> ServiceRecord {
+    r.metadata.annotations = Some(BTreeMap::from([(
+        xcc_proto::mcs::HEADLESS_ANNOTATION.to_string(),
+        xcc_proto::mcs::HEADLESS_TRUE.to_string(),
+    )]));
+    r
+}
+
+#[test]
+fn other_clusters_exports_of_the_other_type_conflict_before_ports() {
+    let fqdn = "api.shop.svc.clusterset.local";
+    let ports = || json!([{"name": "http", "port": 80}]);
+    let own = record(fqdn, Some("east"), ports());
+    let west_headless = headless(record(fqdn, Some("west"), ports()));
+    let north_ip = record(fqdn, Some("north"), json!([{"port": 81}]));
+    let own_headless_elsewhere = headless(record(fqdn, Some("east"), ports()));
+    let found = conflicts(
+        &own,
+        Some("east"),
+        [&west_headless, &north_ip, &own_headless_elsewhere],
     );
     assert_eq!(
-        port_conflicts(&own, Some("east"), [&same]),
-        Vec::<String>::new()
+        found,
+        Conflicts {
+            types: vec!["west (Headless)".to_string()],
+            ports: vec!["north (81/TCP)".to_string()],
+        }
+    );
+    let c = conditions(State::Published(&own), &found);
+    assert_eq!(table(&c)[2], ("Conflict", "True", "TypeConflict"));
+    assert_eq!(
+        c[2].message,
+        "exported here as ClusterSetIP, by west (Headless); importers serve one type and leave the other clusters' endpoints out"
+    );
+    // Seen from a headless export, the cluster IP export is the other type.
+    let own = headless(record(fqdn, Some("east"), ports()));
+    let west_ip = record(fqdn, Some("west"), ports());
+    let found = conflicts(&own, Some("east"), [&west_ip, &west_headless]);
+    assert_eq!(found.types, ["west (ClusterSetIP)"]);
+    assert!(found.ports.is_empty());
+    assert_eq!(
+        conditions(State::Published(&own), &found)[2].message,
+        "exported here as Headless, by west (ClusterSetIP); importers serve one type and leave the other clusters' endpoints out"
     );
 }
 
@@ -107,7 +156,7 @@ fn table(w: &[Wanted; 3]) -> Vec<(&str, &str, &str)> {
 #[test]
 fn conditions_follow_the_kep_reasons() {
     assert_eq!(
-        table(&conditions(State::NoService, &[])),
+        table(&conditions(State::NoService, &Conflicts::default())),
         [
             ("Valid", "False", "NoService"),
             ("Ready", "False", "Pending"),
@@ -115,7 +164,10 @@ fn conditions_follow_the_kep_reasons() {
         ]
     );
     assert_eq!(
-        table(&conditions(State::Skipped(&Skip::ExternalName), &[])),
+        table(&conditions(
+            State::Skipped(&Skip::ExternalName),
+            &Conflicts::default()
+        )),
         [
             ("Valid", "False", "InvalidServiceType"),
             ("Ready", "False", "Pending"),
@@ -123,15 +175,24 @@ fn conditions_follow_the_kep_reasons() {
         ]
     );
     assert_eq!(
-        table(&conditions(State::Skipped(&Skip::Headless), &[]))[0],
+        table(&conditions(
+            State::Skipped(&Skip::Headless),
+            &Conflicts::default()
+        ))[0],
         ("Valid", "False", "InvalidServiceType")
     );
     assert_eq!(
-        table(&conditions(State::Skipped(&Skip::NoPorts), &[]))[0],
+        table(&conditions(
+            State::Skipped(&Skip::NoPorts),
+            &Conflicts::default()
+        ))[0],
         ("Valid", "False", "NoPorts")
     );
     assert_eq!(
-        table(&conditions(State::RecordTaken("api.example"), &[])),
+        table(&conditions(
+            State::RecordTaken("api.example"),
+            &Conflicts::default()
+        )),
         [
             ("Valid", "True", "Valid"),
             ("Ready", "False", "Failed"),
@@ -143,7 +204,7 @@ fn conditions_follow_the_kep_reasons() {
         Some("east"),
         json!([{"port": 80}]),
     );
-    let published = conditions(State::Published(&own), &[]);
+    let published = conditions(State::Published(&own), &Conflicts::default());
     assert_eq!(
         table(&published),
         [
@@ -156,7 +217,13 @@ fn conditions_follow_the_kep_reasons() {
         published[1].message,
         "exported as ServiceRecord api.shop.svc.clusterset.local"
     );
-    let conflicted = conditions(State::Published(&own), &["west (8080/TCP)".to_string()]);
+    let conflicted = conditions(
+        State::Published(&own),
+        &Conflicts {
+            types: vec![],
+            ports: vec!["west (8080/TCP)".to_string()],
+        },
+    );
     assert_eq!(table(&conflicted)[2], ("Conflict", "True", "PortConflict"));
     assert_eq!(
         conflicted[2].message,
@@ -169,16 +236,26 @@ fn merging_keeps_transition_times_while_the_status_holds() {
     let then = Time(Timestamp::from_second(1_700_000_000).unwrap());
     let now = Time(Timestamp::from_second(1_800_000_000).unwrap());
     let own = record("a.b", Some("east"), json!([{"port": 80}]));
-    let first = merge(&[], &conditions(State::NoService, &[]), Some(1), &then);
+    let first = merge(
+        &[],
+        &conditions(State::NoService, &Conflicts::default()),
+        Some(1),
+        &then,
+    );
     assert!(first.iter().all(|c| c.last_transition_time == then));
     assert!(up_to_date(
         &first,
-        &merge(&first, &conditions(State::NoService, &[]), Some(1), &now)
+        &merge(
+            &first,
+            &conditions(State::NoService, &Conflicts::default()),
+            Some(1),
+            &now
+        )
     ));
 
     let second = merge(
         &first,
-        &conditions(State::Published(&own), &[]),
+        &conditions(State::Published(&own), &Conflicts::default()),
         Some(1),
         &now,
     );
@@ -201,7 +278,7 @@ fn merging_keeps_transition_times_while_the_status_holds() {
         &second,
         &merge(
             &second,
-            &conditions(State::Published(&own), &[]),
+            &conditions(State::Published(&own), &Conflicts::default()),
             Some(2),
             &now
         )

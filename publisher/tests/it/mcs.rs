@@ -4,7 +4,10 @@
 //! Service of its name like the export label, a Service exported both ways is one record, the
 //! export's status carries the KEP-1645 conditions (written with server-side apply, next to a
 //! condition another controller owns), another cluster's export of the same name with other
-//! ports is a `PortConflict`, and removing the ServiceExport removes the record.
+//! ports is a `PortConflict`, a headless Service exports its ready pods (from its
+//! EndpointSlices) with their hostnames and another cluster's cluster IP export of its name
+//! is a `TypeConflict`, a restarted publisher writes nothing at steady state, and removing
+//! the ServiceExport removes the record.
 //! Waits wake on watches of the objects they check, never on time.
 
 #![allow(clippy::unwrap_used)]
@@ -12,17 +15,20 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
-use xcc_proto::mcs::ServiceExport;
-use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
+use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, ServiceExport};
+use xcc_proto::names::{
+    EXPORT_LABEL, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL, SERVICE_PORT_ANNOTATION,
+};
 use xcc_publisher::controller::{self, Metrics, Settings};
 use xcc_publisher::desired::Config;
-use xcc_testkube::poll;
+use xcc_testkube::{McsPlane, poll};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -50,6 +56,13 @@ fn conditions(export: &ServiceExport) -> Vec<(String, String, String)> {
     out
 }
 
+/// The message of the export's condition `type_`.
+fn message(export: &ServiceExport, type_: &str) -> String {
+    let conditions = export.status.as_ref().unwrap().conditions.as_ref().unwrap();
+    let found = conditions.iter().find(|c| c.type_ == type_).unwrap();
+    found.message.clone()
+}
+
 fn expect(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
     let mut out: Vec<_> = rows
         .iter()
@@ -62,18 +75,18 @@ fn expect(rows: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
 #[tokio::test]
 async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
     let test = "service_exports_export_like_the_label_and_carry_mcs_conditions";
-    let Some(cp) = xcc_testkube::shared(test) else {
+    // The controller in MCS mode watches every namespace: the test runs alone.
+    let Some(plane) = McsPlane::start(test, "xcc-publisher").await else {
         return;
     };
-    // The controller in MCS mode watches every namespace: no other test's objects meanwhile.
-    let _turn = xcc_testkube::Turn::alone().await;
-    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
-    cp.apply_dir(&xcc_testkube::deploy_dir().join("mcs/crds"))
-        .await;
-    let admin = cp.client().await;
-    let xcc = cp.namespace("xcc").await;
-    let shop = cp.namespace("shop").await;
-    let id = cp.identity(&xcc, "overlays/mcs", "xcc-publisher").await;
+    let McsPlane {
+        cp,
+        admin,
+        xcc,
+        shop,
+        id,
+        ..
+    } = &plane;
     let changes = cp
         .changes(
             None,
@@ -91,9 +104,9 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
             ],
         )
         .await;
-    let services: Api<Service> = Api::namespaced(admin.clone(), &shop);
-    let exports: Api<ServiceExport> = Api::namespaced(admin.clone(), &shop);
-    let records: Api<ServiceRecord> = Api::namespaced(admin.clone(), &shop);
+    let services: Api<Service> = Api::namespaced(admin.clone(), shop);
+    let exports: Api<ServiceExport> = Api::namespaced(admin.clone(), shop);
+    let records: Api<ServiceRecord> = Api::namespaced(admin.clone(), shop);
     let pp = PostParams::default();
     services
         .create(&pp, &service("api", json!({}), 80))
@@ -124,29 +137,7 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         .await
         .unwrap();
 
-    let cancel = CancellationToken::new();
-    let health = Health::default();
-    let settings = Settings {
-        config: Config {
-            cluster: Some("east".into()),
-            ..Config::default()
-        },
-        ingress_service: (xcc.clone(), "envoy".into()),
-        mcs: true,
-        // One worker takes keys in queue order (FIFO), so a key queued before another is
-        // reconciled before it: the unexport check below relies on that.
-        workers: 1,
-        ..Settings::default()
-    };
-    let task = tokio::spawn(controller::run(
-        id.client().await,
-        settings,
-        Metrics::default(),
-        health.clone(),
-        cancel.clone(),
-    ));
-    let h = health.clone();
-    poll("readiness", TIMEOUT, || h.is_ready()).await;
+    let running = Running::start(id, xcc).await;
 
     let fqdn = |name: &str| format!("{name}.{shop}.svc.clusterset.local");
     let wait_conditions = async |name: &str, want: Vec<(String, String, String)>| {
@@ -168,16 +159,8 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ("example.com/Seen", "True", "Seen"),
     ]);
     let api = wait_conditions("api", exported.clone()).await;
-    let ready = api
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
     assert_eq!(
-        ready.message,
+        message(&api, "Ready"),
         format!("exported as ServiceRecord {}", fqdn("api"))
     );
     wait_conditions(
@@ -189,15 +172,12 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ]),
     )
     .await;
-    wait_conditions(
-        "both",
-        expect(&[
-            ("Valid", "True", "Valid"),
-            ("Ready", "True", "Exported"),
-            ("Conflict", "False", "NoConflicts"),
-        ]),
-    )
-    .await;
+    let exported_plain = expect(&[
+        ("Valid", "True", "Valid"),
+        ("Ready", "True", "Exported"),
+        ("Conflict", "False", "NoConflicts"),
+    ]);
+    wait_conditions("both", exported_plain.clone()).await;
     // One record per exported Service, exported both ways or not; none for `plain`.
     let mut names: Vec<String> = records
         .list(&Default::default())
@@ -228,7 +208,7 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
     }))
     .unwrap();
     let ar = kube::api::ApiResource::erase::<ServiceRecord>(&());
-    Api::<DynamicObject>::namespaced_with(admin.clone(), &xcc, &ar)
+    Api::<DynamicObject>::namespaced_with(admin.clone(), xcc, &ar)
         .create(&pp, &imported)
         .await
         .unwrap();
@@ -242,16 +222,8 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ]),
     )
     .await;
-    let conflict = conflicted
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .find(|c| c.type_ == "Conflict")
-        .unwrap();
     assert_eq!(
-        conflict.message,
+        message(&conflicted, "Conflict"),
         "ports here (http:80/TCP) differ from west (http:8080/TCP); importers serve one port set and leave the other clusters' endpoints out"
     );
 
@@ -269,6 +241,80 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ]),
     )
     .await;
+
+    // A headless Service exports its pods, read from its EndpointSlices, with their
+    // hostnames; another cluster's cluster IP export of its name is a TypeConflict.
+    let headless: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"clusterIP": "None", "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+    }))
+    .unwrap();
+    services.create(&pp, &headless).await.unwrap();
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "web-pods", "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["10.4.0.1"], "hostname": "web-0"},
+                      {"addresses": ["10.4.0.2"], "conditions": {"ready": false}}],
+    }))
+    .unwrap();
+    Api::<EndpointSlice>::namespaced(admin.clone(), shop)
+        .create(&pp, &slice)
+        .await
+        .unwrap();
+    exports.create(&pp, &export("web")).await.unwrap();
+    wait_conditions("web", exported_plain.clone()).await;
+    let web = records.get(&fqdn("web")).await.unwrap();
+    assert_eq!(
+        web.spec
+            .endpoints
+            .iter()
+            .map(|e| (e.address.as_str(), e.port))
+            .collect::<Vec<_>>(),
+        [("10.4.0.1", 8080)]
+    );
+    let annotations = web.metadata.annotations.unwrap();
+    assert_eq!(annotations[HEADLESS_ANNOTATION], "true");
+    assert_eq!(annotations[HOSTNAMES_ANNOTATION], "10.4.0.1=web-0");
+    let west_web: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": "web-from-west", "namespace": xcc,
+                     "labels": {IMPORTED_LABEL: "", REMOTE_REGISTRY_LABEL: "west-registry"},
+                     "annotations": {SERVICE_PORT_ANNOTATION: "80"}},
+        "spec": {"fqdn": fqdn("web"), "endpoints": [{"address": "10.9.0.2", "port": 80}],
+                 "origin": {"cluster": "west", "namespace": shop, "name": "web"}},
+    }))
+    .unwrap();
+    Api::<DynamicObject>::namespaced_with(admin.clone(), xcc, &ar)
+        .create(&pp, &west_web)
+        .await
+        .unwrap();
+    let typed = wait_conditions(
+        "web",
+        expect(&[
+            ("Valid", "True", "Valid"),
+            ("Ready", "True", "Exported"),
+            ("Conflict", "True", "TypeConflict"),
+        ]),
+    )
+    .await;
+    assert_eq!(
+        message(&typed, "Conflict"),
+        "exported here as Headless, by west (ClusterSetIP); importers serve one type and leave the other clusters' endpoints out"
+    );
+
+    // Steady state: a restarted publisher reconciles every Service again (readiness waits for
+    // that) and writes no record and no ServiceExport status.
+    running.stop().await;
+    let since = std::time::SystemTime::now();
+    let running = Running::start(id, xcc).await;
+    cp.audit_flushed(&id.client().await, &id.user, xcc).await;
+    let writes: Vec<String> = cp
+        .writes_since(&id.user, since)
+        .into_iter()
+        .filter(|w| !w.contains("coordination.k8s.io/leases"))
+        .collect();
+    assert_eq!(writes, Vec::<String>::new());
 
     // Unexporting: `api`'s record goes with its ServiceExport; `both` keeps its record
     // through the label. `both` is queued first, so it has been reconciled once `api`'s
@@ -293,6 +339,46 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         .await;
     assert!(records.get_opt(&fqdn("both")).await.unwrap().is_some());
     assert_eq!(cp.forbidden(&id.user), Vec::<String>::new());
-    cancel.cancel();
-    task.await.unwrap().unwrap();
+    running.stop().await;
+}
+
+/// A running publisher in MCS mode for cluster `east`.
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Start it as `id`, and wait until it is ready: every source of its first full sync
+    /// reconciled, every ServiceExport's status written or found up to date.
+    async fn start(id: &xcc_testkube::Identity, xcc: &str) -> Self {
+        let cancel = CancellationToken::new();
+        let health = Health::default();
+        let settings = Settings {
+            config: Config {
+                cluster: Some("east".into()),
+                ..Config::default()
+            },
+            ingress_service: (xcc.to_string(), "envoy".into()),
+            mcs: true,
+            // One worker takes keys in queue order (FIFO), so a key queued before another is
+            // reconciled before it: the unexport check relies on that.
+            workers: 1,
+            ..Settings::default()
+        };
+        let task = tokio::spawn(controller::run(
+            id.client().await,
+            settings,
+            Metrics::default(),
+            health.clone(),
+            cancel.clone(),
+        ));
+        poll("readiness", TIMEOUT, || health.is_ready()).await;
+        Self { cancel, task }
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap().unwrap();
+    }
 }

@@ -15,6 +15,7 @@ use crate::catalog::{Endpoint, ServiceEntry};
 use xcc_proto::mapping::validate_namespace;
 /// Annotation keys an importer accepts from a peer (C6): everything else is dropped.
 pub use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
+pub use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
 pub use xcc_proto::names::{SERVICE_PORT_ANNOTATION, VIP_ANNOTATION};
 /// Prefix of the annotations that travel as FederatedService labels (S7: with the slash).
 pub const LABEL_PASSTHROUGH_PREFIX: &str = "connectivity.tanzu.vmware.com/";
@@ -223,6 +224,24 @@ fn import_fields<'a>(
         kept.insert(ORIGIN_NAMESPACE_ANNOTATION.to_string(), ns.clone());
         kept.insert(ORIGIN_NAME_ANNOTATION.to_string(), name.clone());
     }
+    // A headless export (MCS): the marker only as `true`; the hostnames only of this import's
+    // endpoints, each a valid pair (the others are dropped, not the import).
+    if labels.get(HEADLESS_ANNOTATION).map(String::as_str) == Some(xcc_proto::mcs::HEADLESS_TRUE) {
+        kept.insert(
+            HEADLESS_ANNOTATION.to_string(),
+            xcc_proto::mcs::HEADLESS_TRUE.to_string(),
+        );
+        if let Some(value) = labels.get(HOSTNAMES_ANNOTATION) {
+            let (mut hostnames, _) = xcc_proto::mcs::parse_hostnames(value);
+            hostnames.retain(|address, _| eps.iter().any(|e| e.address == *address));
+            if !hostnames.is_empty() {
+                kept.insert(
+                    HOSTNAMES_ANNOTATION.to_string(),
+                    xcc_proto::mcs::format_hostnames(&hostnames),
+                );
+            }
+        }
+    }
     Ok(Imported {
         fqdn,
         raw_fqdn: raw_fqdn.to_string(),
@@ -325,6 +344,41 @@ mod tests {
             got.labels.keys().collect::<Vec<_>>(),
             vec![SERVICE_PORT_ANNOTATION]
         );
+    }
+
+    #[test]
+    fn import_keeps_the_headless_marker_and_only_valid_hostnames_of_its_endpoints() {
+        let mut e = entry();
+        e.labels.insert(HEADLESS_ANNOTATION.into(), "true".into());
+        e.labels.insert(
+            HOSTNAMES_ANNOTATION.into(),
+            "172.17.0.5=web-0,172.17.0.9=elsewhere,172.17.0.6=Bad_Name,junk".into(),
+        );
+        let got = import_v1alpha1(&any_v1alpha1(&e)).expect("valid");
+        assert_eq!(
+            got.labels.get(HEADLESS_ANNOTATION).map(String::as_str),
+            Some("true")
+        );
+        assert_eq!(
+            got.labels.get(HOSTNAMES_ANNOTATION).map(String::as_str),
+            Some("172.17.0.5=web-0")
+        );
+        assert_eq!(got.endpoints.len(), 2);
+        // Hostnames without the marker, or a marker that is not `true`, are dropped.
+        for marker in [None, Some("yes")] {
+            let mut e = entry();
+            if let Some(m) = marker {
+                e.labels.insert(HEADLESS_ANNOTATION.into(), m.into());
+            }
+            e.labels
+                .insert(HOSTNAMES_ANNOTATION.into(), "172.17.0.5=web-0".into());
+            let got = import_v1alpha1(&any_v1alpha1(&e)).expect("valid");
+            assert_eq!(
+                got.labels.keys().collect::<Vec<_>>(),
+                vec![SERVICE_PORT_ANNOTATION],
+                "{marker:?}"
+            );
+        }
     }
 
     #[test]

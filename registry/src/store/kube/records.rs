@@ -55,11 +55,13 @@ impl Owner {
 }
 
 /// The annotations an imported record may carry (C6); the client already validated the values.
-const IMPORTED_ANNOTATIONS: [&str; 4] = [
+const IMPORTED_ANNOTATIONS: [&str; 6] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
     ORIGIN_NAME_ANNOTATION,
+    xcc_proto::mcs::HEADLESS_ANNOTATION,
+    xcc_proto::mcs::HOSTNAMES_ANNOTATION,
 ];
 
 /// The exported object's clusterset namespace and name, when the exporter sent them (the
@@ -298,6 +300,25 @@ mod tests {
         (IMPORTED_LABEL, ""),
         (REMOTE_REGISTRY_LABEL, "some-remote-registry"),
     ];
+
+    #[test]
+    fn imported_record_keeps_the_headless_annotations() {
+        let headless = [
+            (xcc_proto::mcs::HEADLESS_ANNOTATION, "true"),
+            (xcc_proto::mcs::HOSTNAMES_ANNOTATION, "10.0.0.1=web-0"),
+        ];
+        let r =
+            imported_record(&owner(), "xcc", &imported("web.example", &headless)).expect("valid");
+        assert_eq!(
+            r.metadata.annotations,
+            Some(
+                headless
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            )
+        );
+    }
 
     #[test]
     fn imported_record_is_named_labelled_annotated_and_owned_as_the_reference() {
