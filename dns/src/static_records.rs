@@ -136,7 +136,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsE
             path: path.to_path_buf(),
             first,
             index,
-            fqdn: out[index].key.name.clone(),
+            fqdn: out[index].key.name.to_string(),
         });
     }
     Ok(out)

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use hickory_proto::rr::Name;
 use serde::{Deserialize, Serialize};
@@ -31,17 +32,18 @@ use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION, va
 use xcc_proto::names::{CLUSTERSET_ZONE, FQDN_ANNOTATION, canonical_fqdn, clusterset_fqdn};
 
 /// Identity of a Service: `namespace/name`. Orders by namespace, then name (the ownership rule).
+/// The parts are shared, not copied, by clones: each zone name keeps its owner's key.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
     /// Namespace of the Service (`""` for static records).
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Name of the Service.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl ServiceKey {
     /// A key from its parts.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),

@@ -221,7 +221,7 @@ fn unservable_names_are_reported() {
     let reasons: Vec<(String, String)> = set
         .rejected()
         .iter()
-        .map(|r| (r.key.name.clone(), r.reason.clone()))
+        .map(|r| (r.key.name.to_string(), r.reason.clone()))
         .collect();
     assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert_eq!(
