@@ -2,18 +2,20 @@
 //! [`Snapshot`] through the pure [`wire::handle`], relaying queries upstream when transparent
 //! resolution says so.
 //!
-//! The transport is ours rather than `hickory-server`'s: the UDP hot path is a blocking
-//! recv → answer → send loop on dedicated OS threads, one per worker, each on its own
-//! `SO_REUSEPORT` socket bound to the same address (the kernel spreads clients over them, as for
-//! Knot's UDP workers), with no task spawned per packet and no per-query log line; the snapshot
-//! is re-read only when the `watch` says it changed. hickory-proto does every encode and decode. TCP takes one task per connection (RFC 7766 framing, pipelined
-//! queries answered in order) with three limits against clients that hold connections open: a total
-//! (clamped below the process's open-file limit, so a flood is refused rather than left in the
-//! accept backlog), one per source address (RFC 7766 §10), and an idle timeout that bounds both
-//! waiting for a query and writing an answer to a client that stopped reading. An accept error
-//! (EMFILE) pauses the accept loop briefly instead of spinning on it. Relayed queries run in
-//! their own tasks, bounded by a permit count; when none is free, or the upstream fails or times
-//! out, the client gets SERVFAIL.
+//! The transport is ours rather than `hickory-server`'s. UDP: a blocking recv → answer → send
+//! loop on dedicated OS threads, one per worker, each on its own `SO_REUSEPORT` socket bound to
+//! the same address (the kernel spreads clients over them, as over Knot's UDP workers; on an
+//! automatic port they share one socket), with no task spawned per packet and no per-query log
+//! line; the snapshot is re-read only when the `watch` says it changed. hickory-proto does every
+//! encode and decode. TCP takes one task per connection (RFC 7766 framing, pipelined queries
+//! answered in order: queries that arrive together are read with one system call and their
+//! answers written with one) with three limits against clients that hold connections open: a
+//! total (clamped below the process's open-file limit, so a flood is refused rather than left
+//! in the accept backlog), one per source address (RFC 7766 §10), and an idle timeout that
+//! bounds both waiting for a query and writing answers to a client that stopped reading. An
+//! accept error (EMFILE) pauses the accept loop briefly instead of spinning on it. Relayed
+//! queries run in their own tasks, bounded by a permit count; when none is free, or the
+//! upstream fails or times out, the client gets SERVFAIL.
 //!
 //! Shutdown: when the token fires the listeners stop (a UDP worker notices within
 //! [`UDP_CANCEL_POLL`], its socket's read timeout), open connections close after their current
@@ -27,9 +29,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hickory_proto::op::ResponseCode;
-use thiserror::Error;
 use socket2::{Domain, Protocol, Socket, Type};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, watch};
@@ -52,6 +54,11 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Open files kept out of the TCP connection budget: stdio, the listeners and UDP socket, the
 /// runtime's epoll and wake-up descriptors, the metrics listener and a feed's file watch.
 const FD_RESERVE: usize = 32;
+/// Read buffer of a TCP connection: pipelined queries that arrived together are read with one
+/// system call.
+const TCP_READ_BUFFER: usize = 4096;
+/// Answers held back for one write at most (bytes).
+pub const TCP_WRITE_BATCH: usize = 16 * 1024;
 /// Read timeout of the UDP workers' sockets: how often an idle worker looks at the cancellation
 /// token, so shutdown never waits longer than this for a blocked receive.
 pub const UDP_CANCEL_POLL: Duration = Duration::from_millis(100);
@@ -137,7 +144,9 @@ impl DnsServer {
         let attempts = if addr.port() == 0 { BIND_ATTEMPTS } else { 1 };
         let mut last = None;
         for _ in 0..attempts {
-            let udp = bind_udp(addr).map_err(|source| ServerError::Bind {
+            // Port 0 (tests, the demo) gets a port of its own: an automatic port may be one
+            // that another `SO_REUSEPORT` socket of this user holds, which the option would join.
+            let udp = bind_udp(addr, addr.port() != 0).map_err(|source| ServerError::Bind {
                 transport: "UDP",
                 addr,
                 source,
@@ -195,8 +204,11 @@ impl DnsServer {
             tracker: TaskTracker::new(),
             config,
             metrics,
+            stop_udp: cancel.child_token(),
             cancel,
         });
+        // The UDP threads stop when `run` ends, and also when it is dropped before that.
+        let _stop_udp = ctx.stop_udp.clone().drop_guard();
         let runtime = Handle::current();
         let port = self.udp.local_addr()?.port();
         let mut threads = Vec::new();
@@ -212,7 +224,7 @@ impl DnsServer {
                 Ok(t) => threads.push(t),
                 Err(e) => {
                     // Stop the threads already started before reporting.
-                    ctx.cancel.cancel();
+                    ctx.stop_udp.cancel();
                     join_all(threads).await;
                     return Err(e.into());
                 }
@@ -235,6 +247,8 @@ struct Context {
     per_client: Mutex<HashMap<IpAddr, usize>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    /// Fires with `cancel`, or when `run` ends or is dropped: the UDP threads watch it.
+    stop_udp: CancellationToken,
 }
 
 impl Context {
@@ -344,10 +358,11 @@ async fn join_all(threads: Vec<std::thread::JoinHandle<()>>) {
     }
 }
 
-/// A UDP socket on `addr` with `SO_REUSEPORT`, so the workers can bind more on its address.
-fn bind_udp(addr: SocketAddr) -> io::Result<std::net::UdpSocket> {
+/// A UDP socket on `addr`; with `reuse_port`, `SO_REUSEPORT` lets the workers bind more on its
+/// address.
+fn bind_udp(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::UdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
-    socket.set_reuse_port(true)?;
+    socket.set_reuse_port(reuse_port)?;
     socket.bind(&addr.into())?;
     Ok(socket.into())
 }
@@ -363,7 +378,7 @@ pub fn udp_sockets(
     let addr = first.local_addr()?;
     let mut sockets = Vec::with_capacity(count);
     for _ in 1..count {
-        sockets.push(match bind_udp(addr) {
+        sockets.push(match bind_udp(addr, true) {
             Ok(s) => s,
             Err(_) => first.try_clone()?,
         });
@@ -385,11 +400,16 @@ fn udp_worker(
 ) {
     let mut current = Current::new(snapshots);
     let mut buf = vec![0u8; MAX_MESSAGE];
-    while !ctx.cancel.is_cancelled() {
+    while !ctx.stop_udp.is_cancelled() {
         let (len, peer) = match socket.recv_from(&mut buf) {
             Ok(r) => r,
             // The read timeout: look at the token again.
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 continue;
             }
             Err(e) => {
@@ -515,11 +535,17 @@ async fn read_framed<R: AsyncReadExt + Unpin>(r: &mut R) -> io::Result<Vec<u8>> 
 }
 
 async fn write_framed<W: AsyncWriteExt + Unpin>(w: &mut W, msg: &[u8]) -> io::Result<()> {
-    let len = u16::try_from(msg.len()).map_err(|_| io::Error::other("DNS message too long"))?;
     let mut framed = Vec::with_capacity(msg.len() + 2);
-    framed.extend_from_slice(&len.to_be_bytes());
-    framed.extend_from_slice(msg);
+    push_framed(&mut framed, msg)?;
     w.write_all(&framed).await
+}
+
+/// Append `msg` to `out` with its 16-bit length prefix (RFC 1035 §4.2.2).
+fn push_framed(out: &mut Vec<u8>, msg: &[u8]) -> io::Result<()> {
+    let len = u16::try_from(msg.len()).map_err(|_| io::Error::other("DNS message too long"))?;
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(msg);
+    Ok(())
 }
 
 async fn tcp_accept(
@@ -563,19 +589,42 @@ async fn tcp_accept(
 }
 
 async fn tcp_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     ctx: Arc<Context>,
 ) {
     let _ = stream.set_nodelay(true);
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::with_capacity(TCP_READ_BUFFER, read);
+    // Framed answers not yet written.
+    let mut out = Vec::new();
     let mut current = Current::new(snapshots);
     let idle = ctx.config.tcp_idle_timeout;
     loop {
+        if flush_due(&out, reader.buffer()) {
+            // A client that stops reading must not hold the connection: the write gets the
+            // same bound as the wait for a query.
+            let written = tokio::select! {
+                biased;
+                _ = ctx.cancel.cancelled() => return,
+                w = timeout(idle, write.write_all(&out)) => w,
+            };
+            match written {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    ctx.metrics.tcp_write_timeouts.inc();
+                    return;
+                }
+            }
+            out.clear();
+            out.shrink_to(TCP_WRITE_BATCH);
+        }
         let read = tokio::select! {
             biased;
             _ = ctx.cancel.cancelled() => return,
-            r = timeout(idle, read_framed(&mut stream)) => r,
+            r = timeout(idle, read_framed(&mut reader)) => r,
         };
         let Ok(Ok(query)) = read else {
             return; // idle, closed, or a broken frame: end the connection
@@ -601,21 +650,25 @@ async fn tcp_connection(
                 continue;
             }
         };
-        // A client that stops reading must not hold the connection: the write gets the same
-        // bound as the wait for a query.
-        let written = tokio::select! {
-            biased;
-            _ = ctx.cancel.cancelled() => return,
-            w = timeout(idle, write_framed(&mut stream, &reply)) => w,
-        };
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return,
-            Err(_) => {
-                ctx.metrics.tcp_write_timeouts.inc();
-                return;
-            }
+        if push_framed(&mut out, &reply).is_err() {
+            return;
         }
+    }
+}
+
+/// Whether the answers in `out` are written now: when there are some and either they reach
+/// [`TCP_WRITE_BATCH`] or the read buffer holds no whole query to answer first (pipelined
+/// queries that arrived together get their answers in one write; a client waiting for an
+/// answer never waits on another query).
+pub fn flush_due(out: &[u8], buffered: &[u8]) -> bool {
+    !out.is_empty() && (out.len() >= TCP_WRITE_BATCH || !holds_whole_frame(buffered))
+}
+
+/// Whether `buffered` starts with a whole length-prefixed DNS message.
+fn holds_whole_frame(buffered: &[u8]) -> bool {
+    match buffered {
+        [hi, lo, rest @ ..] => rest.len() >= usize::from(u16::from_be_bytes([*hi, *lo])),
+        _ => false,
     }
 }
 
@@ -669,7 +722,7 @@ mod tests {
 
     #[test]
     fn each_udp_worker_gets_its_own_reuseport_socket_on_the_same_address() {
-        let first = bind_udp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let first = bind_udp("127.0.0.1:0".parse().unwrap(), true).unwrap();
         let addr = first.local_addr().unwrap();
         let sockets = udp_sockets(first, 3).unwrap();
         assert_eq!(sockets.len(), 3);
@@ -682,7 +735,7 @@ mod tests {
 
     #[test]
     fn a_socket_without_reuseport_is_shared_by_the_workers() {
-        let first = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let first = bind_udp("127.0.0.1:0".parse().unwrap(), false).unwrap();
         let addr = first.local_addr().unwrap();
         let sockets = udp_sockets(first, 2).unwrap();
         assert_eq!(sockets.len(), 2);
@@ -691,6 +744,28 @@ mod tests {
             assert!(!socket2::SockRef::from(s).reuse_port().unwrap());
             assert_eq!(s.read_timeout().unwrap(), Some(UDP_CANCEL_POLL));
         }
+    }
+
+    #[test]
+    fn pipelined_answers_wait_only_for_whole_buffered_queries() {
+        let answer = [0u8; 14];
+        // Nothing to write.
+        assert!(!flush_due(&[], &[]));
+        assert!(!flush_due(&[], &[0, 2, 1, 2]));
+        // Nothing buffered, or only part of the next query: write now.
+        assert!(flush_due(&answer, &[]));
+        assert!(flush_due(&answer, &[0]));
+        assert!(flush_due(&answer, &[0, 3, 1, 2]));
+        // A whole query is buffered: answer it first.
+        assert!(!flush_due(&answer, &[0, 2, 1, 2]));
+        assert!(!flush_due(&answer, &[0, 0]));
+        assert!(!flush_due(&answer, &[0, 2, 1, 2, 0, 9]));
+        // Unless the batch is full.
+        assert!(flush_due(&vec![0u8; TCP_WRITE_BATCH], &[0, 2, 1, 2]));
+        let mut out = Vec::new();
+        push_framed(&mut out, &[7, 8, 9]).unwrap();
+        assert_eq!(out, [0, 3, 7, 8, 9]);
+        assert!(push_framed(&mut out, &vec![0u8; 65536]).is_err());
     }
 
     #[test]

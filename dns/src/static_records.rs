@@ -147,7 +147,13 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsE
 /// copy every name and leave the copies' holes between the records kept.
 fn first_duplicate(records: &[ServiceInfo]) -> Option<(usize, usize)> {
     let mut order: Vec<usize> = (0..records.len()).collect();
-    order.sort_by(|&a, &b| records[a].key.name.cmp(&records[b].key.name).then(a.cmp(&b)));
+    order.sort_by(|&a, &b| {
+        records[a]
+            .key
+            .name
+            .cmp(&records[b].key.name)
+            .then(a.cmp(&b))
+    });
     order
         .windows(2)
         .filter(|w| records[w[0]].key.name == records[w[1]].key.name)

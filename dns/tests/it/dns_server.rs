@@ -404,8 +404,8 @@ async fn every_udp_worker_thread_answers_and_all_end_at_shutdown() {
     // The threads are started before `run` first awaits; a query answered proves it has.
     ask(h.addr, Via::Udp, "dual.xcc.test.", RecordType::A).await;
     assert_eq!(ours(thread_names()), expected);
-    // Each client port is hashed to one of the three sockets; 48 clients leave a socket without
-    // any with probability 3 × (2/3)^48 < 1e-8, so a worker that does not answer loses queries.
+    // On port 0 the three threads share one socket (see `DnsServer::bind`): whichever is free
+    // takes the next query.
     let mut clients = tokio::task::JoinSet::new();
     for _ in 0..48 {
         let addr = h.addr;
