@@ -12,6 +12,7 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use thiserror::Error;
@@ -121,6 +122,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsE
         let (mut cluster_ips, mut ports) = (r.addresses, r.ports);
         cluster_ips.shrink_to_fit();
         ports.shrink_to_fit();
+        let fqdn: Arc<str> = fqdn.into();
         out.push(ServiceInfo {
             key: ServiceKey::new("", fqdn.clone()),
             annotations: NameAnnotations {

@@ -111,15 +111,16 @@ pub struct ServiceInfo {
 }
 
 /// The annotations that name a Service: the FQDN and the origin pair. Collected from any
-/// annotations (others are ignored), so a stored Service costs no more than these values.
+/// annotations (others are ignored), so a stored Service costs no more than these values
+/// (shared, not copied: a static record's FQDN is also its key's name).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NameAnnotations {
     /// [`FQDN_ANNOTATION`].
-    pub fqdn: Option<String>,
+    pub fqdn: Option<Arc<str>>,
     /// [`ORIGIN_NAMESPACE_ANNOTATION`].
-    pub origin_namespace: Option<String>,
+    pub origin_namespace: Option<Arc<str>>,
     /// [`ORIGIN_NAME_ANNOTATION`].
-    pub origin_name: Option<String>,
+    pub origin_name: Option<Arc<str>>,
 }
 
 impl<K: AsRef<str>, V: Into<String>> FromIterator<(K, V)> for NameAnnotations {
@@ -132,7 +133,7 @@ impl<K: AsRef<str>, V: Into<String>> FromIterator<(K, V)> for NameAnnotations {
                 ORIGIN_NAME_ANNOTATION => &mut out.origin_name,
                 _ => continue,
             };
-            *slot = Some(value.into());
+            *slot = Some(value.into().into());
         }
         out
     }

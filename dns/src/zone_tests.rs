@@ -15,7 +15,7 @@ fn svc(ns: &str, n: &str, fqdn: Option<&str>, ips: &[&str]) -> ServiceInfo {
     ServiceInfo {
         key: ServiceKey::new(ns, n),
         annotations: NameAnnotations {
-            fqdn: fqdn.map(str::to_string),
+            fqdn: fqdn.map(Into::into),
             ..NameAnnotations::default()
         },
         cluster_ips: ips.iter().map(|s| ip(s)).collect(),
