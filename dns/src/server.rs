@@ -721,28 +721,19 @@ mod tests {
     }
 
     #[test]
-    fn each_udp_worker_gets_its_own_reuseport_socket_on_the_same_address() {
-        let first = bind_udp("127.0.0.1:0".parse().unwrap(), true).unwrap();
-        let addr = first.local_addr().unwrap();
-        let sockets = udp_sockets(first, 3).unwrap();
-        assert_eq!(sockets.len(), 3);
-        for s in &sockets {
-            assert_eq!(s.local_addr().unwrap(), addr);
-            assert!(socket2::SockRef::from(s).reuse_port().unwrap());
-            assert_eq!(s.read_timeout().unwrap(), Some(UDP_CANCEL_POLL));
-        }
-    }
-
-    #[test]
-    fn a_socket_without_reuseport_is_shared_by_the_workers() {
-        let first = bind_udp("127.0.0.1:0".parse().unwrap(), false).unwrap();
-        let addr = first.local_addr().unwrap();
-        let sockets = udp_sockets(first, 2).unwrap();
-        assert_eq!(sockets.len(), 2);
-        for s in &sockets {
-            assert_eq!(s.local_addr().unwrap(), addr);
-            assert!(!socket2::SockRef::from(s).reuse_port().unwrap());
-            assert_eq!(s.read_timeout().unwrap(), Some(UDP_CANCEL_POLL));
+    fn udp_workers_get_reuseport_sockets_on_one_address_or_share_one_without_the_option() {
+        // With the option on the first socket every worker binds its own; without it they
+        // share handles of the first (none has the option).
+        for reuse_port in [true, false] {
+            let first = bind_udp("127.0.0.1:0".parse().unwrap(), reuse_port).unwrap();
+            let addr = first.local_addr().unwrap();
+            let sockets = udp_sockets(first, 3).unwrap();
+            assert_eq!(sockets.len(), 3);
+            for s in &sockets {
+                assert_eq!(s.local_addr().unwrap(), addr);
+                assert_eq!(socket2::SockRef::from(s).reuse_port().unwrap(), reuse_port);
+                assert_eq!(s.read_timeout().unwrap(), Some(UDP_CANCEL_POLL));
+            }
         }
     }
 
