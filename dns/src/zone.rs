@@ -20,6 +20,7 @@
 //! when its records change: it becomes `max(previous + 1, now)` in Unix seconds, so it also
 //! keeps increasing across restarts.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
@@ -610,8 +611,10 @@ impl ZoneSet {
         zones.dedup_by(|a, b| a.apex == b.apex);
 
         let mut rejected = Vec::new();
-        // (canonical name, zone index, claimant), sorted below: one allocation, not a map.
-        let mut claims: Vec<(String, usize, &ServiceInfo)> = Vec::new();
+        // (canonical name, zone index, claimant), sorted below: one allocation, not a map. A
+        // name already canonical is borrowed from its Service: a copy per name, freed after the
+        // build, would leave that much of the heap in holes between the zone's arrays.
+        let mut claims: Vec<(Cow<'a, str>, usize, &'a ServiceInfo)> = Vec::new();
         for svc in services {
             for raw in candidate_names(svc, &mut rejected) {
                 let reject = |reason: String| Rejected {
@@ -638,6 +641,10 @@ impl ZoneSet {
                     rejected.push(reject("outside every configured zone".into()));
                     continue;
                 };
+                let canonical = match svc.annotations.fqdn.as_deref() {
+                    Some(fqdn) if fqdn == canonical => Cow::Borrowed(fqdn),
+                    _ => Cow::Owned(canonical),
+                };
                 claims.push((canonical, zi, svc));
             }
         }
@@ -651,7 +658,7 @@ impl ZoneSet {
             };
             if !losers.is_empty() {
                 conflicts.push(Conflict {
-                    name: canonical.clone(),
+                    name: canonical.to_string(),
                     winner: winner.key.clone(),
                     losers: losers.iter().map(|(_, _, s)| s.key.clone()).collect(),
                 });
