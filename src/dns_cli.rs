@@ -85,7 +85,7 @@ pub struct DnsArgs {
     /// Plain-HTTP /metrics, /healthz, /readyz; empty to disable.
     #[arg(long, env = "XCC_METRICS_LISTEN", default_value = "0.0.0.0:9153")]
     pub metrics_listen: String,
-    /// Tasks receiving UDP queries (default: one per CPU).
+    /// Threads receiving UDP queries, each on its own `SO_REUSEPORT` socket (default: one per CPU).
     #[arg(long, env = "XCC_DNS_UDP_WORKERS")]
     pub udp_workers: Option<usize>,
     /// Close TCP connections idle this long (seconds).

@@ -93,7 +93,7 @@ pub fn services_from_records(
                 cluster_ips: Vec::new(),
                 ports: Vec::new(),
             });
-            info.annotations.fqdn = Some(fqdn.clone());
+            info.annotations.fqdn = Some(fqdn.as_str().into());
             for p in sr.spec.ports.iter().flatten() {
                 if let Some(port) = named_port(p)
                     && !info.ports.contains(&port)
@@ -127,8 +127,8 @@ fn origin_annotations(sr: &ServiceRecord) -> NameAnnotations {
         a.get(ORIGIN_NAME_ANNOTATION),
     ) {
         (Some(ns), Some(name)) => NameAnnotations {
-            origin_namespace: Some(ns.clone()),
-            origin_name: Some(name.clone()),
+            origin_namespace: Some(ns.as_str().into()),
+            origin_name: Some(name.as_str().into()),
             ..NameAnnotations::default()
         },
         _ => NameAnnotations::default(),

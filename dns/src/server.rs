@@ -2,20 +2,25 @@
 //! [`Snapshot`] through the pure [`wire::handle`], relaying queries upstream when transparent
 //! resolution says so.
 //!
-//! The transport is ours rather than `hickory-server`'s: the hot path is a recv → answer → send
-//! loop per worker on a shared UDP socket, with no task spawned per packet and no per-query log
-//! line, and the snapshot is re-read only when the `watch` says it changed. hickory-proto does
-//! every encode and decode. TCP takes one task per connection (RFC 7766 framing, pipelined
-//! queries answered in order) with three limits against clients that hold connections open: a total
-//! (clamped below the process's open-file limit, so a flood is refused rather than left in the
-//! accept backlog), one per source address (RFC 7766 §10), and an idle timeout that bounds both
-//! waiting for a query and writing an answer to a client that stopped reading. An accept error
-//! (EMFILE) pauses the accept loop briefly instead of spinning on it. Relayed queries run in
-//! their own tasks, bounded by a permit count; when none is free, or the upstream fails or times
-//! out, the client gets SERVFAIL.
+//! The transport is ours rather than `hickory-server`'s. UDP: a blocking recv → answer → send
+//! loop on dedicated OS threads, one per worker, each on its own `SO_REUSEPORT` socket bound to
+//! the same address (the kernel spreads clients over them, as over Knot's UDP workers; on an
+//! automatic port they share one socket), with no task spawned per packet and no per-query log
+//! line; the snapshot is re-read only when the `watch` says it changed. hickory-proto does every
+//! encode and decode. TCP takes one task per connection (RFC 7766 framing, pipelined queries
+//! answered in order: queries that arrive together are read with one system call and their
+//! answers written with one) with three limits against clients that hold connections open: a
+//! total (clamped below the process's open-file limit, so a flood is refused rather than left
+//! in the accept backlog), one per source address (RFC 7766 §10), and an idle timeout that
+//! bounds both waiting for a query and writing answers to a client that stopped reading. An
+//! accept error (EMFILE) pauses the accept loop briefly instead of spinning on it. Relayed
+//! queries run in their own tasks, bounded by a permit count; when none is free, or the
+//! upstream fails or times out, the client gets SERVFAIL.
 //!
-//! Shutdown: when the token fires the listeners stop, open connections close after their current
-//! query, and [`DnsServer::run`] returns once relayed queries have finished.
+//! Shutdown: when the token fires the listeners stop (a UDP worker notices within
+//! [`UDP_CANCEL_POLL`], its socket's read timeout), open connections close after their current
+//! query, and [`DnsServer::run`] returns once the UDP threads have ended and relayed queries
+//! have finished.
 
 use std::collections::HashMap;
 use std::io;
@@ -24,9 +29,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hickory_proto::op::ResponseCode;
+use socket2::{Domain, Protocol, Socket, Type};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, watch};
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
@@ -47,6 +54,14 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Open files kept out of the TCP connection budget: stdio, the listeners and UDP socket, the
 /// runtime's epoll and wake-up descriptors, the metrics listener and a feed's file watch.
 const FD_RESERVE: usize = 32;
+/// Read buffer of a TCP connection: pipelined queries that arrived together are read with one
+/// system call.
+const TCP_READ_BUFFER: usize = 4096;
+/// Answers held back for one write at most (bytes).
+pub const TCP_WRITE_BATCH: usize = 16 * 1024;
+/// Read timeout of the UDP workers' sockets: how often an idle worker looks at the cancellation
+/// token, so shutdown never waits longer than this for a blocked receive.
+pub const UDP_CANCEL_POLL: Duration = Duration::from_millis(100);
 
 /// Server errors.
 #[derive(Debug, Error)]
@@ -84,7 +99,7 @@ pub struct ServerConfig {
     pub settings: Settings,
     /// Upstream resolver for names we do not hold (transparent mode).
     pub upstream: Option<SocketAddr>,
-    /// Tasks receiving on the UDP socket (one per core is right).
+    /// Threads receiving UDP, each on its own socket (one per core is right).
     pub udp_workers: usize,
     /// A TCP connection idle this long is closed (RFC 7766 suggests seconds).
     pub tcp_idle_timeout: Duration,
@@ -119,7 +134,7 @@ impl Default for ServerConfig {
 /// Bound UDP and TCP listeners, ready to [`run`](DnsServer::run).
 #[derive(Debug)]
 pub struct DnsServer {
-    udp: Arc<UdpSocket>,
+    udp: std::net::UdpSocket,
     tcp: TcpListener,
 }
 
@@ -129,13 +144,13 @@ impl DnsServer {
         let attempts = if addr.port() == 0 { BIND_ATTEMPTS } else { 1 };
         let mut last = None;
         for _ in 0..attempts {
-            let udp = UdpSocket::bind(addr)
-                .await
-                .map_err(|source| ServerError::Bind {
-                    transport: "UDP",
-                    addr,
-                    source,
-                })?;
+            // Port 0 (tests, the demo) gets a port of its own: an automatic port may be one
+            // that another `SO_REUSEPORT` socket of this user holds, which the option would join.
+            let udp = bind_udp(addr, addr.port() != 0).map_err(|source| ServerError::Bind {
+                transport: "UDP",
+                addr,
+                source,
+            })?;
             let bound = udp.local_addr()?;
             match TcpListener::bind(bound).await {
                 Ok(tcp) => return Ok(Self::from_sockets(udp, tcp)),
@@ -151,12 +166,9 @@ impl DnsServer {
         Err(last.unwrap_or_else(|| ServerError::Io(io::ErrorKind::AddrInUse.into())))
     }
 
-    /// Use sockets bound elsewhere.
-    pub fn from_sockets(udp: UdpSocket, tcp: TcpListener) -> Self {
-        Self {
-            udp: Arc::new(udp),
-            tcp,
-        }
+    /// Use sockets bound elsewhere. Without `SO_REUSEPORT` on `udp`, the UDP workers share it.
+    pub fn from_sockets(udp: std::net::UdpSocket, tcp: TcpListener) -> Self {
+        Self { udp, tcp }
     }
 
     /// Address of the UDP socket.
@@ -192,13 +204,34 @@ impl DnsServer {
             tracker: TaskTracker::new(),
             config,
             metrics,
+            stop_udp: cancel.child_token(),
             cancel,
         });
-        for _ in 0..ctx.config.udp_workers.max(1) {
-            ctx.tracker
-                .spawn(udp_worker(self.udp.clone(), snapshots.clone(), ctx.clone()));
+        // The UDP threads stop when `run` ends, and also when it is dropped before that.
+        let _stop_udp = ctx.stop_udp.clone().drop_guard();
+        let runtime = Handle::current();
+        let port = self.udp.local_addr()?.port();
+        let mut threads = Vec::new();
+        for (i, socket) in udp_sockets(self.udp, ctx.config.udp_workers.max(1))?
+            .into_iter()
+            .enumerate()
+        {
+            let (rx, worker_ctx, rt) = (snapshots.clone(), ctx.clone(), runtime.clone());
+            let spawned = std::thread::Builder::new()
+                .name(udp_thread_name(port, i))
+                .spawn(move || udp_worker(&Arc::new(socket), rx, &worker_ctx, &rt));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    // Stop the threads already started before reporting.
+                    ctx.stop_udp.cancel();
+                    join_all(threads).await;
+                    return Err(e.into());
+                }
+            }
         }
         tcp_accept(self.tcp, snapshots, ctx.clone()).await;
+        join_all(threads).await;
         ctx.tracker.close();
         ctx.tracker.wait().await;
         Ok(())
@@ -214,6 +247,8 @@ struct Context {
     per_client: Mutex<HashMap<IpAddr, usize>>,
     tracker: TaskTracker,
     cancel: CancellationToken,
+    /// Fires with `cancel`, or when `run` ends or is dropped: the UDP threads watch it.
+    stop_udp: CancellationToken,
 }
 
 impl Context {
@@ -301,21 +336,82 @@ impl Current {
     }
 }
 
-async fn udp_worker(
-    socket: Arc<UdpSocket>,
+/// Name of UDP worker thread `i` serving `port` (under Linux's 15 bytes for `port` < 100,000
+/// and `i` < 10; longer names are cut, which only blurs what `top -H` shows).
+pub fn udp_thread_name(port: u16, i: usize) -> String {
+    format!("dns-udp{port}.{i}")
+}
+
+/// Wait for the UDP worker threads to end (they notice cancellation within
+/// [`UDP_CANCEL_POLL`]), without blocking the runtime.
+async fn join_all(threads: Vec<std::thread::JoinHandle<()>>) {
+    let joined = tokio::task::spawn_blocking(move || {
+        for t in threads {
+            if t.join().is_err() {
+                tracing::error!("a DNS UDP worker thread panicked");
+            }
+        }
+    })
+    .await;
+    if let Err(e) = joined {
+        tracing::error!(error = %e, "joining the DNS UDP worker threads failed");
+    }
+}
+
+/// A UDP socket on `addr`; with `reuse_port`, `SO_REUSEPORT` lets the workers bind more on its
+/// address.
+fn bind_udp(addr: SocketAddr, reuse_port: bool) -> io::Result<std::net::UdpSocket> {
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    socket.set_reuse_port(reuse_port)?;
+    socket.bind(&addr.into())?;
+    Ok(socket.into())
+}
+
+/// `count` blocking sockets for the UDP workers: `first`, plus sockets bound with
+/// `SO_REUSEPORT` on its address; where that is refused (`first` came without the option),
+/// handles of `first` itself, which the workers then share. Each has [`UDP_CANCEL_POLL`] as
+/// read timeout.
+pub fn udp_sockets(
+    first: std::net::UdpSocket,
+    count: usize,
+) -> io::Result<Vec<std::net::UdpSocket>> {
+    let addr = first.local_addr()?;
+    let mut sockets = Vec::with_capacity(count);
+    for _ in 1..count {
+        sockets.push(match bind_udp(addr, true) {
+            Ok(s) => s,
+            Err(_) => first.try_clone()?,
+        });
+    }
+    sockets.insert(0, first);
+    for s in &sockets {
+        s.set_nonblocking(false)?;
+        s.set_read_timeout(Some(UDP_CANCEL_POLL))?;
+    }
+    Ok(sockets)
+}
+
+/// One UDP worker thread: receive, answer, send, until the token fires.
+fn udp_worker(
+    socket: &Arc<std::net::UdpSocket>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
-    ctx: Arc<Context>,
+    ctx: &Arc<Context>,
+    runtime: &Handle,
 ) {
     let mut current = Current::new(snapshots);
     let mut buf = vec![0u8; MAX_MESSAGE];
-    loop {
-        let received = tokio::select! {
-            biased;
-            _ = ctx.cancel.cancelled() => return,
-            r = socket.recv_from(&mut buf) => r,
-        };
-        let (len, peer) = match received {
+    while !ctx.stop_udp.is_cancelled() {
+        let (len, peer) = match socket.recv_from(&mut buf) {
             Ok(r) => r,
+            // The read timeout: look at the token again.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue;
+            }
             Err(e) => {
                 // Per-datagram errors (e.g. ICMP feedback) do not end the socket.
                 tracing::debug!(error = %e, "DNS UDP receive error");
@@ -333,11 +429,11 @@ async fn udp_worker(
         match outcome {
             Outcome::Reply { bytes, rcode } => {
                 ctx.metrics.query(Transport::Udp, rcode);
-                if let Err(e) = socket.send_to(&bytes, peer).await {
+                if let Err(e) = socket.send_to(&bytes, peer) {
                     tracing::debug!(error = %e, %peer, "DNS UDP send error");
                 }
             }
-            Outcome::Forward { id } => forward_udp(&socket, query, id, peer, &ctx).await,
+            Outcome::Forward { id } => forward_udp(socket, query, id, peer, ctx, runtime),
             Outcome::Drop => {
                 ctx.metrics.dropped.inc();
             }
@@ -345,21 +441,22 @@ async fn udp_worker(
     }
 }
 
-/// Relay a UDP query in its own task, or answer SERVFAIL if that is impossible.
-async fn forward_udp(
-    socket: &Arc<UdpSocket>,
+/// Relay a UDP query in its own task on the runtime, or answer SERVFAIL if that is impossible.
+fn forward_udp(
+    socket: &Arc<std::net::UdpSocket>,
     query: &[u8],
     id: u16,
     peer: SocketAddr,
     ctx: &Arc<Context>,
+    runtime: &Handle,
 ) {
     let permit = ctx.forwards.clone().try_acquire_owned().ok();
     let (Some(upstream), Some(permit)) = (ctx.config.upstream, permit) else {
-        fail_forward(socket, query, peer, ctx).await;
+        fail_forward(socket, query, peer, ctx);
         return;
     };
     let (socket, query, task_ctx) = (socket.clone(), query.to_vec(), ctx.clone());
-    ctx.tracker.spawn(async move {
+    let relay = async move {
         let _permit = permit;
         let ctx = task_ctx;
         let limit = ctx.config.forward_timeout;
@@ -369,23 +466,26 @@ async fn forward_udp(
         {
             Ok(reply) => {
                 ctx.metrics.forward(Transport::Udp);
-                if let Err(e) = socket.send_to(&reply, peer).await {
+                // A blocking socket, but a UDP send waits only while the kernel's send buffer
+                // is full.
+                if let Err(e) = socket.send_to(&reply, peer) {
                     tracing::debug!(error = %e, %peer, "DNS UDP send error");
                 }
             }
             Err(e) => {
                 tracing::debug!(error = %e, %upstream, "DNS relay over UDP failed");
-                fail_forward(&socket, &query, peer, &ctx).await;
+                fail_forward(&socket, &query, peer, &ctx);
             }
         }
-    });
+    };
+    ctx.tracker.spawn_on(relay, runtime);
 }
 
-async fn fail_forward(socket: &UdpSocket, query: &[u8], peer: SocketAddr, ctx: &Context) {
+fn fail_forward(socket: &std::net::UdpSocket, query: &[u8], peer: SocketAddr, ctx: &Context) {
     ctx.metrics.forward_failures.inc();
     if let Some(bytes) = wire::error_reply(query, ResponseCode::ServFail) {
         ctx.metrics.query(Transport::Udp, ResponseCode::ServFail);
-        let _ = socket.send_to(&bytes, peer).await;
+        let _ = socket.send_to(&bytes, peer);
     }
 }
 
@@ -435,11 +535,17 @@ async fn read_framed<R: AsyncReadExt + Unpin>(r: &mut R) -> io::Result<Vec<u8>> 
 }
 
 async fn write_framed<W: AsyncWriteExt + Unpin>(w: &mut W, msg: &[u8]) -> io::Result<()> {
-    let len = u16::try_from(msg.len()).map_err(|_| io::Error::other("DNS message too long"))?;
     let mut framed = Vec::with_capacity(msg.len() + 2);
-    framed.extend_from_slice(&len.to_be_bytes());
-    framed.extend_from_slice(msg);
+    push_framed(&mut framed, msg)?;
     w.write_all(&framed).await
+}
+
+/// Append `msg` to `out` with its 16-bit length prefix (RFC 1035 §4.2.2).
+fn push_framed(out: &mut Vec<u8>, msg: &[u8]) -> io::Result<()> {
+    let len = u16::try_from(msg.len()).map_err(|_| io::Error::other("DNS message too long"))?;
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(msg);
+    Ok(())
 }
 
 async fn tcp_accept(
@@ -483,19 +589,42 @@ async fn tcp_accept(
 }
 
 async fn tcp_connection(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: SocketAddr,
     snapshots: watch::Receiver<Arc<Snapshot>>,
     ctx: Arc<Context>,
 ) {
     let _ = stream.set_nodelay(true);
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::with_capacity(TCP_READ_BUFFER, read);
+    // Framed answers not yet written.
+    let mut out = Vec::new();
     let mut current = Current::new(snapshots);
     let idle = ctx.config.tcp_idle_timeout;
     loop {
+        if flush_due(&out, reader.buffer()) {
+            // A client that stops reading must not hold the connection: the write gets the
+            // same bound as the wait for a query.
+            let written = tokio::select! {
+                biased;
+                _ = ctx.cancel.cancelled() => return,
+                w = timeout(idle, write.write_all(&out)) => w,
+            };
+            match written {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return,
+                Err(_) => {
+                    ctx.metrics.tcp_write_timeouts.inc();
+                    return;
+                }
+            }
+            out.clear();
+            out.shrink_to(TCP_WRITE_BATCH);
+        }
         let read = tokio::select! {
             biased;
             _ = ctx.cancel.cancelled() => return,
-            r = timeout(idle, read_framed(&mut stream)) => r,
+            r = timeout(idle, read_framed(&mut reader)) => r,
         };
         let Ok(Ok(query)) = read else {
             return; // idle, closed, or a broken frame: end the connection
@@ -521,21 +650,25 @@ async fn tcp_connection(
                 continue;
             }
         };
-        // A client that stops reading must not hold the connection: the write gets the same
-        // bound as the wait for a query.
-        let written = tokio::select! {
-            biased;
-            _ = ctx.cancel.cancelled() => return,
-            w = timeout(idle, write_framed(&mut stream, &reply)) => w,
-        };
-        match written {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => return,
-            Err(_) => {
-                ctx.metrics.tcp_write_timeouts.inc();
-                return;
-            }
+        if push_framed(&mut out, &reply).is_err() {
+            return;
         }
+    }
+}
+
+/// Whether the answers in `out` are written now: when there are some and either they reach
+/// [`TCP_WRITE_BATCH`] or the read buffer holds no whole query to answer first (pipelined
+/// queries that arrived together get their answers in one write; a client waiting for an
+/// answer never waits on another query).
+pub fn flush_due(out: &[u8], buffered: &[u8]) -> bool {
+    !out.is_empty() && (out.len() >= TCP_WRITE_BATCH || !holds_whole_frame(buffered))
+}
+
+/// Whether `buffered` starts with a whole length-prefixed DNS message.
+fn holds_whole_frame(buffered: &[u8]) -> bool {
+    match buffered {
+        [hi, lo, rest @ ..] => rest.len() >= usize::from(u16::from_be_bytes([*hi, *lo])),
+        _ => false,
     }
 }
 
@@ -585,5 +718,50 @@ mod tests {
         assert_eq!(tcp_budget(100, Some(1024)), 100);
         assert_eq!(tcp_budget(1024, None), 1024);
         assert_eq!(tcp_budget(1024, Some(10)), 1, "always at least one");
+    }
+
+    #[test]
+    fn udp_workers_get_reuseport_sockets_on_one_address_or_share_one_without_the_option() {
+        // With the option on the first socket every worker binds its own; without it they
+        // share handles of the first (none has the option).
+        for reuse_port in [true, false] {
+            let first = bind_udp("127.0.0.1:0".parse().unwrap(), reuse_port).unwrap();
+            let addr = first.local_addr().unwrap();
+            let sockets = udp_sockets(first, 3).unwrap();
+            assert_eq!(sockets.len(), 3);
+            for s in &sockets {
+                assert_eq!(s.local_addr().unwrap(), addr);
+                assert_eq!(socket2::SockRef::from(s).reuse_port().unwrap(), reuse_port);
+                assert_eq!(s.read_timeout().unwrap(), Some(UDP_CANCEL_POLL));
+            }
+        }
+    }
+
+    #[test]
+    fn pipelined_answers_wait_only_for_whole_buffered_queries() {
+        let answer = [0u8; 14];
+        // Nothing to write.
+        assert!(!flush_due(&[], &[]));
+        assert!(!flush_due(&[], &[0, 2, 1, 2]));
+        // Nothing buffered, or only part of the next query: write now.
+        assert!(flush_due(&answer, &[]));
+        assert!(flush_due(&answer, &[0]));
+        assert!(flush_due(&answer, &[0, 3, 1, 2]));
+        // A whole query is buffered: answer it first.
+        assert!(!flush_due(&answer, &[0, 2, 1, 2]));
+        assert!(!flush_due(&answer, &[0, 0]));
+        assert!(!flush_due(&answer, &[0, 2, 1, 2, 0, 9]));
+        // Unless the batch is full.
+        assert!(flush_due(&vec![0u8; TCP_WRITE_BATCH], &[0, 2, 1, 2]));
+        let mut out = Vec::new();
+        push_framed(&mut out, &[7, 8, 9]).unwrap();
+        assert_eq!(out, [0, 3, 7, 8, 9]);
+        assert!(push_framed(&mut out, &vec![0u8; 65536]).is_err());
+    }
+
+    #[test]
+    fn udp_thread_names_fit_linux_limit() {
+        assert_eq!(udp_thread_name(65535, 9), "dns-udp65535.9");
+        assert!(udp_thread_name(65535, 9).len() <= 15);
     }
 }

@@ -10,9 +10,9 @@
 //! Each entry becomes a [`ServiceInfo`] keyed `""/<fqdn>`; the empty namespace sorts first, so
 //! a static name wins a conflict with a Service.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use thiserror::Error;
@@ -103,7 +103,6 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsE
             source,
         })?,
     };
-    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut out = Vec::with_capacity(records.len());
     for (index, r) in records.into_iter().enumerate() {
         let fqdn = canonical_fqdn(&r.fqdn).map_err(|source| StaticRecordsError::Fqdn {
@@ -118,25 +117,50 @@ pub fn parse(text: &str, path: &Path) -> Result<Vec<ServiceInfo>, StaticRecordsE
                 fqdn,
             });
         }
-        if let Some(first) = seen.insert(fqdn.clone(), index) {
-            return Err(StaticRecordsError::Duplicate {
-                path: path.to_path_buf(),
-                first,
-                index,
-                fqdn,
-            });
-        }
+        // The parser's vectors keep spare capacity (room for four addresses); these records
+        // stay for the life of the server.
+        let (mut cluster_ips, mut ports) = (r.addresses, r.ports);
+        cluster_ips.shrink_to_fit();
+        ports.shrink_to_fit();
+        let fqdn: Arc<str> = fqdn.into();
         out.push(ServiceInfo {
             key: ServiceKey::new("", fqdn.clone()),
             annotations: NameAnnotations {
                 fqdn: Some(fqdn),
                 ..NameAnnotations::default()
             },
-            cluster_ips: r.addresses,
-            ports: r.ports,
+            cluster_ips,
+            ports,
+        });
+    }
+    if let Some((first, index)) = first_duplicate(&out) {
+        return Err(StaticRecordsError::Duplicate {
+            path: path.to_path_buf(),
+            first,
+            index,
+            fqdn: out[index].key.name.to_string(),
         });
     }
     Ok(out)
+}
+
+/// The earliest entry (in file order) whose name an earlier entry already has, as (that
+/// earlier entry, the entry). Sorts positions instead of collecting names in a map, which would
+/// copy every name and leave the copies' holes between the records kept.
+fn first_duplicate(records: &[ServiceInfo]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..records.len()).collect();
+    order.sort_by(|&a, &b| {
+        records[a]
+            .key
+            .name
+            .cmp(&records[b].key.name)
+            .then(a.cmp(&b))
+    });
+    order
+        .windows(2)
+        .filter(|w| records[w[0]].key.name == records[w[1]].key.name)
+        .map(|w| (w[0], w[1]))
+        .min_by_key(|&(_, later)| later)
 }
 
 /// Read and parse a static records file.
@@ -203,6 +227,12 @@ mod tests {
             (
                 "- {fqdn: a.xcc.test, addresses: [10.0.0.1]}\n- {fqdn: A.xcc.test., addresses: [10.0.0.2]}\n",
                 "entries 0 and 1 both name a.xcc.test",
+            ),
+            (
+                "- {fqdn: b.xcc.test, addresses: [10.0.0.1]}\n- {fqdn: a.xcc.test, addresses: [10.0.0.1]}\n\
+                 - {fqdn: c.xcc.test, addresses: [10.0.0.1]}\n- {fqdn: c.xcc.test, addresses: [10.0.0.1]}\n\
+                 - {fqdn: a.xcc.test, addresses: [10.0.0.1]}\n- {fqdn: a.xcc.test, addresses: [10.0.0.1]}\n",
+                "entries 2 and 3 both name c.xcc.test",
             ),
         ];
         for (text, expected) in cases {

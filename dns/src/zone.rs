@@ -20,10 +20,12 @@
 //! when its records change: it becomes `max(previous + 1, now)` in Unix seconds, so it also
 //! keeps increasing across restarts.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use hickory_proto::rr::Name;
 use serde::{Deserialize, Serialize};
@@ -31,17 +33,18 @@ use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION, va
 use xcc_proto::names::{CLUSTERSET_ZONE, FQDN_ANNOTATION, canonical_fqdn, clusterset_fqdn};
 
 /// Identity of a Service: `namespace/name`. Orders by namespace, then name (the ownership rule).
+/// The parts are shared, not copied, by clones: each zone name keeps its owner's key.
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
     /// Namespace of the Service (`""` for static records).
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Name of the Service.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl ServiceKey {
     /// A key from its parts.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
@@ -109,15 +112,16 @@ pub struct ServiceInfo {
 }
 
 /// The annotations that name a Service: the FQDN and the origin pair. Collected from any
-/// annotations (others are ignored), so a stored Service costs no more than these values.
+/// annotations (others are ignored), so a stored Service costs no more than these values
+/// (shared, not copied: a static record's FQDN is also its key's name).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NameAnnotations {
     /// [`FQDN_ANNOTATION`].
-    pub fqdn: Option<String>,
+    pub fqdn: Option<Arc<str>>,
     /// [`ORIGIN_NAMESPACE_ANNOTATION`].
-    pub origin_namespace: Option<String>,
+    pub origin_namespace: Option<Arc<str>>,
     /// [`ORIGIN_NAME_ANNOTATION`].
-    pub origin_name: Option<String>,
+    pub origin_name: Option<Arc<str>>,
 }
 
 impl<K: AsRef<str>, V: Into<String>> FromIterator<(K, V)> for NameAnnotations {
@@ -130,7 +134,7 @@ impl<K: AsRef<str>, V: Into<String>> FromIterator<(K, V)> for NameAnnotations {
                 ORIGIN_NAME_ANNOTATION => &mut out.origin_name,
                 _ => continue,
             };
-            *slot = Some(value.into());
+            *slot = Some(value.into().into());
         }
         out
     }
@@ -607,8 +611,10 @@ impl ZoneSet {
         zones.dedup_by(|a, b| a.apex == b.apex);
 
         let mut rejected = Vec::new();
-        // (canonical name, zone index, claimant), sorted below: one allocation, not a map.
-        let mut claims: Vec<(String, usize, &ServiceInfo)> = Vec::new();
+        // (canonical name, zone index, claimant), sorted below: one allocation, not a map. A
+        // name already canonical is borrowed from its Service: a copy per name, freed after the
+        // build, would leave that much of the heap in holes between the zone's arrays.
+        let mut claims: Vec<(Cow<'a, str>, usize, &'a ServiceInfo)> = Vec::new();
         for svc in services {
             for raw in candidate_names(svc, &mut rejected) {
                 let reject = |reason: String| Rejected {
@@ -635,6 +641,10 @@ impl ZoneSet {
                     rejected.push(reject("outside every configured zone".into()));
                     continue;
                 };
+                let canonical = match svc.annotations.fqdn.as_deref() {
+                    Some(fqdn) if fqdn == canonical => Cow::Borrowed(fqdn),
+                    _ => Cow::Owned(canonical),
+                };
                 claims.push((canonical, zi, svc));
             }
         }
@@ -648,7 +658,7 @@ impl ZoneSet {
             };
             if !losers.is_empty() {
                 conflicts.push(Conflict {
-                    name: canonical.clone(),
+                    name: canonical.to_string(),
                     winner: winner.key.clone(),
                     losers: losers.iter().map(|(_, _, s)| s.key.clone()).collect(),
                 });

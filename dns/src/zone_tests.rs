@@ -15,7 +15,7 @@ fn svc(ns: &str, n: &str, fqdn: Option<&str>, ips: &[&str]) -> ServiceInfo {
     ServiceInfo {
         key: ServiceKey::new(ns, n),
         annotations: NameAnnotations {
-            fqdn: fqdn.map(str::to_string),
+            fqdn: fqdn.map(Into::into),
             ..NameAnnotations::default()
         },
         cluster_ips: ips.iter().map(|s| ip(s)).collect(),
@@ -221,7 +221,7 @@ fn unservable_names_are_reported() {
     let reasons: Vec<(String, String)> = set
         .rejected()
         .iter()
-        .map(|r| (r.key.name.clone(), r.reason.clone()))
+        .map(|r| (r.key.name.to_string(), r.reason.clone()))
         .collect();
     assert_eq!(reasons.len(), 3, "{reasons:?}");
     assert_eq!(

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use xcc_dns::answer::Settings;
 use xcc_dns::index::{DnsFeed, DnsIndex, FeedSource};
 use xcc_dns::metrics::{self, DnsMetrics};
-use xcc_dns::server::ServerConfig;
+use xcc_dns::server::{ServerConfig, udp_thread_name};
 use xcc_dns::wire::Transport;
 use xcc_dns::zone::ServiceKey;
 
@@ -372,6 +372,57 @@ async fn shutdown_is_graceful() {
     let result = tokio::time::timeout(GUARD, h.task)
         .await
         .expect("server did not stop");
+    assert!(result.unwrap().is_ok());
+}
+
+/// Names of this process's threads (`/proc/self/task/*/comm`).
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .map(|n| n.trim_end().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn every_udp_worker_thread_answers_and_all_end_at_shutdown() {
+    let config = ServerConfig {
+        udp_workers: 3,
+        ..ServerConfig::default()
+    };
+    let h = start(ready_feed(&["xcc.test"], services()), config).await;
+    let port = h.addr.port();
+    let ours = |names: Vec<String>| {
+        let mut mine: Vec<String> = names
+            .into_iter()
+            .filter(|n| n.starts_with(&format!("dns-udp{port}.")))
+            .collect();
+        mine.sort();
+        mine
+    };
+    let expected: Vec<String> = (0..3).map(|i| udp_thread_name(port, i)).collect();
+    // The threads are started before `run` first awaits; a query answered proves it has.
+    ask(h.addr, Via::Udp, "dual.xcc.test.", RecordType::A).await;
+    assert_eq!(ours(thread_names()), expected);
+    // On port 0 the three threads share one socket (see `DnsServer::bind`): whichever is free
+    // takes the next query.
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..48 {
+        let addr = h.addr;
+        clients.spawn(async move { ask(addr, Via::Udp, "dual.xcc.test.", RecordType::A).await });
+    }
+    let mut answered = 0;
+    while let Some(m) = clients.join_next().await {
+        assert_eq!(lines(&m.unwrap().answers), ["dual.xcc.test. 5 A 10.0.0.1"]);
+        answered += 1;
+    }
+    assert_eq!(answered, 48);
+    h.cancel.cancel();
+    let result = tokio::time::timeout(GUARD, h.task)
+        .await
+        .expect("server did not stop");
+    // `run` returns only after joining its threads: a worker that missed the cancellation
+    // would hold it past the guard.
     assert!(result.unwrap().is_ok());
 }
 
