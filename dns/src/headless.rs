@@ -136,7 +136,7 @@ pub fn derive(
             derived.push(ServiceInfo {
                 key: ServiceKey::new(key.namespace.clone(), format!("{}/{host}", key.name)),
                 annotations: NameAnnotations {
-                    fqdn: Some(format!("{host}.{origin}")),
+                    fqdn: Some(format!("{host}.{origin}").into()),
                     ..NameAnnotations::default()
                 },
                 cluster_ips: ips.into_iter().collect(),
