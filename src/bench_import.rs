@@ -418,7 +418,7 @@ fn export(i: usize) -> ServiceEntry {
         source: Source::Local,
         fqdn: fqdn(i),
         endpoints: vec![Endpoint {
-            address: address(i),
+            address: address(i).into(),
             port: 443,
         }],
         ports: vec![],

@@ -54,16 +54,16 @@ pub fn parse_endpoint(s: &str) -> Result<Endpoint, AnnouncementError> {
         return Err(AnnouncementError::EndpointHost(s.into()));
     }
     Ok(Endpoint {
-        address: host.to_string(),
+        address: host.into(),
         port,
     })
 }
 
 pub fn announcement(e: &ServiceEntry, deleted: bool) -> fed::ServiceAnnouncement {
     fed::ServiceAnnouncement {
-        cluster: e.key.cluster.clone(),
-        namespace: e.key.namespace.clone(),
-        name: e.key.name.clone(),
+        cluster: e.key.cluster.to_string(),
+        namespace: e.key.namespace.to_string(),
+        name: e.key.name.to_string(),
         endpoints: e.endpoints.iter().map(endpoint_string).collect(),
         allowed_requesters: e.allowed_requesters.clone(),
         deleted,
@@ -72,9 +72,9 @@ pub fn announcement(e: &ServiceEntry, deleted: bool) -> fed::ServiceAnnouncement
             .ports
             .iter()
             .map(|p| fed::Port {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 port: p.port,
-                protocol: p.protocol.clone(),
+                protocol: p.protocol.to_string(),
             })
             .collect(),
         revision: e.revision,
@@ -118,12 +118,12 @@ pub fn entry_from_announcement(
             return Err(AnnouncementError::Port(p.port));
         }
         ports.push(NamedPort {
-            name: p.name.clone(),
+            name: p.name.as_str().into(),
             port: p.port,
             protocol: if p.protocol.is_empty() {
                 "TCP".into()
             } else {
-                p.protocol.clone()
+                p.protocol.as_str().into()
             },
         });
     }
@@ -170,7 +170,7 @@ pub fn response_for(
     fed::ServiceQueryResponse {
         found: true,
         access_allowed: d.allowed,
-        owner_cluster: e.key.cluster.clone(),
+        owner_cluster: e.key.cluster.to_string(),
         endpoints: if d.allowed {
             e.endpoints.iter().map(endpoint_string).collect()
         } else {
@@ -182,16 +182,16 @@ pub fn response_for(
             d.reason.clone()
         },
         correlation_id: q.correlation_id,
-        namespace: e.key.namespace.clone(),
-        name: e.key.name.clone(),
+        namespace: e.key.namespace.to_string(),
+        name: e.key.name.to_string(),
         fqdn: e.fqdn.clone(),
         ports: if d.allowed {
             e.ports
                 .iter()
                 .map(|p| fed::Port {
-                    name: p.name.clone(),
+                    name: p.name.to_string(),
                     port: p.port,
-                    protocol: p.protocol.clone(),
+                    protocol: p.protocol.to_string(),
                 })
                 .collect()
         } else {

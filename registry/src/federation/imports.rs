@@ -42,9 +42,9 @@ fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
             .ports
             .iter()
             .map(|p| crate::catalog::NamedPort {
-                name: p.name.clone(),
+                name: p.name.as_str().into(),
                 port: p.port,
-                protocol: p.protocol.clone(),
+                protocol: p.protocol.as_str().into(),
             })
             .collect(),
         labels: Default::default(),

@@ -67,7 +67,7 @@ pub fn to_v1alpha1(e: &ServiceEntry) -> v1alpha1::FederatedService {
             .endpoints
             .iter()
             .map(|ep| v1alpha1::federated_service::Endpoint {
-                address: ep.address.clone(),
+                address: ep.address.to_string(),
                 port: ep.port,
             })
             .collect(),
@@ -91,7 +91,7 @@ pub fn to_v1alpha2(e: &ServiceEntry) -> v1alpha2::FederatedService {
             .endpoints
             .iter()
             .map(|ep| v1alpha2::federated_service::Endpoint {
-                address: ep.address.clone(),
+                address: ep.address.to_string(),
                 port: ep.port,
                 labels: vec![],
                 description: String::new(),
@@ -197,7 +197,7 @@ fn import_fields<'a>(
             });
         }
         eps.push(Endpoint {
-            address: address.clone(),
+            address: address.as_str().into(),
             port,
         });
     }

@@ -270,7 +270,7 @@ fn end_of_snapshot_keeps_exactly_what_the_session_announced() {
         .catalog()
         .list(&Default::default())
         .iter()
-        .map(|e| e.key.name.clone())
+        .map(|e| e.key.name.to_string())
         .collect();
     names.sort();
     assert_eq!(names, ["changed", "new", "same"]);
