@@ -217,7 +217,7 @@ fn service_entry(cluster: &str, namespace: &str, name: &str, seq: usize) -> Serv
     ServiceEntry {
         key: xcc_registry::catalog::ServiceKey::new(cluster, namespace, name),
         source: Source::Local,
-        fqdn: xcc_proto::names::clusterset_fqdn(name, namespace),
+        fqdn: xcc_proto::names::clusterset_fqdn(name, namespace).into(),
         endpoints: vec![Endpoint {
             address: format!(
                 "10.{}.{}.{}",

@@ -132,7 +132,7 @@ pub fn to_api(e: &ServiceEntry) -> api::Service {
         owner_cluster: e.key.cluster.to_string(),
         namespace: e.key.namespace.to_string(),
         name: e.key.name.to_string(),
-        fqdn: e.fqdn.clone(),
+        fqdn: e.fqdn.to_string(),
         endpoints: e
             .endpoints
             .iter()
@@ -389,7 +389,7 @@ impl api::admin_server::Admin for AdminService {
                 r.name.clone(),
             ),
             source: crate::catalog::Source::Local,
-            fqdn: r.fqdn.clone(),
+            fqdn: r.fqdn.as_str().into(),
             endpoints: vec![],
             ports: vec![],
             labels: Default::default(),

@@ -351,7 +351,7 @@ impl Policies {
             ),
             (
                 "fqdn".to_string(),
-                RestrictedExpression::new_string(e.fqdn.clone()),
+                RestrictedExpression::new_string(e.fqdn.to_string()),
             ),
             ("zones".to_string(), str_set(zones_of(&e.fqdn))),
             (

@@ -242,7 +242,9 @@ impl PartialEq<BTreeMap<String, String>> for Labels {
 pub struct ServiceEntry {
     pub key: ServiceKey,
     pub source: Source,
-    pub fqdn: String,
+    /// Longer than a `SmolStr` holds inline, almost always: its heap part is an `Arc<str>`,
+    /// shared with the Hamlet view's key.
+    pub fqdn: SmolStr,
     pub endpoints: Vec<Endpoint>,
     pub ports: Vec<NamedPort>,
     /// Pass-through labels (XCC: the `connectivity.tanzu.vmware.com/` annotations).
@@ -466,6 +468,15 @@ const VIEW_CHUNK_MAX: usize = 128;
 
 type ViewChunk = Vec<(Arc<str>, Arc<ServiceEntry>)>;
 
+/// The view's key for `fqdn` served by `e`: the entry's own FQDN allocation when it is one.
+fn view_key(fqdn: &str, e: &ServiceEntry) -> Arc<str> {
+    if e.fqdn == fqdn {
+        Arc::from(e.fqdn.clone())
+    } else {
+        Arc::from(fqdn)
+    }
+}
+
 /// One (FQDN, entry) of a [`HamletView`].
 pub type ViewItem<'a> = (&'a Arc<str>, &'a Arc<ServiceEntry>);
 
@@ -604,7 +615,7 @@ impl HamletView {
                 if chunk.len() == chunk.capacity() {
                     chunk.reserve_exact((VIEW_CHUNK_MAX + 1).saturating_sub(chunk.len()).max(1));
                 }
-                chunk.insert(at, (Arc::from(fqdn), e));
+                chunk.insert(at, (view_key(fqdn, &e), e));
                 if chunk.len() > VIEW_CHUNK_MAX {
                     let tail = chunk.split_off(chunk.len() / 2);
                     chunk.shrink_to_fit();
@@ -613,7 +624,8 @@ impl HamletView {
                 self.len += 1;
             }
             (None, Some(e)) => {
-                Arc::make_mut(&mut self.chunks).push(Arc::new(vec![(Arc::from(fqdn), e)]));
+                let key = view_key(fqdn, &e);
+                Arc::make_mut(&mut self.chunks).push(Arc::new(vec![(key, e)]));
                 self.len += 1;
             }
             (Some(Err(_)) | None, None) => {}
@@ -1232,6 +1244,21 @@ mod tests {
         assert!(!e.admits("south"));
         assert!(!e.admits("wes"));
     }
+    #[test]
+    fn the_hamlet_view_key_is_the_entry_own_fqdn_allocation() {
+        let c = Catalog::new();
+        let fqdn = "a-service-name.some-namespace.svc.clusterset.local";
+        c.upsert(local("a", "s", fqdn, "10.0.0.1"));
+        let view = c.hamlet_view();
+        let (key, entry) = view.iter().next().expect("served");
+        assert_eq!(&**key, fqdn);
+        assert_eq!(key.as_ptr(), entry.fqdn.as_ptr(), "one allocation for both");
+        // A short FQDN is held inline by the entry; the view has its own key.
+        c.upsert(local("a", "t", "t.xcc", "10.0.0.1"));
+        let view = c.hamlet_view();
+        assert_eq!(view.key("t.xcc").map(|k| &**k), Some("t.xcc"));
+    }
+
     #[test]
     fn hamlet_view_versions_share_chunks_and_diff_exactly() {
         let c = Catalog::new();

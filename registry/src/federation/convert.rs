@@ -67,7 +67,7 @@ pub fn announcement(e: &ServiceEntry, deleted: bool) -> fed::ServiceAnnouncement
         endpoints: e.endpoints.iter().map(endpoint_string).collect(),
         allowed_requesters: e.allowed_requesters.clone(),
         deleted,
-        fqdn: e.fqdn.clone(),
+        fqdn: e.fqdn.to_string(),
         ports: e
             .ports
             .iter()
@@ -102,12 +102,11 @@ pub fn entry_from_announcement(
     }
     // Entries built here are what a parent stores for every service of its subtree, so every
     // buffer gets exactly the capacity it needs (a collected or pushed Vec starts at 4 slots).
-    let mut fqdn = if a.fqdn.is_empty() {
+    let fqdn = if a.fqdn.is_empty() {
         xcc_proto::names::clusterset_fqdn(&a.name, &a.namespace)
     } else {
         xcc_proto::names::canonical_fqdn(&a.fqdn)?
     };
-    fqdn.shrink_to_fit();
     let mut endpoints = Vec::with_capacity(a.endpoints.len());
     for s in &a.endpoints {
         endpoints.push(parse_endpoint(s)?);
@@ -134,7 +133,7 @@ pub fn entry_from_announcement(
     Ok(ServiceEntry {
         key: ServiceKey::new(&a.cluster, &a.namespace, &a.name),
         source,
-        fqdn,
+        fqdn: fqdn.into(),
         endpoints,
         ports,
         labels: (&a.labels).into(),
@@ -184,7 +183,7 @@ pub fn response_for(
         correlation_id: q.correlation_id,
         namespace: e.key.namespace.to_string(),
         name: e.key.name.to_string(),
-        fqdn: e.fqdn.clone(),
+        fqdn: e.fqdn.to_string(),
         ports: if d.allowed {
             e.ports
                 .iter()
@@ -267,7 +266,6 @@ mod tests {
             (1, 1),
             "exact capacities"
         );
-        assert_eq!(back.fqdn.capacity(), back.fqdn.len());
         let mut bad = a.clone();
         bad.fqdn = "Bad..Name".into();
         assert!(entry_from_announcement(&bad, Source::Child("b".into())).is_err());

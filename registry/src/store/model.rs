@@ -121,7 +121,7 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, E
     let entry = ServiceEntry {
         key: ServiceKey::new(cluster, namespace, name),
         source: Source::Local,
-        fqdn,
+        fqdn: fqdn.into(),
         endpoints: sr
             .spec
             .endpoints

@@ -19,7 +19,7 @@ impl Level {
                 _ => CatalogEvent::Delete(std::sync::Arc::new(crate::catalog::ServiceEntry {
                     key: key.clone(),
                     source: crate::catalog::Source::Local,
-                    fqdn: String::new(),
+                    fqdn: Default::default(),
                     endpoints: vec![],
                     ports: vec![],
                     labels: Default::default(),
@@ -76,7 +76,7 @@ impl Level {
                         owner_cluster: key.cluster.to_string(),
                         namespace: key.namespace.to_string(),
                         name: key.name.to_string(),
-                        fqdn: ev.entry().fqdn.clone(),
+                        fqdn: ev.entry().fqdn.to_string(),
                         correlation_id: grant.correlation_id,
                         requester_cluster: cluster.clone(),
                         requester_service: service.clone(),

@@ -739,7 +739,7 @@ async fn a_malformed_workload_identity_costs_the_query() {
 fn local_service(i: usize) -> ServiceEntry {
     let mut e = local_api(&[]);
     let name = format!("svc-{i:05}");
-    e.fqdn = xcc_proto::names::clusterset_fqdn(&name, "shop");
+    e.fqdn = xcc_proto::names::clusterset_fqdn(&name, "shop").into();
     e.key = ServiceKey::new("b2", "shop", name);
     e
 }
