@@ -79,8 +79,8 @@ impl fmt::Display for Source {
     }
 }
 
-/// The address is an IP or a host name, short enough to be held inline (no allocation) when
-/// it is an IP.
+/// The address is an IP or a host name; up to 23 bytes (every IPv4 address) it is held inline,
+/// with no allocation.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Endpoint {
     pub address: SmolStr,
