@@ -217,14 +217,15 @@ fn service_entry(cluster: &str, namespace: &str, name: &str, seq: usize) -> Serv
     ServiceEntry {
         key: xcc_registry::catalog::ServiceKey::new(cluster, namespace, name),
         source: Source::Local,
-        fqdn: xcc_proto::names::clusterset_fqdn(name, namespace),
+        fqdn: xcc_proto::names::clusterset_fqdn(name, namespace).into(),
         endpoints: vec![Endpoint {
             address: format!(
                 "10.{}.{}.{}",
                 (seq >> 16) & 0xff,
                 (seq >> 8) & 0xff,
                 seq & 0xff
-            ),
+            )
+            .into(),
             port: 443,
         }],
         ports: vec![NamedPort {
@@ -1105,7 +1106,7 @@ async fn root_probe(shape: &Shape, pki: &TreePki, timeout: Duration) -> anyhow::
         for i in 0..shape.services {
             let c = i % shape.mids;
             let mut e = initial_entry(shape, i);
-            e.key.cluster = children[c].cluster.clone();
+            e.key.cluster = children[c].cluster.as_str().into();
             per_child[c].push(e);
         }
         for (c, entries) in children.iter().zip(per_child) {

@@ -416,9 +416,9 @@ fn export(i: usize) -> ServiceEntry {
     ServiceEntry {
         key: ServiceKey::new("exporter", "ns", fqdn(i)),
         source: Source::Local,
-        fqdn: fqdn(i),
+        fqdn: fqdn(i).into(),
         endpoints: vec![Endpoint {
-            address: address(i),
+            address: address(i).into(),
             port: 443,
         }],
         ports: vec![],

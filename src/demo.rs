@@ -63,7 +63,7 @@ fn export_from(
         endpoints: ips
             .iter()
             .map(|ip| Endpoint {
-                address: ip.to_string(),
+                address: ip.to_string().into(),
                 port: 443,
             })
             .collect(),

@@ -63,7 +63,7 @@ impl AdminService {
                     condition: condition(d.condition),
                     reason: d.reason.clone(),
                     policies: d.policies.clone(),
-                    owner_cluster: entry.key.cluster.clone(),
+                    owner_cluster: entry.key.cluster.to_string(),
                     resolver_cluster: self.level.cluster().to_string(),
                     service: Some(to_api(&entry)),
                     callee_admits: d.callee_admits,
@@ -129,15 +129,15 @@ impl tonic::service::Interceptor for AdminOnly {
 
 pub fn to_api(e: &ServiceEntry) -> api::Service {
     api::Service {
-        owner_cluster: e.key.cluster.clone(),
-        namespace: e.key.namespace.clone(),
-        name: e.key.name.clone(),
-        fqdn: e.fqdn.clone(),
+        owner_cluster: e.key.cluster.to_string(),
+        namespace: e.key.namespace.to_string(),
+        name: e.key.name.to_string(),
+        fqdn: e.fqdn.to_string(),
         endpoints: e
             .endpoints
             .iter()
             .map(|ep| api::Endpoint {
-                address: ep.address.clone(),
+                address: ep.address.to_string(),
                 port: ep.port,
             })
             .collect(),
@@ -145,9 +145,9 @@ pub fn to_api(e: &ServiceEntry) -> api::Service {
             .ports
             .iter()
             .map(|p| api::Port {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 port: p.port,
-                protocol: p.protocol.clone(),
+                protocol: p.protocol.to_string(),
             })
             .collect(),
         labels: e.labels.to_btree_map(),
@@ -236,7 +236,7 @@ fn decision_from_answer(a: &xcc_proto::xcc::federation::v1::ServiceQueryResponse
                 .iter()
                 .filter_map(|e| crate::federation::convert::parse_endpoint(e).ok())
                 .map(|e| api::Endpoint {
-                    address: e.address,
+                    address: e.address.into(),
                     port: e.port,
                 })
                 .collect(),
@@ -389,7 +389,7 @@ impl api::admin_server::Admin for AdminService {
                 r.name.clone(),
             ),
             source: crate::catalog::Source::Local,
-            fqdn: r.fqdn.clone(),
+            fqdn: r.fqdn.as_str().into(),
             endpoints: vec![],
             ports: vec![],
             labels: Default::default(),
@@ -462,8 +462,8 @@ impl api::admin_server::Admin for AdminService {
             .collect();
         routes.extend(self.level.resolver_grants().into_iter().map(
             |(key, cluster, service, since)| api::Route {
-                target_namespace: key.namespace,
-                target_service: key.name,
+                target_namespace: key.namespace.into(),
+                target_service: key.name.into(),
                 caller_cluster: cluster,
                 caller_service: service,
                 resolver_cluster: self.level.cluster().to_string(),

@@ -339,19 +339,19 @@ impl Policies {
         let attrs = HashMap::from([
             (
                 "owner".to_string(),
-                RestrictedExpression::new_string(e.key.cluster.clone()),
+                RestrictedExpression::new_string(e.key.cluster.to_string()),
             ),
             (
                 "namespace".to_string(),
-                RestrictedExpression::new_string(e.key.namespace.clone()),
+                RestrictedExpression::new_string(e.key.namespace.to_string()),
             ),
             (
                 "name".to_string(),
-                RestrictedExpression::new_string(e.key.name.clone()),
+                RestrictedExpression::new_string(e.key.name.to_string()),
             ),
             (
                 "fqdn".to_string(),
-                RestrictedExpression::new_string(e.fqdn.clone()),
+                RestrictedExpression::new_string(e.fqdn.to_string()),
             ),
             ("zones".to_string(), str_set(zones_of(&e.fqdn))),
             (

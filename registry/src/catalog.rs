@@ -13,28 +13,30 @@ use std::hash::BuildHasher;
 use std::fmt;
 use std::sync::{Arc, OnceLock, RwLock};
 
+pub use smol_str::SmolStr;
 use tokio::sync::broadcast;
 
-/// Identity of a service in the catalog.
+/// Identity of a service in the catalog. The names are DNS labels or subdomains, almost always
+/// at most 23 bytes, which a [`SmolStr`] holds inline: a key allocates nothing of its own.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ServiceKey {
     /// Cluster that owns the service: this registry's cluster name for its own exports, the
     /// RemoteRegistry name for flat Hamlet imports.
-    pub cluster: String,
-    pub namespace: String,
-    pub name: String,
+    pub cluster: SmolStr,
+    pub namespace: SmolStr,
+    pub name: SmolStr,
 }
 
 impl ServiceKey {
     pub fn new(
-        cluster: impl Into<String>,
-        namespace: impl Into<String>,
-        name: impl Into<String>,
+        cluster: impl AsRef<str>,
+        namespace: impl AsRef<str>,
+        name: impl AsRef<str>,
     ) -> Self {
         Self {
-            cluster: cluster.into(),
-            namespace: namespace.into(),
-            name: name.into(),
+            cluster: SmolStr::new(cluster),
+            namespace: SmolStr::new(namespace),
+            name: SmolStr::new(name),
         }
     }
 }
@@ -77,17 +79,20 @@ impl fmt::Display for Source {
     }
 }
 
+/// The address is an IP or a host name; up to 23 bytes (every IPv4 address) it is held inline,
+/// with no allocation.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Endpoint {
-    pub address: String,
+    pub address: SmolStr,
     pub port: u32,
 }
 
+/// Port names (DNS labels) and protocols are held inline: no allocation.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NamedPort {
-    pub name: String,
+    pub name: SmolStr,
     pub port: u32,
-    pub protocol: String,
+    pub protocol: SmolStr,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -119,9 +124,10 @@ fn shared_label_key(key: &str) -> Arc<str> {
 
 /// A service's pass-through labels, stored compactly: a boxed slice of `(key, value)` pairs
 /// sorted by key with unique keys (so iteration order is the same as a `BTreeMap`'s), the
-/// well-known annotation keys shared between entries. No labels allocate nothing.
+/// well-known annotation keys shared between entries, short values inline. No labels allocate
+/// nothing.
 #[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Labels(Box<[(Arc<str>, Box<str>)]>);
+pub struct Labels(Box<[(Arc<str>, SmolStr)]>);
 
 impl Labels {
     pub fn new() -> Self {
@@ -143,12 +149,10 @@ impl Labels {
     /// Set `key` to `value`; returns the previous value, as `BTreeMap::insert` does.
     pub fn insert(&mut self, key: String, value: String) -> Option<String> {
         match self.position(&key) {
-            Ok(i) => {
-                Some(std::mem::replace(&mut self.0[i].1, value.into_boxed_str()).into_string())
-            }
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, SmolStr::from(value)).into()),
             Err(i) => {
                 let mut pairs = std::mem::take(&mut self.0).into_vec();
-                pairs.insert(i, (shared_label_key(&key), value.into_boxed_str()));
+                pairs.insert(i, (shared_label_key(&key), SmolStr::from(value)));
                 self.0 = pairs.into_boxed_slice();
                 None
             }
@@ -188,13 +192,13 @@ impl fmt::Debug for Labels {
 impl<K: AsRef<str>, V: AsRef<str>> FromIterator<(K, V)> for Labels {
     /// Sorted by key; of repeated keys the last value wins (as collecting into a `BTreeMap`).
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        let mut pairs: Vec<(Arc<str>, Box<str>)> = iter
+        let mut pairs: Vec<(Arc<str>, SmolStr)> = iter
             .into_iter()
-            .map(|(k, v)| (shared_label_key(k.as_ref()), Box::from(v.as_ref())))
+            .map(|(k, v)| (shared_label_key(k.as_ref()), SmolStr::new(v)))
             .collect();
         // Stable sort keeps equal keys in input order; keep the last of each run.
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut deduped: Vec<(Arc<str>, Box<str>)> = Vec::with_capacity(pairs.len());
+        let mut deduped: Vec<(Arc<str>, SmolStr)> = Vec::with_capacity(pairs.len());
         for pair in pairs {
             match deduped.last_mut() {
                 Some(last) if last.0 == pair.0 => *last = pair,
@@ -238,7 +242,9 @@ impl PartialEq<BTreeMap<String, String>> for Labels {
 pub struct ServiceEntry {
     pub key: ServiceKey,
     pub source: Source,
-    pub fqdn: String,
+    /// Longer than a `SmolStr` holds inline, almost always: its heap part is an `Arc<str>`,
+    /// shared with the Hamlet view's key.
+    pub fqdn: SmolStr,
     pub endpoints: Vec<Endpoint>,
     pub ports: Vec<NamedPort>,
     /// Pass-through labels (XCC: the `connectivity.tanzu.vmware.com/` annotations).
@@ -462,6 +468,15 @@ const VIEW_CHUNK_MAX: usize = 128;
 
 type ViewChunk = Vec<(Arc<str>, Arc<ServiceEntry>)>;
 
+/// The view's key for `fqdn` served by `e`: the entry's own FQDN allocation when it is one.
+fn view_key(fqdn: &str, e: &ServiceEntry) -> Arc<str> {
+    if e.fqdn == fqdn {
+        Arc::from(e.fqdn.clone())
+    } else {
+        Arc::from(fqdn)
+    }
+}
+
 /// One (FQDN, entry) of a [`HamletView`].
 pub type ViewItem<'a> = (&'a Arc<str>, &'a Arc<ServiceEntry>);
 
@@ -600,7 +615,7 @@ impl HamletView {
                 if chunk.len() == chunk.capacity() {
                     chunk.reserve_exact((VIEW_CHUNK_MAX + 1).saturating_sub(chunk.len()).max(1));
                 }
-                chunk.insert(at, (Arc::from(fqdn), e));
+                chunk.insert(at, (view_key(fqdn, &e), e));
                 if chunk.len() > VIEW_CHUNK_MAX {
                     let tail = chunk.split_off(chunk.len() / 2);
                     chunk.shrink_to_fit();
@@ -609,7 +624,8 @@ impl HamletView {
                 self.len += 1;
             }
             (None, Some(e)) => {
-                Arc::make_mut(&mut self.chunks).push(Arc::new(vec![(Arc::from(fqdn), e)]));
+                let key = view_key(fqdn, &e);
+                Arc::make_mut(&mut self.chunks).push(Arc::new(vec![(key, e)]));
                 self.len += 1;
             }
             (Some(Err(_)) | None, None) => {}
@@ -1177,7 +1193,7 @@ mod tests {
             fqdn_suffix: Some("Some.Domain.".into()),
             ..Default::default()
         };
-        let names: Vec<String> = c.list(&f).iter().map(|e| e.key.name.clone()).collect();
+        let names: Vec<String> = c.list(&f).iter().map(|e| e.key.name.to_string()).collect();
         assert_eq!(names, vec!["one", "three"]);
         let f = ListFilter {
             namespace: Some("b".into()),
@@ -1228,6 +1244,21 @@ mod tests {
         assert!(!e.admits("south"));
         assert!(!e.admits("wes"));
     }
+    #[test]
+    fn the_hamlet_view_key_is_the_entry_own_fqdn_allocation() {
+        let c = Catalog::new();
+        let fqdn = "a-service-name.some-namespace.svc.clusterset.local";
+        c.upsert(local("a", "s", fqdn, "10.0.0.1"));
+        let view = c.hamlet_view();
+        let (key, entry) = view.iter().next().expect("served");
+        assert_eq!(&**key, fqdn);
+        assert_eq!(key.as_ptr(), entry.fqdn.as_ptr(), "one allocation for both");
+        // A short FQDN is held inline by the entry; the view has its own key.
+        c.upsert(local("a", "t", "t.xcc", "10.0.0.1"));
+        let view = c.hamlet_view();
+        assert_eq!(view.key("t.xcc").map(|k| &**k), Some("t.xcc"));
+    }
+
     #[test]
     fn hamlet_view_versions_share_chunks_and_diff_exactly() {
         let c = Catalog::new();

@@ -54,27 +54,27 @@ pub fn parse_endpoint(s: &str) -> Result<Endpoint, AnnouncementError> {
         return Err(AnnouncementError::EndpointHost(s.into()));
     }
     Ok(Endpoint {
-        address: host.to_string(),
+        address: host.into(),
         port,
     })
 }
 
 pub fn announcement(e: &ServiceEntry, deleted: bool) -> fed::ServiceAnnouncement {
     fed::ServiceAnnouncement {
-        cluster: e.key.cluster.clone(),
-        namespace: e.key.namespace.clone(),
-        name: e.key.name.clone(),
+        cluster: e.key.cluster.to_string(),
+        namespace: e.key.namespace.to_string(),
+        name: e.key.name.to_string(),
         endpoints: e.endpoints.iter().map(endpoint_string).collect(),
         allowed_requesters: e.allowed_requesters.clone(),
         deleted,
-        fqdn: e.fqdn.clone(),
+        fqdn: e.fqdn.to_string(),
         ports: e
             .ports
             .iter()
             .map(|p| fed::Port {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 port: p.port,
-                protocol: p.protocol.clone(),
+                protocol: p.protocol.to_string(),
             })
             .collect(),
         revision: e.revision,
@@ -102,12 +102,11 @@ pub fn entry_from_announcement(
     }
     // Entries built here are what a parent stores for every service of its subtree, so every
     // buffer gets exactly the capacity it needs (a collected or pushed Vec starts at 4 slots).
-    let mut fqdn = if a.fqdn.is_empty() {
+    let fqdn = if a.fqdn.is_empty() {
         xcc_proto::names::clusterset_fqdn(&a.name, &a.namespace)
     } else {
         xcc_proto::names::canonical_fqdn(&a.fqdn)?
     };
-    fqdn.shrink_to_fit();
     let mut endpoints = Vec::with_capacity(a.endpoints.len());
     for s in &a.endpoints {
         endpoints.push(parse_endpoint(s)?);
@@ -118,12 +117,12 @@ pub fn entry_from_announcement(
             return Err(AnnouncementError::Port(p.port));
         }
         ports.push(NamedPort {
-            name: p.name.clone(),
+            name: p.name.as_str().into(),
             port: p.port,
             protocol: if p.protocol.is_empty() {
                 "TCP".into()
             } else {
-                p.protocol.clone()
+                p.protocol.as_str().into()
             },
         });
     }
@@ -134,7 +133,7 @@ pub fn entry_from_announcement(
     Ok(ServiceEntry {
         key: ServiceKey::new(&a.cluster, &a.namespace, &a.name),
         source,
-        fqdn,
+        fqdn: fqdn.into(),
         endpoints,
         ports,
         labels: (&a.labels).into(),
@@ -170,7 +169,7 @@ pub fn response_for(
     fed::ServiceQueryResponse {
         found: true,
         access_allowed: d.allowed,
-        owner_cluster: e.key.cluster.clone(),
+        owner_cluster: e.key.cluster.to_string(),
         endpoints: if d.allowed {
             e.endpoints.iter().map(endpoint_string).collect()
         } else {
@@ -182,16 +181,16 @@ pub fn response_for(
             d.reason.clone()
         },
         correlation_id: q.correlation_id,
-        namespace: e.key.namespace.clone(),
-        name: e.key.name.clone(),
-        fqdn: e.fqdn.clone(),
+        namespace: e.key.namespace.to_string(),
+        name: e.key.name.to_string(),
+        fqdn: e.fqdn.to_string(),
         ports: if d.allowed {
             e.ports
                 .iter()
                 .map(|p| fed::Port {
-                    name: p.name.clone(),
+                    name: p.name.to_string(),
                     port: p.port,
-                    protocol: p.protocol.clone(),
+                    protocol: p.protocol.to_string(),
                 })
                 .collect()
         } else {
@@ -267,7 +266,6 @@ mod tests {
             (1, 1),
             "exact capacities"
         );
-        assert_eq!(back.fqdn.capacity(), back.fqdn.len());
         let mut bad = a.clone();
         bad.fqdn = "Bad..Name".into();
         assert!(entry_from_announcement(&bad, Source::Child("b".into())).is_err());

@@ -312,7 +312,7 @@ pub struct ExportedService {
 impl ExportedService {
     pub fn of(entry: &ServiceEntry) -> Self {
         Self {
-            fqdn: entry.fqdn.clone(),
+            fqdn: entry.fqdn.to_string(),
             service: entry
                 .origin
                 .as_ref()

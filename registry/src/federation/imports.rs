@@ -32,7 +32,7 @@ fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
     ServiceEntry {
         key,
         source: Source::Hierarchy(parent.to_string()),
-        fqdn: a.fqdn.clone(),
+        fqdn: a.fqdn.as_str().into(),
         endpoints: a
             .endpoints
             .iter()
@@ -42,9 +42,9 @@ fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
             .ports
             .iter()
             .map(|p| crate::catalog::NamedPort {
-                name: p.name.clone(),
+                name: p.name.as_str().into(),
                 port: p.port,
-                protocol: p.protocol.clone(),
+                protocol: p.protocol.as_str().into(),
             })
             .collect(),
         labels: Default::default(),
@@ -126,7 +126,7 @@ pub async fn run(
         if ready && last.as_ref() != Some(&entries) {
             let imports: BTreeMap<String, Imported> = entries
                 .iter()
-                .map(|e| (e.fqdn.clone(), Imported::of_entry(e)))
+                .map(|e| (e.fqdn.to_string(), Imported::of_entry(e)))
                 .collect();
             match sink.persist(&parent, &imports).await {
                 Ok(()) => {

@@ -319,7 +319,7 @@ pub(crate) fn entry_for(remote: &str, imported: &Imported) -> ServiceEntry {
     ServiceEntry {
         key: ServiceKey::new(remote, "", imported.fqdn.clone()),
         source: Source::Remote(remote.to_string()),
-        fqdn: imported.fqdn.clone(),
+        fqdn: imported.fqdn.as_str().into(),
         endpoints: imported.endpoints.clone(),
         ports: vec![],
         labels: (&imported.labels).into(),
@@ -337,7 +337,7 @@ fn current_imports(catalog: &Catalog, remote: &str) -> BTreeMap<String, Imported
             ..Default::default()
         })
         .into_iter()
-        .map(|e| (e.fqdn.clone(), Imported::of_entry(&e)))
+        .map(|e| (e.fqdn.to_string(), Imported::of_entry(&e)))
         .collect()
 }
 

@@ -522,7 +522,7 @@ mod tests {
     ) -> Vec<(String, Op, Option<String>)> {
         let mut out = Vec::new();
         while let Some(o) = st.next(now, view(items)) {
-            out.push((o.nonce.clone(), o.op, o.entry.map(|e| e.fqdn.clone())));
+            out.push((o.nonce.clone(), o.op, o.entry.map(|e| e.fqdn.to_string())));
             st.on_ack(&o.nonce);
         }
         out

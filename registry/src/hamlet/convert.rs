@@ -56,19 +56,19 @@ pub fn fits_on_the_wire(e: &ServiceEntry) -> bool {
 /// protocols `["https"]`, labels = the pass-through annotations, endpoints in order.
 pub fn to_v1alpha1(e: &ServiceEntry) -> v1alpha1::FederatedService {
     v1alpha1::FederatedService {
-        name: e.fqdn.clone(),
+        name: e.fqdn.to_string(),
         description: String::new(),
         tags: vec![],
         labels: e.labels.to_btree_map(),
-        fqdn: e.fqdn.clone(),
-        id: e.fqdn.clone(),
+        fqdn: e.fqdn.to_string(),
+        id: e.fqdn.to_string(),
         san: String::new(),
         protocols: vec!["https".into()],
         endpoints: e
             .endpoints
             .iter()
             .map(|ep| v1alpha1::federated_service::Endpoint {
-                address: ep.address.clone(),
+                address: ep.address.to_string(),
                 port: ep.port,
             })
             .collect(),
@@ -78,21 +78,21 @@ pub fn to_v1alpha1(e: &ServiceEntry) -> v1alpha1::FederatedService {
 /// The v1alpha2 payload: one HTTPS instance whose SNI is the FQDN, associated with all endpoints.
 pub fn to_v1alpha2(e: &ServiceEntry) -> v1alpha2::FederatedService {
     let mut metadata = BTreeMap::new();
-    metadata.insert("SNI".to_string(), e.fqdn.clone());
+    metadata.insert("SNI".to_string(), e.fqdn.to_string());
     if let Some(port) = e.labels.get(SERVICE_PORT_ANNOTATION) {
         metadata.insert("PORT".to_string(), port.to_string());
     }
     v1alpha2::FederatedService {
-        name: e.fqdn.clone(),
+        name: e.fqdn.to_string(),
         description: String::new(),
         tags: vec![],
         labels: e.labels.to_btree_map(),
-        fqdn: e.fqdn.clone(),
+        fqdn: e.fqdn.to_string(),
         endpoints: e
             .endpoints
             .iter()
             .map(|ep| v1alpha2::federated_service::Endpoint {
-                address: ep.address.clone(),
+                address: ep.address.to_string(),
                 port: ep.port,
                 labels: vec![],
                 description: String::new(),
@@ -150,8 +150,8 @@ impl Imported {
     /// A catalog entry as an import (its FQDN as it was received is not kept there).
     pub fn of_entry(e: &ServiceEntry) -> Self {
         Self {
-            fqdn: e.fqdn.clone(),
-            raw_fqdn: e.fqdn.clone(),
+            fqdn: e.fqdn.to_string(),
+            raw_fqdn: e.fqdn.to_string(),
             endpoints: e.endpoints.clone(),
             labels: e.labels.to_btree_map(),
         }
@@ -198,7 +198,7 @@ fn import_fields<'a>(
             });
         }
         eps.push(Endpoint {
-            address: address.clone(),
+            address: address.as_str().into(),
             port,
         });
     }

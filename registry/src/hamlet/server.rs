@@ -234,7 +234,7 @@ impl Wire for W2 {
                     rd2::stream_response::Operation::Upsert
                 },
                 convert::any_v1alpha2(e),
-                e.fqdn.clone(),
+                e.fqdn.to_string(),
             ),
         };
         rd2::BidirectionalStream {

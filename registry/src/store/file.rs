@@ -769,7 +769,7 @@ spec:
         catalog
             .list(&Default::default())
             .iter()
-            .map(|e| (e.key.name.clone(), e.endpoints[0].address.clone()))
+            .map(|e| (e.key.name.to_string(), e.endpoints[0].address.to_string()))
             .collect()
     }
 

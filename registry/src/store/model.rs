@@ -70,11 +70,11 @@ pub fn imported_endpoints(imported: &Imported) -> Result<Vec<Endpoint>, Imported
                 .ok()
                 .filter(|p| (1..=65535).contains(p))
                 .ok_or_else(|| ImportedRecordError::Port {
-                    address: e.address.clone(),
+                    address: e.address.to_string(),
                     port: e.port,
                 })?;
             Ok(Endpoint {
-                address: e.address.clone(),
+                address: e.address.to_string(),
                 port,
             })
         })
@@ -121,13 +121,13 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, E
     let entry = ServiceEntry {
         key: ServiceKey::new(cluster, namespace, name),
         source: Source::Local,
-        fqdn,
+        fqdn: fqdn.into(),
         endpoints: sr
             .spec
             .endpoints
             .iter()
             .map(|e| catalog::Endpoint {
-                address: e.address.clone(),
+                address: e.address.as_str().into(),
                 port: port(e.port),
             })
             .collect(),
@@ -137,9 +137,9 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, E
             .iter()
             .flatten()
             .map(|p| NamedPort {
-                name: p.name.clone().unwrap_or_default(),
+                name: p.name.as_deref().unwrap_or_default().into(),
                 port: port(p.port),
-                protocol: p.protocol().as_str().to_string(),
+                protocol: p.protocol().as_str().into(),
             })
             .collect(),
         labels,

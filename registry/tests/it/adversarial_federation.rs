@@ -64,7 +64,7 @@ fn service(cluster: &str, ns: &str, name: &str, ip: &str, allowed: &[&str]) -> S
     ServiceEntry {
         key: ServiceKey::new(cluster, ns, name),
         source: Source::Local,
-        fqdn: format!("{name}.{ns}.svc.clusterset.local"),
+        fqdn: format!("{name}.{ns}.svc.clusterset.local").into(),
         endpoints: vec![Endpoint {
             address: ip.into(),
             port: 443,
@@ -481,7 +481,7 @@ forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", reso
             .list(&Default::default())
             .iter()
             .filter(|e| matches!(e.source, Source::Hierarchy(_)))
-            .map(|e| e.fqdn.clone())
+            .map(|e| e.fqdn.to_string())
             .collect();
         v.sort();
         v

@@ -445,7 +445,7 @@ async fn shutdown_is_bounded_by_a_consumer_that_stopped_reading() {
         let mut e = export("east", "a", &format!("service-{i:04}.xcc.test"), "10.0.0.1");
         e.endpoints = (0..32)
             .map(|j| xcc_registry::catalog::Endpoint {
-                address: format!("10.1.{}.{j}", i % 250),
+                address: format!("10.1.{}.{j}", i % 250).into(),
                 port: 443,
             })
             .collect();

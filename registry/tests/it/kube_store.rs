@@ -1204,7 +1204,7 @@ async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported
             ..Default::default()
         })
         .iter()
-        .map(|e| e.fqdn.clone())
+        .map(|e| e.fqdn.to_string())
         .collect()
     };
     assert_eq!(fqdns(&west.catalog), ["web.shop.example.org"]);

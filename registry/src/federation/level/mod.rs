@@ -905,12 +905,12 @@ impl Level {
             warn!(%name, %owner, claimant = %entry.key, "refusing a claim on a name another service owns");
             self.route_clash(fed::NameClash {
                 fqdn: fqdn.to_string(),
-                owner_cluster: owner.cluster.clone(),
-                owner_namespace: owner.namespace.clone(),
-                owner_name: owner.name.clone(),
-                claimant_cluster: entry.key.cluster.clone(),
-                claimant_namespace: entry.key.namespace.clone(),
-                claimant_name: entry.key.name.clone(),
+                owner_cluster: owner.cluster.to_string(),
+                owner_namespace: owner.namespace.to_string(),
+                owner_name: owner.name.to_string(),
+                claimant_cluster: entry.key.cluster.to_string(),
+                claimant_namespace: entry.key.namespace.to_string(),
+                claimant_name: entry.key.name.to_string(),
                 refused_by: self.inner.cluster.clone(),
             });
             self.bump();
@@ -1087,7 +1087,8 @@ impl Level {
             if !st.reserved.is_empty()
                 && let Some(carried) = st.tree.children().get(child).cloned()
             {
-                st.reserved.retain(|_, k| !carried.contains(&k.cluster));
+                st.reserved
+                    .retain(|_, k| !carried.contains(k.cluster.as_str()));
             }
         }
         if removed > 0 {
@@ -1183,9 +1184,9 @@ impl Level {
                 let k = &ev.entry().key;
                 st.refused.remove(&(
                     ANNOUNCEMENT_KIND.to_string(),
-                    k.cluster.clone(),
-                    k.namespace.clone(),
-                    k.name.clone(),
+                    k.cluster.to_string(),
+                    k.namespace.to_string(),
+                    k.name.to_string(),
                 ));
             }
         }

@@ -201,7 +201,7 @@ impl Level {
             .collect();
         for e in self.inner.catalog.list(&ListFilter::default()) {
             if matches!(e.source, Source::Child(_)) {
-                out.insert(e.fqdn.clone(), e.key.clone());
+                out.insert(e.fqdn.to_string(), e.key.clone());
                 out.insert(format!("{}/{}", e.key.namespace, e.key.name), e.key.clone());
             }
         }

@@ -118,13 +118,13 @@ impl Level {
         let (caller_trust_domain, caller_namespace, caller_service_account) =
             WorkloadIdentity::to_wire(identity.as_ref());
         self.route_notification(fed::RouteNotification {
-            target_namespace: entry.key.namespace.clone(),
-            target_service: entry.key.name.clone(),
+            target_namespace: entry.key.namespace.to_string(),
+            target_service: entry.key.name.to_string(),
             caller_cluster: q.requester_cluster.clone(),
             caller_service: q.requester_service.clone(),
             revoked: false,
             route_id: 0,
-            target_cluster: entry.key.cluster.clone(),
+            target_cluster: entry.key.cluster.to_string(),
             resolver_cluster: self.inner.cluster.clone(),
             caller_trust_domain,
             caller_namespace,

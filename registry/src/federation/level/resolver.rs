@@ -19,7 +19,7 @@ impl Level {
                 _ => CatalogEvent::Delete(std::sync::Arc::new(crate::catalog::ServiceEntry {
                     key: key.clone(),
                     source: crate::catalog::Source::Local,
-                    fqdn: String::new(),
+                    fqdn: Default::default(),
                     endpoints: vec![],
                     ports: vec![],
                     labels: Default::default(),
@@ -55,8 +55,8 @@ impl Level {
             let (caller_trust_domain, caller_namespace, caller_service_account) =
                 WorkloadIdentity::to_wire(grant.identity.as_ref());
             let q = fed::ServiceQuery {
-                namespace: key.namespace.clone(),
-                name: key.name.clone(),
+                namespace: key.namespace.to_string(),
+                name: key.name.to_string(),
                 requester_cluster: cluster.clone(),
                 requester_service: service.clone(),
                 correlation_id: grant.correlation_id,
@@ -73,10 +73,10 @@ impl Level {
                     fed::ServiceQueryResponse {
                         found: false,
                         revoked: true,
-                        owner_cluster: key.cluster.clone(),
-                        namespace: key.namespace.clone(),
-                        name: key.name.clone(),
-                        fqdn: ev.entry().fqdn.clone(),
+                        owner_cluster: key.cluster.to_string(),
+                        namespace: key.namespace.to_string(),
+                        name: key.name.to_string(),
+                        fqdn: ev.entry().fqdn.to_string(),
                         correlation_id: grant.correlation_id,
                         requester_cluster: cluster.clone(),
                         requester_service: service.clone(),
@@ -91,13 +91,13 @@ impl Level {
             if still {
                 // (Re-)granted: make sure the owner has the route (idempotent there).
                 self.route_notification(fed::RouteNotification {
-                    target_namespace: key.namespace.clone(),
-                    target_service: key.name.clone(),
+                    target_namespace: key.namespace.to_string(),
+                    target_service: key.name.to_string(),
                     caller_cluster: cluster.clone(),
                     caller_service: service.clone(),
                     revoked: false,
                     route_id: 0,
-                    target_cluster: key.cluster.clone(),
+                    target_cluster: key.cluster.to_string(),
                     resolver_cluster: self.inner.cluster.clone(),
                     caller_trust_domain,
                     caller_namespace,
@@ -117,13 +117,13 @@ impl Level {
                 }
                 info!(service = %key, requester = %format!("{cluster}/{service}"), gone, "grant revoked");
                 self.route_notification(fed::RouteNotification {
-                    target_namespace: key.namespace.clone(),
-                    target_service: key.name.clone(),
+                    target_namespace: key.namespace.to_string(),
+                    target_service: key.name.to_string(),
                     caller_cluster: cluster.clone(),
                     caller_service: service.clone(),
                     revoked: true,
                     route_id: 0,
-                    target_cluster: key.cluster.clone(),
+                    target_cluster: key.cluster.to_string(),
                     resolver_cluster: self.inner.cluster.clone(),
                     caller_trust_domain,
                     caller_namespace,

@@ -270,7 +270,7 @@ fn end_of_snapshot_keeps_exactly_what_the_session_announced() {
         .catalog()
         .list(&Default::default())
         .iter()
-        .map(|e| e.key.name.clone())
+        .map(|e| e.key.name.to_string())
         .collect();
     names.sort();
     assert_eq!(names, ["changed", "new", "same"]);
@@ -856,7 +856,7 @@ async fn a_malformed_workload_identity_costs_the_query() {
 fn local_service(i: usize) -> ServiceEntry {
     let mut e = local_api(&[]);
     let name = format!("svc-{i:05}");
-    e.fqdn = xcc_proto::names::clusterset_fqdn(&name, "shop");
+    e.fqdn = xcc_proto::names::clusterset_fqdn(&name, "shop").into();
     e.key = ServiceKey::new("b2", "shop", name);
     e
 }

@@ -267,7 +267,7 @@ impl FileImportSink {
                                 )
                             })?;
                         endpoints.push(Endpoint {
-                            address: e.address,
+                            address: e.address.into(),
                             port,
                         });
                     }
@@ -437,7 +437,7 @@ fn replay(imports: &mut BTreeMap<String, Imported>, bytes: &[u8], path: &Path) {
                         .endpoints
                         .into_iter()
                         .map(|e| Endpoint {
-                            address: e.address,
+                            address: e.address.into(),
                             port: e.port,
                         })
                         .collect(),
@@ -477,7 +477,7 @@ fn journal_lines(
                             .endpoints
                             .iter()
                             .map(|e| Ep {
-                                address: e.address.clone(),
+                                address: e.address.to_string(),
                                 port: e.port,
                             })
                             .collect(),
@@ -584,7 +584,7 @@ mod tests {
         sink.load(remote)
             .expect("load")
             .into_iter()
-            .map(|i| (i.fqdn, i.endpoints[0].address.clone()))
+            .map(|i| (i.fqdn, i.endpoints[0].address.to_string()))
             .collect()
     }
 

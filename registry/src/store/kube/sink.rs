@@ -295,7 +295,7 @@ impl KubeImportSink {
                     .endpoints
                     .into_iter()
                     .map(|e| Endpoint {
-                        address: e.address,
+                        address: e.address.into(),
                         port: u32::try_from(e.port).unwrap_or(0),
                     })
                     .collect(),

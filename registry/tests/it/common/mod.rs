@@ -254,7 +254,7 @@ pub fn imported_fqdns(catalog: &xcc_registry::Catalog, remote: &str) -> Vec<Stri
             ..Default::default()
         })
         .iter()
-        .map(|e| e.fqdn.clone())
+        .map(|e| e.fqdn.to_string())
         .collect()
 }
 
