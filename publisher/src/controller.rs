@@ -102,13 +102,18 @@ impl Default for Settings {
     }
 }
 
+/// A value that is not `namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not namespace/name")]
+pub struct NotNamespacedName(pub String);
+
 /// `namespace/name` → (namespace, name); both parts must be non-empty.
-pub fn parse_namespaced_name(value: &str) -> Result<(String, String), String> {
+pub fn parse_namespaced_name(value: &str) -> Result<(String, String), NotNamespacedName> {
     match value.split_once('/') {
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
             Ok((ns.to_string(), name.to_string()))
         }
-        _ => Err(format!("{value:?} is not namespace/name")),
+        _ => Err(NotNamespacedName(value.to_string())),
     }
 }
 
@@ -1183,8 +1188,16 @@ mod tests {
             Ok(("projectcontour".into(), "envoy".into()))
         );
         for bad in ["envoy", "/envoy", "projectcontour/", "a/b/c", ""] {
-            assert!(parse_namespaced_name(bad).is_err(), "{bad}");
+            assert_eq!(
+                parse_namespaced_name(bad),
+                Err(NotNamespacedName(bad.into())),
+                "{bad}"
+            );
         }
+        assert_eq!(
+            NotNamespacedName("envoy".into()).to_string(),
+            r#""envoy" is not namespace/name"#
+        );
     }
 
     #[test]

@@ -286,7 +286,6 @@ impl<T: Named + Clone> YamlDir<T> {
         &mut self,
         validate: impl Fn(&T) -> Result<(), E>,
     ) -> bool {
-        let validate = |item: &T| validate(item).map_err(|e| e.to_string());
         let scope = match &self.events {
             Some(events) => events.take(&self.dir),
             None => Scope::Full,
@@ -303,7 +302,10 @@ impl<T: Named + Clone> YamlDir<T> {
         }
     }
 
-    fn refresh_all(&mut self, validate: &dyn Fn(&T) -> Result<(), String>) -> bool {
+    fn refresh_all<E: std::fmt::Display>(
+        &mut self,
+        validate: &dyn Fn(&T) -> Result<(), E>,
+    ) -> bool {
         let mut present = BTreeSet::new();
         let mut changed = false;
         let entries = match std::fs::read_dir(&self.dir) {
@@ -342,7 +344,11 @@ impl<T: Named + Clone> YamlDir<T> {
 
     /// Look at one entry the watcher reported: re-read it, or forget it when it is gone or not a
     /// YAML file any more.
-    fn refresh_path(&mut self, path: PathBuf, validate: &dyn Fn(&T) -> Result<(), String>) -> bool {
+    fn refresh_path<E: std::fmt::Display>(
+        &mut self,
+        path: PathBuf,
+        validate: &dyn Fn(&T) -> Result<(), E>,
+    ) -> bool {
         match std::fs::metadata(&path) {
             Ok(meta) if is_yaml(&path) && meta.is_file() => {
                 self.refresh_file(path, &meta, validate)
@@ -369,11 +375,11 @@ impl<T: Named + Clone> YamlDir<T> {
 
     /// Re-read one present file if its stamp says it may have changed; returns whether its
     /// accepted content changed.
-    fn refresh_file(
+    fn refresh_file<E: std::fmt::Display>(
         &mut self,
         path: PathBuf,
         meta: &std::fs::Metadata,
-        validate: &dyn Fn(&T) -> Result<(), String>,
+        validate: &dyn Fn(&T) -> Result<(), E>,
     ) -> bool {
         let stamp = Stamp::of(meta);
         let rejected = self.errors.contains_key(&path);
@@ -854,7 +860,7 @@ spec:
         write("b.yaml", &record("three", "10.0.0.3"));
         write("c.yaml", &record("two", "10.0.0.4"));
         let mut yd: YamlDir<ServiceRecord> = YamlDir::new(exports.clone());
-        yd.refresh(|_| Ok::<_, String>(()));
+        yd.refresh(|_| Ok::<_, std::convert::Infallible>(()));
         let names = |keys: &[&str]| -> Vec<String> {
             let hashes: HashSet<u64> = keys.iter().map(|n| key_hash("shop", n)).collect();
             yd.items_holding(&hashes)

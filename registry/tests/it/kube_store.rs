@@ -933,7 +933,8 @@ async fn rc_12_invalid_domains_nothing_imported_and_reported() {
         .await;
     let expected =
         xcc_proto::domains::validate_allowed_domains(RR, &["invalid..domain".to_string()])
-            .expect_err("invalid");
+            .expect_err("invalid")
+            .to_string();
     assert!(expected.contains("Invalid domain"), "{expected}");
     assert_eq!(condition_types(&status), ["Valid"]);
     assert_eq!(
