@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 
 use crate::authz::Gate;
 use crate::authz::{Policies, PolicyError};
-use crate::store::file::FileErrors;
+use crate::files::FileErrors;
 use crate::metrics::Metrics;
 
 /// Component name on Events.

@@ -34,8 +34,8 @@ use crate::hamlet::convert::Imported;
 use crate::store::model::{ImportedRecordError, export_entry, imported_endpoints, namespace_name};
 
 mod imports;
+pub use crate::files::FileErrors;
 pub use imports::FileImportSink;
-pub(crate) use imports::write_atomic;
 
 pub const EXPORTS_DIR: &str = "exports";
 pub const REMOTES_DIR: &str = "remotes";
@@ -506,36 +506,6 @@ fn display_name(dir: &Path, path: &Path) -> String {
     match parent {
         Some(p) => format!("{p}/{file}"),
         None => file,
-    }
-}
-
-/// Errors currently reported for the watched files (shared with the admin/metrics side); a
-/// watch channel, so tests and status writers can wait for a change.
-#[derive(Clone)]
-pub struct FileErrors(Arc<tokio::sync::watch::Sender<Vec<String>>>);
-
-impl Default for FileErrors {
-    fn default() -> Self {
-        Self(Arc::new(tokio::sync::watch::Sender::new(Vec::new())))
-    }
-}
-
-impl FileErrors {
-    pub fn set(&self, errors: Vec<String>) {
-        self.0.send_if_modified(|cur| {
-            if *cur == errors {
-                false
-            } else {
-                *cur = errors;
-                true
-            }
-        });
-    }
-    pub fn get(&self) -> Vec<String> {
-        self.0.borrow().clone()
-    }
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Vec<String>> {
-        self.0.subscribe()
     }
 }
 
