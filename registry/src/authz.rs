@@ -103,11 +103,11 @@ pub enum PolicyError {
 #[derive(Debug, thiserror::Error)]
 pub enum BaseError {
     #[error("schema: {0}")]
-    Schema(#[from] cedar_policy::CedarSchemaError),
+    Schema(Box<cedar_policy::CedarSchemaError>),
     #[error(transparent)]
     Policies(#[from] PolicyError),
     #[error(transparent)]
-    Add(#[from] cedar_policy::PolicySetError),
+    Add(Box<cedar_policy::PolicySetError>),
 }
 
 /// A validated policy set.
@@ -206,11 +206,14 @@ impl Base {
     fn get() -> Result<&'static Base, PolicyError> {
         static BASE: OnceLock<Result<Base, BaseError>> = OnceLock::new();
         BASE.get_or_init(|| {
-            let (schema, _warnings) = Schema::from_cedarschema_str(SCHEMA)?;
+            let (schema, _warnings) =
+                Schema::from_cedarschema_str(SCHEMA).map_err(|e| BaseError::Schema(Box::new(e)))?;
             let validator = Validator::new(schema.clone());
             let mut defaults = PolicySet::new();
             for policy in parse_file("<default>", DEFAULT_POLICIES)? {
-                defaults.add(policy)?;
+                defaults
+                    .add(policy)
+                    .map_err(|e| BaseError::Add(Box::new(e)))?;
             }
             validate(&validator, &defaults)?;
             Ok(Base {
