@@ -2,23 +2,38 @@
 //! Readiness is explicit: a controller reports ready only after its first full sync.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// Readiness flag plus the reason shown while not ready.
-#[derive(Clone, Debug, Default)]
+/// Readiness flag, on a watch so that waiters wake when it changes.
+#[derive(Clone, Debug)]
 pub struct Health {
-    ready: Arc<AtomicBool>,
+    ready: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            ready: Arc::new(watch::Sender::new(false)),
+        }
+    }
 }
 
 impl Health {
     pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Relaxed);
+        self.ready
+            .send_if_modified(|r| std::mem::replace(r, ready) != ready);
     }
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        *self.ready.borrow()
+    }
+    /// Wait until ready (at once when ready now).
+    pub async fn ready(&self) {
+        let mut rx = self.ready.subscribe();
+        // `self` holds the sender, so the channel stays open while this waits.
+        rx.wait_for(|r| *r).await.ok();
     }
 }
 
@@ -115,4 +130,30 @@ pub async fn serve(
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt as _;
+
+    #[test]
+    fn a_waiter_wakes_when_readiness_turns_true_and_not_before() {
+        let health = Health::default();
+        let mut waiter = Box::pin(health.ready());
+        assert!((&mut waiter).now_or_never().is_none(), "not ready yet");
+        health.set_ready(false);
+        assert!((&mut waiter).now_or_never().is_none(), "still not ready");
+        health.clone().set_ready(true);
+        assert!(health.is_ready());
+        assert_eq!(waiter.now_or_never(), Some(()));
+        assert_eq!(
+            health.ready().now_or_never(),
+            Some(()),
+            "ready now: at once"
+        );
+        health.set_ready(false);
+        assert!(!health.is_ready());
+        assert!(health.ready().now_or_never().is_none());
+    }
 }

@@ -243,7 +243,7 @@ impl ImportsDir {
                 Err(e) => {
                     // Keep the last good records; remember the stamps so a broken file is
                     // reported once per version, not on every poll.
-                    errors.push(e);
+                    errors.push(e.to_string());
                     self.files.entry(remote.clone()).or_default().0 = *stamps;
                 }
             }
@@ -287,6 +287,18 @@ fn remote_file(path: &Path) -> Option<(String, Part)> {
     None
 }
 
+/// Why a remote's snapshot or journal could not be read.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    #[error("{}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Parse(#[from] resources::ResourceError),
+}
+
 /// A remote's imports: the snapshot's records, then the journal's changes replayed in order (as
 /// the registry itself reads them at start-up). A snapshot that does not parse is an error; a
 /// journal line that does not is skipped and reported in `errors` (a line torn by a crash).
@@ -295,13 +307,15 @@ fn read_remote(
     snapshot: Option<&Path>,
     journal: Option<&Path>,
     errors: &mut Vec<String>,
-) -> Result<Vec<ServiceRecord>, String> {
+) -> Result<Vec<ServiceRecord>, ReadError> {
     let mut by_fqdn: BTreeMap<String, ServiceRecord> = BTreeMap::new();
     if let Some(path) = snapshot {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| ReadError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let records =
-            resources::parse_documents::<ServiceRecord>(&text, &path.display().to_string())
-                .map_err(|e| e.to_string())?;
+            resources::parse_documents::<ServiceRecord>(&text, &path.display().to_string())?;
         by_fqdn.extend(records.into_iter().map(|r| (r.spec.fqdn.clone(), r)));
     }
     let Some(path) = journal else {
@@ -311,7 +325,12 @@ fn read_remote(
         Ok(b) => b,
         // Compacted away between the listing and this read: the snapshot holds it all.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+        Err(source) => {
+            return Err(ReadError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
     };
     let namespace = by_fqdn.values().find_map(|r| r.metadata.namespace.clone());
     for (n, change) in import_journal::changes(&bytes) {

@@ -150,16 +150,31 @@ pub fn allowed_domain_errors(domains: &[String]) -> Vec<FieldError> {
         .collect()
 }
 
-/// Validate `spec.allowedDomains` of the RemoteRegistry named `rr_name`. On failure the text is
-/// the full Kubernetes "Invalid" error XCC v1 writes into the condition message, e.g.
+/// `spec.allowedDomains` of the RemoteRegistry `name` has invalid entries. `Display` is the full
+/// Kubernetes "Invalid" error XCC v1 writes into the condition message, e.g.
 /// `RemoteRegistry.connectivity.tanzu.vmware.com "rr" is invalid: spec.allowedDomains[0]: …`.
-pub fn validate_allowed_domains(rr_name: &str, domains: &[String]) -> Result<(), String> {
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", invalid_error_message(&format!("{REMOTE_REGISTRY_KIND}.{API_GROUP}"), .name, .errors))]
+pub struct InvalidAllowedDomains {
+    /// The RemoteRegistry's name.
+    pub name: String,
+    /// One error per failing entry, in list order (never empty).
+    pub errors: Vec<FieldError>,
+}
+
+/// Validate `spec.allowedDomains` of the RemoteRegistry named `rr_name`.
+pub fn validate_allowed_domains(
+    rr_name: &str,
+    domains: &[String],
+) -> Result<(), InvalidAllowedDomains> {
     let errors = allowed_domain_errors(domains);
     if errors.is_empty() {
         return Ok(());
     }
-    let group_kind = format!("{REMOTE_REGISTRY_KIND}.{API_GROUP}");
-    Err(invalid_error_message(&group_kind, rr_name, &errors))
+    Err(InvalidAllowedDomains {
+        name: rr_name.to_string(),
+        errors,
+    })
 }
 
 /// The message of an apimachinery `NewInvalid(groupKind, name, errors)`: `<groupKind> "<name>" is

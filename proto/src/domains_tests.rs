@@ -14,9 +14,10 @@ fn labels(sizes: &[usize]) -> String {
         .join(".")
 }
 
+/// The validation result with the error as its message (what the condition carries).
 fn validate(domains: &[&str]) -> Result<(), String> {
     let owned: Vec<String> = domains.iter().map(|d| d.to_string()).collect();
-    validate_allowed_domains(RR, &owned)
+    validate_allowed_domains(RR, &owned).map_err(|e| e.to_string())
 }
 
 /// (case id, allowedDomains, substrings the error must contain; `None` = valid).
@@ -118,7 +119,10 @@ fn v01_to_v26() {
         match expected {
             None => assert_eq!(result, Ok(()), "{id}"),
             Some(wanted) => {
-                let message = result.expect_err(id);
+                let error = result.expect_err(id);
+                assert_eq!(error.name, RR, "{id}");
+                assert_eq!(error.errors.len(), domains.len(), "{id}");
+                let message = error.to_string();
                 assert!(message.starts_with(PREFIX), "{id}: {message}");
                 for rule in rules {
                     assert_eq!(

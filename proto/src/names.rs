@@ -332,23 +332,36 @@ pub fn is_label_key(key: &str) -> bool {
     prefix.is_none_or(is_dns1123_subdomain) && !name.is_empty() && is_label_value(name)
 }
 
+/// Why [`parse_selector`] refused a selector; the entry variants quote the offending entry.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SelectorError {
+    #[error("{0:?} is not key=value")]
+    NotKeyValue(String),
+    #[error("{0:?} is not a label key and value")]
+    NotLabel(String),
+    #[error("key {0:?} given twice")]
+    KeyTwice(String),
+    #[error("more than {MAX_SELECTOR_LABELS} entries")]
+    TooMany,
+}
+
 /// A selector written as `key=value,...` (as [`format_selector`] writes it): at least one and at
 /// most [`MAX_SELECTOR_LABELS`] entries, each key a [label key](is_label_key) given once, each
-/// value a [label value](is_label_value). The error quotes the offending entry.
-pub fn parse_selector(raw: &str) -> Result<BTreeMap<String, String>, String> {
+/// value a [label value](is_label_value).
+pub fn parse_selector(raw: &str) -> Result<BTreeMap<String, String>, SelectorError> {
     let mut out = BTreeMap::new();
     for item in raw.split(',') {
         let Some((key, value)) = item.split_once('=') else {
-            return Err(format!("{item:?} is not key=value"));
+            return Err(SelectorError::NotKeyValue(item.to_string()));
         };
         if !is_label_key(key) || !is_label_value(value) {
-            return Err(format!("{item:?} is not a label key and value"));
+            return Err(SelectorError::NotLabel(item.to_string()));
         }
         if out.insert(key.to_string(), value.to_string()).is_some() {
-            return Err(format!("key {key:?} given twice"));
+            return Err(SelectorError::KeyTwice(key.to_string()));
         }
         if out.len() > MAX_SELECTOR_LABELS {
-            return Err(format!("more than {MAX_SELECTOR_LABELS} entries"));
+            return Err(SelectorError::TooMany);
         }
     }
     Ok(out)
@@ -648,13 +661,17 @@ mod tests {
         let text = format_selector(&sel);
         assert_eq!(text, "app.kubernetes.io/name=api,tier=");
         assert_eq!(parse_selector(&text), Ok(sel));
+        let not_key_value = parse_selector("app").unwrap_err();
+        assert_eq!(not_key_value, SelectorError::NotKeyValue("app".into()));
+        assert_eq!(not_key_value.to_string(), r#""app" is not key=value"#);
+        let twice = parse_selector("a=1,a=2").unwrap_err();
+        assert_eq!(twice, SelectorError::KeyTwice("a".into()));
+        assert_eq!(twice.to_string(), r#"key "a" given twice"#);
+        let not_label = parse_selector("a b=c").unwrap_err();
+        assert_eq!(not_label, SelectorError::NotLabel("a b=c".into()));
         assert_eq!(
-            parse_selector("app"),
-            Err(r#""app" is not key=value"#.to_string())
-        );
-        assert_eq!(
-            parse_selector("a=1,a=2"),
-            Err(r#"key "a" given twice"#.to_string())
+            not_label.to_string(),
+            r#""a b=c" is not a label key and value"#
         );
         for bad in [
             "",
@@ -671,9 +688,11 @@ mod tests {
         let many: Vec<String> = (0..=MAX_SELECTOR_LABELS)
             .map(|i| format!("k{i}=v"))
             .collect();
+        let too_many = parse_selector(&many.join(",")).unwrap_err();
+        assert_eq!(too_many, SelectorError::TooMany);
         assert_eq!(
-            parse_selector(&many.join(",")),
-            Err(format!("more than {MAX_SELECTOR_LABELS} entries"))
+            too_many.to_string(),
+            format!("more than {MAX_SELECTOR_LABELS} entries")
         );
     }
 }

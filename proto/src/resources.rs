@@ -149,8 +149,8 @@ where
             return Err(error(None, format!("expected a {kind} object (a mapping)")));
         };
         check_type_field(mapping, "apiVersion", &api_version)
-            .map_err(|m| error(Some("apiVersion"), m))?;
-        check_type_field(mapping, "kind", &kind).map_err(|m| error(Some("kind"), m))?;
+            .map_err(|e| error(Some("apiVersion"), e.to_string()))?;
+        check_type_field(mapping, "kind", &kind).map_err(|e| error(Some("kind"), e.to_string()))?;
         mapping.remove("status");
         let item: T = serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
@@ -162,20 +162,30 @@ where
     Ok(items)
 }
 
+/// Why `apiVersion` or `kind` of a document is not the expected value.
+#[derive(Debug, thiserror::Error)]
+enum TypeFieldError {
+    #[error("missing, expected {0:?}")]
+    Missing(String),
+    #[error("expected {expected:?}, found {found:?}")]
+    Other { expected: String, found: String },
+    #[error("expected {0:?}, found a value that is not a string")]
+    NotString(String),
+}
+
 fn check_type_field(
     mapping: &yaml_serde::Mapping,
     field: &str,
     expected: &str,
-) -> Result<(), String> {
+) -> Result<(), TypeFieldError> {
     match mapping.get(field) {
-        None | Some(yaml_serde::Value::Null) => Err(format!("missing, expected {expected:?}")),
+        None | Some(yaml_serde::Value::Null) => Err(TypeFieldError::Missing(expected.into())),
         Some(yaml_serde::Value::String(found)) if found == expected => Ok(()),
-        Some(yaml_serde::Value::String(found)) => {
-            Err(format!("expected {expected:?}, found {found:?}"))
-        }
-        Some(_) => Err(format!(
-            "expected {expected:?}, found a value that is not a string"
-        )),
+        Some(yaml_serde::Value::String(found)) => Err(TypeFieldError::Other {
+            expected: expected.into(),
+            found: found.clone(),
+        }),
+        Some(_) => Err(TypeFieldError::NotString(expected.into())),
     }
 }
 

@@ -30,7 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use futures::StreamExt;
+use anyhow::Context as _;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
@@ -48,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use xcc_controller::probes::Health;
 use xcc_controller::queue::{Backoff, Queue};
+use xcc_controller::tasks::{Spawner, Tasks};
 use xcc_proto::crd::{
     ENDPOINTSLICE_SERVICE_NAME_LABEL, MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord,
 };
@@ -102,13 +104,18 @@ impl Default for Settings {
     }
 }
 
+/// A value that is not `namespace/name`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not namespace/name")]
+pub struct NotNamespacedName(pub String);
+
 /// `namespace/name` → (namespace, name); both parts must be non-empty.
-pub fn parse_namespaced_name(value: &str) -> Result<(String, String), String> {
+pub fn parse_namespaced_name(value: &str) -> Result<(String, String), NotNamespacedName> {
     match value.split_once('/') {
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
             Ok((ns.to_string(), name.to_string()))
         }
-        _ => Err(format!("{value:?} is not namespace/name")),
+        _ => Err(NotNamespacedName(value.to_string())),
     }
 }
 
@@ -683,10 +690,36 @@ async fn worker(shared: Arc<Shared>, cancel: CancellationToken) {
     }
 }
 
-/// Drive one watcher into its store, calling `on_event` after each event is applied.
+/// Start [`drive`] as the supervised task `watch <what>`, stopped with the process; a stream
+/// that ends before then stops the process, naming the watch.
+fn spawn_watch<K, F>(
+    spawner: &Spawner,
+    stream: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    writer: reflector::store::Writer<K>,
+    what: &'static str,
+    metrics: Metrics,
+    on_event: F,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    F: FnMut(&Event<K>) + Send + 'static,
+{
+    let cancel = spawner.token().clone();
+    spawner.spawn_infallible(
+        format!("watch {what}"),
+        drive(stream, writer, what, metrics, cancel, on_event),
+    );
+}
+
+/// Drive one watch into its store, calling `on_event` after each event is applied; returns when
+/// `cancel` fires or the stream ends.
 async fn drive<K, F>(
-    api: Api<K>,
-    config: watcher::Config,
+    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
     mut writer: reflector::store::Writer<K>,
     what: &'static str,
     metrics: Metrics,
@@ -706,7 +739,6 @@ async fn drive<K, F>(
         .relists
         .get_or_create(&vec![("watch".into(), what.into())])
         .clone();
-    let stream = watcher::watcher(api, config).default_backoff();
     tokio::pin!(stream);
     loop {
         let next = tokio::select! {
@@ -836,8 +868,7 @@ async fn watch_proxies(
     );
     let s = shared.clone();
     drive(
-        api,
-        config,
+        watcher::watcher(api, config).default_backoff(),
         writer,
         "httpproxies",
         shared.metrics.clone(),
@@ -899,7 +930,11 @@ pub async fn run(
         settings,
     });
     health.set_ready(false);
-    let mut tasks = tokio::task::JoinSet::new();
+    // Every watch and worker runs until shutdown: one that ends early, fails or panics stops the
+    // publisher with an error naming it, and the others are told to stop.
+    let tasks = Tasks::new(cancel.child_token());
+    let spawner = tasks.spawner().clone();
+    let cancel = spawner.token().clone();
 
     let mcs_mode = shared.settings.mcs;
     // Exported Services; every Service in MCS mode (a ServiceExport may name any).
@@ -911,27 +946,25 @@ pub async fn run(
             watcher::Config::default().labels(EXPORT_LABEL)
         };
         let on = source_events(shared.clone(), SourceKind::Service, services.clone());
-        tasks.spawn(drive(
-            api,
-            config,
+        spawn_watch(
+            &spawner,
+            watcher::watcher(api, config).default_backoff(),
             service_writer,
             "services",
             shared.metrics.clone(),
-            cancel.clone(),
             on,
-        ));
+        );
     }
     if mcs_mode {
         // ServiceExports: each stands for the Service of its name.
         let api: Api<ServiceExport> = Api::all(client.clone());
         let s = shared.clone();
-        tasks.spawn(drive(
-            api,
-            watcher::Config::default(),
+        spawn_watch(
+            &spawner,
+            watcher::watcher(api, watcher::Config::default()).default_backoff(),
             export_writer,
             "serviceexports",
             shared.metrics.clone(),
-            cancel.clone(),
             move |event| match event {
                 Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) => {
                     if let Some(key) = SourceKey::of(SourceKind::Service, e) {
@@ -940,17 +973,20 @@ pub async fn run(
                 }
                 Event::Init | Event::InitDone => {}
             },
-        ));
+        );
         // EndpointSlices: a headless Service exports its pods.
         let api: Api<EndpointSlice> = Api::all(client.clone());
         let s = shared.clone();
-        tasks.spawn(drive(
-            api,
-            watcher::Config::default().labels(ENDPOINTSLICE_SERVICE_NAME_LABEL),
+        spawn_watch(
+            &spawner,
+            watcher::watcher(
+                api,
+                watcher::Config::default().labels(ENDPOINTSLICE_SERVICE_NAME_LABEL),
+            )
+            .default_backoff(),
             slice_writer,
             "endpointslices",
             shared.metrics.clone(),
-            cancel.clone(),
             move |event| {
                 if let Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) = event
                     && let (Some(namespace), Some(name)) = (
@@ -968,17 +1004,17 @@ pub async fn run(
                     });
                 }
             },
-        ));
+        );
         // Imported records: another cluster's export of a name exported here may conflict.
         let api: Api<ServiceRecord> = Api::all(client.clone());
         let s = shared.clone();
-        tasks.spawn(drive(
-            api,
-            watcher::Config::default().labels(IMPORTED_LABEL),
+        spawn_watch(
+            &spawner,
+            watcher::watcher(api, watcher::Config::default().labels(IMPORTED_LABEL))
+                .default_backoff(),
             imported_writer,
             "imported-servicerecords",
             shared.metrics.clone(),
-            cancel.clone(),
             move |event| {
                 if let Event::Apply(r) | Event::Delete(r) | Event::InitApply(r) = event
                     && let Some(origin) = &r.spec.origin
@@ -990,22 +1026,24 @@ pub async fn run(
                     });
                 }
             },
-        ));
+        );
     }
     // HTTPProxies, once their API is served.
-    tasks.spawn(watch_proxies(shared.clone(), proxy_writer, cancel.clone()));
+    spawner.spawn_infallible(
+        "watch httpproxies",
+        watch_proxies(shared.clone(), proxy_writer, cancel.clone()),
+    );
     // Nodes: fan out to proxies and NodePort Services when what feeds records changes.
     {
         let api: Api<Node> = Api::all(client.clone());
         let s = shared.clone();
         let mut last = None;
-        tasks.spawn(drive(
-            api,
-            watcher::Config::default(),
+        spawn_watch(
+            &spawner,
+            watcher::watcher(api, watcher::Config::default()).default_backoff(),
             node_writer,
             "nodes",
             shared.metrics.clone(),
-            cancel.clone(),
             move |event| {
                 if matches!(event, Event::Init | Event::InitApply(_)) {
                     return;
@@ -1018,7 +1056,7 @@ pub async fn run(
                     s.queue.add_all(s.service_keys(true));
                 }
             },
-        ));
+        );
     }
     // The ingress Service: its LoadBalancer addresses become every proxy's endpoints.
     {
@@ -1027,13 +1065,12 @@ pub async fn run(
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let s = shared.clone();
         let mut last = None;
-        tasks.spawn(drive(
-            api,
-            config,
+        spawn_watch(
+            &spawner,
+            watcher::watcher(api, config).default_backoff(),
             ingress_writer,
             "ingress-service",
             shared.metrics.clone(),
-            cancel.clone(),
             move |event| {
                 if matches!(event, Event::Init | Event::InitApply(_)) {
                     return;
@@ -1045,7 +1082,7 @@ pub async fn run(
                     s.queue.add_all(s.proxy_keys());
                 }
             },
-        ));
+        );
     }
     // The publisher's own records: drift repair and removal follow their owner.
     {
@@ -1055,13 +1092,12 @@ pub async fn run(
         let s = shared.clone();
         let store = records.clone();
         let mut before: Vec<SourceKey> = Vec::new();
-        tasks.spawn(drive(
-            api,
-            config,
+        spawn_watch(
+            &spawner,
+            watcher::watcher(api, config).default_backoff(),
             record_writer,
             "servicerecords",
             shared.metrics.clone(),
-            cancel.clone(),
             move |event| match event {
                 Event::Apply(r) | Event::Delete(r) => {
                     if let Some(key) = SourceKey::owning(r) {
@@ -1081,7 +1117,7 @@ pub async fn run(
                     s.queue.add_all(s.owner_keys(None));
                 }
             },
-        ));
+        );
     }
 
     // First full sync: every store listed, the HTTPProxy API found or known absent.
@@ -1110,40 +1146,44 @@ pub async fn run(
         proxies.map_err(|e| anyhow::anyhow!("{e}"))?;
         anyhow::Ok(())
     };
-    let synced = tokio::select! {
-        r = synced => Some(r),
-        _ = cancel.cancelled() => None,
+    let mut supervised = std::pin::pin!(tasks.run());
+    // The first sync, unless the tasks stop before it (shutdown, or one that failed).
+    let first = tokio::select! {
+        r = synced => Ok(r),
+        outcome = &mut supervised => Err(outcome),
     };
-    if let Some(result) = synced {
-        result?;
-        let mut keys: HashSet<SourceKey> = shared.service_keys(false).into_iter().collect();
-        if *shared.proxy_api.borrow() == ProxyApi::Synced {
-            keys.extend(shared.proxy_keys());
+    let outcome = match first {
+        Err(outcome) => outcome,
+        Ok(result) => {
+            result?;
+            let mut keys: HashSet<SourceKey> = shared.service_keys(false).into_iter().collect();
+            if *shared.proxy_api.borrow() == ProxyApi::Synced {
+                keys.extend(shared.proxy_keys());
+            }
+            keys.extend(shared.owner_keys(Some(SourceKind::Service)));
+            if *shared.proxy_api.borrow() == ProxyApi::Synced {
+                keys.extend(shared.owner_keys(Some(SourceKind::HTTPProxy)));
+            }
+            info!(sources = keys.len(), "watches listed; reconciling");
+            if keys.is_empty() {
+                *lock(&shared.initial) = None;
+                info!("first sync complete; ready");
+                health.set_ready(true);
+            } else {
+                *lock(&shared.initial) = Some(keys.clone());
+                shared.queue.add_all(keys);
+            }
+            for i in 0..shared.settings.workers {
+                spawner.spawn_infallible(
+                    format!("worker {i}"),
+                    worker(shared.clone(), cancel.clone()),
+                );
+            }
+            supervised.await
         }
-        keys.extend(shared.owner_keys(Some(SourceKind::Service)));
-        if *shared.proxy_api.borrow() == ProxyApi::Synced {
-            keys.extend(shared.owner_keys(Some(SourceKind::HTTPProxy)));
-        }
-        info!(sources = keys.len(), "watches listed; reconciling");
-        if keys.is_empty() {
-            *lock(&shared.initial) = None;
-            info!("first sync complete; ready");
-            health.set_ready(true);
-        } else {
-            *lock(&shared.initial) = Some(keys.clone());
-            shared.queue.add_all(keys);
-        }
-        for _ in 0..shared.settings.workers {
-            tasks.spawn(worker(shared.clone(), cancel.clone()));
-        }
-    }
-    while let Some(joined) = tasks.join_next().await {
-        if let Err(e) = joined {
-            cancel.cancel();
-            return Err(anyhow::Error::from(e).context("publisher task failed"));
-        }
-    }
+    };
     health.set_ready(false);
+    outcome.context("publisher task failed")?;
     info!(
         reconciles = shared.reconciles.load(Ordering::Relaxed),
         "publisher stopped"
@@ -1183,8 +1223,16 @@ mod tests {
             Ok(("projectcontour".into(), "envoy".into()))
         );
         for bad in ["envoy", "/envoy", "projectcontour/", "a/b/c", ""] {
-            assert!(parse_namespaced_name(bad).is_err(), "{bad}");
+            assert_eq!(
+                parse_namespaced_name(bad),
+                Err(NotNamespacedName(bad.into())),
+                "{bad}"
+            );
         }
+        assert_eq!(
+            NotNamespacedName("envoy".into()).to_string(),
+            r#""envoy" is not namespace/name"#
+        );
     }
 
     #[test]
@@ -1218,5 +1266,87 @@ mod tests {
                 name: "web".into()
             })
         );
+    }
+
+    fn service(name: &str) -> Service {
+        Service {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// A watch whose stream ends while the publisher runs stops it, naming the watch, and the
+    /// other tasks are told to stop; what it delivered before was applied.
+    #[tokio::test]
+    async fn a_watch_that_ends_early_stops_the_publisher_naming_it() {
+        let tasks = Tasks::new(CancellationToken::new());
+        let spawner = tasks.spawner().clone();
+        let (services, writer) = reflector::store::<Service>();
+        let events = futures::stream::iter([
+            Ok(Event::Init),
+            Ok(Event::InitApply(service("web"))),
+            Ok(Event::InitDone),
+        ]);
+        let seen = Arc::new(AtomicU64::new(0));
+        let count = seen.clone();
+        spawn_watch(
+            &spawner,
+            events,
+            writer,
+            "services",
+            Metrics::default(),
+            move |_| {
+                count.fetch_add(1, Ordering::Relaxed);
+            },
+        );
+        let (_, nodes) = reflector::store::<Node>();
+        spawn_watch(
+            &spawner,
+            futures::stream::pending(),
+            nodes,
+            "nodes",
+            Metrics::default(),
+            |_| {},
+        );
+        let err = tasks
+            .run()
+            .await
+            .expect_err("the ended watch stops the run");
+        assert!(
+            matches!(&err, xcc_controller::tasks::TaskError::Returned { task } if task == "watch services"),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "task `watch services` stopped before shutdown"
+        );
+        assert!(
+            spawner.token().is_cancelled(),
+            "the other watch was told to stop"
+        );
+        assert_eq!(seen.load(Ordering::Relaxed), 3);
+        assert_eq!(services.state().len(), 1);
+    }
+
+    /// Watches that are still open when the process shuts down end without an error.
+    #[tokio::test]
+    async fn open_watches_end_quietly_on_shutdown() {
+        let cancel = CancellationToken::new();
+        let tasks = Tasks::new(cancel.clone());
+        let (_, writer) = reflector::store::<Service>();
+        spawn_watch(
+            tasks.spawner(),
+            futures::stream::pending(),
+            writer,
+            "services",
+            Metrics::default(),
+            |_| {},
+        );
+        cancel.cancel();
+        assert!(tasks.run().await.is_ok());
     }
 }

@@ -94,6 +94,20 @@ pub enum PolicyError {
     },
     #[error("internal: {0}")]
     Internal(String),
+    /// The built-in schema or default policies do not load (a defect of this build).
+    #[error("internal: {0}")]
+    Base(&'static BaseError),
+}
+
+/// Why the built-in schema and default policies ([`SCHEMA`], [`DEFAULT_POLICIES`]) do not load.
+#[derive(Debug, thiserror::Error)]
+pub enum BaseError {
+    #[error("schema: {0}")]
+    Schema(Box<cedar_policy::CedarSchemaError>),
+    #[error(transparent)]
+    Policies(#[from] PolicyError),
+    #[error(transparent)]
+    Add(Box<cedar_policy::PolicySetError>),
 }
 
 /// A validated policy set.
@@ -190,16 +204,18 @@ struct Base {
 
 impl Base {
     fn get() -> Result<&'static Base, PolicyError> {
-        static BASE: OnceLock<Result<Base, String>> = OnceLock::new();
+        static BASE: OnceLock<Result<Base, BaseError>> = OnceLock::new();
         BASE.get_or_init(|| {
             let (schema, _warnings) =
-                Schema::from_cedarschema_str(SCHEMA).map_err(|e| format!("schema: {e}"))?;
+                Schema::from_cedarschema_str(SCHEMA).map_err(|e| BaseError::Schema(Box::new(e)))?;
             let validator = Validator::new(schema.clone());
             let mut defaults = PolicySet::new();
-            for policy in parse_file("<default>", DEFAULT_POLICIES).map_err(|e| e.to_string())? {
-                defaults.add(policy).map_err(|e| e.to_string())?;
+            for policy in parse_file("<default>", DEFAULT_POLICIES)? {
+                defaults
+                    .add(policy)
+                    .map_err(|e| BaseError::Add(Box::new(e)))?;
             }
-            validate(&validator, &defaults).map_err(|e| e.to_string())?;
+            validate(&validator, &defaults)?;
             Ok(Base {
                 schema,
                 validator,
@@ -207,7 +223,7 @@ impl Base {
             })
         })
         .as_ref()
-        .map_err(|e| PolicyError::Internal(e.clone()))
+        .map_err(PolicyError::Base)
     }
 }
 

@@ -23,8 +23,8 @@ use tracing::{debug, info, warn};
 
 use crate::authz::Gate;
 use crate::authz::{Policies, PolicyError};
+use crate::files::FileErrors;
 use crate::metrics::Metrics;
-use crate::store::file::FileErrors;
 
 /// Component name on Events.
 const REPORTER: &str = "xcc-registry";
@@ -42,25 +42,43 @@ pub fn sources_of(cm: &ConfigMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Parse and validate `sources` from ConfigMap `what` (`namespace/name`); the error names the
+/// Why the policies of ConfigMap `what` (`namespace/name`) were refused; the message names the
 /// ConfigMap and the offending key(s).
-pub fn load(what: &str, sources: &[(String, String)]) -> Result<Policies, String> {
-    Policies::from_sources(sources).map_err(|e| match e {
-        // Parse and duplicate errors already start with the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigMapPolicyError {
+    /// A parse or duplicate error; its message starts with the key.
+    #[error("ConfigMap {what}: key {source}")]
+    Key { what: String, source: PolicyError },
+    /// Policies that fail schema validation, with the keys that fail on their own.
+    #[error("ConfigMap {what}: key {}: {source}", .keys.join(", "))]
+    Keys {
+        what: String,
+        keys: Vec<String>,
+        source: PolicyError,
+    },
+    /// A failure no single key causes.
+    #[error("ConfigMap {what}: {source}")]
+    Whole { what: String, source: PolicyError },
+}
+
+/// Parse and validate `sources` from ConfigMap `what` (`namespace/name`).
+pub fn load(what: &str, sources: &[(String, String)]) -> Result<Policies, ConfigMapPolicyError> {
+    let what = what.to_string();
+    Policies::from_sources(sources).map_err(|source| match source {
         PolicyError::Parse { .. } | PolicyError::Duplicate { .. } => {
-            format!("ConfigMap {what}: key {e}")
+            ConfigMapPolicyError::Key { what, source }
         }
         // Schema validation reports policy ids; find which keys fail on their own.
-        other => {
-            let bad: Vec<&str> = sources
+        source => {
+            let keys: Vec<String> = sources
                 .iter()
                 .filter(|s| Policies::from_sources(std::slice::from_ref(*s)).is_err())
-                .map(|(k, _)| k.as_str())
+                .map(|(k, _)| k.clone())
                 .collect();
-            if bad.is_empty() {
-                format!("ConfigMap {what}: {other}")
+            if keys.is_empty() {
+                ConfigMapPolicyError::Whole { what, source }
             } else {
-                format!("ConfigMap {what}: key {}: {other}", bad.join(", "))
+                ConfigMapPolicyError::Keys { what, keys, source }
             }
         }
     })
@@ -188,7 +206,8 @@ impl Source {
                 info!(configmap = %self.what, keys = ?sources.iter().map(|(k, _)| k).collect::<Vec<_>>(), policies = ?ids, "Cedar policies loaded from the ConfigMap");
                 self.swap(policies, sources);
             }
-            Err(message) => {
+            Err(e) => {
+                let message = e.to_string();
                 if self.errors.get() == [message.clone()] {
                     return;
                 }
@@ -272,7 +291,13 @@ mod tests {
                 ("bad.cedar".into(), "permit (".into()),
             ],
         );
-        let e = syntax.err().unwrap_or_default();
+        let e = syntax.err().expect("refused");
+        assert!(
+            matches!(&e, ConfigMapPolicyError::Key { what, source: PolicyError::Parse { file, .. } }
+                if what == "ns/p" && file == "bad.cedar"),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(e.starts_with("ConfigMap ns/p: key bad.cedar: "), "{e}");
         let invalid = r#"permit (principal, action == Xcc::Action::"discover", resource) when { resource.nope };"#;
         let e = load(
@@ -283,7 +308,13 @@ mod tests {
             ],
         )
         .err()
-        .unwrap_or_default();
+        .expect("refused");
+        assert!(
+            matches!(&e, ConfigMapPolicyError::Keys { what, keys, source: PolicyError::Invalid(_) }
+                if what == "ns/p" && keys == &["typo.cedar"]),
+            "{e:?}"
+        );
+        let e = e.to_string();
         assert!(
             e.starts_with("ConfigMap ns/p: key typo.cedar: policies do not validate"),
             "{e}"

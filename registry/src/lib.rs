@@ -7,6 +7,7 @@ pub mod authz;
 pub mod authz_configmap;
 pub mod catalog;
 pub mod federation;
+pub mod files;
 pub mod hamlet;
 pub mod metrics;
 pub mod peers;

@@ -17,7 +17,16 @@ use crate::federation::grants::WorkloadIdentity;
 use crate::federation::link::ParentSpec;
 use crate::federation::{Level, Question, Target};
 use crate::hamlet::client::{self, ClientContext, ClientHandle, RemoteSpec};
-use crate::store::file::FileImportSink;
+use crate::hamlet::convert::Imported;
+
+/// Imports a store keeps beyond the process (the file store's import files): read back when a
+/// remote's client starts, removed with the remote.
+pub trait PersistedImports: Send + Sync {
+    /// The imports last stored for `remote` (none when nothing was stored).
+    fn load(&self, remote: &str) -> anyhow::Result<Vec<Imported>>;
+    /// Remove what is stored for `remote`.
+    fn forget(&self, remote: &str) -> std::io::Result<()>;
+}
 
 /// A parent link and the imports asked through it.
 pub type ParentWanted = Option<(ParentSpec, Vec<Question>)>;
@@ -27,7 +36,7 @@ pub type ParentWanted = Option<(ParentSpec, Vec<Question>)>;
 pub struct Remotes {
     ctx: ClientContext,
     clients: Arc<Mutex<BTreeMap<String, ClientHandle>>>,
-    file_sink: Option<Arc<FileImportSink>>,
+    file_sink: Option<Arc<dyn PersistedImports>>,
     spawner: Spawner,
     level: Level,
     parent: Arc<Mutex<Option<ParentLink>>>,
@@ -56,7 +65,7 @@ impl Remotes {
     /// client starts; the parent link's imports are asked again every `import_retry`.
     pub fn new(
         ctx: ClientContext,
-        file_sink: Option<Arc<FileImportSink>>,
+        file_sink: Option<Arc<dyn PersistedImports>>,
         spawner: Spawner,
         level: Level,
         import_retry: Duration,

@@ -186,37 +186,60 @@ impl ServiceRecord {
     }
 }
 
+/// Why a gRPC target is not `host:port`; each message quotes the address.
+#[derive(Debug, thiserror::Error)]
+enum AddressError {
+    #[error("{0:?} is not host:port")]
+    NotHostPort(String),
+    #[error("{address:?}: port {port:?} is not a number in 1-65535")]
+    Port { address: String, port: String },
+    #[error("{address:?}: {inner:?} is not an IPv6 address")]
+    Ipv6 { address: String, inner: String },
+    #[error("{0:?}: an IPv6 host must be written in brackets, e.g. [::1]:443")]
+    UnbracketedIpv6(String),
+    #[error("{address:?}: host is neither an IP address nor a DNS name ({source})")]
+    Host {
+        address: String,
+        source: crate::names::FqdnError,
+    },
+}
+
 /// Check a gRPC target `host:port`: the host is an IPv4 address, a bracketed IPv6 address or a
 /// DNS name; the port is a decimal number in 1-65535.
-fn check_address(address: &str) -> Result<(), String> {
+fn check_address(address: &str) -> Result<(), AddressError> {
     let Some((host, port)) = address.rsplit_once(':') else {
-        return Err(format!("{address:?} is not host:port"));
+        return Err(AddressError::NotHostPort(address.to_string()));
     };
     let port_ok = !port.is_empty()
         && port.bytes().all(|b| b.is_ascii_digit())
         && port.parse::<u32>().is_ok_and(|p| (1..=65535).contains(&p));
     if !port_ok {
-        return Err(format!(
-            "{address:?}: port {port:?} is not a number in 1-65535"
-        ));
+        return Err(AddressError::Port {
+            address: address.to_string(),
+            port: port.to_string(),
+        });
     }
     if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
         return inner
             .parse::<Ipv6Addr>()
             .map(|_| ())
-            .map_err(|_| format!("{address:?}: {inner:?} is not an IPv6 address"));
+            .map_err(|_| AddressError::Ipv6 {
+                address: address.to_string(),
+                inner: inner.to_string(),
+            });
     }
     if host.contains(':') {
-        return Err(format!(
-            "{address:?}: an IPv6 host must be written in brackets, e.g. [::1]:443"
-        ));
+        return Err(AddressError::UnbracketedIpv6(address.to_string()));
     }
     if host.parse::<IpAddr>().is_ok() {
         return Ok(());
     }
     canonical_fqdn(host)
         .map(|_| ())
-        .map_err(|e| format!("{address:?}: host is neither an IP address nor a DNS name ({e})"))
+        .map_err(|source| AddressError::Host {
+            address: address.to_string(),
+            source,
+        })
 }
 
 /// Check a requester's mesh identity: the namespace is a DNS-1123 label, the service account a
@@ -261,8 +284,8 @@ impl RemoteRegistry {
         let mut v = Violations::default();
         check_name(&self.metadata, &mut v);
         let spec = &self.spec;
-        if let Err(message) = check_address(&spec.address) {
-            v.add("spec.address", message);
+        if let Err(e) = check_address(&spec.address) {
+            v.add("spec.address", e.to_string());
         }
         if let Err(ResourceError::Base64 { path, source }) = spec.tls_config.server_ca_pem() {
             v.add(path, format!("invalid base64: {source}"));

@@ -117,8 +117,9 @@ impl World {
             leader,
             cancel.clone(),
         ));
-        let h = health.clone();
-        poll("readiness", TIMEOUT, || h.is_ready()).await;
+        tokio::time::timeout(TIMEOUT, health.ready())
+            .await
+            .expect("timed out waiting for readiness");
         Running {
             cancel,
             task,

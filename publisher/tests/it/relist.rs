@@ -97,7 +97,9 @@ async fn every_watch_recovers_from_410_gone_without_writing() {
         None,
         cancel.clone(),
     ));
-    poll("readiness", TIMEOUT, || health.is_ready()).await;
+    tokio::time::timeout(TIMEOUT, health.ready())
+        .await
+        .expect("timed out waiting for readiness");
     let relists = |watch: &str| {
         metrics
             .relists

@@ -82,7 +82,10 @@ pub enum GrantError {
     )]
     NoSelector { fqdn: String },
     #[error("the export {fqdn}: {WORKLOAD_SELECTOR_ANNOTATION}: {reason}")]
-    BadSelector { fqdn: String, reason: String },
+    BadSelector {
+        fqdn: String,
+        reason: xcc_proto::names::SelectorError,
+    },
     #[error("no Gateway configured (--grant-gateway)")]
     NoGateway,
     #[error("the export {fqdn} is not a Service: an HTTPRoute needs a Service backend")]

@@ -23,11 +23,11 @@ use xcc_controller::runtime::Runtime;
 pub use self::config::{FederationConfig, RegistryConfig, StoreConfig};
 use crate::catalog::Catalog;
 use crate::federation::Level;
+use crate::files::FileErrors;
 use crate::hamlet::client::RemoteSpec;
 use crate::metrics::{Health, Metrics};
 use crate::peers::PeerTable;
 use crate::remotes::{ParentWanted, Remotes};
-use crate::store::file::FileErrors;
 
 /// Why a registry could not start.
 #[derive(Debug, thiserror::Error)]

@@ -12,8 +12,9 @@ use xcc_controller::tasks::Spawner;
 
 use super::{RegistryConfig, StartError, StoreConfig};
 use crate::authz::{Gate, Policies};
+use crate::files::FileErrors;
 use crate::metrics::Metrics;
-use crate::store::file::{self, FileErrors};
+use crate::store::file;
 
 /// The policies in force and where their reload errors and first read are reported.
 pub(super) struct PolicyPart {

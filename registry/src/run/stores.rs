@@ -16,9 +16,10 @@ use super::{Core, RegistryConfig, StartError};
 use crate::federation::Level;
 use crate::federation::grants::GrantMode;
 use crate::federation::link::ParentSpec;
+use crate::files::FileErrors;
 use crate::hamlet::client::{ClientContext, ImportSink, MemorySink, RemoteSpec};
 use crate::remotes::{ParentWanted, Remotes, hierarchy_imports};
-use crate::store::file::{self, FileErrors, FileImportSink, YamlDir};
+use crate::store::file::{self, FileImportSink, YamlDir};
 use crate::store::kube::{self, GrantWiring, KubeImportSink, KubeMetrics, Owners};
 use crate::store::model;
 

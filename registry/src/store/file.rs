@@ -34,8 +34,8 @@ use crate::hamlet::convert::Imported;
 use crate::store::model::{ImportedRecordError, export_entry, imported_endpoints, namespace_name};
 
 mod imports;
+pub use crate::files::FileErrors;
 pub use imports::FileImportSink;
-pub(crate) use imports::write_atomic;
 
 pub const EXPORTS_DIR: &str = "exports";
 pub const REMOTES_DIR: &str = "remotes";
@@ -286,7 +286,6 @@ impl<T: Named + Clone> YamlDir<T> {
         &mut self,
         validate: impl Fn(&T) -> Result<(), E>,
     ) -> bool {
-        let validate = |item: &T| validate(item).map_err(|e| e.to_string());
         let scope = match &self.events {
             Some(events) => events.take(&self.dir),
             None => Scope::Full,
@@ -303,7 +302,10 @@ impl<T: Named + Clone> YamlDir<T> {
         }
     }
 
-    fn refresh_all(&mut self, validate: &dyn Fn(&T) -> Result<(), String>) -> bool {
+    fn refresh_all<E: std::fmt::Display>(
+        &mut self,
+        validate: &dyn Fn(&T) -> Result<(), E>,
+    ) -> bool {
         let mut present = BTreeSet::new();
         let mut changed = false;
         let entries = match std::fs::read_dir(&self.dir) {
@@ -342,7 +344,11 @@ impl<T: Named + Clone> YamlDir<T> {
 
     /// Look at one entry the watcher reported: re-read it, or forget it when it is gone or not a
     /// YAML file any more.
-    fn refresh_path(&mut self, path: PathBuf, validate: &dyn Fn(&T) -> Result<(), String>) -> bool {
+    fn refresh_path<E: std::fmt::Display>(
+        &mut self,
+        path: PathBuf,
+        validate: &dyn Fn(&T) -> Result<(), E>,
+    ) -> bool {
         match std::fs::metadata(&path) {
             Ok(meta) if is_yaml(&path) && meta.is_file() => {
                 self.refresh_file(path, &meta, validate)
@@ -369,11 +375,11 @@ impl<T: Named + Clone> YamlDir<T> {
 
     /// Re-read one present file if its stamp says it may have changed; returns whether its
     /// accepted content changed.
-    fn refresh_file(
+    fn refresh_file<E: std::fmt::Display>(
         &mut self,
         path: PathBuf,
         meta: &std::fs::Metadata,
-        validate: &dyn Fn(&T) -> Result<(), String>,
+        validate: &dyn Fn(&T) -> Result<(), E>,
     ) -> bool {
         let stamp = Stamp::of(meta);
         let rejected = self.errors.contains_key(&path);
@@ -500,36 +506,6 @@ fn display_name(dir: &Path, path: &Path) -> String {
     match parent {
         Some(p) => format!("{p}/{file}"),
         None => file,
-    }
-}
-
-/// Errors currently reported for the watched files (shared with the admin/metrics side); a
-/// watch channel, so tests and status writers can wait for a change.
-#[derive(Clone)]
-pub struct FileErrors(Arc<tokio::sync::watch::Sender<Vec<String>>>);
-
-impl Default for FileErrors {
-    fn default() -> Self {
-        Self(Arc::new(tokio::sync::watch::Sender::new(Vec::new())))
-    }
-}
-
-impl FileErrors {
-    pub fn set(&self, errors: Vec<String>) {
-        self.0.send_if_modified(|cur| {
-            if *cur == errors {
-                false
-            } else {
-                *cur = errors;
-                true
-            }
-        });
-    }
-    pub fn get(&self) -> Vec<String> {
-        self.0.borrow().clone()
-    }
-    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Vec<String>> {
-        self.0.subscribe()
     }
 }
 
@@ -854,7 +830,7 @@ spec:
         write("b.yaml", &record("three", "10.0.0.3"));
         write("c.yaml", &record("two", "10.0.0.4"));
         let mut yd: YamlDir<ServiceRecord> = YamlDir::new(exports.clone());
-        yd.refresh(|_| Ok::<_, String>(()));
+        yd.refresh(|_| Ok::<_, std::convert::Infallible>(()));
         let names = |keys: &[&str]| -> Vec<String> {
             let hashes: HashSet<u64> = keys.iter().map(|n| key_hash("shop", n)).collect();
             yd.items_holding(&hashes)

@@ -1235,7 +1235,11 @@ impl Level {
             Some(Payload::RouteNotification(n)) => {
                 let mine = self.lock().tree.direction(&n.target_cluster) == Direction::Local;
                 let error = match mine && !n.revoked {
-                    true => self.owner_check(&n).err().unwrap_or_default(),
+                    true => self
+                        .owner_check(&n)
+                        .err()
+                        .map(|e| e.to_string())
+                        .unwrap_or_default(),
                     false => String::new(),
                 };
                 let applied = self.route_notification(n.clone());

@@ -77,7 +77,7 @@ impl OwnerStore for FileOwners {
         Box::pin(async move {
             let (dir, path) = (self.dir.clone(), self.path.clone());
             tokio::task::spawn_blocking(move || {
-                crate::store::file::write_atomic(&dir, &path, text.as_bytes())
+                crate::files::write_atomic(&dir, &path, text.as_bytes())
             })
             .await?
         })

@@ -14,6 +14,23 @@ use super::super::tree::Direction;
 use super::{Grant, Level, OwnerRoute, Subscription, Target, msg_up};
 use crate::catalog::{ServiceEntry, Source};
 
+/// Why the owner refuses a route grant ([`Level::owner_check`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OwnerCheckError {
+    #[error("{namespace}/{service} is not exported by {owner}")]
+    NotExported {
+        namespace: String,
+        service: String,
+        owner: String,
+    },
+    #[error("{key} does not admit {caller_cluster}/{caller_service}")]
+    NotAdmitted {
+        key: String,
+        caller_cluster: String,
+        caller_service: String,
+    },
+}
+
 impl Level {
     // ---------------------------------------------------------------- queries
 
@@ -259,7 +276,7 @@ impl Level {
     pub(crate) fn owner_check(
         &self,
         n: &fed::RouteNotification,
-    ) -> Result<Arc<ServiceEntry>, String> {
+    ) -> Result<Arc<ServiceEntry>, OwnerCheckError> {
         let key = crate::catalog::ServiceKey::new(
             &self.inner.cluster,
             &n.target_namespace,
@@ -271,16 +288,18 @@ impl Level {
             .get(&key)
             .filter(|e| e.source == Source::Local)
         else {
-            return Err(format!(
-                "{}/{} is not exported by {}",
-                n.target_namespace, n.target_service, self.inner.cluster
-            ));
+            return Err(OwnerCheckError::NotExported {
+                namespace: n.target_namespace.clone(),
+                service: n.target_service.clone(),
+                owner: self.inner.cluster.clone(),
+            });
         };
         if !crate::authz::admits(&entry, &n.caller_cluster, &n.caller_service) {
-            return Err(format!(
-                "{key} does not admit {}/{}",
-                n.caller_cluster, n.caller_service
-            ));
+            return Err(OwnerCheckError::NotAdmitted {
+                key: key.to_string(),
+                caller_cluster: n.caller_cluster.clone(),
+                caller_service: n.caller_service.clone(),
+            });
         }
         Ok(entry)
     }

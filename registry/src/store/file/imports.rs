@@ -22,7 +22,7 @@
 //! with a warning.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{Read as _, Write as _};
+use std::io::Read as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,8 +38,10 @@ use xcc_proto::resources;
 
 use super::{IMPORTS_DIR, imported_record};
 use crate::catalog::Endpoint;
+use crate::files::write_atomic;
 use crate::hamlet::client::ImportSink;
 use crate::hamlet::convert::Imported;
+use crate::remotes::PersistedImports;
 
 /// The journal file is extended in steps of this many bytes, written as zeros and flushed with
 /// the new size: the appends that fill them then flush only their own blocks.
@@ -497,6 +499,16 @@ fn journal_lines(
     Ok(out)
 }
 
+impl PersistedImports for FileImportSink {
+    fn load(&self, remote: &str) -> anyhow::Result<Vec<Imported>> {
+        FileImportSink::load(self, remote)
+    }
+
+    fn forget(&self, remote: &str) -> std::io::Result<()> {
+        FileImportSink::forget(self, remote)
+    }
+}
+
 impl ImportSink for FileImportSink {
     fn persist<'a>(
         &'a self,
@@ -541,21 +553,6 @@ impl ImportSink for FileImportSink {
         }
         .boxed()
     }
-}
-
-/// Write `bytes` as `path` atomically and durably: a temporary file, flushed, renamed over
-/// `path`, and the directory flushed so that the rename survives a power loss.
-pub(crate) fn write_atomic(dir: &Path, path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let mut tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.write_all(bytes)?;
-    tmp.as_file().sync_all()?;
-    tmp.persist(path)
-        .with_context(|| format!("replacing {}", path.display()))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("flushing {}", dir.display()))?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -387,11 +387,11 @@ fn validity_of(
         );
     }
     let name = rr.name_any();
-    if let Err(message) = xcc_proto::domains::validate_allowed_domains(
+    if let Err(e) = xcc_proto::domains::validate_allowed_domains(
         &name,
         rr.spec.allowed_domains.as_deref().unwrap_or(&[]),
     ) {
-        return invalid(xcc_proto::names::INVALID_DOMAIN_REASON, message);
+        return invalid(xcc_proto::names::INVALID_DOMAIN_REASON, e.to_string());
     }
     let spec = match model::remote_spec(rr) {
         Ok(s) => s,
