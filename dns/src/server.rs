@@ -34,7 +34,7 @@ use thiserror::Error;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::runtime::Handle;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -212,16 +212,25 @@ impl DnsServer {
         let runtime = Handle::current();
         let port = self.udp.local_addr()?.port();
         let mut threads = Vec::new();
+        let mut started = Vec::new();
         for (i, socket) in udp_sockets(self.udp, ctx.config.udp_workers.max(1))?
             .into_iter()
             .enumerate()
         {
             let (rx, worker_ctx, rt) = (snapshots.clone(), ctx.clone(), runtime.clone());
+            let (up, up_rx) = oneshot::channel::<()>();
             let spawned = std::thread::Builder::new()
                 .name(udp_thread_name(port, i))
-                .spawn(move || udp_worker(&Arc::new(socket), rx, &worker_ctx, &rt));
+                .spawn(move || {
+                    // Running (and named): `run` serves TCP only once every worker says so.
+                    let _ = up.send(());
+                    udp_worker(&Arc::new(socket), rx, &worker_ctx, &rt)
+                });
             match spawned {
-                Ok(t) => threads.push(t),
+                Ok(t) => {
+                    threads.push(t);
+                    started.push(up_rx);
+                }
                 Err(e) => {
                     // Stop the threads already started before reporting.
                     ctx.stop_udp.cancel();
@@ -229,6 +238,10 @@ impl DnsServer {
                     return Err(e.into());
                 }
             }
+        }
+        for up in started {
+            // An error is a worker that ended before it said so; `join_all` reports it below.
+            let _ = up.await;
         }
         tcp_accept(self.tcp, snapshots, ctx.clone()).await;
         join_all(threads).await;

@@ -401,8 +401,9 @@ async fn every_udp_worker_thread_answers_and_all_end_at_shutdown() {
         mine
     };
     let expected: Vec<String> = (0..3).map(|i| udp_thread_name(port, i)).collect();
-    // The threads are started before `run` first awaits; a query answered proves it has.
-    ask(h.addr, Via::Udp, "dual.xcc.test.", RecordType::A).await;
+    // `run` accepts TCP only once every UDP worker thread runs (and so carries its name): a
+    // TCP answer proves all three are up. (A UDP answer proves only that one of them is.)
+    ask(h.addr, Via::Tcp, "dual.xcc.test.", RecordType::A).await;
     assert_eq!(ours(thread_names()), expected);
     // On port 0 the three threads share one socket (see `DnsServer::bind`): whichever is free
     // takes the next query.
