@@ -126,6 +126,7 @@ async fn run(args: Args) {
         let ip = wait_for(
             "a cluster IP",
             Duration::from_secs(10),
+            &[&a],
             async || {
                 a.get("v1", "services", Some("bench"), &name)
                     .await
@@ -190,6 +191,7 @@ async fn run(args: Args) {
     wait_for(
         "every Service in B",
         Duration::from_secs(900),
+        &[&a, &b],
         async || {
             if exported_at.is_none()
                 && a.list(

@@ -617,6 +617,12 @@ pub struct Changes {
 }
 
 impl Changes {
+    /// A receiver whose value changes on every event the watches see (for waiting on several
+    /// control planes at once).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.rx.clone()
+    }
+
     /// Run `check` now and after every change the watches see, until it returns `Some`; fail
     /// naming `what` after `timeout`. Checks read the API server, so they see the state
     /// after the change that woke them.

@@ -78,6 +78,8 @@ pub struct Cluster {
     pub name: String,
     pub cp: ControlPlane,
     client: kube::Client,
+    /// Watches of the objects the tests' checks read; every event wakes [`wait_for`].
+    changes: xcc_testkube::Changes,
     /// The `deploy/` directory whose RBAC the processes run under.
     overlay: String,
     /// The identities the processes ran as (for the audit log).
@@ -91,6 +93,30 @@ pub struct Cluster {
     /// Start the processes with `--mcs true` (the Multi-Cluster Services API).
     pub mcs: bool,
 }
+
+/// The kinds (`(apiVersion, kind, plural)`) whose changes, in every namespace, wake
+/// [`wait_for`]: everything the checks of the two-cluster tests and bench read.
+const WATCHED: &[(&str, &str, &str)] = &[
+    ("v1", "Service", "services"),
+    ("v1", "Endpoints", "endpoints"),
+    ("events.k8s.io/v1", "Event", "events"),
+    ("discovery.k8s.io/v1", "EndpointSlice", "endpointslices"),
+    (
+        xcc_proto::names::API_VERSION,
+        "ServiceRecord",
+        "servicerecords",
+    ),
+    (
+        "multicluster.x-k8s.io/v1alpha1",
+        "ServiceExport",
+        "serviceexports",
+    ),
+    (
+        "multicluster.x-k8s.io/v1alpha1",
+        "ServiceImport",
+        "serviceimports",
+    ),
+];
 
 /// A PKI and a scratch directory for a set of clusters.
 pub struct World {
@@ -126,6 +152,7 @@ impl World {
             .map(|ns| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
             .collect();
         cp.apply(&namespaces).await;
+        let changes = cp.changes(None, WATCHED).await;
         let root = self.dir.path().join(name);
         std::fs::create_dir_all(&root).unwrap();
         let mut req = IssueRequest::cluster(name);
@@ -137,6 +164,7 @@ impl World {
             name: name.to_string(),
             cp,
             client,
+            changes,
             overlay: overlay.to_string(),
             users: Mutex::default(),
             tls,
@@ -264,7 +292,8 @@ impl Cluster {
         ]
         .map(String::from);
         let dns = spawn(format!("{}/dns", self.name), &id.kubeconfig, &args, log);
-        let udp = wait_for(
+        // The serving line is in the process's log, which no watch reports: a bounded retry.
+        let udp = retry_for(
             "xcc dns serving",
             Duration::from_secs(30),
             async || {
@@ -424,9 +453,42 @@ pub fn remote_registry(
     })
 }
 
-/// Poll `check` every 20 ms until it returns `Some` (bounded by `timeout`); the failure message
-/// carries `context()` (e.g. process logs).
+/// Run `check` (which reads the API servers of `clusters`) now and again after every change
+/// their watches see (see [`WATCHED`]), until it returns `Some` (bounded by `timeout`); the
+/// failure message carries `context()` (e.g. process logs).
 pub async fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    clusters: &[&Cluster],
+    mut check: impl AsyncFnMut() -> Option<T>,
+    context: impl Fn() -> String,
+) -> T {
+    let mut changes: Vec<_> = clusters.iter().map(|c| c.changes.subscribe()).collect();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        for rx in &mut changes {
+            rx.borrow_and_update();
+        }
+        if let Some(v) = check().await {
+            return v;
+        }
+        let changed =
+            futures::future::select_all(changes.iter_mut().map(|rx| Box::pin(rx.changed())));
+        match tokio::time::timeout_at(deadline, changed).await {
+            Ok((changed, _, _)) => changed.unwrap(),
+            Err(_) => panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                context()
+            ),
+        }
+    }
+}
+
+/// Retry `check` every 20 ms until it returns `Some` (bounded by `timeout`); the failure
+/// message carries `context()`. Only for checks of something no watch reports (a process's
+/// exit or log lines, a DNS answer over UDP): there is no change signal to wait on. Checks of
+/// Kubernetes objects use [`wait_for`].
+pub async fn retry_for<T>(
     what: &str,
     timeout: Duration,
     mut check: impl AsyncFnMut() -> Option<T>,

@@ -22,7 +22,9 @@
 
 use std::time::Duration;
 
-use crate::common::clusters::{Cluster, NS, World, remote_registry, slice_addresses, wait_for};
+use crate::common::clusters::{
+    Cluster, NS, World, remote_registry, retry_for, slice_addresses, wait_for,
+};
 use serde_json::json;
 use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
 use xcc_proto::names::service_name;
@@ -89,7 +91,8 @@ async fn service_export_in_east_is_a_service_import_in_west() {
         .await;
     west.start_registry(LOG).await;
     let registry = west.registry.as_mut().unwrap();
-    wait_for(
+    // A process's exit is no Kubernetes object and nothing here signals it: a bounded retry.
+    retry_for(
         "west's registry to refuse to start",
         WAIT,
         async || (!registry.running()).then_some(()),
@@ -135,6 +138,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     let conditions = wait_for(
         "east's ServiceExport Valid and Ready",
         WAIT,
+        &[&east],
         async || {
             let e = east.get(MCS, "serviceexports", Some("shop"), "api").await?;
             let mut c: Vec<(String, String, String)> = e["status"]["conditions"]
@@ -176,6 +180,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     let import = wait_for(
         "west's ServiceImport with its IP and clusters",
         WAIT,
+        &[&west],
         async || {
             let i = west.get(MCS, "serviceimports", Some("shop"), "api").await?;
             (i["spec"]["ips"].is_array() && i["status"]["clusters"].is_array()).then_some(i)
@@ -239,6 +244,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     let db_import = wait_for(
         "west's Headless ServiceImport db",
         WAIT,
+        &[&west],
         async || west.get(MCS, "serviceimports", Some("shop"), "db").await,
         || logs(&east, &west),
     )
@@ -254,6 +260,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     let db_slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice> = wait_for(
         "west's slice of db with both pods",
         WAIT,
+        &[&west],
         async || {
             let slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice> = west
                 .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
@@ -309,7 +316,8 @@ async fn service_export_in_east_is_a_service_import_in_west() {
         (format!("db-0.east.{db_fqdn}"), vec!["10.4.0.1".into()]),
         (format!("db-1.east.{db_fqdn}"), vec!["10.4.0.2".into()]),
     ] {
-        wait_for(
+        // A UDP answer from a process has no change signal: a bounded retry.
+        retry_for(
             &format!("xcc dns to answer {name} with {want:?}"),
             WAIT,
             async || (a_records(udp, &name).await == want).then_some(()),
@@ -325,6 +333,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     wait_for(
         "west's ServiceImport and slices removed",
         WAIT,
+        &[&west],
         async || {
             (west
                 .get(MCS, "serviceimports", Some("shop"), "api")

@@ -70,6 +70,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "the HTTPProxy's Service and EndpointSlices in B",
         WAIT,
+        &[&b],
         async || {
             (service(&b, NS, &svc).await.is_some()
                 && slice_addresses(&b, NS, &svc).await == ["10.0.0.1", "10.0.0.2"]
@@ -100,6 +101,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "the Service to leave B after the label was removed",
         WAIT,
+        &[&b],
         async || {
             (service(&b, NS, &svc).await.is_none() && b.imported().await.is_empty()).then_some(())
         },
@@ -118,6 +120,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     let cluster_ip = wait_for(
         "A's api Service to get a cluster IP",
         WAIT,
+        &[&a],
         async || {
             service(&a, "shop", "api")
                 .await
@@ -129,6 +132,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "both exports in B",
         WAIT,
+        &[&b],
         async || {
             (service(&b, NS, &svc).await.is_some()
                 && slice_addresses(&b, NS, &api_svc).await == [cluster_ip.clone()]
@@ -159,6 +163,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "A's exported record for the proxy to be removed",
         WAIT,
+        &[&a],
         async || {
             a.list(API_VERSION, "servicerecords", Some("web"))
                 .await
@@ -175,6 +180,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "B to import cart and drop the stale nginx import after its restart",
         WAIT,
+        &[&b],
         async || {
             let now = b.imported().await;
             (now.contains_key(cart_fqdn) && !now.contains_key(fqdn)).then_some(())
@@ -195,6 +201,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "the binder to drop the stale Service",
         WAIT,
+        &[&b],
         async || service(&b, NS, &svc).await.is_none().then_some(()),
         || logs(&a, &b),
     )
@@ -216,6 +223,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     let global = wait_for(
         "a Cilium global Service shop/api in B",
         WAIT,
+        &[&b],
         async || service(&b, "shop", "api").await,
         || logs(&a, &b),
     )
@@ -228,6 +236,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "the Service-mode objects to go once the remote is materialised by Cilium",
         WAIT,
+        &[&b],
         async || service(&b, NS, &api_svc).await.is_none().then_some(()),
         || logs(&a, &b),
     )
@@ -239,6 +248,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "a Cilium global Service shop/cart in B",
         WAIT,
+        &[&b],
         async || service(&b, "shop", "cart").await,
         || logs(&a, &b),
     )
@@ -255,6 +265,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "shop/cart to leave B once its export label is removed in A",
         WAIT,
+        &[&b],
         async || {
             (service(&b, "shop", "cart").await.is_none()
                 && !b.imported().await.contains_key(cart_fqdn))
@@ -280,6 +291,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "a Cilium global Service shop/orders in B after the restart",
         WAIT,
+        &[&b],
         async || service(&b, "shop", "orders").await,
         || logs(&a, &b),
     )
@@ -307,6 +319,7 @@ async fn export_in_a_is_reachable_by_name_in_b() {
     wait_for(
         "imports and their Services to leave B",
         WAIT,
+        &[&b],
         async || {
             (b.imported().await.is_empty()
                 && service(&b, "shop", "api").await.is_none()

@@ -28,7 +28,7 @@ use xcc_proto::names::{
 };
 use xcc_publisher::controller::{self, Metrics, Settings};
 use xcc_publisher::desired::Config;
-use xcc_testkube::{McsPlane, poll};
+use xcc_testkube::McsPlane;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -373,7 +373,9 @@ impl Running {
             health.clone(),
             cancel.clone(),
         ));
-        poll("readiness", TIMEOUT, || health.is_ready()).await;
+        tokio::time::timeout(TIMEOUT, health.ready())
+            .await
+            .unwrap_or_else(|_| panic!("timed out after {TIMEOUT:?} waiting for readiness"));
         Self { cancel, task }
     }
 

@@ -356,8 +356,8 @@ async fn await_objects(
 }
 
 /// Poll every 20 ms until `cond` holds; panic with `what` (and the last state) after [`WAIT`].
-/// Only for what nothing reports a change of: the API server's audit log, and the fake API
-/// server of the 410 test (a watch of the test's own would be closed by its compactions).
+/// Only for what nothing reports a change of: the API server's audit log, a file the API
+/// server appends to as each request completes (possibly just after its answer).
 async fn wait_for<T: std::fmt::Debug>(
     what: &str,
     mut probe: impl FnMut() -> T,
@@ -2247,6 +2247,45 @@ mod fake {
         v
     }
 
+    /// Run `probe` (which reads the fake API server) now and after every event of a watch of
+    /// its ServiceRecords and RemoteRegistries in the xcc namespace, until `cond` holds; panic
+    /// with `what` (and the last state) after [`WAIT`]. The watch is a `kube::runtime`
+    /// watcher started by this call: it lists first (so a change made before it started is
+    /// seen), and a compaction's 410 Gone makes it re-list, which wakes the probe too.
+    async fn wait_fake<T: std::fmt::Debug>(
+        api: &FakeApiServer,
+        what: &str,
+        mut probe: impl FnMut() -> T,
+        cond: impl Fn(&T) -> bool,
+    ) -> T {
+        use kube::runtime::WatchStreamExt as _;
+        let records = watcher::watcher(
+            Api::<ServiceRecord>::namespaced(api.client(), NS),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .map(|_| ());
+        let rrs = watcher::watcher(
+            Api::<RemoteRegistry>::namespaced(api.client(), NS),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .map(|_| ());
+        let mut events = std::pin::pin!(futures::stream::select(records, rrs));
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let v = probe();
+            if cond(&v) {
+                return v;
+            }
+            match tokio::time::timeout_at(deadline, events.next()).await {
+                Ok(Some(())) => {}
+                Ok(None) => panic!("the watches ended while waiting for {what}"),
+                Err(_) => panic!("timed out waiting for {what}; last state: {v:?}"),
+            }
+        }
+    }
+
     fn rr_status(api: &FakeApiServer) -> Value {
         api.get(V, "remoteregistries", Some(NS), RR)
             .map(|o| o["status"].clone())
@@ -2261,8 +2300,9 @@ mod fake {
         let (west, _wc) = west(&pki, &api).await;
         create_rr(&api, east.hamlet_addr, None).await;
         let want = imported_names(&["a.some.domain", "b.other.domain"]);
-        wait_for("both imports", || names(&api), |n| *n == want).await;
-        wait_for(
+        wait_fake(&api, "both imports", || names(&api), |n| *n == want).await;
+        wait_fake(
+            &api,
             "Synced, importedRecords 2",
             || rr_status(&api),
             |s| {
@@ -2307,7 +2347,13 @@ mod fake {
             .await
             .expect("patch RR");
         let want = imported_names(&["a.some.domain"]);
-        wait_for("the tightened imports", || names(&api), |n| *n == want).await;
+        wait_fake(
+            &api,
+            "the tightened imports",
+            || names(&api),
+            |n| *n == want,
+        )
+        .await;
         wait_catalog(&west.catalog, "export after 410", |c| {
             c.get(&xcc_registry::catalog::ServiceKey::new(
                 "west", "shop", "web",
@@ -2328,7 +2374,7 @@ mod fake {
         create_rr(&api, east.hamlet_addr, None).await;
         let name = format!("a.some.domain-{H}");
         let want = vec![name.clone()];
-        wait_for("the import", || names(&api), |n| *n == want).await;
+        wait_fake(&api, "the import", || names(&api), |n| *n == want).await;
         let record = || {
             api.get(V, "servicerecords", Some(NS), &name)
                 .expect("record")
@@ -2340,7 +2386,8 @@ mod fake {
         api.put_raw(rr).expect("put_raw");
         let third =
             json!([{"apiVersion": V, "kind": "RemoteRegistry", "name": RR, "uid": "third-uid"}]);
-        wait_for(
+        wait_fake(
+            &api,
             "the import re-pointed at the third UID",
             || record()["metadata"]["ownerReferences"].clone(),
             |o| *o == third,
