@@ -713,7 +713,7 @@ impl Level {
         let parent_tx = st.parent_tx.clone();
         drop(st);
         // Drop announcements of clusters that left the child's subtree (their names are held).
-        let (keep, gone): (Vec<Arc<ServiceEntry>>, Vec<Arc<ServiceEntry>>) = self
+        let gone: Vec<Arc<ServiceEntry>> = self
             .inner
             .catalog
             .list(&crate::catalog::ListFilter {
@@ -721,12 +721,13 @@ impl Level {
                 ..Default::default()
             })
             .into_iter()
-            .partition(|e| self.lock().tree.check_claim(child, &e.key.cluster).is_ok());
+            .filter(|e| self.lock().tree.check_claim(child, &e.key.cluster).is_err())
+            .collect();
         self.reserve_names(gone.iter().map(|e| &**e));
-        let keep: Vec<ServiceEntry> = keep.into_iter().map(|e| (*e).clone()).collect();
+        let gone: Vec<ServiceKey> = gone.iter().map(|e| e.key.clone()).collect();
         self.inner
             .catalog
-            .replace_source(&self.child_source(child), keep);
+            .update_source(&self.child_source(child), Vec::new(), &gone);
         self.send_up(parent_tx, membership);
         self.bump();
         Ok(())
@@ -1068,7 +1069,10 @@ impl Level {
     /// this session.
     pub fn child_snapshot_complete(&self, child: &str, announced: &SessionAnnouncements) {
         let source = self.child_source(child);
-        let keep: Vec<ServiceEntry> = self
+        // Only the keys this pass left out: what it announced again is already stored, and
+        // copying the child's whole subtree here cost a transient copy of every entry (a heap
+        // the allocator kept, ~250 B per service at a loaded root).
+        let stale: Vec<ServiceKey> = self
             .inner
             .catalog
             .list(&crate::catalog::ListFilter {
@@ -1076,10 +1080,13 @@ impl Level {
                 ..Default::default()
             })
             .into_iter()
-            .filter(|e| announced.covers(e))
-            .map(|e| (*e).clone())
+            .filter(|e| !announced.covers(e))
+            .map(|e| e.key.clone())
             .collect();
-        let (_, removed) = self.inner.catalog.replace_source(&source, keep);
+        let (_, removed) = self
+            .inner
+            .catalog
+            .update_source(&source, Vec::new(), &stale);
         // The child's snapshot is complete: what it holds now is all its subtree owns, so
         // names held for its clusters and not announced again are free.
         {
