@@ -713,21 +713,13 @@ impl Level {
         let parent_tx = st.parent_tx.clone();
         drop(st);
         // Drop announcements of clusters that left the child's subtree (their names are held).
-        let gone: Vec<Arc<ServiceEntry>> = self
-            .inner
-            .catalog
-            .list(&crate::catalog::ListFilter {
-                source: Some(self.child_source(child)),
-                ..Default::default()
-            })
-            .into_iter()
-            .filter(|e| self.lock().tree.check_claim(child, &e.key.cluster).is_err())
-            .collect();
+        let mut gone = self.child_entries(child);
+        {
+            let st = self.lock();
+            gone.retain(|e| st.tree.check_claim(child, &e.key.cluster).is_err());
+        }
         self.reserve_names(gone.iter().map(|e| &**e));
-        let gone: Vec<ServiceKey> = gone.iter().map(|e| e.key.clone()).collect();
-        self.inner
-            .catalog
-            .update_source(&self.child_source(child), Vec::new(), &gone);
+        self.remove_child_entries(child, &gone);
         self.send_up(parent_tx, membership);
         self.bump();
         Ok(())
@@ -1065,28 +1057,32 @@ impl Level {
         }
     }
 
+    /// What `child`'s subtree has in the catalog now.
+    fn child_entries(&self, child: &str) -> Vec<Arc<ServiceEntry>> {
+        self.inner.catalog.list(&crate::catalog::ListFilter {
+            source: Some(self.child_source(child)),
+            ..Default::default()
+        })
+    }
+
+    /// Remove these entries of `child`'s subtree by key. Only what goes is touched: replacing the
+    /// source with copies of what stays cost a transient copy of every entry (a heap the
+    /// allocator kept, ~120 B per service at a loaded root). Returns how many were removed.
+    fn remove_child_entries(&self, child: &str, gone: &[Arc<ServiceEntry>]) -> usize {
+        let keys: Vec<ServiceKey> = gone.iter().map(|e| e.key.clone()).collect();
+        let source = self.child_source(child);
+        self.inner
+            .catalog
+            .update_source(&source, Vec::new(), &keys)
+            .1
+    }
+
     /// The child finished its snapshot: drop whatever of its subtree it did not announce in
     /// this session.
     pub fn child_snapshot_complete(&self, child: &str, announced: &SessionAnnouncements) {
-        let source = self.child_source(child);
-        // Only the keys this pass left out: what it announced again is already stored, and
-        // copying the child's whole subtree here cost a transient copy of every entry (a heap
-        // the allocator kept, ~250 B per service at a loaded root).
-        let stale: Vec<ServiceKey> = self
-            .inner
-            .catalog
-            .list(&crate::catalog::ListFilter {
-                source: Some(source.clone()),
-                ..Default::default()
-            })
-            .into_iter()
-            .filter(|e| !announced.covers(e))
-            .map(|e| e.key.clone())
-            .collect();
-        let (_, removed) = self
-            .inner
-            .catalog
-            .update_source(&source, Vec::new(), &stale);
+        let mut stale = self.child_entries(child);
+        stale.retain(|e| !announced.covers(e));
+        let removed = self.remove_child_entries(child, &stale);
         // The child's snapshot is complete: what it holds now is all its subtree owns, so
         // names held for its clusters and not announced again are free.
         {
