@@ -42,6 +42,10 @@ pub struct Put {
     pub endpoints: Vec<Ep>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// The cluster that exports it, when its source named one (a hierarchy answer's owner; the
+    /// snapshot's `spec.origin.cluster`). Absent in lines written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
 }
 
 /// One endpoint of a [`Put`].
@@ -107,6 +111,7 @@ mod tests {
                     port: 443,
                 }],
                 annotations: BTreeMap::new(),
+                cluster: None,
             }),
             del: None,
         };

@@ -10,6 +10,7 @@ pub mod federation;
 pub mod files;
 pub mod hamlet;
 pub mod metrics;
+pub mod peer_labels;
 pub mod peers;
 pub(crate) mod remotes;
 pub mod run;

@@ -126,6 +126,9 @@ pub fn entry_from_announcement(
             },
         });
     }
+    // What a parent holds of a child's service, serves over Hamlet and sends down in answers:
+    // only the annotations an importer keeps (the Hamlet import's allow-list).
+    let labels = crate::peer_labels::allowed_of(&a.labels, &endpoints).into();
     let mut allowed = a.allowed_requesters.clone();
     allowed.sort();
     allowed.dedup();
@@ -136,7 +139,7 @@ pub fn entry_from_announcement(
         fqdn: fqdn.into(),
         endpoints,
         ports,
-        labels: (&a.labels).into(),
+        labels,
         allowed_requesters: allowed,
         origin: None,
         revision: 0,
@@ -159,7 +162,9 @@ fn deny_reason(c: Condition) -> i32 {
     }) as i32
 }
 
-/// The answer to `q` about `e` under decision `d`. Endpoints are only disclosed when granted.
+/// The answer to `q` about `e` under decision `d`. Endpoints, ports and labels (the
+/// allow-listed annotations an importer keeps, [`crate::peer_labels`]) are only disclosed when
+/// granted.
 pub fn response_for(
     q: &fed::ServiceQuery,
     e: &ServiceEntry,
@@ -197,6 +202,11 @@ pub fn response_for(
             vec![]
         },
         revision: e.revision,
+        labels: if d.allowed {
+            crate::peer_labels::allowed(|k| e.labels.get(k), &e.endpoints)
+        } else {
+            Default::default()
+        },
         deny_reason: deny_reason(d.condition),
         policies: d.policies.clone(),
         revoked: false,
@@ -269,5 +279,151 @@ mod tests {
         let mut bad = a.clone();
         bad.fqdn = "Bad..Name".into();
         assert!(entry_from_announcement(&bad, Source::Child("b".into())).is_err());
+    }
+
+    /// A headless export as its owner holds it: the marker, its pods' hostnames, its origin and
+    /// port, and annotations no importer keeps (the pod selector, a user's own).
+    fn headless_db() -> ServiceEntry {
+        use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
+        ServiceEntry {
+            key: ServiceKey::new("east", "shop", "db.shop.svc.clusterset.local"),
+            source: Source::Local,
+            fqdn: "db.shop.svc.clusterset.local".into(),
+            endpoints: ["10.4.0.1", "10.4.0.2"]
+                .map(|a| Endpoint {
+                    address: a.into(),
+                    port: 15432,
+                })
+                .to_vec(),
+            ports: vec![NamedPort {
+                name: "sql".into(),
+                port: 5432,
+                protocol: "TCP".into(),
+            }],
+            labels: [
+                (HEADLESS_ANNOTATION, "true"),
+                (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0,10.4.0.2=db-1"),
+                (xcc_proto::names::SERVICE_PORT_ANNOTATION, "5432"),
+                (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
+                (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
+                (xcc_proto::names::WORKLOAD_SELECTOR_ANNOTATION, "app=db"),
+                ("connectivity.tanzu.vmware.com/team", "storage"),
+            ]
+            .into_iter()
+            .collect(),
+            allowed_requesters: vec![],
+            origin: None,
+            revision: 3,
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// What an importer keeps of [`headless_db`].
+    fn kept_of_db() -> std::collections::BTreeMap<String, String> {
+        use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
+        labels(&[
+            (HEADLESS_ANNOTATION, "true"),
+            (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0,10.4.0.2=db-1"),
+            (xcc_proto::names::SERVICE_PORT_ANNOTATION, "5432"),
+            (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
+            (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
+        ])
+    }
+
+    fn decision(allowed: bool) -> Decision {
+        Decision {
+            allowed,
+            condition: if allowed {
+                Condition::Granted
+            } else {
+                Condition::NotAllowedByCallee
+            },
+            callee_admits: allowed,
+            caller_requested: true,
+            policy_permits: true,
+            policies: vec!["bilateral".into()],
+            reason: if allowed {
+                String::new()
+            } else {
+                "east/shop/db allows [b1/web]; west/ is not among them".into()
+            },
+        }
+    }
+
+    fn query() -> fed::ServiceQuery {
+        fed::ServiceQuery {
+            fqdn: "db.shop.svc.clusterset.local".into(),
+            requester_cluster: "west".into(),
+            correlation_id: 9,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_granted_answer_carries_the_allow_listed_labels_only() {
+        let r = response_for(&query(), &headless_db(), &decision(true), "east");
+        assert_eq!(r.labels, kept_of_db());
+        assert_eq!(r.endpoints, ["10.4.0.1:15432", "10.4.0.2:15432"]);
+    }
+
+    #[test]
+    fn a_denied_answer_discloses_no_labels_endpoints_or_ports() {
+        let denied = response_for(&query(), &headless_db(), &decision(false), "east");
+        assert!(!denied.access_allowed);
+        assert_eq!(
+            (
+                denied.labels.len(),
+                denied.endpoints.len(),
+                denied.ports.len()
+            ),
+            (0, 0, 0)
+        );
+        // Exactly what a denial said before labels existed: the same answer for a service
+        // without any label.
+        let mut bare = headless_db();
+        bare.labels = Default::default();
+        assert_eq!(
+            response_for(&query(), &bare, &decision(false), "east"),
+            denied
+        );
+    }
+
+    #[test]
+    fn a_childs_announcement_keeps_only_what_an_importer_keeps() {
+        use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
+        let a = announcement(&headless_db(), false);
+        // The owner sends what it holds; the parent stores the allow-listed part.
+        assert_eq!(a.labels, headless_db().labels.to_btree_map());
+        let stored = entry_from_announcement(&a, Source::Child("east".into())).expect("valid");
+        assert_eq!(stored.labels, kept_of_db());
+        // A lying child: hostnames for addresses it does not announce, a marker that is not
+        // `true`, a label of its own making.
+        let mut lie = a.clone();
+        lie.labels = labels(&[
+            (HEADLESS_ANNOTATION, "true"),
+            (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0,10.9.9.9=elsewhere"),
+            ("connectivity.tanzu.vmware.com/vip", "not-an-ip"),
+            ("kubernetes.io/service-name", "kube-dns"),
+        ]);
+        let stored = entry_from_announcement(&lie, Source::Child("east".into())).expect("valid");
+        assert_eq!(
+            stored.labels,
+            labels(&[
+                (HEADLESS_ANNOTATION, "true"),
+                (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0"),
+            ])
+        );
+        lie.labels = labels(&[
+            (HEADLESS_ANNOTATION, "TRUE"),
+            (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0"),
+        ]);
+        let stored = entry_from_announcement(&lie, Source::Child("east".into())).expect("valid");
+        assert_eq!(stored.labels, labels(&[]));
     }
 }

@@ -27,17 +27,22 @@ use xcc_proto::xcc::federation::v1::ServiceQueryResponse;
 /// A question: what is asked for, and by which service.
 type Question = (super::level::Target, String);
 
-fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
+/// The catalog entry of a granted answer. Like everything from the wire the answer is hostile
+/// input: endpoints that do not parse are left out, and of its labels only what a Hamlet import
+/// keeps ([`crate::peer_labels`]: the headless marker, hostnames of its own endpoints, ...).
+pub(crate) fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
     let key = ServiceKey::new(&a.owner_cluster, &a.namespace, &a.name);
+    let endpoints: Vec<_> = a
+        .endpoints
+        .iter()
+        .filter_map(|e| parse_endpoint(e).ok())
+        .collect();
+    let labels = crate::peer_labels::allowed_of(&a.labels, &endpoints).into();
     ServiceEntry {
         key,
         source: Source::Hierarchy(parent.to_string()),
         fqdn: a.fqdn.as_str().into(),
-        endpoints: a
-            .endpoints
-            .iter()
-            .filter_map(|e| parse_endpoint(e).ok())
-            .collect(),
+        endpoints,
         ports: a
             .ports
             .iter()
@@ -47,7 +52,7 @@ fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
                 protocol: p.protocol.as_str().into(),
             })
             .collect(),
-        labels: Default::default(),
+        labels,
         allowed_requesters: vec![],
         origin: Some(Box::new(crate::catalog::Origin {
             cluster: a.owner_cluster.clone(),
@@ -144,6 +149,111 @@ pub async fn run(
             _ = cancel.cancelled() => return,
             r = changes.changed() => if r.is_err() { return },
             _ = tick.tick() => level.retry_unanswered(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
+
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn granted(labels: BTreeMap<String, String>) -> ServiceQueryResponse {
+        ServiceQueryResponse {
+            found: true,
+            access_allowed: true,
+            owner_cluster: "east".into(),
+            namespace: "shop".into(),
+            name: "db.shop.svc.clusterset.local".into(),
+            fqdn: "db.shop.svc.clusterset.local".into(),
+            endpoints: vec!["10.4.0.1:15432".into(), "10.4.0.2:15432".into()],
+            labels,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_granted_headless_answer_imports_its_marker_hostnames_and_owner() {
+        let sent = labels(&[
+            (HEADLESS_ANNOTATION, "true"),
+            (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0,10.4.0.2=db-1"),
+            (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
+            (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
+            (xcc_proto::names::SERVICE_PORT_ANNOTATION, "5432"),
+        ]);
+        let e = entry_of(&granted(sent.clone()), "parent");
+        assert_eq!(e.labels, sent);
+        let imported = Imported::of_entry(&e);
+        assert_eq!(imported.labels, sent);
+        assert_eq!(imported.cluster.as_deref(), Some("east"));
+    }
+
+    /// A lying parent: annotations no importer keeps, hostnames of addresses the answer does
+    /// not carry, an owner that is no cluster name. What is kept is what a Hamlet import keeps.
+    #[test]
+    fn a_lying_parent_cannot_inject_labels_or_foreign_hostnames() {
+        let mut a = granted(labels(&[
+            (HEADLESS_ANNOTATION, "true"),
+            (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0,10.9.9.9=elsewhere"),
+            ("connectivity.tanzu.vmware.com/workload-selector", "app=x"),
+            ("kubernetes.io/service-name", "kube-dns"),
+            (xcc_proto::names::VIP_ANNOTATION, "not-an-ip"),
+        ]));
+        a.owner_cluster = "../etc".into();
+        let e = entry_of(&a, "parent");
+        assert_eq!(
+            e.labels,
+            labels(&[
+                (HEADLESS_ANNOTATION, "true"),
+                (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0"),
+            ])
+        );
+        assert_eq!(Imported::of_entry(&e).cluster, None);
+        // The same labels over Hamlet are kept the same way.
+        let mut fs = xcc_proto::federation::types::v1alpha1::FederatedService {
+            fqdn: a.fqdn.clone(),
+            labels: a.labels.clone(),
+            ..Default::default()
+        };
+        for ep in &e.endpoints {
+            fs.endpoints.push(
+                xcc_proto::federation::types::v1alpha1::federated_service::Endpoint {
+                    address: ep.address.to_string(),
+                    port: ep.port,
+                },
+            );
+        }
+        let any = prost_types::Any {
+            type_url: xcc_proto::FEDERATED_SERVICE_V1ALPHA1_URL.into(),
+            value: prost::Message::encode_to_vec(&fs),
+        };
+        let over_hamlet = crate::hamlet::convert::import_v1alpha1(&any).expect("valid");
+        assert_eq!(e.labels, over_hamlet.labels);
+    }
+
+    /// Only granted answers become entries: a denial (which carries no labels) and a
+    /// revocation import nothing.
+    #[test]
+    fn denied_or_revoked_answers_import_nothing() {
+        let target = super::super::level::Target::Fqdn("db.shop.svc.clusterset.local".into());
+        let mut denied = granted(labels(&[(HEADLESS_ANNOTATION, "true")]));
+        denied.access_allowed = false;
+        let mut revoked = granted(labels(&[(HEADLESS_ANNOTATION, "true")]));
+        revoked.revoked = true;
+        for answer in [denied, revoked] {
+            let subs = vec![(target.clone(), String::new(), Some(answer))];
+            let (entries, memory) = granted_entries(&subs, &BTreeMap::new(), "parent");
+            assert_eq!((entries.len(), memory.len()), (0, 0));
         }
     }
 }

@@ -725,6 +725,7 @@ mod tests {
                         port: 443,
                     }],
                     labels: BTreeMap::new(),
+                    cluster: None,
                 },
             );
         }

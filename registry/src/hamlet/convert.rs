@@ -12,8 +12,8 @@ use xcc_proto::names::canonical_fqdn;
 
 use crate::catalog::{Endpoint, ServiceEntry};
 
-use xcc_proto::mapping::validate_namespace;
-/// Annotation keys an importer accepts from a peer (C6): everything else is dropped.
+/// Annotation keys an importer accepts from a peer (C6, [`crate::peer_labels`]): everything else
+/// is dropped.
 pub use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 pub use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
 pub use xcc_proto::names::{SERVICE_PORT_ANNOTATION, VIP_ANNOTATION};
@@ -144,16 +144,26 @@ pub struct Imported {
     pub raw_fqdn: String,
     pub endpoints: Vec<Endpoint>,
     pub labels: BTreeMap<String, String>,
+    /// The cluster that exports it, when the source names one: a hierarchy answer names its
+    /// owner; a Hamlet peer names none, and its RemoteRegistry stands for the source. Always a
+    /// DNS-1123 label (it names MCS source clusters and `<hostname>.<cluster>.…` DNS names).
+    pub cluster: Option<String>,
 }
 
 impl Imported {
-    /// A catalog entry as an import (its FQDN as it was received is not kept there).
+    /// A catalog entry as an import (its FQDN as it was received is not kept there); the
+    /// cluster is its origin's, when that is a DNS-1123 label.
     pub fn of_entry(e: &ServiceEntry) -> Self {
         Self {
             fqdn: e.fqdn.to_string(),
             raw_fqdn: e.fqdn.to_string(),
             endpoints: e.endpoints.clone(),
             labels: e.labels.to_btree_map(),
+            cluster: e
+                .origin
+                .as_ref()
+                .map(|o| o.cluster.clone())
+                .filter(|c| xcc_proto::names::is_dns1123_label(c)),
         }
     }
 }
@@ -202,51 +212,14 @@ fn import_fields<'a>(
             port,
         });
     }
-    let mut kept = BTreeMap::new();
-    if let Some(port) = labels.get(SERVICE_PORT_ANNOTATION)
-        && port.parse::<u16>().is_ok_and(|p| p > 0)
-    {
-        kept.insert(SERVICE_PORT_ANNOTATION.to_string(), port.clone());
-    }
-    if let Some(vip) = labels.get(VIP_ANNOTATION)
-        && vip.parse::<std::net::IpAddr>().is_ok()
-    {
-        kept.insert(VIP_ANNOTATION.to_string(), vip.clone());
-    }
-    // The exported object's clusterset namespace and name (MCS names, Cilium global Services):
-    // kept only as a pair of DNS-1123 labels.
-    if let (Some(ns), Some(name)) = (
-        labels.get(ORIGIN_NAMESPACE_ANNOTATION),
-        labels.get(ORIGIN_NAME_ANNOTATION),
-    ) && validate_namespace(ns).is_ok()
-        && validate_namespace(name).is_ok()
-    {
-        kept.insert(ORIGIN_NAMESPACE_ANNOTATION.to_string(), ns.clone());
-        kept.insert(ORIGIN_NAME_ANNOTATION.to_string(), name.clone());
-    }
-    // A headless export (MCS): the marker only as `true`; the hostnames only of this import's
-    // endpoints, each a valid pair (the others are dropped, not the import).
-    if labels.get(HEADLESS_ANNOTATION).map(String::as_str) == Some(xcc_proto::mcs::HEADLESS_TRUE) {
-        kept.insert(
-            HEADLESS_ANNOTATION.to_string(),
-            xcc_proto::mcs::HEADLESS_TRUE.to_string(),
-        );
-        if let Some(value) = labels.get(HOSTNAMES_ANNOTATION) {
-            let (mut hostnames, _) = xcc_proto::mcs::parse_hostnames(value);
-            hostnames.retain(|address, _| eps.iter().any(|e| e.address == *address));
-            if !hostnames.is_empty() {
-                kept.insert(
-                    HOSTNAMES_ANNOTATION.to_string(),
-                    xcc_proto::mcs::format_hostnames(&hostnames),
-                );
-            }
-        }
-    }
+    // The same allow-list as every other path labels arrive on (C6).
+    let kept = crate::peer_labels::allowed_of(labels, &eps);
     Ok(Imported {
         fqdn,
         raw_fqdn: raw_fqdn.to_string(),
         endpoints: eps,
         labels: kept,
+        cluster: None,
     })
 }
 

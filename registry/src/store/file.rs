@@ -31,7 +31,9 @@ use xcc_proto::{names, resources};
 
 use crate::catalog::{Catalog, ServiceEntry, ServiceKey, Source};
 use crate::hamlet::convert::Imported;
-use crate::store::model::{ImportedRecordError, export_entry, imported_endpoints, namespace_name};
+use crate::store::model::{
+    ImportedRecordError, export_entry, imported_endpoints, imported_origin, namespace_name,
+};
 
 mod imports;
 pub use crate::files::FileErrors;
@@ -42,7 +44,8 @@ pub const REMOTES_DIR: &str = "remotes";
 pub const IMPORTS_DIR: &str = "imports";
 
 /// The imported ServiceRecord as XCC names and labels it (reference §3.4.3), with the canonical
-/// FQDN in `spec.fqdn` (C7).
+/// FQDN in `spec.fqdn` (C7) and the origin the exporter sent ([`imported_origin`]), as the
+/// Kubernetes store writes it.
 pub fn imported_record(
     remote: &str,
     namespace: &str,
@@ -63,6 +66,7 @@ pub fn imported_record(
         spec: crd::ServiceRecordSpec {
             fqdn: imported.fqdn.clone(),
             endpoints: imported_endpoints(imported)?,
+            origin: imported_origin(imported),
             ..Default::default()
         },
         status: None,

@@ -5,6 +5,7 @@
 
 use thiserror::Error;
 use xcc_proto::crd::{Endpoint, RemoteRegistry, ServiceRecord};
+use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::{self, FqdnError};
 use xcc_proto::resources::ResourceError;
 
@@ -79,6 +80,30 @@ pub fn imported_endpoints(imported: &Imported) -> Result<Vec<Endpoint>, Imported
             })
         })
         .collect()
+}
+
+/// The exported object's clusterset namespace and name, when the exporter sent them (kept only
+/// as a valid pair, [`crate::peer_labels`]): the binder names MCS ServiceImports and Cilium
+/// global Services after it, and `xcc dns` its MCS names. The cluster is the import's, when its
+/// source named one (a hierarchy answer's owner); else unset, and the RemoteRegistry stands for
+/// the source.
+pub fn imported_origin(imported: &Imported) -> Option<xcc_proto::crd::Origin> {
+    Some(xcc_proto::crd::Origin {
+        cluster: imported.cluster.clone(),
+        namespace: imported.labels.get(ORIGIN_NAMESPACE_ANNOTATION)?.clone(),
+        name: imported.labels.get(ORIGIN_NAME_ANNOTATION)?.clone(),
+        kind: None,
+    })
+}
+
+/// The [`Imported::cluster`] a stored imported record says (`spec.origin.cluster`), when it is a
+/// DNS-1123 label.
+pub fn imported_cluster(sr: &ServiceRecord) -> Option<String> {
+    sr.spec
+        .origin
+        .as_ref()
+        .and_then(|o| o.cluster.clone())
+        .filter(|c| names::is_dns1123_label(c))
 }
 
 /// Namespace of an object (`default` when unset) and its name.

@@ -293,6 +293,213 @@ async fn grant_revoked_when_callee_drops_caller() {
     );
 }
 
+/// `shop/db` of b2 as a headless export (MCS): its pods' addresses as endpoints, the marker and
+/// their hostnames, its origin, and two annotations no importer keeps.
+fn headless_db(pods: &[(&str, &str)], allowed: &[&str]) -> ServiceEntry {
+    let mut e = service("b2", "shop", "db", pods[0].0, allowed);
+    e.endpoints = pods
+        .iter()
+        .map(|(ip, _)| xcc_registry::catalog::Endpoint {
+            address: (*ip).into(),
+            port: 15432,
+        })
+        .collect();
+    let hostnames: Vec<String> = pods.iter().map(|(ip, h)| format!("{ip}={h}")).collect();
+    let mut labels = kept_labels(&hostnames.join(","));
+    labels.insert(
+        xcc_proto::names::WORKLOAD_SELECTOR_ANNOTATION.into(),
+        "app=db".into(),
+    );
+    labels.insert(
+        "connectivity.tanzu.vmware.com/team".into(),
+        "storage".into(),
+    );
+    e.labels = labels.into();
+    e
+}
+
+/// The labels an importer keeps of [`headless_db`] with `hostnames`.
+fn kept_labels(hostnames: &str) -> std::collections::BTreeMap<String, String> {
+    [
+        (xcc_proto::mcs::HEADLESS_ANNOTATION, "true"),
+        (xcc_proto::mcs::HOSTNAMES_ANNOTATION, hostnames),
+        (xcc_proto::names::SERVICE_PORT_ANNOTATION, "443"),
+        (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
+        (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Issue 16: a headless export reached through a hierarchy grant keeps its marker and its pods'
+/// hostnames. b2's export is announced up (each level keeps only the allow-listed annotations),
+/// c1 imports it as web through c and the root (the resolver) — an intermediate level that only
+/// routes the answer — and an endpoint and hostname change is pushed down the same way. A
+/// denied requester learns none of it, and a child that lies in its announcement has its
+/// labels filtered like a Hamlet peer's.
+#[tokio::test]
+async fn a_headless_export_keeps_its_marker_and_hostnames_through_a_grant() {
+    let w = world().await;
+    let db = ServiceKey::new("b2", "shop", "db");
+    let db_target = Target::Name {
+        namespace: "shop".into(),
+        name: "db".into(),
+    };
+    w.b2.0.catalog.upsert(headless_db(
+        &[("10.4.0.1", "db-0"), ("10.4.0.2", "db-1")],
+        &["c1/web"],
+    ));
+    wait_level(&w.root.0, "db announced up to the root", |r| {
+        r.catalog.get(&db).is_some()
+    })
+    .await;
+    // What the levels above hold: the allow-listed annotations only.
+    for level in [&w.b.0, &w.root.0] {
+        assert_eq!(
+            level.catalog.get(&db).expect("held").labels,
+            kept_labels("10.4.0.1=db-0,10.4.0.2=db-1"),
+            "at {}",
+            level.cluster
+        );
+    }
+
+    w.c1.0
+        .set_parent(Some((
+            parent(w.c.0.hamlet_addr),
+            vec![Question::new(db_target.clone(), "web")],
+        )))
+        .await;
+    wait_level(&w.c1.0, "db imported through the hierarchy", |r| {
+        r.catalog
+            .get(&db)
+            .is_some_and(|e| e.source == Source::Hierarchy("parent".into()))
+    })
+    .await;
+    let imported = w.c1.0.catalog.get(&db).expect("imported");
+    assert_eq!(imported.labels, kept_labels("10.4.0.1=db-0,10.4.0.2=db-1"));
+    assert_eq!(
+        imported
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect::<Vec<_>>(),
+        ["10.4.0.1", "10.4.0.2"]
+    );
+    assert_eq!(
+        imported.origin.as_ref().map(|o| o.cluster.as_str()),
+        Some("b2")
+    );
+    let answer = w.c1.0.level.cached(&db_target, "web").expect("cached");
+    assert_eq!(answer.resolver_cluster, "root");
+    assert_eq!(answer.labels, kept_labels("10.4.0.1=db-0,10.4.0.2=db-1"));
+
+    // A pod replaced: its address and hostname change, pushed to the holder of the answer.
+    w.b2.0.catalog.upsert(headless_db(
+        &[("10.4.0.2", "db-1"), ("10.4.0.3", "db-2")],
+        &["c1/web"],
+    ));
+    wait_level(&w.c1.0, "the change pushed into the import", |r| {
+        r.catalog
+            .get(&db)
+            .is_some_and(|e| e.labels == kept_labels("10.4.0.2=db-1,10.4.0.3=db-2"))
+    })
+    .await;
+    assert_eq!(
+        w.c1.0
+            .catalog
+            .get(&db)
+            .expect("imported")
+            .endpoints
+            .iter()
+            .map(|e| e.address.to_string())
+            .collect::<Vec<_>>(),
+        ["10.4.0.2", "10.4.0.3"]
+    );
+
+    // A requester db does not admit learns that it exists and why it is denied, nothing more.
+    let denied = w.b1.0.level.query(db_target.clone(), "web", false, Q).await;
+    assert!(denied.found && !denied.access_allowed, "{denied:?}");
+    assert_eq!(
+        (
+            denied.labels.len(),
+            denied.endpoints.len(),
+            denied.ports.len()
+        ),
+        (0, 0, 0)
+    );
+
+    // A hostile child: hostnames of addresses it does not announce, a marker that is not
+    // `true` on another service, and annotations of its own.
+    let rogue = RawChild::connect(
+        &w.pki,
+        "rogue",
+        w.root.0.hamlet_addr,
+        membership(&["rogue"]),
+    )
+    .await;
+    for (name, marker) in [("cache", "true"), ("queue", "yes")] {
+        rogue
+            .send(fed::ChildMessage {
+                payload: Some(fed::child_message::Payload::ServiceAnnouncement(
+                    fed::ServiceAnnouncement {
+                        cluster: "rogue".into(),
+                        namespace: "ops".into(),
+                        name: name.into(),
+                        endpoints: vec!["10.6.0.1:6379".into()],
+                        labels: [
+                            (xcc_proto::mcs::HEADLESS_ANNOTATION, marker),
+                            (
+                                xcc_proto::mcs::HOSTNAMES_ANNOTATION,
+                                "10.6.0.1=cache-0,10.4.0.2=db-1",
+                            ),
+                            ("kubernetes.io/service-name", "kube-dns"),
+                            ("connectivity.tanzu.vmware.com/vip", "not-an-ip"),
+                        ]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                        ..Default::default()
+                    },
+                )),
+            })
+            .await;
+    }
+    let (cache, queue) = (
+        ServiceKey::new("rogue", "ops", "cache"),
+        ServiceKey::new("rogue", "ops", "queue"),
+    );
+    wait_level(&w.root.0, "the rogue's services stored", |r| {
+        r.catalog.get(&cache).is_some() && r.catalog.get(&queue).is_some()
+    })
+    .await;
+    let label_pairs = |key: &ServiceKey| -> Vec<(String, String)> {
+        w.root
+            .0
+            .catalog
+            .get(key)
+            .expect("held")
+            .labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        label_pairs(&cache),
+        [
+            (
+                xcc_proto::mcs::HEADLESS_ANNOTATION.to_string(),
+                "true".to_string()
+            ),
+            (
+                xcc_proto::mcs::HOSTNAMES_ANNOTATION.to_string(),
+                "10.6.0.1=cache-0".to_string()
+            ),
+        ]
+    );
+    assert_eq!(label_pairs(&queue), []);
+}
+
 /// Parent disconnected: cached answers keep serving, new queries answer "unavailable".
 /// Parent restart: children resynchronise; nothing is lost.
 #[tokio::test]

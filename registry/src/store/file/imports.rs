@@ -42,6 +42,7 @@ use crate::files::write_atomic;
 use crate::hamlet::client::ImportSink;
 use crate::hamlet::convert::Imported;
 use crate::remotes::PersistedImports;
+use crate::store::model::imported_cluster;
 
 /// The journal file is extended in steps of this many bytes, written as zeros and flushed with
 /// the new size: the appends that fill them then flush only their own blocks.
@@ -255,6 +256,7 @@ impl FileImportSink {
                 let records: Vec<ServiceRecord> =
                     resources::parse_documents(&text, &path.display().to_string())?;
                 for sr in records {
+                    let cluster = imported_cluster(&sr);
                     let mut endpoints = Vec::with_capacity(sr.spec.endpoints.len());
                     for e in sr.spec.endpoints {
                         let port = u32::try_from(e.port)
@@ -274,6 +276,7 @@ impl FileImportSink {
                         });
                     }
                     let i = Imported {
+                        cluster,
                         fqdn: sr.spec.fqdn.clone(),
                         raw_fqdn: sr.spec.fqdn,
                         endpoints,
@@ -444,6 +447,7 @@ fn replay(imports: &mut BTreeMap<String, Imported>, bytes: &[u8], path: &Path) {
                         })
                         .collect(),
                     labels: p.annotations,
+                    cluster: p.cluster.filter(|c| xcc_proto::names::is_dns1123_label(c)),
                 };
                 imports.insert(i.fqdn.clone(), i);
             }
@@ -484,6 +488,7 @@ fn journal_lines(
                             })
                             .collect(),
                         annotations: i.labels.clone(),
+                        cluster: i.cluster.clone(),
                     }),
                     del: None,
                 }
@@ -574,6 +579,7 @@ mod tests {
                 port: 443,
             }],
             labels,
+            cluster: None,
         }
     }
 
@@ -624,6 +630,62 @@ mod tests {
         assert_eq!(sink.load("shared-services-cls").expect("load").len(), 1);
         sink.forget("shared-services-cls").expect("forget");
         assert!(sink.load("shared-services-cls").expect("load").is_empty());
+    }
+
+    /// A hierarchy import names its owner cluster: the snapshot keeps it as the record's
+    /// `spec.origin.cluster` (with the origin's namespace and name), the journal as its own
+    /// field, and both read back the same; a Hamlet import names none.
+    #[tokio::test]
+    async fn the_owner_cluster_survives_the_snapshot_and_the_journal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sink = FileImportSink::new(dir.path(), "ns").expect("sink");
+        let with_owner = |fqdn: &str, ip: &str| {
+            let mut i = imported(fqdn, ip);
+            i.labels.insert(
+                xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION.into(),
+                "shop".into(),
+            );
+            i.labels.insert(
+                xcc_proto::mapping::ORIGIN_NAME_ANNOTATION.into(),
+                "db".into(),
+            );
+            i.cluster = Some("east".into());
+            i
+        };
+        let mut imports = BTreeMap::new();
+        imports.insert("db.x.test".to_string(), with_owner("db.x.test", "10.4.0.1"));
+        imports.insert("web.x.test".to_string(), imported("web.x.test", "10.4.0.9"));
+        sink.persist("parent", &imports).await.expect("snapshot");
+        let text = std::fs::read_to_string(sink.path_for("parent")).expect("read");
+        let records: Vec<ServiceRecord> = resources::parse_documents(&text, "x").expect("parse");
+        let origins: Vec<_> = records.iter().map(|r| r.spec.origin.clone()).collect();
+        assert_eq!(
+            origins,
+            [
+                Some(xcc_proto::crd::Origin {
+                    cluster: Some("east".into()),
+                    namespace: "shop".into(),
+                    name: "db".into(),
+                    kind: None,
+                }),
+                None
+            ]
+        );
+        imports.insert(
+            "db2.x.test".to_string(),
+            with_owner("db2.x.test", "10.4.0.2"),
+        );
+        sink.persist_changes(
+            "parent",
+            &imports,
+            &BTreeSet::from(["db2.x.test".to_string()]),
+        )
+        .await
+        .expect("append");
+        let again = FileImportSink::new(dir.path(), "ns").expect("sink");
+        let mut got: Vec<Imported> = again.load("parent").expect("load");
+        got.sort_by(|a, b| a.fqdn.cmp(&b.fqdn));
+        assert_eq!(got, imports.into_values().collect::<Vec<_>>());
     }
 
     #[tokio::test]

@@ -6,15 +6,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use xcc_proto::crd::{Origin, ServiceRecord, ServiceRecordSpec};
-use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
+use xcc_proto::crd::{ServiceRecord, ServiceRecordSpec};
 use xcc_proto::names::{
     self, API_VERSION, IMPORTED_LABEL, REMOTE_REGISTRY_KIND, REMOTE_REGISTRY_LABEL,
-    SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
 };
 
 use crate::hamlet::convert::Imported;
-use crate::store::model::{ImportedRecordError, imported_endpoints};
+use crate::store::model::{ImportedRecordError, imported_endpoints, imported_origin};
 
 /// Label selector of the records this registry exports: the export label, and never an
 /// imported record (so nothing is re-exported transitively).
@@ -54,27 +52,9 @@ impl Owner {
     }
 }
 
-/// The annotations an imported record may carry (C6); the client already validated the values.
-const IMPORTED_ANNOTATIONS: [&str; 6] = [
-    SERVICE_PORT_ANNOTATION,
-    VIP_ANNOTATION,
-    ORIGIN_NAMESPACE_ANNOTATION,
-    ORIGIN_NAME_ANNOTATION,
-    xcc_proto::mcs::HEADLESS_ANNOTATION,
-    xcc_proto::mcs::HOSTNAMES_ANNOTATION,
-];
-
-/// The exported object's clusterset namespace and name, when the exporter sent them (the
-/// client keeps them only as a valid pair): the binder names Cilium global Services and MCS
-/// names after it. The cluster is left unset: the remote registry is the record's source.
-fn imported_origin(labels: &BTreeMap<String, String>) -> Option<Origin> {
-    Some(Origin {
-        cluster: None,
-        namespace: labels.get(ORIGIN_NAMESPACE_ANNOTATION)?.clone(),
-        name: labels.get(ORIGIN_NAME_ANNOTATION)?.clone(),
-        kind: None,
-    })
-}
+/// The annotations an imported record may carry (C6): the keys every path in keeps
+/// ([`crate::peer_labels`], which already validated the values).
+const IMPORTED_ANNOTATIONS: [&str; 6] = crate::peer_labels::ALLOWED_KEYS;
 
 fn allowed_annotations(all: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
     all.into_iter()
@@ -110,7 +90,7 @@ pub fn imported_record(
         spec: ServiceRecordSpec {
             fqdn: imported.fqdn.clone(),
             endpoints: imported_endpoints(imported)?,
-            origin: imported_origin(&imported.labels),
+            origin: imported_origin(imported),
             ..ServiceRecordSpec::default()
         },
         status: None,
@@ -235,6 +215,9 @@ pub fn plan(
 mod tests {
     use super::*;
     use crate::catalog::Endpoint as CatEndpoint;
+    use xcc_proto::crd::Origin;
+    use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
+    use xcc_proto::names::SERVICE_PORT_ANNOTATION;
 
     fn owner() -> Owner {
         Owner {
@@ -255,6 +238,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            cluster: None,
         }
     }
 
@@ -407,6 +391,25 @@ mod tests {
             r.metadata.annotations.expect("annotations").len(),
             2,
             "both origin annotations are kept"
+        );
+        // A hierarchy import names its owner: the record's source cluster.
+        let mut from_owner = imported(
+            "api.shop.svc.clusterset.local",
+            &[
+                (ORIGIN_NAMESPACE_ANNOTATION, "shop"),
+                (ORIGIN_NAME_ANNOTATION, "api"),
+            ],
+        );
+        from_owner.cluster = Some("east".into());
+        let r = imported_record(&owner(), "ns", &from_owner).expect("valid");
+        assert_eq!(
+            r.spec.origin.as_ref().and_then(|o| o.cluster.as_deref()),
+            Some("east")
+        );
+        assert_eq!(xcc_proto::mcs::source_cluster(&r), Some("east"));
+        assert_eq!(
+            crate::store::model::imported_cluster(&r).as_deref(),
+            Some("east")
         );
     }
 

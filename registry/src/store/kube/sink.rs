@@ -288,6 +288,8 @@ impl KubeImportSink {
             .await?
             .into_iter()
             .map(|r| Imported {
+                // Read first: the fields below move out of the record.
+                cluster: crate::store::model::imported_cluster(&r),
                 fqdn: r.spec.fqdn.clone(),
                 raw_fqdn: r.spec.fqdn,
                 endpoints: r
