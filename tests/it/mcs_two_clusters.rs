@@ -17,6 +17,13 @@
 //! - the ServiceExport deleted → the ServiceImport and the slices gone in `west`.
 //!
 //! No request of any xcc process was refused. Every step waits on API state, never on time.
+//!
+//! The second test takes the hierarchy instead of a flat Hamlet import: `west`'s registry is a
+//! child of `east`'s (a `role: Parent` RemoteRegistry whose `spec.imports` names east's headless
+//! export), and the granted answer carries the headless marker and the pods' hostnames, so west
+//! writes the same `Headless` ServiceImport, headless Service and slices as over Hamlet, with
+//! east (the owner, not the RemoteRegistry) as the source cluster; a pod change at east is
+//! pushed into west's slice and DNS names.
 
 #![allow(clippy::unwrap_used)]
 
@@ -340,6 +347,258 @@ async fn service_export_in_east_is_a_service_import_in_west() {
                 .await
                 .is_none()
                 && slice_addresses(&west, NS, &svc).await.is_empty())
+            .then_some(())
+        },
+        || logs(&east, &west),
+    )
+    .await;
+
+    let refused: Vec<String> = east.refused().into_iter().chain(west.refused()).collect();
+    assert_eq!(refused, Vec::<String>::new(), "{}", logs(&east, &west));
+}
+
+/// A `role: Parent` RemoteRegistry `parent` in the xcc namespace pointing at `remote`, asking
+/// for `imports` by FQDN.
+fn parent_registry(world: &World, remote: &Cluster, imports: &[&str]) -> serde_json::Value {
+    let imports: Vec<serde_json::Value> = imports.iter().map(|f| json!({"fqdn": f})).collect();
+    json!({
+        "apiVersion": xcc_proto::names::API_VERSION, "kind": "RemoteRegistry",
+        "metadata": {"name": "parent", "namespace": NS},
+        "spec": {
+            "address": remote.hamlet.to_string(),
+            "tlsConfig": {"serverCA": world.server_ca(), "serverName": "localhost"},
+            "role": "Parent",
+            "imports": imports,
+        },
+    })
+}
+
+/// West's slices of the binder's Service `svc`: per endpoint (address, hostname, port), with
+/// the slice's MCS labels (service name, source cluster); `None` until there is exactly one.
+async fn headless_slice(
+    west: &Cluster,
+    svc: &str,
+) -> Option<(Vec<(String, Option<String>, Option<i32>)>, (String, String))> {
+    let slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice> = west
+        .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
+        .await
+        .into_iter()
+        .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == svc)
+        .map(|s| serde_json::from_value(s).unwrap())
+        .collect();
+    let [slice] = slices.as_slice() else {
+        return None;
+    };
+    let port = slice.ports.as_ref()?.first()?.port;
+    let pods = slice
+        .endpoints
+        .iter()
+        .map(|e| (e.addresses[0].clone(), e.hostname.clone(), port))
+        .collect();
+    let labels = slice.metadata.labels.as_ref()?;
+    Some((
+        pods,
+        (
+            labels.get(MCS_SERVICE_NAME_LABEL)?.clone(),
+            labels.get(MCS_SOURCE_CLUSTER_LABEL)?.clone(),
+        ),
+    ))
+}
+
+/// East's slice of its headless Service `db`: `pods` as (address, hostname).
+fn db_pods(pods: &[(&str, &str)]) -> serde_json::Value {
+    let endpoints: Vec<serde_json::Value> = pods
+        .iter()
+        .map(|(ip, host)| json!({"addresses": [ip], "hostname": host}))
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": "db-pods", "namespace": "shop",
+                        "labels": {"kubernetes.io/service-name": "db"}},
+           "addressType": "IPv4",
+           "ports": [{"name": "sql", "port": 15432, "protocol": "TCP"}],
+           "endpoints": endpoints})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headless_export_in_east_is_imported_through_a_hierarchy_grant_in_west() {
+    let _turn = xcc_testkube::Turn::shared().await;
+    let world = World::new();
+    let Some(mut east) = world.cluster("east", &["shop"], "overlays/mcs").await else {
+        return;
+    };
+    let Some(mut west) = world.cluster("west", &["shop"], "overlays/mcs").await else {
+        return;
+    };
+    east.mcs = true;
+    west.mcs = true;
+    east.apply("clusterproperties", cluster_property("east"))
+        .await;
+    west.apply("clusterproperties", cluster_property("west"))
+        .await;
+
+    // east: the root of the hierarchy, exporting a headless Service with two named pods.
+    east.start_registry(LOG).await;
+    east.start_publisher(LOG).await;
+    east.apply(
+        "services",
+        json!({"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": "db", "namespace": "shop"},
+               "spec": {"clusterIP": "None", "ports": [{"name": "sql", "port": 5432}]}}),
+    )
+    .await;
+    east.apply(
+        "endpointslices",
+        db_pods(&[("10.4.0.1", "db-0"), ("10.4.0.2", "db-1")]),
+    )
+    .await;
+    east.apply(
+        "serviceexports",
+        json!({"apiVersion": MCS, "kind": "ServiceExport",
+               "metadata": {"name": "db", "namespace": "shop"}}),
+    )
+    .await;
+
+    // west: a child of east that asks the hierarchy for db; no flat Hamlet import at all.
+    let db_fqdn = "db.shop.svc.clusterset.local";
+    west.start_registry(LOG).await;
+    west.start_binder(LOG).await;
+    west.apply(
+        "remoteregistries",
+        parent_registry(&world, &east, &[db_fqdn]),
+    )
+    .await;
+
+    let db_import = wait_for(
+        "west's Headless ServiceImport db through the hierarchy",
+        WAIT,
+        &[&west],
+        async || {
+            west.get(MCS, "serviceimports", Some("shop"), "db")
+                .await
+                .filter(|i| i["status"]["clusters"].is_array())
+        },
+        || logs(&east, &west),
+    )
+    .await;
+    assert_eq!(
+        db_import["spec"],
+        json!({"type": "Headless", "ports": [{"protocol": "TCP", "port": 5432}]})
+    );
+    // The owner, not the RemoteRegistry ("parent"), is the source cluster.
+    assert_eq!(
+        db_import["status"],
+        json!({"clusters": [{"cluster": "east"}]})
+    );
+    let db_svc = service_name(db_fqdn);
+    let db_service = wait_for(
+        "west's Service of db",
+        WAIT,
+        &[&west],
+        async || west.get("v1", "services", Some(NS), &db_svc).await,
+        || logs(&east, &west),
+    )
+    .await;
+    assert_eq!(db_service["spec"]["clusterIP"], "None");
+    let pod = |ip: &str, host: &str| (ip.to_string(), Some(host.to_string()), Some(15432));
+    let slice = wait_for(
+        "west's slice of db with both pods and their hostnames",
+        WAIT,
+        &[&west],
+        async || {
+            headless_slice(&west, &db_svc)
+                .await
+                .filter(|(pods, _)| pods.len() == 2)
+        },
+        || logs(&east, &west),
+    )
+    .await;
+    assert_eq!(
+        slice,
+        (
+            vec![pod("10.4.0.1", "db-0"), pod("10.4.0.2", "db-1")],
+            ("db".to_string(), "east".to_string())
+        )
+    );
+    // The imported record names where it came from: the owner, through the parent link.
+    let record = west
+        .list(xcc_proto::names::API_VERSION, "servicerecords", Some(NS))
+        .await
+        .into_iter()
+        .find(|r| r["spec"]["fqdn"] == db_fqdn)
+        .unwrap();
+    assert_eq!(
+        record["metadata"]["labels"][xcc_proto::names::REMOTE_REGISTRY_LABEL],
+        "parent"
+    );
+    assert_eq!(
+        record["spec"]["origin"],
+        json!({"cluster": "east", "namespace": "shop", "name": "db"})
+    );
+
+    // A pod replaced in east: the resolver pushes the new answer, west's slice follows.
+    east.apply(
+        "endpointslices",
+        db_pods(&[("10.4.0.2", "db-1"), ("10.4.0.3", "db-2")]),
+    )
+    .await;
+    let slice = wait_for(
+        "west's slice of db with the new pod",
+        WAIT,
+        &[&west],
+        async || {
+            headless_slice(&west, &db_svc)
+                .await
+                .filter(|(pods, _)| pods.iter().any(|p| p.0 == "10.4.0.3"))
+        },
+        || logs(&east, &west),
+    )
+    .await;
+    assert_eq!(
+        slice,
+        (
+            vec![pod("10.4.0.2", "db-1"), pod("10.4.0.3", "db-2")],
+            ("db".to_string(), "east".to_string())
+        )
+    );
+
+    // `xcc dns` in west answers the MCS names of the pods, under the owner's cluster name.
+    let (dns, udp) = west.start_dns(LOG).await;
+    for (name, want) in [
+        (
+            db_fqdn.to_string(),
+            vec!["10.4.0.2".to_string(), "10.4.0.3".into()],
+        ),
+        (format!("db-1.east.{db_fqdn}"), vec!["10.4.0.2".into()]),
+        (format!("db-2.east.{db_fqdn}"), vec!["10.4.0.3".into()]),
+    ] {
+        // A UDP answer from a process has no change signal: a bounded retry.
+        retry_for(
+            &format!("xcc dns to answer {name} with {want:?}"),
+            WAIT,
+            async || (a_records(udp, &name).await == want).then_some(()),
+            || dns.log().join("\n"),
+        )
+        .await;
+    }
+    assert_eq!(
+        a_records(udp, &format!("db-0.east.{db_fqdn}")).await,
+        Vec::<String>::new()
+    );
+    drop(dns);
+
+    // Unexport: the grant is revoked and west's ServiceImport and slices go.
+    east.delete(MCS, "ServiceExport", "serviceexports", Some("shop"), "db")
+        .await;
+    wait_for(
+        "west's ServiceImport and slices of db removed",
+        WAIT,
+        &[&west],
+        async || {
+            (west
+                .get(MCS, "serviceimports", Some("shop"), "db")
+                .await
+                .is_none()
+                && slice_addresses(&west, NS, &db_svc).await.is_empty())
             .then_some(())
         },
         || logs(&east, &west),
