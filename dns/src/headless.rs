@@ -8,7 +8,9 @@
 //!   `<hostname>.<cluster>.<svc>.<ns>.svc.clusterset.local` answering with that endpoint.
 //!
 //! Both are ordinary [`ServiceInfo`]s, so the zone claims, orders and reports them like any
-//! other name. Only the binder's slices are read (its managed-by label).
+//! other name. Only the binder's slices are read (its managed-by label). The per-hostname names
+//! are [`pod_names`], which the imports feed (file mode, no slices) calls with the imported
+//! records' hostnames.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -105,46 +107,62 @@ pub fn derive(
             cluster_ips: ips.into_iter().collect(),
             ..svc.clone()
         });
-        let origin = match (
-            &svc.annotations.origin_namespace,
-            &svc.annotations.origin_name,
-        ) {
-            (Some(ns), Some(name))
-                if validate_namespace(ns).is_ok() && validate_namespace(name).is_ok() =>
-            {
-                clusterset_fqdn(name, ns)
-            }
-            _ => continue,
-        };
-        // `<hostname>.<cluster>` → its addresses (one per family, or several pods that share
-        // a hostname).
-        let mut hosts: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
-        for slice in &slices {
-            let Some(cluster) = &slice.cluster else {
-                continue;
-            };
-            for (ip, hostname) in &slice.endpoints {
-                if let Some(hostname) = hostname {
-                    hosts
-                        .entry(format!("{hostname}.{cluster}"))
-                        .or_default()
-                        .insert(*ip);
-                }
-            }
-        }
-        for (host, ips) in hosts {
-            derived.push(ServiceInfo {
-                key: ServiceKey::new(key.namespace.clone(), format!("{}/{host}", key.name)),
-                annotations: NameAnnotations {
-                    fqdn: Some(format!("{host}.{origin}").into()),
-                    ..NameAnnotations::default()
-                },
-                cluster_ips: ips.into_iter().collect(),
-                ports: Vec::new(),
-            });
-        }
+        // Each slice's endpoints with a hostname, under the slice's source cluster.
+        let pods = slices.iter().flat_map(|slice| {
+            slice.cluster.as_deref().into_iter().flat_map(|cluster| {
+                slice
+                    .endpoints
+                    .iter()
+                    .filter_map(move |(ip, hostname)| Some((cluster, *ip, hostname.as_deref()?)))
+            })
+        });
+        derived.extend(pod_names(&key, &svc.annotations, pods));
     }
     (replaced, derived)
+}
+
+/// The MCS names of a headless service's pods: for each `(cluster, address, hostname)` in
+/// `pods` whose cluster and hostname are DNS-1123 labels, the name
+/// `<hostname>.<cluster>.<name>.<namespace>.svc.clusterset.local` (the service's MCS name from
+/// its origin `annotations`) answering with the addresses of that pair (one per family, or
+/// several pods that share a hostname). None when the service has no valid origin pair. Each
+/// name is a [`ServiceInfo`] keyed `<key.name>/<hostname>.<cluster>` in `key`'s namespace.
+/// Shared by the kube feed ([`derive`], from the binder's slices) and the imports feed (from
+/// the imported records' hostnames annotation).
+pub fn pod_names<'a>(
+    key: &ServiceKey,
+    annotations: &NameAnnotations,
+    pods: impl IntoIterator<Item = (&'a str, IpAddr, &'a str)>,
+) -> Vec<ServiceInfo> {
+    let origin = match (&annotations.origin_namespace, &annotations.origin_name) {
+        (Some(ns), Some(name))
+            if validate_namespace(ns).is_ok() && validate_namespace(name).is_ok() =>
+        {
+            clusterset_fqdn(name, ns)
+        }
+        _ => return Vec::new(),
+    };
+    let mut hosts: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+    for (cluster, ip, hostname) in pods {
+        if validate_namespace(cluster).is_ok() && validate_namespace(hostname).is_ok() {
+            hosts
+                .entry(format!("{hostname}.{cluster}"))
+                .or_default()
+                .insert(ip);
+        }
+    }
+    hosts
+        .into_iter()
+        .map(|(host, ips)| ServiceInfo {
+            key: ServiceKey::new(key.namespace.clone(), format!("{}/{host}", key.name)),
+            annotations: NameAnnotations {
+                fqdn: Some(format!("{host}.{origin}").into()),
+                ..NameAnnotations::default()
+            },
+            cluster_ips: ips.into_iter().collect(),
+            ports: Vec::new(),
+        })
+        .collect()
 }
 
 #[cfg(test)]

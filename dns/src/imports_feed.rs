@@ -8,7 +8,12 @@
 //! [`services_from_records`]: one name per imported FQDN with the endpoint addresses as its A /
 //! AAAA records (there is no cluster IP without Kubernetes), and the MCS name
 //! `<origin-name>.<origin-namespace>.svc.clusterset.local` when the record carries the origin
-//! annotations.
+//! annotations. A headless import ([`xcc_proto::mcs::HEADLESS_ANNOTATION`]) with pod hostnames
+//! ([`xcc_proto::mcs::HOSTNAMES_ANNOTATION`]) also gets the MCS pod names
+//! `<hostname>.<cluster>.<origin-name>.<origin-namespace>.svc.clusterset.local`, built by the
+//! kube feed's own [`headless::pod_names`]: the cluster is the record's source (its
+//! `spec.origin.cluster` — a hierarchy import's owner — else its RemoteRegistry, else the
+//! remote the file belongs to), and only hostnames of the record's own endpoint addresses count.
 //!
 //! A file that does not parse is reported with its name and the last good content of that file
 //! stays served, so a half-edited file never empties the zone. A removed file removes its names.
@@ -25,9 +30,12 @@ use tokio_util::sync::CancellationToken;
 use xcc_proto::crd::{self, ServiceRecord};
 use xcc_proto::import_journal::{self, Change, Put};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
-use xcc_proto::names::{canonical_fqdn, imported_record_name};
+use xcc_proto::names::{
+    IMPORTED_LABEL, REMOTE_REGISTRY_LABEL, canonical_fqdn, imported_record_name,
+};
 use xcc_proto::resources;
 
+use super::headless;
 use super::index::DnsFeed;
 use super::zone::{NameAnnotations, NamedPort, PortProtocol, ServiceInfo, ServiceKey};
 
@@ -54,6 +62,8 @@ pub fn services_from_records(
 ) -> (Vec<ServiceInfo>, Vec<Skipped>) {
     let mut by_fqdn: BTreeMap<String, ServiceInfo> = BTreeMap::new();
     let mut addresses: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
+    // FQDN → the (cluster, address, hostname) of its headless records' pods.
+    let mut pods: BTreeMap<String, Vec<(String, IpAddr, String)>> = BTreeMap::new();
     let mut skipped = Vec::new();
     for (file, records) in files {
         for sr in records {
@@ -83,6 +93,20 @@ pub fn services_from_records(
                 skipped.push(skip("no endpoint is an IP address".into()));
                 continue;
             }
+            if let Some(cluster) = xcc_proto::mcs::source_cluster(sr).or(Some(file.as_str())) {
+                // Only hostnames of this record's own endpoints (a file is not trusted to name
+                // addresses the service does not serve); `record_hostnames` is empty unless the
+                // record is headless.
+                pods.entry(fqdn.clone()).or_default().extend(
+                    xcc_proto::mcs::record_hostnames(sr).into_iter().filter_map(
+                        |(address, hostname)| {
+                            let ip: IpAddr = address.parse().ok()?;
+                            ips.contains(&ip)
+                                .then(|| (cluster.to_string(), ip, hostname))
+                        },
+                    ),
+                );
+            }
             addresses.entry(fqdn.clone()).or_default().extend(ips);
             let info = by_fqdn.entry(fqdn.clone()).or_insert_with(|| ServiceInfo {
                 key: ServiceKey::new(
@@ -103,17 +127,24 @@ pub fn services_from_records(
             }
         }
     }
-    let services = by_fqdn
-        .into_iter()
-        .map(|(fqdn, mut info)| {
-            info.cluster_ips = addresses
-                .remove(&fqdn)
-                .unwrap_or_default()
+    let mut services = Vec::with_capacity(by_fqdn.len());
+    for (fqdn, mut info) in by_fqdn {
+        info.cluster_ips = addresses
+            .remove(&fqdn)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        let pod_names = headless::pod_names(
+            &info.key,
+            &info.annotations,
+            pods.get(&fqdn)
                 .into_iter()
-                .collect();
-            info
-        })
-        .collect();
+                .flatten()
+                .map(|(cluster, ip, hostname)| (cluster.as_str(), *ip, hostname.as_str())),
+        );
+        services.push(info);
+        services.extend(pod_names);
+    }
     (services, skipped)
 }
 
@@ -348,16 +379,35 @@ fn read_remote(
     Ok(by_fqdn.into_values().collect())
 }
 
-/// The ServiceRecord a journal `put` stands for (named as the registry names an import).
+/// The ServiceRecord a journal `put` stands for (named, labelled and given its origin as the
+/// registry's snapshot holds an import).
 fn journal_record(remote: &str, namespace: Option<String>, p: Put) -> ServiceRecord {
+    let origin = match (
+        p.cluster,
+        p.annotations.get(ORIGIN_NAMESPACE_ANNOTATION),
+        p.annotations.get(ORIGIN_NAME_ANNOTATION),
+    ) {
+        (Some(cluster), Some(namespace), Some(name)) => Some(crd::Origin {
+            cluster: Some(cluster),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            kind: None,
+        }),
+        _ => None,
+    };
     ServiceRecord {
         metadata: ObjectMeta {
             name: Some(imported_record_name(&p.fqdn, remote).unwrap_or_else(|_| p.fqdn.clone())),
             namespace,
+            labels: Some(BTreeMap::from([
+                (IMPORTED_LABEL.to_string(), String::new()),
+                (REMOTE_REGISTRY_LABEL.to_string(), remote.to_string()),
+            ])),
             annotations: Some(p.annotations),
             ..Default::default()
         },
         spec: crd::ServiceRecordSpec {
+            origin,
             fqdn: p.fqdn,
             // Only the addresses are served (as A/AAAA answers); the ports are carried as read.
             endpoints: p

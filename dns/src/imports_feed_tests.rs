@@ -225,3 +225,163 @@ fn an_append_in_place_with_the_same_stamp_is_still_seen() {
         .collect();
     assert_eq!(fqdns, ["a.xcc.test", "b.xcc.test"]);
 }
+
+/// A headless import as `xcc registry --store file` writes it to `imports/<remote>.yaml`: the
+/// marker, the pods' hostnames (one of an address the record does not carry), the origin pair
+/// and, for a hierarchy import, the owner as `spec.origin.cluster`.
+fn headless_record(
+    remote: &str,
+    (fqdn, origin_name): (&str, &str),
+    ips: &[&str],
+    hostnames: &str,
+    owner: Option<&str>,
+) -> String {
+    use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
+    let endpoints: String = ips
+        .iter()
+        .map(|ip| format!("  - address: \"{ip}\"\n    port: 15432\n"))
+        .collect();
+    let origin = owner
+        .map(|c| {
+            format!("  origin:\n    cluster: {c}\n    namespace: shop\n    name: {origin_name}\n")
+        })
+        .unwrap_or_default();
+    format!(
+        "apiVersion: {}\nkind: ServiceRecord\nmetadata:\n  name: {fqdn}-x\n  namespace: xcc\n  labels:\n    {IMPORTED_LABEL}: \"\"\n    {REMOTE_REGISTRY_LABEL}: {remote}\n  annotations:\n    {HEADLESS_ANNOTATION}: \"true\"\n    {HOSTNAMES_ANNOTATION}: \"{hostnames}\"\n    {ORIGIN_NAMESPACE_ANNOTATION}: shop\n    {ORIGIN_NAME_ANNOTATION}: {origin_name}\nspec:\n  fqdn: {fqdn}\n  endpoints:\n{endpoints}{origin}",
+        xcc_proto::names::API_VERSION
+    )
+}
+
+/// The names `services` serve and their addresses, sorted.
+fn names(services: &[ServiceInfo]) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = services
+        .iter()
+        .map(|s| {
+            (
+                s.annotations
+                    .fqdn
+                    .as_deref()
+                    .unwrap_or_default()
+                    .to_string(),
+                s.cluster_ips.iter().map(|ip| ip.to_string()).collect(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Issue 16: a headless import with pod hostnames gets the MCS pod names
+/// `<hostname>.<cluster>.db.shop.svc.clusterset.local`, the cluster being the owner a hierarchy
+/// import names (here east, imported through the RemoteRegistry `parent`), else the remote;
+/// only hostnames of the record's own addresses count, and the journal's changes (including
+/// its `cluster`) apply like the snapshot's.
+#[test]
+fn headless_imports_serve_their_pods_hostname_names() {
+    let fqdn = "db.shop.svc.clusterset.local";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("parent.yaml"),
+        headless_record(
+            "parent",
+            (fqdn, "db"),
+            &["10.4.0.1", "10.4.0.2"],
+            "10.4.0.1=db-0,10.4.0.2=db-1,10.9.9.9=elsewhere",
+            Some("east"),
+        ),
+    )
+    .unwrap();
+    // A flat import of another headless service, its pods named under the remote; and one
+    // whose hostnames annotation comes without the marker: no pod names.
+    let plain = record(
+        "xcc",
+        "web-x",
+        "web.xcc.test",
+        &["10.5.0.1"],
+        Some(("shop", "web")),
+    )
+    .replace(
+        "  annotations:\n",
+        &format!(
+            "  annotations:\n    {}: \"10.5.0.1=web-0\"\n",
+            xcc_proto::mcs::HOSTNAMES_ANNOTATION
+        ),
+    );
+    std::fs::write(
+        dir.path().join("west.yaml"),
+        format!(
+            "{}---\n{plain}",
+            headless_record(
+                "west",
+                ("cache.west.test", "cache"),
+                &["10.6.0.1"],
+                "10.6.0.1=cache-0",
+                None
+            )
+        ),
+    )
+    .unwrap();
+    let mut state = ImportsDir::new(dir.path());
+    assert_eq!(state.rescan(), (true, vec![]));
+    let (services, skipped) = services_from_records(&state.records());
+    assert_eq!(skipped, []);
+    let ip = |s: &str| vec![s.to_string()];
+    assert_eq!(
+        names(&services),
+        [
+            (
+                "cache-0.west.cache.shop.svc.clusterset.local".to_string(),
+                ip("10.6.0.1")
+            ),
+            ("cache.west.test".to_string(), ip("10.6.0.1")),
+            (
+                "db-0.east.db.shop.svc.clusterset.local".to_string(),
+                ip("10.4.0.1")
+            ),
+            (
+                "db-1.east.db.shop.svc.clusterset.local".to_string(),
+                ip("10.4.0.2")
+            ),
+            (fqdn.to_string(), vec!["10.4.0.1".into(), "10.4.0.2".into()]),
+            ("web.xcc.test".to_string(), ip("10.5.0.1")),
+        ]
+    );
+
+    // A pod replaced, as the registry journals a pushed answer.
+    std::fs::write(
+        dir.path().join("parent.journal"),
+        format!(
+            concat!(
+                r#"{{"put":{{"fqdn":"{}","endpoints":[{{"address":"10.4.0.2","port":15432}},{{"address":"10.4.0.3","port":15432}}],"#,
+                r#""annotations":{{"{}":"true","{}":"10.4.0.2=db-1,10.4.0.3=db-2","{}":"shop","{}":"db"}},"cluster":"east"}}}}"#,
+                "\n"
+            ),
+            fqdn,
+            xcc_proto::mcs::HEADLESS_ANNOTATION,
+            xcc_proto::mcs::HOSTNAMES_ANNOTATION,
+            ORIGIN_NAMESPACE_ANNOTATION,
+            ORIGIN_NAME_ANNOTATION,
+        ),
+    )
+    .unwrap();
+    assert_eq!(state.rescan(), (true, vec![]));
+    let (services, _) = services_from_records(&state.records());
+    let db: Vec<_> = names(&services)
+        .into_iter()
+        .filter(|(name, _)| name.ends_with(fqdn))
+        .collect();
+    assert_eq!(
+        db,
+        [
+            (
+                "db-1.east.db.shop.svc.clusterset.local".to_string(),
+                ip("10.4.0.2")
+            ),
+            (
+                "db-2.east.db.shop.svc.clusterset.local".to_string(),
+                ip("10.4.0.3")
+            ),
+            (fqdn.to_string(), vec!["10.4.0.2".into(), "10.4.0.3".into()]),
+        ]
+    );
+}

@@ -358,6 +358,22 @@ fn serves_a_file_mode_registrys_imports_as_they_change() {
     until_udp(addr, "web.shop.xcc.test.", |got| {
         *got == (ResponseCode::NoError, a("web.shop.xcc.test.", "10.0.1.11"))
     });
+    // A headless import through the hierarchy (the RemoteRegistry `parent`, the owner east):
+    // each pod with a hostname is `<hostname>.east.<svc>.<ns>.svc.clusterset.local`.
+    let headless = imported("db", "db.shop.svc.clusterset.local", "10.0.3.30").replace(
+        "  annotations:\n",
+        "  annotations:\n    connectivity.tanzu.vmware.com/headless: \"true\"\n    connectivity.tanzu.vmware.com/hostnames: \"10.0.3.30=db-0\"\n",
+    );
+    write_atomic(
+        &imports.join("parent.yaml"),
+        &(headless + "  origin:\n    cluster: east\n    namespace: shop\n    name: db\n"),
+    );
+    until_udp(addr, "db-0.east.db.shop.svc.clusterset.local.", |got| {
+        *got == (
+            ResponseCode::NoError,
+            a("db-0.east.db.shop.svc.clusterset.local.", "10.0.3.30"),
+        )
+    });
     // A removed file takes its names with it.
     std::fs::remove_file(&north).unwrap();
     until_udp(addr, "api.xcc.test.", |got| got.0 == ResponseCode::NXDomain);
