@@ -25,5 +25,6 @@ pub mod metrics;
 pub mod pods;
 pub mod server;
 pub mod static_records;
+pub mod udp;
 pub mod wire;
 pub mod zone;

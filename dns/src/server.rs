@@ -2,11 +2,13 @@
 //! [`Snapshot`] through the pure [`wire::handle`], relaying queries upstream when transparent
 //! resolution says so.
 //!
-//! The transport is ours rather than `hickory-server`'s. UDP: a blocking recv → answer → send
-//! loop on dedicated OS threads, one per worker, each on its own `SO_REUSEPORT` socket bound to
-//! the same address (the kernel spreads clients over them, as over Knot's UDP workers; on an
-//! automatic port they share one socket), with no task spawned per packet and no per-query log
-//! line; the snapshot is re-read only when the `watch` says it changed. hickory-proto does every
+//! The transport is ours rather than `hickory-server`'s. UDP: a blocking loop on dedicated OS
+//! threads, one per worker, each taking a batch of queued queries with one `recvmmsg` and
+//! sending their answers with one `sendmmsg` ([`udp`](super::udp)); by default each worker has
+//! its own `SO_REUSEPORT` socket bound to the same address (the kernel spreads clients over
+//! them, as over Knot's UDP workers), or they share one ([`DnsServer::bind_with`]; always on an
+//! automatic port). No task is spawned per packet and there is no per-query log line; the
+//! snapshot is re-read only when the `watch` says it changed. hickory-proto does every
 //! encode and decode. TCP takes one task per connection (RFC 7766 framing, pipelined queries
 //! answered in order: queries that arrive together are read with one system call and their
 //! answers written with one) with three limits against clients that hold connections open: a
@@ -41,6 +43,7 @@ use tokio_util::task::TaskTracker;
 
 use super::answer::{Settings, Snapshot};
 use super::metrics::DnsMetrics;
+use super::udp::Batch;
 use super::wire::{self, Outcome, Transport};
 
 /// Largest DNS message (TCP length prefix is 16 bits; a UDP datagram cannot exceed it either).
@@ -99,7 +102,7 @@ pub struct ServerConfig {
     pub settings: Settings,
     /// Upstream resolver for names we do not hold (transparent mode).
     pub upstream: Option<SocketAddr>,
-    /// Threads receiving UDP, each on its own socket (one per core is right).
+    /// Threads receiving UDP (one per core is right).
     pub udp_workers: usize,
     /// A TCP connection idle this long is closed (RFC 7766 suggests seconds).
     pub tcp_idle_timeout: Duration,
@@ -139,14 +142,23 @@ pub struct DnsServer {
 }
 
 impl DnsServer {
-    /// Bind UDP and TCP on `addr`. With port 0, both get the same free port.
+    /// Bind UDP and TCP on `addr`, a UDP socket per worker. With port 0, both get the same
+    /// free port.
     pub async fn bind(addr: SocketAddr) -> Result<Self, ServerError> {
+        Self::bind_with(addr, true).await
+    }
+
+    /// [`Self::bind`], choosing whether the UDP workers get a socket each (`per_worker`: bound
+    /// with `SO_REUSEPORT`, the kernel spreads sources over them) or share one (whichever
+    /// worker is free takes the next query).
+    pub async fn bind_with(addr: SocketAddr, per_worker: bool) -> Result<Self, ServerError> {
         let attempts = if addr.port() == 0 { BIND_ATTEMPTS } else { 1 };
         let mut last = None;
         for _ in 0..attempts {
             // Port 0 (tests, the demo) gets a port of its own: an automatic port may be one
             // that another `SO_REUSEPORT` socket of this user holds, which the option would join.
-            let udp = bind_udp(addr, addr.port() != 0).map_err(|source| ServerError::Bind {
+            let reuse_port = per_worker && addr.port() != 0;
+            let udp = bind_udp(addr, reuse_port).map_err(|source| ServerError::Bind {
                 transport: "UDP",
                 addr,
                 source,
@@ -404,7 +416,7 @@ pub fn udp_sockets(
     Ok(sockets)
 }
 
-/// One UDP worker thread: receive, answer, send, until the token fires.
+/// One UDP worker thread: receive a batch, answer it, send the answers, until the token fires.
 fn udp_worker(
     socket: &Arc<std::net::UdpSocket>,
     snapshots: watch::Receiver<Arc<Snapshot>>,
@@ -412,15 +424,17 @@ fn udp_worker(
     runtime: &Handle,
 ) {
     let mut current = Current::new(snapshots);
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut batch = Batch::new();
     while !ctx.stop_udp.is_cancelled() {
-        let (len, peer) = match socket.recv_from(&mut buf) {
-            Ok(r) => r,
+        let received = match batch.receive(socket) {
+            Ok(n) => n,
             // The read timeout: look at the token again.
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) =>
             {
                 continue;
@@ -431,25 +445,43 @@ fn udp_worker(
                 continue;
             }
         };
-        let query = &buf[..len];
-        let outcome = wire::handle(
-            query,
-            peer.ip(),
-            Transport::Udp,
-            current.get(),
-            &ctx.config.settings,
-        );
-        match outcome {
-            Outcome::Reply { bytes, rcode } => {
-                ctx.metrics.query(Transport::Udp, rcode);
-                if let Err(e) = socket.send_to(&bytes, peer) {
-                    tracing::debug!(error = %e, %peer, "DNS UDP send error");
-                }
-            }
-            Outcome::Forward { id } => forward_udp(socket, query, id, peer, ctx, runtime),
-            Outcome::Drop => {
+        let snapshot = current.get();
+        for i in 0..received {
+            let (query, meta) = batch.get(i);
+            let Some(peer) = meta.peer() else {
                 ctx.metrics.dropped.inc();
-            }
+                continue;
+            };
+            let outcome = if meta.truncated {
+                wire::malformed(query)
+            } else {
+                wire::handle(
+                    query,
+                    peer.ip(),
+                    Transport::Udp,
+                    snapshot,
+                    &ctx.config.settings,
+                )
+            };
+            let reply = match outcome {
+                Outcome::Reply { bytes, rcode } => {
+                    ctx.metrics.query(Transport::Udp, rcode);
+                    bytes
+                }
+                Outcome::Forward { id } => {
+                    forward_udp(socket, query, id, peer, ctx, runtime);
+                    continue;
+                }
+                Outcome::Drop => {
+                    ctx.metrics.dropped.inc();
+                    continue;
+                }
+            };
+            batch.answer(reply, peer);
+        }
+        let failed = batch.flush(socket);
+        if failed > 0 {
+            tracing::debug!(failed, "DNS UDP answers the kernel refused to send");
         }
     }
 }

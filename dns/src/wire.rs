@@ -207,7 +207,9 @@ fn servfail(meta: &Metadata) -> Outcome {
 }
 
 /// FORMERR for a message whose header decodes but whose body does not.
-fn malformed(query: &[u8]) -> Outcome {
+/// FORMERR for a query that cannot be read whole, echoing its id and opcode; nothing for less
+/// than a header or for a response.
+pub fn malformed(query: &[u8]) -> Outcome {
     let mut decoder = BinDecoder::new(query);
     let Ok(header) = Header::read(&mut decoder) else {
         return Outcome::Drop;

@@ -362,6 +362,44 @@ async fn malformed_queries_never_stop_the_server() {
 }
 
 #[tokio::test]
+async fn a_datagram_longer_than_a_receive_slot_gets_formerr_and_bursts_get_every_answer() {
+    let h = server().await;
+    // A valid query followed by padding up to past a slot: what is left after the cut must not
+    // be answered as if it were the query.
+    let mut long = query(21, "dual.xcc.test.", RecordType::A).to_vec().unwrap();
+    long.resize(xcc_dns::udp::UDP_SLOT + 1, 0);
+    let reply = Message::from_vec(&udp_raw(h.addr, ip("127.0.0.1"), &long).await).unwrap();
+    assert_eq!(
+        (
+            reply.metadata.id,
+            reply.metadata.response_code,
+            reply.answers.len()
+        ),
+        (21, ResponseCode::FormErr, 0)
+    );
+    // More queries at once than one batch takes: every one is answered, each with its own id.
+    let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let burst = 3 * xcc_dns::udp::UDP_BATCH + 1;
+    for id in 0..burst {
+        let q = query(id as u16, "dual.xcc.test.", RecordType::A);
+        sock.send_to(&q.to_vec().unwrap(), h.addr).await.unwrap();
+    }
+    let mut ids = Vec::new();
+    let mut buf = vec![0u8; 4096];
+    while ids.len() < burst {
+        let n = tokio::time::timeout(GUARD, sock.recv(&mut buf))
+            .await
+            .expect("an answer of the burst is missing")
+            .unwrap();
+        let m = Message::from_vec(&buf[..n]).unwrap();
+        assert_eq!(lines(&m.answers), ["dual.xcc.test. 5 A 10.0.0.1"]);
+        ids.push(m.metadata.id as usize);
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, (0..burst).collect::<Vec<_>>());
+}
+
+#[tokio::test]
 async fn shutdown_is_graceful() {
     let h = server().await;
     // An idle TCP connection must not hold shutdown up.
