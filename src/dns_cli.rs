@@ -32,6 +32,15 @@ pub enum Feed {
     Imports,
 }
 
+/// How the UDP worker threads share the listen address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum UdpSockets {
+    /// A socket per worker, all bound with `SO_REUSEPORT`.
+    PerWorker,
+    /// One socket that every worker reads.
+    Shared,
+}
+
 #[derive(Args, Debug)]
 pub struct DnsArgs {
     /// UDP and TCP listen address.
@@ -85,9 +94,20 @@ pub struct DnsArgs {
     /// Plain-HTTP /metrics, /healthz, /readyz; empty to disable.
     #[arg(long, env = "XCC_METRICS_LISTEN", default_value = "0.0.0.0:9153")]
     pub metrics_listen: String,
-    /// Threads receiving UDP queries, each on its own `SO_REUSEPORT` socket (default: one per CPU).
+    /// Threads receiving UDP queries (default: one per CPU).
     #[arg(long, env = "XCC_DNS_UDP_WORKERS")]
     pub udp_workers: Option<usize>,
+    /// How the UDP workers take queries: `per-worker` sockets bound with `SO_REUSEPORT` (the
+    /// kernel spreads clients over them by address and port), or one `shared` socket (whichever
+    /// worker is free takes the next query: even when a few sources, e.g. one node-local cache,
+    /// carry all the traffic).
+    #[arg(
+        long,
+        value_enum,
+        env = "XCC_DNS_UDP_SOCKETS",
+        default_value = "per-worker"
+    )]
+    pub udp_sockets: UdpSockets,
     /// Close TCP connections idle this long (seconds).
     #[arg(long, env = "XCC_DNS_TCP_IDLE_SECONDS", default_value_t = 10, value_parser = crate::cli::seconds())]
     pub tcp_idle_seconds: u64,
@@ -147,7 +167,8 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
     let metrics = DnsMetrics::default();
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let server = DnsServer::bind(args.listen).await?;
+    let server =
+        DnsServer::bind_with(args.listen, args.udp_sockets == UdpSockets::PerWorker).await?;
     let runtime = Runtime::new(CancellationToken::new());
     let cancel = runtime.token().clone();
     if let Some(addr) = crate::cli::metrics_listen(&args.metrics_listen)? {
