@@ -17,7 +17,12 @@
 #        "mixed" (80% A hits, 10% AAAA NODATA, 10% NXDOMAIN).
 #   -t: transport dnsperf uses (default udp). -Q: a fixed query rate; the rows then also carry
 #   the p50 and p99 latency, from dnsperf's per-query report (-v).
-# Each server's resident memory (VmRSS) is printed once its zone is loaded and after the runs.
+# Each server's resident memory (VmRSS, split into anonymous and file-backed pages) is printed
+# once its zone is loaded and after the runs. The file-backed part depends on how the
+# executables' pages came into the page cache (a binary the linker just wrote sits there in
+# large folios, mapped whole; one read back through a fault is read ahead by the disk's
+# read_ahead_kb), so both servers' executables and libraries are dropped from the page cache
+# first, as on a node that has just pulled the image, and read_ahead_kb is printed.
 set -euo pipefail
 
 NAMES=10000
@@ -113,6 +118,14 @@ zone:
   - domain: $ZONE
     file: "$WORK/$ZONE.zone"
 EOF
+# Start both from the disk, not from whatever the page cache holds of them (see the top).
+evict() { python3 -c 'import os, sys
+for p in sys.argv[1:]:
+    fd = os.open(p, os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$@"; }
+KNOTD="$(command -v knotd)"
+evict "$XCC" "$KNOTD" $(ldd "$KNOTD" "$XCC" | awk '$3 ~ /^\// { print $3 }' | sort -u) || true
+DISK=$(df --output=source "$XCC" | tail -1 | sed 's|/dev/||; s|[0-9]*$||')
+echo "read_ahead_kb of $DISK: $(cat "/sys/block/$DISK/queue/read_ahead_kb" 2>/dev/null || echo unknown)"
 knotd -c "$WORK/knot.conf" 2>"$WORK/knot.log" &
 KNOT_PID=$!
 PIDS+=($KNOT_PID)
@@ -135,7 +148,10 @@ ready() {
 }
 ready "$KNOT_PORT"
 ready "$XCC_PORT"
-rss() { awk '/^VmRSS:/ { printf "%.1f MB", $2 / 1024 }' "/proc/$1/status"; }
+rss() {
+  awk '/^VmRSS:/ { t = $2 } /^RssAnon:/ { a = $2 } /^RssFile:/ { f = $2 }
+    END { printf "%.1f MB (anon %.1f + file %.1f)", t / 1024, a / 1024, f / 1024 }' "/proc/$1/status"
+}
 echo "resident after loading $NAMES names: knotd $(rss "$KNOT_PID"), xcc dns $(rss "$XCC_PID")"
 
 # --- runs -------------------------------------------------------------------------------------
