@@ -10,7 +10,7 @@ use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, FEDERATED_SERVICE_V1ALPHA2_URL};
 
 use xcc_proto::names::canonical_fqdn;
 
-use crate::catalog::{Endpoint, ServiceEntry};
+use crate::catalog::{Endpoint, NamedPort, ServiceEntry};
 
 /// Annotation keys an importer accepts from a peer (C6, [`crate::peer_labels`]): everything else
 /// is dropped.
@@ -148,6 +148,10 @@ pub struct Imported {
     /// owner; a Hamlet peer names none, and its RemoteRegistry stands for the source. Always a
     /// DNS-1123 label (it names MCS source clusters and `<hostname>.<cluster>.…` DNS names).
     pub cluster: Option<String>,
+    /// The service's named ports, checked ([`xcc_proto::ports::checked`]): a hierarchy answer
+    /// carries them; a Hamlet peer carries none (its single port travels as the `service-port`
+    /// label). They become the imported record's `spec.ports`.
+    pub ports: Vec<xcc_proto::crd::ServicePort>,
 }
 
 impl Imported {
@@ -164,6 +168,7 @@ impl Imported {
                 .as_ref()
                 .map(|o| o.cluster.clone())
                 .filter(|c| xcc_proto::names::is_dns1123_label(c)),
+            ports: xcc_proto::ports::checked(e.ports.iter().map(NamedPort::raw)).0,
         }
     }
 }
@@ -220,6 +225,7 @@ fn import_fields<'a>(
         endpoints: eps,
         labels: kept,
         cluster: None,
+        ports: vec![],
     })
 }
 
