@@ -117,9 +117,7 @@ fn shown(s: &str) -> String {
 /// service name ([`is_port_name`]), no name and no port/protocol pair twice (the first one
 /// stays), with several ports kept a name on each (an unnamed one among several is dropped),
 /// and then the first [`MAX_PORTS`]. A target port equal to the port is left unset.
-pub fn checked<'a>(
-    raw: impl IntoIterator<Item = RawPort<'a>>,
-) -> (Vec<ServicePort>, Vec<(usize, Dropped)>) {
+pub fn checked<'a>(raw: impl IntoIterator<Item = RawPort<'a>>) -> Checked {
     let mut kept: Vec<(usize, ServicePort)> = Vec::new();
     let mut dropped = Vec::new();
     let mut names = BTreeSet::new();
@@ -198,6 +196,90 @@ pub fn checked<'a>(
     }
     dropped.sort_by_key(|(i, _)| *i);
     (kept.into_iter().map(|(_, p)| p).collect(), dropped)
+}
+
+/// Hamlet label carrying a service's named ports, which the Hamlet wire format has no field
+/// for: the exporting registry adds it to every `FederatedService` whose entry has ports
+/// ([`format_label`]), and an xcc importer turns it back into the import's ports
+/// ([`parse_label`]) instead of keeping it as an annotation. The value is the JSON list of the
+/// record's `spec.ports` (`name`, `port`, `protocol`, `targetPort`). Plain Hamlet peers see one
+/// more label (XCC v1 keeps it as an annotation of its imported record and reads nothing of it).
+pub const PORTS_LABEL: &str = "connectivity.tanzu.vmware.com/ports";
+
+/// Longest [`PORTS_LABEL`] value read: [`MAX_PORTS`] ports of the longest form fit well inside.
+pub const MAX_PORTS_LABEL_LEN: usize = 16 * 1024;
+
+/// What [`checked`] keeps, and what it drops (by index) with why.
+pub type Checked = (Vec<ServicePort>, Vec<(usize, Dropped)>);
+
+/// Why a [`PORTS_LABEL`] value gives no ports at all.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum LabelError {
+    /// Longer than [`MAX_PORTS_LABEL_LEN`].
+    #[error("{PORTS_LABEL} is {0} bytes, more than {MAX_PORTS_LABEL_LEN}")]
+    TooLong(usize),
+    /// Not a JSON list.
+    #[error("{PORTS_LABEL} is not a JSON list of ports: {0}")]
+    NotAList(String),
+}
+
+/// The [`PORTS_LABEL`] value of `ports` (those [`checked`] keeps).
+pub fn format_label(ports: &[ServicePort]) -> String {
+    serde_json::to_string(ports).unwrap_or_default()
+}
+
+/// The ports a [`PORTS_LABEL`] value gives, [`checked`] (the dropped ones with their reasons).
+/// Hostile input costs its entry: an item that is not an object of the expected field types is
+/// dropped as a port 0, never the other ports; only a value that is too long or not a JSON list
+/// gives none.
+pub fn parse_label(value: &str) -> Result<Checked, LabelError> {
+    if value.len() > MAX_PORTS_LABEL_LEN {
+        return Err(LabelError::TooLong(value.len()));
+    }
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(value).map_err(|e| LabelError::NotAList(e.to_string()))?;
+    let number = |item: &serde_json::Value, key: &str| match item.get(key) {
+        None => Some(0),
+        Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()),
+    };
+    let text = |item: &'_ serde_json::Value, key: &str| -> Option<String> {
+        match item.get(key) {
+            None => Some(String::new()),
+            Some(v) => v.as_str().map(str::to_string),
+        }
+    };
+    // (name, port, protocol, target) of each item; a field of the wrong type makes it port 0.
+    let parsed: Vec<(String, u32, String, u32)> = items
+        .iter()
+        .map(|item| {
+            match (
+                text(item, "name"),
+                number(item, "port"),
+                text(item, "protocol"),
+                // A target that is no port stays one, to be dropped.
+                number(item, "targetPort").map(|t| {
+                    if item.get("targetPort").is_some() && t == 0 {
+                        u32::MAX
+                    } else {
+                        t
+                    }
+                }),
+            ) {
+                (Some(name), Some(port), Some(protocol), Some(target)) if item.is_object() => {
+                    (name, port, protocol, target)
+                }
+                _ => (String::new(), 0, String::new(), 0),
+            }
+        })
+        .collect();
+    Ok(checked(parsed.iter().map(
+        |(name, port, protocol, target)| RawPort {
+            name,
+            port: *port,
+            protocol,
+            target_port: *target,
+        },
+    )))
 }
 
 #[cfg(test)]
@@ -342,6 +424,58 @@ mod tests {
         assert_eq!(kept.last().unwrap().port, 1099);
         assert_eq!(dropped.len(), 50);
         assert_eq!(dropped[0], (100, Dropped::TooMany(1100)));
+    }
+
+    #[test]
+    fn the_ports_label_round_trips_and_hostile_values_cost_their_entry() {
+        let ports = [
+            sp(Some("sql"), 5432, Protocol::Tcp, Some(15432)),
+            sp(Some("stats"), 9187, Protocol::Udp, None),
+        ];
+        let label = format_label(&ports);
+        assert_eq!(
+            label,
+            r#"[{"name":"sql","port":5432,"protocol":"TCP","targetPort":15432},{"name":"stats","port":9187,"protocol":"UDP"}]"#
+        );
+        assert_eq!(parse_label(&label), Ok((ports.to_vec(), vec![])));
+        assert_eq!(parse_label("[]"), Ok((vec![], vec![])));
+        // One port without protocol or name: TCP, unnamed.
+        assert_eq!(
+            parse_label(r#"[{"port": 80}]"#),
+            Ok((vec![sp(None, 80, Protocol::Tcp, None)], vec![]))
+        );
+        // Items of the wrong shape are dropped one by one; the good one stays.
+        let (kept, dropped) = parse_label(
+            r#"[{"name":"sql","port":5432}, 7, {"name":1,"port":1}, {"port":"80"},
+                {"port":-1}, {"port":4294967296}, {"name":"x","port":81,"targetPort":0},
+                {"name":"y","port":82,"protocol":"tcp"}]"#,
+        )
+        .unwrap();
+        assert_eq!(kept, [sp(Some("sql"), 5432, Protocol::Tcp, None)]);
+        assert_eq!(
+            dropped.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            [1, 2, 3, 4, 5, 6, 7]
+        );
+        assert!(matches!(dropped[5].1, Dropped::TargetPort { port: 81, .. }));
+        // A value that is no list, or too long, gives none.
+        assert!(matches!(parse_label("{}"), Err(LabelError::NotAList(_))));
+        assert!(matches!(parse_label("80"), Err(LabelError::NotAList(_))));
+        let long = format!("[{}]", vec![r#"{"port":1}"#; 2000].join(","));
+        assert_eq!(parse_label(&long), Err(LabelError::TooLong(long.len())));
+        // The longest labels of MAX_PORTS ports still fit.
+        let most: Vec<ServicePort> = (0..MAX_PORTS as i32)
+            .map(|i| {
+                sp(
+                    Some(&format!("port-name-{i:05}")),
+                    60_000 + i,
+                    Protocol::Sctp,
+                    Some(1 + i),
+                )
+            })
+            .collect();
+        let label = format_label(&most);
+        assert!(label.len() <= MAX_PORTS_LABEL_LEN, "{}", label.len());
+        assert_eq!(parse_label(&label), Ok((most, vec![])));
     }
 
     #[test]

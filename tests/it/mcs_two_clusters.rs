@@ -6,8 +6,9 @@
 //!   registry certificate stops the registry at start-up with a clear error; once it agrees,
 //!   the registry runs;
 //! - a `ServiceExport` in `east` (no XCC label) → `Valid`/`Ready` conditions there, and in
-//!   `west` a `ServiceImport` of the same name and namespace (`ClusterSetIP`, the ports, the IP
-//!   of the binder's Service, `clusters: [east]`) and EndpointSlices with the MCS labels;
+//!   `west` a `ServiceImport` of the same name and namespace (`ClusterSetIP`, the named ports,
+//!   which travel over Hamlet as xcc's ports label, the IP of the binder's Service,
+//!   `clusters: [east]`) and EndpointSlices with the MCS labels;
 //! - a headless Service with a ServiceExport in `east` → in `west` a `Headless` ServiceImport
 //!   without IPs, a headless Service and a slice carrying east's pod addresses and hostnames
 //!   (they travel over Hamlet as record annotations);
@@ -198,11 +199,11 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     .await;
     let west_service = west.get("v1", "services", Some(NS), &svc).await.unwrap();
     let west_ip = west_service["spec"]["clusterIP"].as_str().unwrap();
-    // A flat (Hamlet) import carries the port, not its name.
+    // A flat (Hamlet) import carries the named port too (xcc's ports label).
     assert_eq!(
         import["spec"],
         json!({"type": "ClusterSetIP", "ips": [west_ip],
-               "ports": [{"protocol": "TCP", "port": 8080}]})
+               "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
     );
     assert_eq!(import["status"], json!({"clusters": [{"cluster": "east"}]}));
     assert_eq!(slice_addresses(&west, NS, &svc).await, [east_ip]);
@@ -259,7 +260,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     .await;
     assert_eq!(
         db_import["spec"],
-        json!({"type": "Headless", "ports": [{"protocol": "TCP", "port": 5432}]})
+        json!({"type": "Headless", "ports": [{"name": "sql", "protocol": "TCP", "port": 5432}]})
     );
     let db_fqdn = "db.shop.svc.clusterset.local";
     let db_svc = service_name(db_fqdn);
