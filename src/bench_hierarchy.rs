@@ -232,6 +232,7 @@ fn service_entry(cluster: &str, namespace: &str, name: &str, seq: usize) -> Serv
             name: "https".into(),
             port: 443,
             protocol: "TCP".into(),
+            target_port: 0,
         }],
         labels,
         allowed_requesters: vec![],

@@ -48,6 +48,7 @@ use xcc_proto::mcs::{
 use xcc_proto::names::{
     self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
 };
+use xcc_proto::ports::RawPort;
 
 pub mod cilium;
 
@@ -111,14 +112,17 @@ fn valid_port(p: i32) -> bool {
     (1..=65535).contains(&p)
 }
 
-/// The Service ports a record asks for: `spec.ports` when set; else one unnamed TCP port from
+/// The Service ports a record asks for: `spec.ports` when set (those
+/// [`xcc_proto::ports::checked`] keeps: a bad port, a second port of a name or number, an unnamed
+/// port among several are left out); else one unnamed TCP port from
 /// the `service-port` annotation, served on each endpoint's own port; else the endpoints'
 /// distinct ports (named `port-<n>` when there are several).
 pub fn resolved_ports(record: &ServiceRecord) -> Result<Vec<Port>, PortError> {
     if let Some(ports) = record.spec.ports.as_ref().filter(|p| !p.is_empty()) {
-        let mut out: Vec<Port> = ports
+        // The ports a Service and a ServiceImport accept, each bad one dropped on its own.
+        let (kept, _) = xcc_proto::ports::checked(ports.iter().map(RawPort::of));
+        let mut out: Vec<Port> = kept
             .iter()
-            .filter(|p| valid_port(p.port) && valid_port(p.target_port()))
             .map(|p| Port {
                 name: p.name.clone().unwrap_or_default(),
                 port: p.port,
@@ -127,7 +131,6 @@ pub fn resolved_ports(record: &ServiceRecord) -> Result<Vec<Port>, PortError> {
             })
             .collect();
         out.sort();
-        out.dedup();
         if !out.is_empty() {
             return Ok(out);
         }

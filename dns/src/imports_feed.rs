@@ -418,6 +418,8 @@ fn journal_record(remote: &str, namespace: Option<String>, p: Put) -> ServiceRec
                     port: i32::try_from(e.port).unwrap_or_default(),
                 })
                 .collect(),
+            // Named ports (a hierarchy import's) give SRV records, as the snapshot's do.
+            ports: (!p.ports.is_empty()).then_some(p.ports),
             ..Default::default()
         },
         status: None,

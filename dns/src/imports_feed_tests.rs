@@ -137,7 +137,8 @@ fn a_remote_is_its_snapshot_with_its_journal_replayed_in_order() {
             "\n",
             r#"{"del":"db.xcc.test"}"#,
             "\n",
-            r#"{"put":{"fqdn":"api.xcc.test","endpoints":[{"address":"10.0.0.3","port":8443}]}}"#,
+            r#"{"put":{"fqdn":"api.xcc.test","endpoints":[{"address":"10.0.0.3","port":8443}],"#,
+            r#""ports":[{"name":"https","port":443,"protocol":"TCP","targetPort":8443}]}}"#,
             "\n",
             r#"{"put":{"fqdn":"cut"#,
             "\n"
@@ -175,6 +176,12 @@ fn a_remote_is_its_snapshot_with_its_journal_replayed_in_order() {
         records[0].metadata.name,
         Some(xcc_proto::names::imported_record_name("api.xcc.test", "east").unwrap())
     );
+    // A journal line's named ports are the record's, as in a snapshot.
+    assert_eq!(
+        serde_json::to_value(&records[0].spec.ports).unwrap(),
+        serde_json::json!([{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 8443}])
+    );
+    assert_eq!(records[1].spec.ports, None);
 
     // A journal alone (the first batch before any snapshot) is a remote too.
     std::fs::write(

@@ -33,6 +33,13 @@ pub const CONDITION_CONFLICT: &str = "Conflict";
 /// announcement (reason: the failed check; message: why, and the Cedar policy ids), `True` once
 /// a refusal no longer stands. Absent on records that were never refused.
 pub const CONDITION_ANNOUNCED: &str = "Announced";
+/// `Announced=False` reason (the registry's check `owner`): a name of the record — its FQDN,
+/// or its `namespace/name` — belongs to another service in the hierarchy (the first owner keeps
+/// a name); the message names that owner.
+pub const ANNOUNCED_REASON_OWNER: &str = "Owner";
+/// `Announced=False` reason (the registry's check `collision`): the record's key (cluster,
+/// namespace, name) is already held from elsewhere in the hierarchy; the message names where.
+pub const ANNOUNCED_REASON_COLLISION: &str = "Collision";
 
 /// Label the binder and publisher put on objects they manage (value: the component name).
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";

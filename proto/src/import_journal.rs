@@ -46,6 +46,10 @@ pub struct Put {
     /// snapshot's `spec.origin.cluster`). Absent in lines written before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<String>,
+    /// Its named ports (the snapshot's `spec.ports`), as a ServiceRecord holds them. Absent when
+    /// it has none, and in lines written before they existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<crate::crd::ServicePort>,
 }
 
 /// One endpoint of a [`Put`].
@@ -112,6 +116,7 @@ mod tests {
                 }],
                 annotations: BTreeMap::new(),
                 cluster: None,
+                ports: vec![],
             }),
             del: None,
         };

@@ -13,6 +13,7 @@ pub mod import_journal;
 pub mod mapping;
 pub mod mcs;
 pub mod names;
+pub mod ports;
 pub mod resources;
 
 /// `google.rpc.Status`, as Hamlet imports it.

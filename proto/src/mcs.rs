@@ -40,10 +40,12 @@ pub const MCS_SOURCE_CLUSTER_LABEL: &str = "multicluster.kubernetes.io/source-cl
 /// [`REASON_INVALID_SERVICE_TYPE`]).
 pub const CONDITION_VALID: &str = "Valid";
 /// ServiceExport condition: the service is exported (reasons [`REASON_EXPORTED`],
-/// [`REASON_PENDING`], [`REASON_FAILED`]).
+/// [`REASON_PENDING`], [`REASON_FAILED`], and `Refused<check>` ([`REASON_REFUSED_PREFIX`])
+/// when the hierarchy refused it).
 pub const CONDITION_READY: &str = "Ready";
 /// ServiceExport condition: another cluster's export of the same name disagrees (reasons
-/// [`REASON_PORT_CONFLICT`], [`REASON_TYPE_CONFLICT`], [`REASON_NO_CONFLICTS`]).
+/// [`REASON_PORT_CONFLICT`], [`REASON_TYPE_CONFLICT`], [`REASON_OWNER_CONFLICT`],
+/// [`REASON_NO_CONFLICTS`]).
 pub const CONDITION_CONFLICT: &str = "Conflict";
 /// `Valid=True`.
 pub const REASON_VALID: &str = "Valid";
@@ -63,6 +65,18 @@ pub const REASON_PORT_CONFLICT: &str = "PortConflict";
 pub const REASON_TYPE_CONFLICT: &str = "TypeConflict";
 /// `Conflict=False`.
 pub const REASON_NO_CONFLICTS: &str = "NoConflicts";
+/// `Conflict=True` (xcc's own; KEP-1645 has no reason for it): the hierarchy refused to announce
+/// the export because another service owns its name (the ServiceRecord's `Announced=False` with
+/// reason [`crate::crd::ANNOUNCED_REASON_OWNER`] or [`crate::crd::ANNOUNCED_REASON_COLLISION`]);
+/// the message names the owner. Where KEP-1645 merges the exports of one name, a hierarchy keeps
+/// the first owner's.
+pub const REASON_OWNER_CONFLICT: &str = "OwnerConflict";
+/// `Ready=False` (xcc's own, in place of KEP-1645's unspecific `Failed`): the hierarchy refused
+/// to announce the export; the reason is this prefix followed by the ServiceRecord's
+/// `Announced` reason, which is the failed check (`RefusedOwner`, `RefusedCollision`,
+/// `RefusedAnnounce`, `RefusedSubtree`, `RefusedSize`, ...), or this prefix alone when that
+/// names none. The message carries the registry's explanation and the Cedar policy ids.
+pub const REASON_REFUSED_PREFIX: &str = "Refused";
 
 /// Record annotation (travels over Hamlet as a FederatedService label): the exported Service
 /// is headless (`clusterIP: None`), its endpoints are the ready pod addresses, and importers

@@ -538,10 +538,23 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
     )
     .await?;
     report(shared, key, &uid, &desired, &outcome).await;
+    // The hierarchy's word on the written record: its `Announced` condition, as last watched.
+    let refusal = desired
+        .record()
+        .and_then(|r| r.metadata.name.as_deref())
+        .and_then(|name| {
+            shared
+                .records
+                .get(&ObjectRef::new(name).within(&key.namespace))
+        })
+        .and_then(|stored| mcs::refusal(&stored));
     let state = match (&outcome.conflict, &outcome.skipped, desired.record()) {
         (Some(name), _, _) => mcs::State::RecordTaken(name),
         (None, Some(skip), _) => mcs::State::Skipped(skip),
-        (None, None, Some(record)) => mcs::State::Published(record),
+        (None, None, Some(record)) => match &refusal {
+            Some(refusal) => mcs::State::Refused(record, refusal),
+            None => mcs::State::Published(record),
+        },
         (None, None, None) => return Ok(()),
     };
     write_export_status(shared, key, state).await?;
@@ -565,13 +578,13 @@ async fn write_export_status(
     if export.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
-    let conflicts = match state {
-        mcs::State::Published(record) => mcs::conflicts(
+    let conflicts = match state.record() {
+        Some(record) => mcs::conflicts(
             record,
             shared.settings.config.cluster.as_deref(),
             shared.imported.state().iter().map(|r| r.as_ref()),
         ),
-        _ => mcs::Conflicts::default(),
+        None => mcs::Conflicts::default(),
     };
     let existing = export
         .status

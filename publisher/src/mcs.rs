@@ -5,8 +5,13 @@
 //! - `Valid`: `Valid`, or `NoService` / `InvalidServiceType` (ExternalName; headless
 //!   Services outside MCS mode) / `NoPorts` / `InvalidFqdn`;
 //! - `Ready`: `Exported` once the ServiceRecord is written, `Pending` while the export is not
-//!   valid, `Failed` when a ServiceRecord of that name belongs to someone else;
-//! - `Conflict`: `TypeConflict` when another cluster exports the same name headless and this
+//!   valid, `Failed` when a ServiceRecord of that name belongs to someone else, and
+//!   `Refused<check>` (xcc's own, [`REASON_REFUSED_PREFIX`]) while the hierarchy refuses to
+//!   announce the record — its `Announced` condition is `False` ([`refusal`]), the message
+//!   says why;
+//! - `Conflict`: `OwnerConflict` (xcc's own, [`REASON_OWNER_CONFLICT`]) while that refusal is
+//!   because another service owns the name (checks `owner` and `collision`), the message naming
+//!   the owner; else `TypeConflict` when another cluster exports the same name headless and this
 //!   one not (or the other way round), else `PortConflict` when another cluster exports it with
 //!   other ports — seen in the imported ServiceRecords of that name ([`conflicts`]), so only in
 //!   a cluster that also imports the name; else `NoConflicts`.
@@ -17,11 +22,15 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
-use xcc_proto::crd::{Protocol, ServiceRecord};
+use xcc_proto::crd::{
+    ANNOUNCED_REASON_COLLISION, ANNOUNCED_REASON_OWNER, CONDITION_ANNOUNCED, Protocol,
+    ServiceRecord,
+};
 use xcc_proto::mcs::{
     CONDITION_CONFLICT, CONDITION_READY, CONDITION_VALID, REASON_EXPORTED, REASON_FAILED,
-    REASON_INVALID_SERVICE_TYPE, REASON_NO_CONFLICTS, REASON_NO_SERVICE, REASON_PENDING,
-    REASON_PORT_CONFLICT, REASON_TYPE_CONFLICT, REASON_VALID, ServiceExport, is_headless,
+    REASON_INVALID_SERVICE_TYPE, REASON_NO_CONFLICTS, REASON_NO_SERVICE, REASON_OWNER_CONFLICT,
+    REASON_PENDING, REASON_PORT_CONFLICT, REASON_REFUSED_PREFIX, REASON_TYPE_CONFLICT,
+    REASON_VALID, ServiceExport, is_headless,
 };
 use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
@@ -48,6 +57,92 @@ pub enum State<'a> {
     RecordTaken(&'a str),
     /// The Service's record is written.
     Published(&'a ServiceRecord),
+    /// The Service's record is written, and the hierarchy refuses to announce it.
+    Refused(&'a ServiceRecord, &'a Refusal),
+}
+
+impl<'a> State<'a> {
+    /// The written record, when there is one.
+    pub fn record(&self) -> Option<&'a ServiceRecord> {
+        match self {
+            State::Published(r) | State::Refused(r, _) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+/// Longest condition message the API server accepts (bytes).
+const MESSAGE_MAX: usize = 32_768;
+/// Longest check name kept from an `Announced` reason (the registry keeps as many).
+const CHECK_MAX: usize = 64;
+
+/// The hierarchy's refusal of a written record, read from the record's `Announced=False`
+/// condition (which the registry writes, [`xcc_proto::crd::CONDITION_ANNOUNCED`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The failed check as the condition's reason gives it (`Owner`, `Announce`, ...): ASCII
+    /// letters and digits only, starting with a letter, at most 64; empty when it names none.
+    pub check: String,
+    /// The registry's message: who refused it, why, the Cedar policies.
+    pub message: String,
+}
+
+impl Refusal {
+    /// Whether the refusal is because another service owns the name (checks `owner`,
+    /// `collision`).
+    pub fn owner_conflict(&self) -> bool {
+        self.check == ANNOUNCED_REASON_OWNER || self.check == ANNOUNCED_REASON_COLLISION
+    }
+
+    /// The `Ready=False` reason: `Refused<check>`, or `Refused` alone without a check.
+    pub fn ready_reason(&self) -> String {
+        if self.check == REASON_REFUSED_PREFIX {
+            return self.check.clone();
+        }
+        format!("{REASON_REFUSED_PREFIX}{}", self.check)
+    }
+}
+
+/// The refusal a stored record carries: its `Announced` condition when that is `False`. The
+/// condition is written by the registry, but read as untrusted text: the reason keeps only
+/// ASCII letters and digits (so the derived reason always matches the API's pattern) and the
+/// message is bounded.
+pub fn refusal(record: &ServiceRecord) -> Option<Refusal> {
+    let announced = record
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_ANNOUNCED)?;
+    if announced.status != "False" {
+        return None;
+    }
+    let mut check: String = announced
+        .reason
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(CHECK_MAX)
+        .collect();
+    if !check.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        check.clear();
+    }
+    Some(Refusal {
+        check,
+        message: bounded(announced.message.clone()),
+    })
+}
+
+/// `message` cut to what a condition may hold, ending in `…` when cut.
+fn bounded(mut message: String) -> String {
+    if message.len() > MESSAGE_MAX {
+        let mut end = MESSAGE_MAX - '…'.len_utf8();
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
+    }
+    message
 }
 
 /// One condition the publisher wants on a ServiceExport.
@@ -58,17 +153,17 @@ pub struct Wanted {
     /// `True`, `False` or `Unknown`.
     pub status: &'static str,
     /// CamelCase reason.
-    pub reason: &'static str,
+    pub reason: String,
     /// For people.
     pub message: String,
 }
 
-fn wanted(type_: &'static str, status: bool, reason: &'static str, message: String) -> Wanted {
+fn wanted(type_: &'static str, status: bool, reason: impl Into<String>, message: String) -> Wanted {
     Wanted {
         type_,
         status: if status { "True" } else { "False" },
-        reason,
-        message,
+        reason: reason.into(),
+        message: bounded(message),
     }
 }
 
@@ -207,9 +302,23 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
             ),
             no_conflict("not exported"),
         ],
-        State::Published(record) => {
+        State::Published(record) | State::Refused(record, _) => {
             let name = record.metadata.name.as_deref().unwrap_or_default();
-            let conflict = if !conflicts.types.is_empty() {
+            let refused = match state {
+                State::Refused(_, r) => Some(r),
+                _ => None,
+            };
+            let conflict = if let Some(r) = refused.filter(|r| r.owner_conflict()) {
+                wanted(
+                    CONDITION_CONFLICT,
+                    true,
+                    REASON_OWNER_CONFLICT,
+                    format!(
+                        "another service owns this name in the hierarchy, so this export is not announced: {}",
+                        r.message
+                    ),
+                )
+            } else if !conflicts.types.is_empty() {
                 wanted(
                     CONDITION_CONFLICT,
                     true,
@@ -234,14 +343,26 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
                     ),
                 )
             };
-            [
-                wanted(CONDITION_VALID, true, REASON_VALID, String::new()),
-                wanted(
+            let ready = match refused {
+                Some(r) => wanted(
+                    CONDITION_READY,
+                    false,
+                    r.ready_reason(),
+                    format!(
+                        "ServiceRecord {name} is written, but the hierarchy refuses to announce it: {}",
+                        r.message
+                    ),
+                ),
+                None => wanted(
                     CONDITION_READY,
                     true,
                     REASON_EXPORTED,
                     format!("exported as ServiceRecord {name}"),
                 ),
+            };
+            [
+                wanted(CONDITION_VALID, true, REASON_VALID, String::new()),
+                ready,
                 conflict,
             ]
         }

@@ -93,6 +93,31 @@ pub struct NamedPort {
     pub name: SmolStr,
     pub port: u32,
     pub protocol: SmolStr,
+    /// Port on the endpoints that serves `port`; 0: `port` itself.
+    pub target_port: u32,
+}
+
+impl NamedPort {
+    /// The port of a ServiceRecord (already checked, [`xcc_proto::ports::checked`]).
+    pub fn of(p: &xcc_proto::crd::ServicePort) -> Self {
+        let raw = xcc_proto::ports::RawPort::of(p);
+        Self {
+            name: raw.name.into(),
+            port: raw.port,
+            protocol: raw.protocol.into(),
+            target_port: raw.target_port,
+        }
+    }
+
+    /// The port as it came, for [`xcc_proto::ports::checked`].
+    pub fn raw(&self) -> xcc_proto::ports::RawPort<'_> {
+        xcc_proto::ports::RawPort {
+            name: &self.name,
+            port: self.port,
+            protocol: &self.protocol,
+            target_port: self.target_port,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Default)]

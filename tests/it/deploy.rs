@@ -520,6 +520,7 @@ async fn every_manifest_and_grant_object_is_accepted_by_a_real_api_server() {
                 name: "http".into(),
                 port: 8080,
                 protocol: "TCP".into(),
+                target_port: 0,
             }],
             selector: Some("app.kubernetes.io/name=api".into()),
         },

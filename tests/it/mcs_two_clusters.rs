@@ -6,8 +6,9 @@
 //!   registry certificate stops the registry at start-up with a clear error; once it agrees,
 //!   the registry runs;
 //! - a `ServiceExport` in `east` (no XCC label) → `Valid`/`Ready` conditions there, and in
-//!   `west` a `ServiceImport` of the same name and namespace (`ClusterSetIP`, the ports, the IP
-//!   of the binder's Service, `clusters: [east]`) and EndpointSlices with the MCS labels;
+//!   `west` a `ServiceImport` of the same name and namespace (`ClusterSetIP`, the named ports,
+//!   which travel over Hamlet as xcc's ports label, the IP of the binder's Service,
+//!   `clusters: [east]`) and EndpointSlices with the MCS labels;
 //! - a headless Service with a ServiceExport in `east` → in `west` a `Headless` ServiceImport
 //!   without IPs, a headless Service and a slice carrying east's pod addresses and hostnames
 //!   (they travel over Hamlet as record annotations);
@@ -20,10 +21,11 @@
 //!
 //! The second test takes the hierarchy instead of a flat Hamlet import: `west`'s registry is a
 //! child of `east`'s (a `role: Parent` RemoteRegistry whose `spec.imports` names east's headless
-//! export), and the granted answer carries the headless marker and the pods' hostnames, so west
-//! writes the same `Headless` ServiceImport, headless Service and slices as over Hamlet, with
-//! east (the owner, not the RemoteRegistry) as the source cluster; a pod change at east is
-//! pushed into west's slice and DNS names.
+//! export), and the granted answer carries the headless marker, the pods' hostnames and every
+//! named port (with its protocol and the pods' port serving it), so west writes a `Headless`
+//! ServiceImport with exactly the export's ports, a headless Service and slices with the same
+//! named ports, with east (the owner, not the RemoteRegistry) as the source cluster; a pod change
+//! at east is pushed into west's slice and DNS names.
 
 #![allow(clippy::unwrap_used)]
 
@@ -197,11 +199,11 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     .await;
     let west_service = west.get("v1", "services", Some(NS), &svc).await.unwrap();
     let west_ip = west_service["spec"]["clusterIP"].as_str().unwrap();
-    // A flat (Hamlet) import carries the port, not its name.
+    // A flat (Hamlet) import carries the named port too (xcc's ports label).
     assert_eq!(
         import["spec"],
         json!({"type": "ClusterSetIP", "ips": [west_ip],
-               "ports": [{"protocol": "TCP", "port": 8080}]})
+               "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
     );
     assert_eq!(import["status"], json!({"clusters": [{"cluster": "east"}]}));
     assert_eq!(slice_addresses(&west, NS, &svc).await, [east_ip]);
@@ -258,7 +260,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     .await;
     assert_eq!(
         db_import["spec"],
-        json!({"type": "Headless", "ports": [{"protocol": "TCP", "port": 5432}]})
+        json!({"type": "Headless", "ports": [{"name": "sql", "protocol": "TCP", "port": 5432}]})
     );
     let db_fqdn = "db.shop.svc.clusterset.local";
     let db_svc = service_name(db_fqdn);
@@ -415,7 +417,8 @@ fn db_pods(pods: &[(&str, &str)]) -> serde_json::Value {
            "metadata": {"name": "db-pods", "namespace": "shop",
                         "labels": {"kubernetes.io/service-name": "db"}},
            "addressType": "IPv4",
-           "ports": [{"name": "sql", "port": 15432, "protocol": "TCP"}],
+           "ports": [{"name": "sql", "port": 15432, "protocol": "TCP"},
+                     {"name": "stats", "port": 9187, "protocol": "UDP"}],
            "endpoints": endpoints})
 }
 
@@ -436,14 +439,17 @@ async fn headless_export_in_east_is_imported_through_a_hierarchy_grant_in_west()
     west.apply("clusterproperties", cluster_property("west"))
         .await;
 
-    // east: the root of the hierarchy, exporting a headless Service with two named pods.
+    // east: the root of the hierarchy, exporting a headless Service with two named pods and
+    // two named ports (one UDP), served on other pod ports than the Service's.
     east.start_registry(LOG).await;
     east.start_publisher(LOG).await;
     east.apply(
         "services",
         json!({"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": "db", "namespace": "shop"},
-               "spec": {"clusterIP": "None", "ports": [{"name": "sql", "port": 5432}]}}),
+               "spec": {"clusterIP": "None", "ports": [
+                   {"name": "sql", "port": 5432, "targetPort": "sql"},
+                   {"name": "stats", "port": 9187, "protocol": "UDP"}]}}),
     )
     .await;
     east.apply(
@@ -480,9 +486,13 @@ async fn headless_export_in_east_is_imported_through_a_hierarchy_grant_in_west()
         || logs(&east, &west),
     )
     .await;
+    // Every port of the export, with its name and protocol: the granted answer carries them.
     assert_eq!(
         db_import["spec"],
-        json!({"type": "Headless", "ports": [{"protocol": "TCP", "port": 5432}]})
+        json!({"type": "Headless", "ports": [
+            {"name": "sql", "protocol": "TCP", "port": 5432},
+            {"name": "stats", "protocol": "UDP", "port": 9187},
+        ]})
     );
     // The owner, not the RemoteRegistry ("parent"), is the source cluster.
     assert_eq!(
@@ -499,6 +509,13 @@ async fn headless_export_in_east_is_imported_through_a_hierarchy_grant_in_west()
     )
     .await;
     assert_eq!(db_service["spec"]["clusterIP"], "None");
+    assert_eq!(
+        db_service["spec"]["ports"],
+        json!([
+            {"name": "sql", "port": 5432, "protocol": "TCP", "targetPort": 5432},
+            {"name": "stats", "port": 9187, "protocol": "UDP", "targetPort": 9187},
+        ])
+    );
     let pod = |ip: &str, host: &str| (ip.to_string(), Some(host.to_string()), Some(15432));
     let slice = wait_for(
         "west's slice of db with both pods and their hostnames",
@@ -519,6 +536,21 @@ async fn headless_export_in_east_is_imported_through_a_hierarchy_grant_in_west()
             ("db".to_string(), "east".to_string())
         )
     );
+    // The slice serves each port on the pods' port of that name (the export's target ports).
+    let slice_ports: Vec<serde_json::Value> = west
+        .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
+        .await
+        .into_iter()
+        .filter(|s| s["metadata"]["labels"]["kubernetes.io/service-name"] == db_svc.as_str())
+        .map(|s| s["ports"].clone())
+        .collect();
+    assert_eq!(
+        slice_ports,
+        [json!([
+            {"name": "sql", "port": 15432, "protocol": "TCP"},
+            {"name": "stats", "port": 9187, "protocol": "UDP"},
+        ])]
+    );
     // The imported record names where it came from: the owner, through the parent link.
     let record = west
         .list(xcc_proto::names::API_VERSION, "servicerecords", Some(NS))
@@ -533,6 +565,13 @@ async fn headless_export_in_east_is_imported_through_a_hierarchy_grant_in_west()
     assert_eq!(
         record["spec"]["origin"],
         json!({"cluster": "east", "namespace": "shop", "name": "db"})
+    );
+    assert_eq!(
+        record["spec"]["ports"],
+        json!([
+            {"name": "sql", "port": 5432, "protocol": "TCP", "targetPort": 15432},
+            {"name": "stats", "port": 9187, "protocol": "UDP"},
+        ])
     );
 
     // A pod replaced in east: the resolver pushes the new answer, west's slice follows.

@@ -963,3 +963,123 @@ fn a_headless_export_is_a_headless_service_with_hostnames_and_other_types_lose()
     assert_eq!(m.slices[0].endpoints[0].hostname, None);
     assert_eq!(m.conflict.unwrap().losers.len(), 2);
 }
+
+/// A hierarchy import as the registry writes it: the headless marker and the single-port
+/// annotation of XCC v1, and the answer's named ports with the pods' target ports.
+fn hierarchy_db(ports: Value) -> ServiceRecord {
+    use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
+    let mut sr = record(
+        "db",
+        "1",
+        "db.shop.svc.clusterset.local",
+        json!({SERVICE_PORT_ANNOTATION: "5432", HEADLESS_ANNOTATION: "true",
+               HOSTNAMES_ANNOTATION: "10.4.0.1=db-0,10.4.0.2=db-1"}),
+        &[
+            ("10.4.0.1", 15432),
+            ("10.4.0.1", 9187),
+            ("10.4.0.2", 15432),
+            ("10.4.0.2", 9187),
+        ],
+    );
+    sr.spec.ports = serde_json::from_value(ports).unwrap();
+    sr.spec.origin = Some(Origin {
+        cluster: Some("east".into()),
+        namespace: "shop".into(),
+        name: "db".into(),
+        kind: None,
+    });
+    sr
+}
+
+type SlicePorts = Vec<(Option<String>, Option<i32>, Option<String>)>;
+
+fn slice_ports(m: &Materialized) -> Vec<(Vec<String>, SlicePorts)> {
+    m.slices
+        .iter()
+        .map(|s| {
+            (
+                s.endpoints.iter().map(|e| e.addresses[0].clone()).collect(),
+                s.ports
+                    .iter()
+                    .flatten()
+                    .map(|p| (p.name.clone(), p.port, p.protocol.clone()))
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_imports_named_ports_name_the_service_and_slice_ports_with_their_protocols() {
+    let sr = hierarchy_db(json!([
+        {"name": "sql", "port": 5432, "protocol": "TCP", "targetPort": 15432},
+        {"name": "stats", "port": 9187, "protocol": "UDP"},
+    ]));
+    let (_, m) = only_group(&[sr]);
+    assert_eq!(
+        service_ports(&m.service),
+        [
+            (Some("sql".into()), 5432, Some("TCP".into())),
+            (Some("stats".into()), 9187, Some("UDP".into()))
+        ]
+    );
+    assert_eq!(
+        slice_ports(&m),
+        [(
+            vec!["10.4.0.1".to_string(), "10.4.0.2".into()],
+            vec![
+                (Some("sql".into()), Some(15432), Some("TCP".into())),
+                (Some("stats".into()), Some(9187), Some("UDP".into()))
+            ]
+        )]
+    );
+    assert_eq!(m.dropped, []);
+
+    // Without `spec.ports` (a flat Hamlet import): today's single unnamed TCP port from the
+    // annotation, served on each endpoint's own port.
+    let (_, m) = only_group(&[hierarchy_db(Value::Null)]);
+    assert_eq!(
+        service_ports(&m.service),
+        [(None, 5432, Some("TCP".into()))]
+    );
+    let mut ports: Vec<_> = slice_ports(&m).into_iter().flat_map(|(_, p)| p).collect();
+    ports.sort();
+    assert_eq!(
+        ports,
+        [
+            (None, Some(9187), Some("TCP".into())),
+            (None, Some(15432), Some("TCP".into()))
+        ]
+    );
+}
+
+#[test]
+fn bad_record_ports_are_left_out_one_by_one() {
+    // A hand-edited record: a second `sql`, a port listed twice, a name no Service takes, an
+    // unnamed port among several, a target that is no port. Only `sql` and `stats` stay.
+    let sr = hierarchy_db(json!([
+        {"name": "sql", "port": 5432, "targetPort": 15432},
+        {"name": "sql", "port": 5433},
+        {"name": "stats", "port": 9187, "protocol": "UDP"},
+        {"name": "again", "port": 9187, "protocol": "UDP"},
+        {"name": "Not_A_Name", "port": 7000},
+        {"port": 7001},
+        {"name": "zero", "port": 7002, "targetPort": 0},
+    ]));
+    let (_, m) = only_group(&[sr]);
+    assert_eq!(
+        service_ports(&m.service),
+        [
+            (Some("sql".into()), 5432, Some("TCP".into())),
+            (Some("stats".into()), 9187, Some("UDP".into()))
+        ]
+    );
+    // Every port bad: the record falls back to its annotation.
+    let (_, m) = only_group(&[hierarchy_db(json!([
+        {"port": 80}, {"port": 81}, {"name": "BAD", "port": 82}
+    ]))]);
+    assert_eq!(
+        service_ports(&m.service),
+        [(None, 5432, Some("TCP".into()))]
+    );
+}

@@ -187,3 +187,26 @@ fn a_headless_export_is_a_headless_import_without_ips() {
     assert_eq!(imports[0].spec.type_, xcc_proto::mcs::TYPE_HEADLESS);
     assert_eq!(imports[0].spec.ips, None);
 }
+
+#[test]
+fn an_imports_named_ports_with_their_protocols_are_the_service_imports_ports() {
+    let r = record(
+        "a",
+        "1",
+        "east",
+        json!([
+            {"name": "sql", "port": 5432, "protocol": "TCP", "targetPort": 15432},
+            {"name": "stats", "port": 9187, "protocol": "UDP"},
+        ]),
+        json!({xcc_proto::mcs::HEADLESS_ANNOTATION: "true"}),
+    );
+    let (imports, skipped) = desired(&[&r], &BTreeMap::new(), "xcc-system");
+    assert_eq!(skipped, []);
+    assert_eq!(
+        serde_json::to_value(&imports[0].spec).unwrap(),
+        json!({"type": "Headless", "ports": [
+            {"name": "sql", "protocol": "TCP", "port": 5432},
+            {"name": "stats", "protocol": "UDP", "port": 9187},
+        ]})
+    );
+}

@@ -13,11 +13,8 @@ use crate::crd::{IMPORT_RULE_MESSAGE, ImportTarget, RequesterIdentity, Role};
 use crate::domains::allowed_domain_errors;
 use crate::names::{
     REMOTE_REGISTRY_KIND, SERVICE_RECORD_KIND, canonical_fqdn, is_dns1123_label,
-    is_dns1123_subdomain, is_label_value,
+    is_dns1123_subdomain, is_label_value, is_port_name,
 };
-
-/// Longest IANA service name (a Kubernetes port name).
-const MAX_PORT_NAME_LEN: usize = 15;
 
 /// Collects violations in field order.
 #[derive(Default)]
@@ -77,19 +74,6 @@ fn check_port(path: String, port: i32, v: &mut Violations) {
     if !(1..=65535).contains(&port) {
         v.add(path, format!("{port} is out of range 1-65535"));
     }
-}
-
-/// IANA service name (RFC 6335) as Kubernetes checks port names.
-fn is_port_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_PORT_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && name.bytes().any(|b| b.is_ascii_lowercase())
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-        && !name.contains("--")
 }
 
 impl ServiceRecord {

@@ -150,7 +150,9 @@ fn other_clusters_exports_of_the_other_type_conflict_before_ports() {
 }
 
 fn table(w: &[Wanted; 3]) -> Vec<(&str, &str, &str)> {
-    w.iter().map(|w| (w.type_, w.status, w.reason)).collect()
+    w.iter()
+        .map(|w| (w.type_, w.status, w.reason.as_str()))
+        .collect()
 }
 
 #[test]
@@ -283,4 +285,192 @@ fn merging_keeps_transition_times_while_the_status_holds() {
             &now
         )
     ));
+}
+
+/// `record` as the registry leaves it after deciding its announcement: `Announced` with
+/// `status`, `reason` and `message`.
+fn announced(mut r: ServiceRecord, status: &str, reason: &str, message: &str) -> ServiceRecord {
+    r.status = Some(
+        serde_json::from_value(json!({"conditions": [
+            {"type": "Announced", "status": status, "reason": reason, "message": message,
+             "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        ]}))
+        .unwrap(),
+    );
+    r
+}
+
+#[test]
+fn a_refused_announcement_is_read_from_the_records_announced_condition() {
+    let own = record("api.shop.svc.clusterset.local", Some("east"), json!([]));
+    assert_eq!(refusal(&own), None, "never refused: no condition");
+    let accepted = announced(own.clone(), "True", "Accepted", "no longer stands");
+    assert_eq!(refusal(&accepted), None);
+    let owner = refusal(&announced(own.clone(), "False", "Owner", "owned by c2")).unwrap();
+    assert_eq!(
+        (
+            owner.check.as_str(),
+            owner.message.as_str(),
+            owner.owner_conflict()
+        ),
+        ("Owner", "owned by c2", true)
+    );
+    assert_eq!(owner.ready_reason(), "RefusedOwner");
+    let collision = refusal(&announced(own.clone(), "False", "Collision", "")).unwrap();
+    assert!(collision.owner_conflict());
+    assert_eq!(collision.ready_reason(), "RefusedCollision");
+    let policy = refusal(&announced(own.clone(), "False", "Announce", "forbid")).unwrap();
+    assert!(!policy.owner_conflict());
+    assert_eq!(policy.ready_reason(), "RefusedAnnounce");
+    // The registry's own fallback reason, and reasons that are not one: `Refused` alone.
+    for reason in ["Refused", "", "9lives", "--"] {
+        let r = refusal(&announced(own.clone(), "False", reason, "")).unwrap();
+        assert_eq!(r.ready_reason(), "Refused", "{reason:?}");
+        assert!(!r.owner_conflict());
+    }
+    // Hostile text: only ASCII letters and digits of the reason, at most 64; the message
+    // bounded to what a condition holds.
+    let hostile = refusal(&announced(
+        own.clone(),
+        "False",
+        &format!("Ow_ner:{}", "x".repeat(5000)),
+        &"é".repeat(40_000),
+    ))
+    .unwrap();
+    assert_eq!(hostile.check, format!("Owner{}", "x".repeat(59)));
+    assert!(!hostile.owner_conflict());
+    assert!(hostile.message.len() <= 32_768 && hostile.message.ends_with('…'));
+    let c = conditions(State::Refused(&own, &hostile), &Conflicts::default());
+    assert!(c.iter().all(|c| c.message.len() <= 32_768));
+}
+
+#[test]
+fn a_refused_export_is_not_ready_and_an_owned_name_is_a_conflict() {
+    let fqdn = "api.shop.svc.clusterset.local";
+    let own = record(fqdn, Some("east"), json!([{"port": 80}]));
+    let message = "refused by root: api.shop.svc.clusterset.local is owned by west/shop/api; the first owner keeps a name (check owner)";
+    let owner = refusal(&announced(own.clone(), "False", "Owner", message)).unwrap();
+    let c = conditions(State::Refused(&own, &owner), &Conflicts::default());
+    assert_eq!(
+        table(&c),
+        [
+            ("Valid", "True", "Valid"),
+            ("Ready", "False", "RefusedOwner"),
+            ("Conflict", "True", "OwnerConflict")
+        ]
+    );
+    assert_eq!(
+        c[1].message,
+        format!(
+            "ServiceRecord {fqdn} is written, but the hierarchy refuses to announce it: {message}"
+        )
+    );
+    assert_eq!(
+        c[2].message,
+        format!(
+            "another service owns this name in the hierarchy, so this export is not announced: {message}"
+        )
+    );
+    // The owner conflict comes before the type and port conflicts the imports show.
+    let seen = Conflicts {
+        types: vec!["west (Headless)".to_string()],
+        ports: vec!["west (8080/TCP)".to_string()],
+    };
+    assert_eq!(
+        table(&conditions(State::Refused(&own, &owner), &seen))[2],
+        ("Conflict", "True", "OwnerConflict")
+    );
+    // Refused by policy: not ready, and the conflicts are what the imports show.
+    let policy = refusal(&announced(
+        own.clone(),
+        "False",
+        "Announce",
+        "refused by root: east may not announce api.shop.svc.clusterset.local: forbidden by no-shop (check announce; Cedar policies: no-shop)",
+    ))
+    .unwrap();
+    let c = conditions(State::Refused(&own, &policy), &Conflicts::default());
+    assert_eq!(
+        table(&c),
+        [
+            ("Valid", "True", "Valid"),
+            ("Ready", "False", "RefusedAnnounce"),
+            ("Conflict", "False", "NoConflicts")
+        ]
+    );
+    assert!(
+        c[1].message
+            .ends_with("(check announce; Cedar policies: no-shop)")
+    );
+    assert_eq!(
+        table(&conditions(State::Refused(&own, &policy), &seen))[2],
+        ("Conflict", "True", "TypeConflict")
+    );
+    // The refusal gone, the export is Ready again.
+    assert_eq!(
+        table(&conditions(State::Published(&own), &Conflicts::default()))[1],
+        ("Ready", "True", "Exported")
+    );
+}
+
+#[test]
+fn a_refusal_and_its_end_write_once_each() {
+    let then = Time(Timestamp::from_second(1_700_000_000).unwrap());
+    let later = Time(Timestamp::from_second(1_750_000_000).unwrap());
+    let now = Time(Timestamp::from_second(1_800_000_000).unwrap());
+    let own = record("a.b", Some("east"), json!([{"port": 80}]));
+    let owner = refusal(&announced(own.clone(), "False", "Owner", "owned")).unwrap();
+    let exported = merge(
+        &[],
+        &conditions(State::Published(&own), &Conflicts::default()),
+        Some(1),
+        &then,
+    );
+    let refused = merge(
+        &exported,
+        &conditions(State::Refused(&own, &owner), &Conflicts::default()),
+        Some(1),
+        &later,
+    );
+    assert!(!up_to_date(&exported, &refused));
+    let times: Vec<_> = refused
+        .iter()
+        .map(|c| (c.type_.as_str(), c.last_transition_time.clone()))
+        .collect();
+    assert_eq!(
+        times,
+        [
+            ("Valid", then.clone()),
+            ("Ready", later.clone()),
+            ("Conflict", later.clone())
+        ]
+    );
+    // The same refusal again: nothing to write.
+    assert!(up_to_date(
+        &refused,
+        &merge(
+            &refused,
+            &conditions(State::Refused(&own, &owner), &Conflicts::default()),
+            Some(1),
+            &now
+        )
+    ));
+    // Cleared: Ready and Conflict turn back, once.
+    let cleared = merge(
+        &refused,
+        &conditions(State::Published(&own), &Conflicts::default()),
+        Some(1),
+        &now,
+    );
+    assert!(!up_to_date(&refused, &cleared));
+    assert_eq!(
+        cleared
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str(), c.reason.as_str()))
+            .collect::<Vec<_>>(),
+        [
+            ("Valid", "True", "Valid"),
+            ("Ready", "True", "Exported"),
+            ("Conflict", "False", "NoConflicts")
+        ]
+    );
 }

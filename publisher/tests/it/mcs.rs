@@ -6,8 +6,10 @@
 //! condition another controller owns), another cluster's export of the same name with other
 //! ports is a `PortConflict`, a headless Service exports its ready pods (from its
 //! EndpointSlices) with their hostnames and another cluster's cluster IP export of its name
-//! is a `TypeConflict`, a restarted publisher writes nothing at steady state, and removing
-//! the ServiceExport removes the record.
+//! is a `TypeConflict`, a record whose announcement the hierarchy refuses (`Announced=False`,
+//! another owner) makes its export not Ready with an `OwnerConflict` until the refusal ends, a
+//! restarted publisher writes nothing at steady state, and removing the ServiceExport removes
+//! the record.
 //! Waits wake on watches of the objects they check, never on time.
 
 #![allow(clippy::unwrap_used)]
@@ -303,8 +305,54 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         "exported here as Headless, by west (ClusterSetIP); importers serve one type and leave the other clusters' endpoints out"
     );
 
+    // The hierarchy refuses `api`'s announcement: another cluster owns the name. The registry
+    // says so on the record (`Announced=False`, with its field manager); the export turns not
+    // Ready, and the refusal is its Conflict, before the port conflict.
+    let announced = |status: &str, reason: &str, message: &str| {
+        Patch::Apply(json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+            "status": {"conditions": [{"type": "Announced", "status": status, "reason": reason,
+                "message": message, "lastTransitionTime": "2026-01-02T00:00:00Z"}]},
+        }))
+    };
+    let owned = format!(
+        "refused by root: {} is owned by west/shop/api; the first owner keeps a name (check owner)",
+        fqdn("api")
+    );
+    records
+        .patch_status(
+            &fqdn("api"),
+            &PatchParams::apply("xcc-registry").force(),
+            &announced("False", "Owner", &owned),
+        )
+        .await
+        .unwrap();
+    let refused = wait_conditions(
+        "api",
+        expect(&[
+            ("Valid", "True", "Valid"),
+            ("Ready", "False", "RefusedOwner"),
+            ("Conflict", "True", "OwnerConflict"),
+            ("example.com/Seen", "True", "Seen"),
+        ]),
+    )
+    .await;
+    assert_eq!(
+        message(&refused, "Ready"),
+        format!(
+            "ServiceRecord {} is written, but the hierarchy refuses to announce it: {owned}",
+            fqdn("api")
+        )
+    );
+    assert_eq!(
+        message(&refused, "Conflict"),
+        format!(
+            "another service owns this name in the hierarchy, so this export is not announced: {owned}"
+        )
+    );
+
     // Steady state: a restarted publisher reconciles every Service again (readiness waits for
-    // that) and writes no record and no ServiceExport status.
+    // that) and writes no record and no ServiceExport status, a refused export's included.
     running.stop().await;
     let since = std::time::SystemTime::now();
     let running = Running::start(id, xcc).await;
@@ -315,6 +363,31 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         .filter(|w| !w.contains("coordination.k8s.io/leases"))
         .collect();
     assert_eq!(writes, Vec::<String>::new());
+
+    // The refusal no longer stands (`Announced=True`): `api` is Ready again, and its Conflict
+    // is the port conflict once more.
+    records
+        .patch_status(
+            &fqdn("api"),
+            &PatchParams::apply("xcc-registry").force(),
+            &announced("True", "Accepted", "the parent's refusal no longer stands"),
+        )
+        .await
+        .unwrap();
+    let restored = wait_conditions(
+        "api",
+        expect(&[
+            ("Valid", "True", "Valid"),
+            ("Ready", "True", "Exported"),
+            ("Conflict", "True", "PortConflict"),
+            ("example.com/Seen", "True", "Seen"),
+        ]),
+    )
+    .await;
+    assert_eq!(
+        message(&restored, "Ready"),
+        format!("exported as ServiceRecord {}", fqdn("api"))
+    );
 
     // Unexporting: `api`'s record goes with its ServiceExport; `both` keeps its record
     // through the label. `both` is queued first, so it has been reconciled once `api`'s

@@ -75,6 +75,7 @@ pub fn announcement(e: &ServiceEntry, deleted: bool) -> fed::ServiceAnnouncement
                 name: p.name.to_string(),
                 port: p.port,
                 protocol: p.protocol.to_string(),
+                target_port: p.target_port,
             })
             .collect(),
         revision: e.revision,
@@ -116,6 +117,9 @@ pub fn entry_from_announcement(
         if !(1..=65535).contains(&p.port) {
             return Err(AnnouncementError::Port(p.port));
         }
+        if p.target_port > 65535 {
+            return Err(AnnouncementError::Port(p.target_port));
+        }
         ports.push(NamedPort {
             name: p.name.as_str().into(),
             port: p.port,
@@ -124,6 +128,7 @@ pub fn entry_from_announcement(
             } else {
                 p.protocol.as_str().into()
             },
+            target_port: p.target_port,
         });
     }
     // What a parent holds of a child's service, serves over Hamlet and sends down in answers:
@@ -196,6 +201,7 @@ pub fn response_for(
                     name: p.name.to_string(),
                     port: p.port,
                     protocol: p.protocol.to_string(),
+                    target_port: p.target_port,
                 })
                 .collect()
         } else {
@@ -254,8 +260,9 @@ mod tests {
             }],
             ports: vec![NamedPort {
                 name: "https".into(),
-                port: 8443,
+                port: 443,
                 protocol: "TCP".into(),
+                target_port: 8443,
             }],
             labels: Default::default(),
             allowed_requesters: vec!["b1/web".into()],
@@ -279,6 +286,12 @@ mod tests {
         let mut bad = a.clone();
         bad.fqdn = "Bad..Name".into();
         assert!(entry_from_announcement(&bad, Source::Child("b".into())).is_err());
+        let mut far = a.clone();
+        far.ports[0].target_port = 65_536;
+        assert_eq!(
+            entry_from_announcement(&far, Source::Child("b".into())).map(|_| ()),
+            Err(AnnouncementError::Port(65_536))
+        );
     }
 
     /// A headless export as its owner holds it: the marker, its pods' hostnames, its origin and
@@ -299,6 +312,7 @@ mod tests {
                 name: "sql".into(),
                 port: 5432,
                 protocol: "TCP".into(),
+                target_port: 15432,
             }],
             labels: [
                 (HEADLESS_ANNOTATION, "true"),
@@ -370,6 +384,15 @@ mod tests {
         let r = response_for(&query(), &headless_db(), &decision(true), "east");
         assert_eq!(r.labels, kept_of_db());
         assert_eq!(r.endpoints, ["10.4.0.1:15432", "10.4.0.2:15432"]);
+        assert_eq!(
+            r.ports,
+            [fed::Port {
+                name: "sql".into(),
+                port: 5432,
+                protocol: "TCP".into(),
+                target_port: 15432,
+            }]
+        );
     }
 
     #[test]

@@ -676,11 +676,13 @@ mod tests {
                         name: "dns".into(),
                         port: 53,
                         protocol: "UDP".into(),
+                        target_port: 0,
                     },
                     NamedPort {
                         name: "http".into(),
                         port: 8080,
                         protocol: "TCP".into(),
+                        target_port: 0,
                     },
                 ],
                 selector: Some("app.kubernetes.io/name=api,tier=backend".into()),

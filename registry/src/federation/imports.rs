@@ -19,17 +19,30 @@ use tracing::warn;
 
 use super::convert::parse_endpoint;
 use super::level::Level;
-use crate::catalog::{ServiceEntry, ServiceKey, Source};
+use crate::catalog::{NamedPort, ServiceEntry, ServiceKey, Source};
 use crate::hamlet::client::ImportSink;
 use crate::hamlet::convert::Imported;
+use xcc_proto::ports::RawPort;
 use xcc_proto::xcc::federation::v1::ServiceQueryResponse;
 
 /// A question: what is asked for, and by which service.
 type Question = (super::level::Target, String);
 
+/// The answer's ports as [`xcc_proto::ports::checked`] takes them.
+fn raw_ports(a: &ServiceQueryResponse) -> impl Iterator<Item = RawPort<'_>> {
+    a.ports.iter().map(|p| RawPort {
+        name: &p.name,
+        port: p.port,
+        protocol: &p.protocol,
+        target_port: p.target_port,
+    })
+}
+
 /// The catalog entry of a granted answer. Like everything from the wire the answer is hostile
-/// input: endpoints that do not parse are left out, and of its labels only what a Hamlet import
-/// keeps ([`crate::peer_labels`]: the headless marker, hostnames of its own endpoints, ...).
+/// input: endpoints that do not parse are left out, of its labels only what a Hamlet import
+/// keeps ([`crate::peer_labels`]: the headless marker, hostnames of its own endpoints, ...), and
+/// of its ports those a ServiceRecord, a Service and a ServiceImport accept
+/// ([`xcc_proto::ports::checked`]; [`run`] logs why each other one was dropped).
 pub(crate) fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
     let key = ServiceKey::new(&a.owner_cluster, &a.namespace, &a.name);
     let endpoints: Vec<_> = a
@@ -43,14 +56,10 @@ pub(crate) fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
         source: Source::Hierarchy(parent.to_string()),
         fqdn: a.fqdn.as_str().into(),
         endpoints,
-        ports: a
-            .ports
+        ports: xcc_proto::ports::checked(raw_ports(a))
+            .0
             .iter()
-            .map(|p| crate::catalog::NamedPort {
-                name: p.name.as_str().into(),
-                port: p.port,
-                protocol: p.protocol.as_str().into(),
-            })
+            .map(NamedPort::of)
             .collect(),
         labels,
         allowed_requesters: vec![],
@@ -129,6 +138,14 @@ pub async fn run(
         let (entries, memory) = granted_entries(&subs, &remembered, &parent);
         remembered = memory;
         if ready && last.as_ref() != Some(&entries) {
+            for (_, _, answer) in &subs {
+                let Some(a) = answer.as_ref().filter(|a| a.access_allowed) else {
+                    continue;
+                };
+                for (index, why) in xcc_proto::ports::checked(raw_ports(a)).1 {
+                    warn!(%parent, fqdn = %a.fqdn, owner = %a.owner_cluster, index, reason = %why, "a port of a granted answer was dropped; the import keeps its other ports");
+                }
+            }
             let imports: BTreeMap<String, Imported> = entries
                 .iter()
                 .map(|e| (e.fqdn.to_string(), Imported::of_entry(e)))
@@ -157,7 +174,9 @@ pub async fn run(
 mod tests {
     use std::collections::BTreeMap;
 
+    use xcc_proto::crd::{Protocol, ServicePort};
     use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
+    use xcc_proto::xcc::federation::v1 as fed;
 
     use super::*;
 
@@ -239,6 +258,110 @@ mod tests {
         };
         let over_hamlet = crate::hamlet::convert::import_v1alpha1(&any).expect("valid");
         assert_eq!(e.labels, over_hamlet.labels);
+    }
+
+    fn port(name: &str, port: u32, protocol: &str, target_port: u32) -> fed::Port {
+        fed::Port {
+            name: name.into(),
+            port,
+            protocol: protocol.into(),
+            target_port,
+        }
+    }
+
+    /// A granted answer's ports reach the import — names, protocols, the pods' target ports —
+    /// as the record's `spec.ports`, in both stores.
+    #[test]
+    fn a_granted_answers_ports_become_the_imports_named_ports() {
+        let mut a = granted(labels(&[(HEADLESS_ANNOTATION, "true")]));
+        a.ports = vec![
+            port("sql", 5432, "TCP", 15432),
+            port("stats", 9187, "UDP", 0),
+        ];
+        let e = entry_of(&a, "parent");
+        let imported = Imported::of_entry(&e);
+        let want = vec![
+            ServicePort {
+                name: Some("sql".into()),
+                port: 5432,
+                protocol: Some(Protocol::Tcp),
+                target_port: Some(15432),
+            },
+            ServicePort {
+                name: Some("stats".into()),
+                port: 9187,
+                protocol: Some(Protocol::Udp),
+                target_port: None,
+            },
+        ];
+        assert_eq!(imported.ports, want);
+        let owner = crate::store::kube::records::Owner {
+            name: "parent".into(),
+            uid: "u".into(),
+        };
+        let kube = crate::store::kube::records::imported_record(&owner, "xcc", &imported)
+            .expect("a record");
+        assert_eq!(kube.spec.ports.as_ref(), Some(&want));
+        let file =
+            crate::store::file::imported_record("parent", "xcc", &imported).expect("a record");
+        assert_eq!(file.spec, kube.spec);
+        // What the stores read back is what they wrote.
+        assert_eq!(crate::store::model::stored_ports(&kube), want);
+        // No ports: no `spec.ports` (the record keeps XCC v1's single port annotation).
+        a.ports.clear();
+        let bare = Imported::of_entry(&entry_of(&a, "parent"));
+        let kube =
+            crate::store::kube::records::imported_record(&owner, "xcc", &bare).expect("a record");
+        assert_eq!(kube.spec.ports, None);
+    }
+
+    /// A lying parent's bad ports cost only themselves: the import and its good ports stay.
+    #[test]
+    fn bad_ports_of_an_answer_are_dropped_one_by_one() {
+        let mut a = granted(labels(&[]));
+        a.ports = vec![
+            port("sql", 5432, "TCP", 15432),
+            port("zero", 0, "TCP", 0),
+            port("far", 80, "TCP", 70_000),
+            port("quic", 443, "QUIC", 0),
+            port("../etc", 444, "TCP", 0),
+            port("sql", 5433, "TCP", 0),
+            port("alt", 5432, "TCP", 0),
+            port("", 8080, "TCP", 0),
+        ];
+        a.ports
+            .extend((0..200).map(|i| port(&format!("p{i}"), 10_000 + i, "UDP", 0)));
+        let imported = Imported::of_entry(&entry_of(&a, "parent"));
+        assert_eq!(imported.ports.len(), xcc_proto::ports::MAX_PORTS);
+        assert_eq!(
+            imported.ports[0],
+            ServicePort {
+                name: Some("sql".into()),
+                port: 5432,
+                protocol: Some(Protocol::Tcp),
+                target_port: Some(15432),
+            }
+        );
+        assert_eq!(
+            imported.ports[1..]
+                .iter()
+                .map(|p| (p.name.as_deref().unwrap_or_default(), p.port, p.protocol()))
+                .collect::<Vec<_>>(),
+            (0..99)
+                .map(|i| (format!("p{i}"), 10_000 + i, Protocol::Udp))
+                .collect::<Vec<_>>()
+                .iter()
+                .map(|(n, p, pr)| (n.as_str(), *p, *pr))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(imported.endpoints.len(), 2, "the import itself stays");
+        let dropped: Vec<usize> = xcc_proto::ports::checked(raw_ports(&a))
+            .1
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(dropped[..7], [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(dropped.len(), 7 + 101);
     }
 
     /// Only granted answers become entries: a denial (which carries no labels) and a

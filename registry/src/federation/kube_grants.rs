@@ -845,6 +845,7 @@ mod tests {
                     name: "http".into(),
                     port: 80,
                     protocol: "TCP".into(),
+                    target_port: 0,
                 }],
                 selector: Some("app=api".into()),
             },

@@ -321,7 +321,11 @@ pub(crate) fn entry_for(remote: &str, imported: &Imported) -> ServiceEntry {
         source: Source::Remote(remote.to_string()),
         fqdn: imported.fqdn.as_str().into(),
         endpoints: imported.endpoints.clone(),
-        ports: vec![],
+        ports: imported
+            .ports
+            .iter()
+            .map(crate::catalog::NamedPort::of)
+            .collect(),
         labels: (&imported.labels).into(),
         allowed_requesters: vec![],
         origin: None,
@@ -726,6 +730,7 @@ mod tests {
                     }],
                     labels: BTreeMap::new(),
                     cluster: None,
+                    ports: vec![],
                 },
             );
         }

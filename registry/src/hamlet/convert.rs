@@ -8,9 +8,11 @@ use prost::Message;
 use xcc_proto::federation::types::{v1alpha1, v1alpha2};
 use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, FEDERATED_SERVICE_V1ALPHA2_URL};
 
+use tracing::debug;
 use xcc_proto::names::canonical_fqdn;
+use xcc_proto::ports::{PORTS_LABEL, format_label, parse_label};
 
-use crate::catalog::{Endpoint, ServiceEntry};
+use crate::catalog::{Endpoint, NamedPort, ServiceEntry};
 
 /// Annotation keys an importer accepts from a peer (C6, [`crate::peer_labels`]): everything else
 /// is dropped.
@@ -39,11 +41,18 @@ pub fn wire_size_bound(e: &ServiceEntry) -> usize {
         .iter()
         .map(|ep| ep.address.len() + 2 * FIELD)
         .sum();
+    // Each port also travels as an item of the JSON ports label (about 60 bytes besides its
+    // name and protocol), and the label once.
     let ports: usize = e
         .ports
         .iter()
-        .map(|p| p.name.len() + p.protocol.len() + 3 * FIELD)
-        .sum();
+        .map(|p| 2 * (p.name.len() + p.protocol.len()) + 64 + 3 * FIELD)
+        .sum::<usize>()
+        + if e.ports.is_empty() {
+            0
+        } else {
+            PORTS_LABEL.len() + 2 * FIELD
+        };
     3 * (e.fqdn.len() + FIELD) + labels + endpoints + ports + 16 * FIELD
 }
 
@@ -52,14 +61,30 @@ pub fn fits_on_the_wire(e: &ServiceEntry) -> bool {
     wire_size_bound(e) <= MAX_WIRE_RESOURCE_BYTES
 }
 
-/// The v1alpha1 payload exactly as the XCC registry server fills it: name = id = fqdn,
-/// protocols `["https"]`, labels = the pass-through annotations, endpoints in order.
+/// The labels a Hamlet peer gets for `e`: its pass-through labels and, when it has named ports,
+/// those ([`xcc_proto::ports::checked`]) as [`PORTS_LABEL`] — the registry's word, never a
+/// record's own annotation of that key.
+fn hamlet_labels(e: &ServiceEntry) -> BTreeMap<String, String> {
+    let mut labels = e.labels.to_btree_map();
+    labels.remove(PORTS_LABEL);
+    if !e.ports.is_empty() {
+        let (ports, _) = xcc_proto::ports::checked(e.ports.iter().map(NamedPort::raw));
+        if !ports.is_empty() {
+            labels.insert(PORTS_LABEL.to_string(), format_label(&ports));
+        }
+    }
+    labels
+}
+
+/// The v1alpha1 payload as the XCC registry server fills it: name = id = fqdn, protocols
+/// `["https"]`, labels = the pass-through annotations (and xcc's [`PORTS_LABEL`]), endpoints
+/// in order.
 pub fn to_v1alpha1(e: &ServiceEntry) -> v1alpha1::FederatedService {
     v1alpha1::FederatedService {
         name: e.fqdn.to_string(),
         description: String::new(),
         tags: vec![],
-        labels: e.labels.to_btree_map(),
+        labels: hamlet_labels(e),
         fqdn: e.fqdn.to_string(),
         id: e.fqdn.to_string(),
         san: String::new(),
@@ -86,7 +111,7 @@ pub fn to_v1alpha2(e: &ServiceEntry) -> v1alpha2::FederatedService {
         name: e.fqdn.to_string(),
         description: String::new(),
         tags: vec![],
-        labels: e.labels.to_btree_map(),
+        labels: hamlet_labels(e),
         fqdn: e.fqdn.to_string(),
         endpoints: e
             .endpoints
@@ -148,6 +173,10 @@ pub struct Imported {
     /// owner; a Hamlet peer names none, and its RemoteRegistry stands for the source. Always a
     /// DNS-1123 label (it names MCS source clusters and `<hostname>.<cluster>.…` DNS names).
     pub cluster: Option<String>,
+    /// The service's named ports, checked ([`xcc_proto::ports::checked`]): a hierarchy answer
+    /// carries them; a Hamlet peer carries none (its single port travels as the `service-port`
+    /// label). They become the imported record's `spec.ports`.
+    pub ports: Vec<xcc_proto::crd::ServicePort>,
 }
 
 impl Imported {
@@ -164,6 +193,7 @@ impl Imported {
                 .as_ref()
                 .map(|o| o.cluster.clone())
                 .filter(|c| xcc_proto::names::is_dns1123_label(c)),
+            ports: xcc_proto::ports::checked(e.ports.iter().map(NamedPort::raw)).0,
         }
     }
 }
@@ -214,12 +244,28 @@ fn import_fields<'a>(
     }
     // The same allow-list as every other path labels arrive on (C6).
     let kept = crate::peer_labels::allowed_of(labels, &eps);
+    // The named ports an xcc exporter sends as a label: a bad port costs only itself, a bad
+    // label only the ports (the import keeps its `service-port`).
+    let ports = match labels.get(PORTS_LABEL).map(|v| parse_label(v)) {
+        None => vec![],
+        Some(Ok((ports, dropped))) => {
+            for (index, why) in dropped {
+                debug!(%fqdn, index, reason = %why, "a port of a Hamlet import was dropped");
+            }
+            ports
+        }
+        Some(Err(e)) => {
+            debug!(%fqdn, error = %e, "the ports label of a Hamlet import was dropped");
+            vec![]
+        }
+    };
     Ok(Imported {
         fqdn,
         raw_fqdn: raw_fqdn.to_string(),
         endpoints: eps,
         labels: kept,
         cluster: None,
+        ports,
     })
 }
 
@@ -278,6 +324,69 @@ mod tests {
             vec![SERVICE_PORT_ANNOTATION, VIP_ANNOTATION]
         );
         assert_eq!(got.endpoints.len(), 2);
+    }
+
+    /// Named ports travel over Hamlet as xcc's ports label and come back as the import's ports,
+    /// not as an annotation; a record's own annotation of that key is never sent.
+    #[test]
+    fn named_ports_travel_as_the_ports_label_and_come_back_as_ports() {
+        use xcc_proto::crd::{Protocol, ServicePort};
+        use xcc_proto::ports::PORTS_LABEL;
+        let mut e = entry();
+        e.labels.insert(PORTS_LABEL.into(), "a record's own".into());
+        assert_eq!(to_v1alpha1(&e).labels.get(PORTS_LABEL), None);
+        assert_eq!(import_v1alpha1(&any_v1alpha1(&e)).expect("valid").ports, []);
+        let port = |name: &str, port: u32, protocol: &str, target_port: u32| NamedPort {
+            name: name.into(),
+            port,
+            protocol: protocol.into(),
+            target_port,
+        };
+        e.ports = vec![
+            port("https", 443, "TCP", 0),
+            port("quic", 443, "UDP", 8443),
+            // What a child may announce but no Service takes: not sent.
+            port("Bad_Name", 80, "TCP", 0),
+        ];
+        let sent = to_v1alpha1(&e);
+        assert_eq!(
+            sent.labels[PORTS_LABEL],
+            r#"[{"name":"https","port":443,"protocol":"TCP"},{"name":"quic","port":443,"protocol":"UDP","targetPort":8443}]"#
+        );
+        assert_eq!(to_v1alpha2(&e).labels, sent.labels);
+        assert!(prost::Message::encoded_len(&sent) <= wire_size_bound(&e));
+        let got = import_v1alpha1(&any_v1alpha1(&e)).expect("valid");
+        assert_eq!(
+            got.ports,
+            [
+                ServicePort {
+                    name: Some("https".into()),
+                    port: 443,
+                    protocol: Some(Protocol::Tcp),
+                    target_port: None,
+                },
+                ServicePort {
+                    name: Some("quic".into()),
+                    port: 443,
+                    protocol: Some(Protocol::Udp),
+                    target_port: Some(8443),
+                },
+            ]
+        );
+        assert_eq!(
+            got.labels.keys().collect::<Vec<_>>(),
+            [SERVICE_PORT_ANNOTATION],
+            "the label is no annotation of the import"
+        );
+        // A peer's label that is no list of ports costs the ports, not the import.
+        let mut fs = to_v1alpha1(&e);
+        fs.labels.insert(PORTS_LABEL.into(), "{not json".into());
+        let any = prost_types::Any {
+            type_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
+            value: fs.encode_to_vec(),
+        };
+        let got = import_v1alpha1(&any).expect("valid");
+        assert_eq!((got.ports.len(), got.endpoints.len()), (0, 2));
     }
 
     #[test]

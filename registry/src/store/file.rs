@@ -32,7 +32,8 @@ use xcc_proto::{names, resources};
 use crate::catalog::{Catalog, ServiceEntry, ServiceKey, Source};
 use crate::hamlet::convert::Imported;
 use crate::store::model::{
-    ImportedRecordError, export_entry, imported_endpoints, imported_origin, namespace_name,
+    ImportedRecordError, export_entry, imported_endpoints, imported_origin, imported_ports,
+    namespace_name,
 };
 
 mod imports;
@@ -66,6 +67,7 @@ pub fn imported_record(
         spec: crd::ServiceRecordSpec {
             fqdn: imported.fqdn.clone(),
             endpoints: imported_endpoints(imported)?,
+            ports: imported_ports(imported),
             origin: imported_origin(imported),
             ..Default::default()
         },

@@ -82,6 +82,25 @@ pub fn imported_endpoints(imported: &Imported) -> Result<Vec<Endpoint>, Imported
         .collect()
 }
 
+/// The `spec.ports` of an import's record: its checked named ports, unset when it has none
+/// (the record's port then comes from the `service-port` annotation, as XCC v1's did).
+pub fn imported_ports(imported: &Imported) -> Option<Vec<xcc_proto::crd::ServicePort>> {
+    (!imported.ports.is_empty()).then(|| imported.ports.clone())
+}
+
+/// The ports of a stored imported record, as an [`Imported`] holds them: checked, so a record
+/// edited by hand costs only its bad ports.
+pub fn stored_ports(sr: &ServiceRecord) -> Vec<xcc_proto::crd::ServicePort> {
+    xcc_proto::ports::checked(
+        sr.spec
+            .ports
+            .iter()
+            .flatten()
+            .map(xcc_proto::ports::RawPort::of),
+    )
+    .0
+}
+
 /// The exported object's clusterset namespace and name, when the exporter sent them (kept only
 /// as a valid pair, [`crate::peer_labels`]): the binder names MCS ServiceImports and Cilium
 /// global Services after it, and `xcc dns` its MCS names. The cluster is the import's, when its
@@ -165,6 +184,8 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, E
                 name: p.name.as_deref().unwrap_or_default().into(),
                 port: port(p.port),
                 protocol: p.protocol().as_str().into(),
+                // `validate` admitted only target ports in 1-65535; the port's own is no target.
+                target_port: p.target_port.filter(|t| *t != p.port).map_or(0, port),
             })
             .collect(),
         labels,

@@ -257,6 +257,7 @@ impl FileImportSink {
                     resources::parse_documents(&text, &path.display().to_string())?;
                 for sr in records {
                     let cluster = imported_cluster(&sr);
+                    let ports = crate::store::model::stored_ports(&sr);
                     let mut endpoints = Vec::with_capacity(sr.spec.endpoints.len());
                     for e in sr.spec.endpoints {
                         let port = u32::try_from(e.port)
@@ -281,6 +282,7 @@ impl FileImportSink {
                         raw_fqdn: sr.spec.fqdn,
                         endpoints,
                         labels: sr.metadata.annotations.unwrap_or_default(),
+                        ports,
                     };
                     imports.insert(i.fqdn.clone(), i);
                 }
@@ -448,6 +450,10 @@ fn replay(imports: &mut BTreeMap<String, Imported>, bytes: &[u8], path: &Path) {
                         .collect(),
                     labels: p.annotations,
                     cluster: p.cluster.filter(|c| xcc_proto::names::is_dns1123_label(c)),
+                    ports: xcc_proto::ports::checked(
+                        p.ports.iter().map(xcc_proto::ports::RawPort::of),
+                    )
+                    .0,
                 };
                 imports.insert(i.fqdn.clone(), i);
             }
@@ -489,6 +495,7 @@ fn journal_lines(
                             .collect(),
                         annotations: i.labels.clone(),
                         cluster: i.cluster.clone(),
+                        ports: i.ports.clone(),
                     }),
                     del: None,
                 }
@@ -580,6 +587,7 @@ mod tests {
             }],
             labels,
             cluster: None,
+            ports: vec![],
         }
     }
 
@@ -636,7 +644,7 @@ mod tests {
     /// `spec.origin.cluster` (with the origin's namespace and name), the journal as its own
     /// field, and both read back the same; a Hamlet import names none.
     #[tokio::test]
-    async fn the_owner_cluster_survives_the_snapshot_and_the_journal() {
+    async fn the_owner_cluster_and_named_ports_survive_the_snapshot_and_the_journal() {
         let dir = tempfile::tempdir().expect("tempdir");
         let sink = FileImportSink::new(dir.path(), "ns").expect("sink");
         let with_owner = |fqdn: &str, ip: &str| {
@@ -650,6 +658,7 @@ mod tests {
                 "db".into(),
             );
             i.cluster = Some("east".into());
+            i.ports = sql_ports();
             i
         };
         let mut imports = BTreeMap::new();
@@ -671,6 +680,8 @@ mod tests {
                 None
             ]
         );
+        let ports: Vec<_> = records.iter().map(|r| r.spec.ports.clone()).collect();
+        assert_eq!(ports, [Some(sql_ports()), None]);
         imports.insert(
             "db2.x.test".to_string(),
             with_owner("db2.x.test", "10.4.0.2"),
@@ -686,6 +697,24 @@ mod tests {
         let mut got: Vec<Imported> = again.load("parent").expect("load");
         got.sort_by(|a, b| a.fqdn.cmp(&b.fqdn));
         assert_eq!(got, imports.into_values().collect::<Vec<_>>());
+    }
+
+    fn sql_ports() -> Vec<xcc_proto::crd::ServicePort> {
+        use xcc_proto::crd::{Protocol, ServicePort};
+        vec![
+            ServicePort {
+                name: Some("sql".into()),
+                port: 5432,
+                protocol: Some(Protocol::Tcp),
+                target_port: Some(15432),
+            },
+            ServicePort {
+                name: Some("stats".into()),
+                port: 9187,
+                protocol: Some(Protocol::Udp),
+                target_port: None,
+            },
+        ]
     }
 
     #[tokio::test]

@@ -12,7 +12,9 @@ use xcc_proto::names::{
 };
 
 use crate::hamlet::convert::Imported;
-use crate::store::model::{ImportedRecordError, imported_endpoints, imported_origin};
+use crate::store::model::{
+    ImportedRecordError, imported_endpoints, imported_origin, imported_ports,
+};
 
 /// Label selector of the records this registry exports: the export label, and never an
 /// imported record (so nothing is re-exported transitively).
@@ -90,6 +92,7 @@ pub fn imported_record(
         spec: ServiceRecordSpec {
             fqdn: imported.fqdn.clone(),
             endpoints: imported_endpoints(imported)?,
+            ports: imported_ports(imported),
             origin: imported_origin(imported),
             ..ServiceRecordSpec::default()
         },
@@ -239,6 +242,7 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             cluster: None,
+            ports: vec![],
         }
     }
 

@@ -470,6 +470,12 @@ mod tests {
     fn reasons_are_the_check_in_camel_case_and_always_valid() {
         assert_eq!(reason_of("announce"), "Announce");
         assert_eq!(reason_of("name_owner"), "NameOwner");
+        // The publisher reads these two as "another service owns the name" (MCS Conflict).
+        assert_eq!(reason_of("owner"), xcc_proto::crd::ANNOUNCED_REASON_OWNER);
+        assert_eq!(
+            reason_of("collision"),
+            xcc_proto::crd::ANNOUNCED_REASON_COLLISION
+        );
         assert_eq!(reason_of("size"), "Size");
         for hostile in ["", "9lives", "--", "ü-9x"] {
             assert_eq!(reason_of(hostile), "Refused", "{hostile:?}");

@@ -290,6 +290,7 @@ impl KubeImportSink {
             .map(|r| Imported {
                 // Read first: the fields below move out of the record.
                 cluster: crate::store::model::imported_cluster(&r),
+                ports: crate::store::model::stored_ports(&r),
                 fqdn: r.spec.fqdn.clone(),
                 raw_fqdn: r.spec.fqdn,
                 endpoints: r
