@@ -264,7 +264,15 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     );
     let db_fqdn = "db.shop.svc.clusterset.local";
     let db_svc = service_name(db_fqdn);
-    let db_service = west.get("v1", "services", Some(NS), &db_svc).await.unwrap();
+    // A Headless ServiceImport names no IP of the binder's Service, so it may come first.
+    let db_service = wait_for(
+        "west's Service of db",
+        WAIT,
+        &[&west],
+        async || west.get("v1", "services", Some(NS), &db_svc).await,
+        || logs(&east, &west),
+    )
+    .await;
     assert_eq!(db_service["spec"]["clusterIP"], "None");
     let db_slices: Vec<k8s_openapi::api::discovery::v1::EndpointSlice> = wait_for(
         "west's slice of db with both pods",
