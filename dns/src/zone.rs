@@ -735,7 +735,7 @@ fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<Strin
     out
 }
 
-/// A port name usable as an SRV label: what Kubernetes allows (IANA service names), lowercased.
+/// A port name usable as an SRV label (`_<name>`, so at most 62 characters), lowercased.
 fn srv_label(port_name: &str) -> Option<String> {
     let lower = port_name.to_ascii_lowercase();
     let ok = !lower.is_empty()

@@ -109,6 +109,10 @@ pub struct ServiceRecordSpec {
 /// `maxLength`.
 const FQDN_PATTERN: &str = r"^([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?$";
 
+/// RE2 pattern of `spec.ports[].name`: a DNS-1123 label (length by `maxLength`), the rule of
+/// [`is_port_name`](crate::names::is_port_name).
+const PORT_NAME_PATTERN: &str = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$";
+
 /// One address serving a ServiceRecord.
 #[derive(
     Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
@@ -178,9 +182,10 @@ impl Protocol {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ServicePort {
-    /// IANA service name of the port (required when several ports are listed), e.g. `https`.
+    /// Name of the port, a DNS-1123 label as a Service's port names are (required when several
+    /// ports are listed), e.g. `https`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 15))]
+    #[schemars(length(min = 1, max = 63), regex(pattern = PORT_NAME_PATTERN))]
     pub name: Option<String>,
     /// Port number, 1-65535.
     #[schemars(range(min = 1, max = 65535))]

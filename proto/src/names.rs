@@ -84,22 +84,15 @@ pub fn is_dns1123_label(name: &str) -> bool {
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
-/// Longest IANA service name (a port name of a ServiceRecord).
-pub const MAX_PORT_NAME_LEN: usize = 15;
+/// Longest port name of a ServiceRecord (a DNS-1123 label).
+pub const MAX_PORT_NAME_LEN: usize = MAX_LABEL_LEN;
 
-/// Whether `name` is an IANA service name (RFC 6335) as Kubernetes checks port names, and as
-/// the ServiceRecord CRD bounds `spec.ports[].name`: at most 15 of `[a-z0-9-]`, at least one
-/// letter, no leading, trailing or double `-` (a DNS-1123 label, and more).
+/// Whether `name` is a port name as Kubernetes checks the port names of a Service and of an
+/// EndpointSlice, and as the ServiceRecord CRD bounds `spec.ports[].name`: a
+/// [DNS-1123 label](is_dns1123_label). (Container port names are IANA service names, at most 15
+/// characters; a Service's port names, which an export carries, are not held to that.)
 pub fn is_port_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= MAX_PORT_NAME_LEN
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && name.bytes().any(|b| b.is_ascii_lowercase())
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-        && !name.contains("--")
+    is_dns1123_label(name)
 }
 
 /// Whether `name` is a Kubernetes DNS-1123 subdomain (the rule for most object names, e.g. a

@@ -68,9 +68,9 @@ pub enum Dropped {
         /// The protocol, at most 64 bytes of it.
         protocol: String,
     },
-    /// The name is not an IANA service name.
+    /// The name is not a port name ([`is_port_name`]).
     #[error(
-        "port {port}: name {name:?} is not a port name (at most 15 lowercase letters, digits and '-', at least one letter, no leading, trailing or double '-')"
+        "port {port}: name {name:?} is not a port name (a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit)"
     )]
     Name {
         /// The port.
@@ -113,8 +113,8 @@ fn shown(s: &str) -> String {
 
 /// The ports of `raw` a ServiceRecord, a Service and a ServiceImport all accept, in order, and
 /// each dropped one (by its index in `raw`) with why: a port and a target port (0: the port)
-/// in 1-65535, the protocol `TCP` (or empty), `UDP` or `SCTP`, a name that is empty or an IANA
-/// service name ([`is_port_name`]), no name and no port/protocol pair twice (the first one
+/// in 1-65535, the protocol `TCP` (or empty), `UDP` or `SCTP`, a name that is empty or a DNS-1123
+/// label ([`is_port_name`]), no name and no port/protocol pair twice (the first one
 /// stays), with several ports kept a name on each (an unnamed one among several is dropped),
 /// and then the first [`MAX_PORTS`]. A target port equal to the port is left unset.
 pub fn checked<'a>(raw: impl IntoIterator<Item = RawPort<'a>>) -> Checked {
@@ -332,6 +332,29 @@ mod tests {
     }
 
     #[test]
+    fn service_port_names_are_kept_as_kubernetes_allows_them() {
+        // A Service's port names are DNS-1123 labels: longer than an IANA service name,
+        // digits only, or with a double '-'.
+        let max: &'static str = Box::leak("p".repeat(63).into_boxed_str());
+        let (kept, dropped) = checked([
+            raw("grpc-metrics-endpoint", 9090, "TCP", 0),
+            raw("123", 9091, "TCP", 0),
+            raw("a--b", 9092, "TCP", 0),
+            raw(max, 9093, "TCP", 0),
+        ]);
+        assert_eq!(dropped, []);
+        assert_eq!(
+            kept,
+            [
+                sp(Some("grpc-metrics-endpoint"), 9090, Protocol::Tcp, None),
+                sp(Some("123"), 9091, Protocol::Tcp, None),
+                sp(Some("a--b"), 9092, Protocol::Tcp, None),
+                sp(Some(max), 9093, Protocol::Tcp, None),
+            ]
+        );
+    }
+
+    #[test]
     fn each_bad_port_is_dropped_with_its_reason_and_costs_only_itself() {
         let long = "x".repeat(10_000);
         let long: &'static str = Box::leak(long.into_boxed_str());
@@ -342,9 +365,9 @@ mod tests {
             raw("lower", 81, "tcp", 0),
             raw("quic", 82, "QUIC", 0),
             raw("Upper", 83, "TCP", 0),
-            raw("way-too-long-name", 84, "TCP", 0),
-            raw("a--b", 85, "TCP", 0),
-            raw("123", 86, "TCP", 0),
+            raw("-lead", 84, "TCP", 0),
+            raw("trail-", 85, "TCP", 0),
+            raw("under_score", 86, "TCP", 0),
             raw(long, 87, "TCP", 0),
             raw("web", 443, "TCP", 0),
             raw("web", 444, "TCP", 0),
@@ -368,10 +391,10 @@ mod tests {
                 (2, "port 80: target port 65536 is out of range 1-65535".into()),
                 (3, "port 81: protocol \"tcp\" is none of TCP, UDP, SCTP".into()),
                 (4, "port 82: protocol \"QUIC\" is none of TCP, UDP, SCTP".into()),
-                (5, "port 83: name \"Upper\" is not a port name (at most 15 lowercase letters, digits and '-', at least one letter, no leading, trailing or double '-')".into()),
-                (6, "port 84: name \"way-too-long-name\" is not a port name (at most 15 lowercase letters, digits and '-', at least one letter, no leading, trailing or double '-')".into()),
-                (7, "port 85: name \"a--b\" is not a port name (at most 15 lowercase letters, digits and '-', at least one letter, no leading, trailing or double '-')".into()),
-                (8, "port 86: name \"123\" is not a port name (at most 15 lowercase letters, digits and '-', at least one letter, no leading, trailing or double '-')".into()),
+                (5, "port 83: name \"Upper\" is not a port name (a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit)".into()),
+                (6, "port 84: name \"-lead\" is not a port name (a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit)".into()),
+                (7, "port 85: name \"trail-\" is not a port name (a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit)".into()),
+                (8, "port 86: name \"under_score\" is not a port name (a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit)".into()),
             ]
         );
         assert_eq!(

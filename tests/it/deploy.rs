@@ -679,3 +679,87 @@ async fn crd_cel_rules_and_validate_agree_on_a_real_api_server() {
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
 }
+
+/// A ServiceRecord's port names follow a Service's (DNS-1123 labels, up to 63 characters, which
+/// the publisher copies from the exported Service): the CRD's schema and `validate()` accept and
+/// refuse the same names on a real API server (dry run).
+#[tokio::test]
+async fn service_record_port_names_follow_service_port_names_on_a_real_api_server() {
+    use serde_json::json;
+
+    let test = "service_record_port_names_follow_service_port_names_on_a_real_api_server";
+    let Some(cp) = xcc_testkube::shared(test) else {
+        return;
+    };
+    cp.apply_dir(&deploy_dir().join("crds")).await;
+    let ns = cp.namespace("portnames").await;
+    let api = kube::Api::<kube::api::DynamicObject>::namespaced_with(
+        cp.client().await,
+        &ns,
+        &kube::api::ApiResource::erase::<ServiceRecord>(&()),
+    );
+    let max = "p".repeat(63);
+    let over = "p".repeat(64);
+    // (port name, accepted)
+    let table = [
+        ("https", true),
+        // Longer than an IANA service name (15), as Service port names may be.
+        ("grpc-metrics-endpoint", true),
+        ("123", true),
+        ("a--b", true),
+        (max.as_str(), true),
+        (over.as_str(), false),
+        ("Upper", false),
+        ("under_score", false),
+        ("-lead", false),
+        ("trail-", false),
+    ];
+    let mut wrong = Vec::new();
+    for (i, (name, accepted)) in table.iter().enumerate() {
+        let object = json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+            "kind": "ServiceRecord",
+            "metadata": {"name": format!("row-{i}.example"), "namespace": ns},
+            "spec": {
+                "fqdn": format!("row-{i}.example"),
+                "endpoints": [{"address": "10.0.0.1", "port": 8443}],
+                "ports": [{"name": name, "port": 443}],
+            },
+        });
+        let sr: ServiceRecord = serde_json::from_value(object.clone()).unwrap();
+        let rust_ok = match sr.validate() {
+            Ok(()) => true,
+            Err(xcc_proto::resources::ResourceError::Invalid { violations, .. })
+                if violations.len() == 1
+                    && violations[0]
+                        .to_string()
+                        .starts_with("spec.ports[0].name: ") =>
+            {
+                false
+            }
+            Err(other) => {
+                panic!("row {i} {name:?}: validate() rejects for another reason: {other}")
+            }
+        };
+        let pp = kube::api::PostParams {
+            dry_run: true,
+            field_manager: None,
+        };
+        let raw: kube::api::DynamicObject = serde_json::from_value(object).unwrap();
+        let server_ok = match api.create(&pp, &raw).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(status))
+                if status.code == 422 && status.message.contains("spec.ports[0].name") =>
+            {
+                false
+            }
+            Err(e) => panic!("row {i} {name:?}: the API server rejects for another reason: {e}"),
+        };
+        if (rust_ok, server_ok) != (*accepted, *accepted) {
+            wrong.push(format!(
+                "row {i} {name:?}: expected {accepted}, validate() {rust_ok}, API server {server_ok}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}

@@ -463,7 +463,7 @@ fn service_record_validation_reports_every_field() {
             r#"spec.ports[1].name: duplicate name "web""#,
             "spec.ports[1].port: 0 is out of range 1-65535",
             "spec.ports[2].name: required when more than one port is listed",
-            r#"spec.ports[3].name: "Bad_Name" is not a valid port name (at most 15 lowercase letters, digits and '-', at least one letter, no leading, trailing or double '-')"#,
+            r#"spec.ports[3].name: "Bad_Name" is not a valid port name (a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit)"#,
             "spec.origin.namespace: must not be empty",
             "spec.origin.name: must not be empty",
         ]

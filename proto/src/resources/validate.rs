@@ -116,7 +116,7 @@ impl ServiceRecord {
                     Some(name) if !is_port_name(name) => v.add(
                         format!("spec.ports[{i}].name"),
                         format!(
-                            "{name:?} is not a valid port name (at most 15 lowercase letters, digits and '-', at least one letter, no leading, trailing or double '-')"
+                            "{name:?} is not a valid port name (a DNS-1123 label: at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit)"
                         ),
                     ),
                     Some(name) if !names.insert(name.as_str()) => {
