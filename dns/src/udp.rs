@@ -1,9 +1,9 @@
 //! Batched UDP I/O for the DNS workers: up to [`UDP_BATCH`] queries taken with one `recvmmsg`
 //! and their answers sent with one `sendmmsg` (safe wrappers: nix's `recvmmsg`, rustix's
-//! `sendmmsg`, which reports how many went), as Knot's UDP
-//! workers do. Under load a worker thus pays two system calls per batch instead of two per
-//! query; when queries trickle in, a batch is one query and nothing waits for a batch to fill
-//! (`MSG_WAITFORONE`: block for the first datagram only, then take what is already queued).
+//! `sendmmsg`, which reports how many went), as Knot's UDP workers do. Under load a worker
+//! thus pays two system calls per batch instead of two per query; when queries trickle in, a
+//! batch is one query and nothing waits for a batch to fill (`MSG_WAITFORONE`: block for the
+//! first datagram only, then take what is already queued).
 //!
 //! Each slot holds [`UDP_SLOT`] bytes. A datagram longer than that (no client sends a query that
 //! large: clients advertise at most 4096 bytes of EDNS payload for the *answer*, and a question
