@@ -101,7 +101,7 @@ pub enum Command {
     Demo,
     /// Measure a registry under load (snapshot time, update fan-out, memory). Built with
     /// `--features bench` only.
-    #[cfg(feature = "bench")]
+    #[cfg(any(feature = "bench", test))]
     Bench(crate::bench::BenchArgs),
 }
 
@@ -115,7 +115,7 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Admin(args) => crate::admin_cli::run(args).await,
         Command::Dns(args) => crate::dns_cli::run(args).await,
         Command::Demo => crate::demo::run().await,
-        #[cfg(feature = "bench")]
+        #[cfg(any(feature = "bench", test))]
         Command::Bench(args) => crate::bench::run(args).await,
     }
 }

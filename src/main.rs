@@ -1,14 +1,15 @@
 //! `xcc`: one binary for every role. Thin wiring only; the work happens in the crates.
 
 mod admin_cli;
-// `xcc bench ...` only with the `bench` feature: not in the production binary.
-#[cfg(feature = "bench")]
+// `xcc bench ...` only with the `bench` feature: not in the production binary. The unit tests
+// build it always, so that `cargo test --workspace` runs the benchmarks' own tests too.
+#[cfg(any(feature = "bench", test))]
 mod bench;
-#[cfg(feature = "bench")]
+#[cfg(any(feature = "bench", test))]
 mod bench_common;
-#[cfg(feature = "bench")]
+#[cfg(any(feature = "bench", test))]
 mod bench_hierarchy;
-#[cfg(feature = "bench")]
+#[cfg(any(feature = "bench", test))]
 mod bench_import;
 mod binder_cli;
 mod certs_cli;
