@@ -44,6 +44,20 @@ def fs_v1alpha1():
             + f_bytes(4, entry("connectivity.tanzu.vmware.com/vip", "10.9.0.1")))
 
 
+def fs_v1alpha1_ports(value):
+    """A v1alpha1 FederatedService from an xcc exporter: its named ports in xcc's ports label."""
+    return fs_v1alpha1() + f_bytes(4, entry("connectivity.tanzu.vmware.com/ports", value))
+
+
+PORTS_OK = ('[{"name":"sql","port":5432,"protocol":"TCP","targetPort":15432},'
+            '{"name":"stats","port":9187,"protocol":"UDP"}]')
+# Every way a port can be bad in one list: duplicate name, port 0, a string port, an unknown
+# protocol, a target of 0, a name that is no DNS label, no name beside others, not an object.
+PORTS_BAD = ('[{"name":"a","port":1},{"name":"a","port":2},{"name":"b","port":0},'
+             '{"name":"c","port":"80"},{"name":"d","port":3,"protocol":"ICMP"},'
+             '{"name":"e","port":4,"targetPort":0},{"name":"-x","port":5},{"port":6},7,null]')
+
+
 def fs_v1alpha2():
     ep = f_bytes(1, "fd00::1") + f_varint(2, 8443) + f_bytes(3, "zone=a")
     inst = f_bytes(1, "i1") + f_bytes(2, "https")
@@ -69,6 +83,10 @@ def hamlet():
         "v1alpha2_request": b"\x03" + f_bytes(1, req2),
         "v1alpha1_service": b"\x04" + fs_v1alpha1(),
         "v1alpha2_service": b"\x05" + fs_v1alpha2(),
+        "v1alpha1_service_ports": b"\x04" + fs_v1alpha1_ports(PORTS_OK),
+        "v1alpha1_service_bad_ports": b"\x04" + fs_v1alpha1_ports(PORTS_BAD),
+        "v1alpha1_response_ports": b"\x00" + f_bytes(3, any_of(
+            "federation.types.v1alpha1.FederatedService", fs_v1alpha1_ports(PORTS_OK))),
     }
 
 

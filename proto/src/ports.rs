@@ -502,6 +502,57 @@ mod tests {
     }
 
     #[test]
+    fn every_bad_port_of_a_label_is_dropped_with_its_own_reason() {
+        // The same list as the `v1alpha1_service_bad_ports` fuzz seed (fuzz/make_seeds.py).
+        let (kept, dropped) = parse_label(
+            r#"[{"name":"a","port":1},{"name":"a","port":2},{"name":"b","port":0},
+                {"name":"c","port":"80"},{"name":"d","port":3,"protocol":"ICMP"},
+                {"name":"e","port":4,"targetPort":0},{"name":"-x","port":5},{"port":6},7,null]"#,
+        )
+        .unwrap();
+        assert_eq!(kept, [sp(Some("a"), 1, Protocol::Tcp, None)]);
+        let name = |s: &str| s.to_string();
+        assert_eq!(
+            dropped,
+            [
+                (
+                    1,
+                    Dropped::DuplicateName {
+                        port: 2,
+                        name: name("a")
+                    }
+                ),
+                (2, Dropped::Port(0)),
+                (3, Dropped::Port(0)),
+                (
+                    4,
+                    Dropped::Protocol {
+                        port: 3,
+                        protocol: name("ICMP")
+                    }
+                ),
+                (
+                    5,
+                    Dropped::TargetPort {
+                        port: 4,
+                        target: u32::MAX
+                    }
+                ),
+                (
+                    6,
+                    Dropped::Name {
+                        port: 5,
+                        name: name("-x")
+                    }
+                ),
+                (7, Dropped::Unnamed(6)),
+                (8, Dropped::Port(0)),
+                (9, Dropped::Port(0)),
+            ]
+        );
+    }
+
+    #[test]
     fn a_records_ports_round_trip() {
         let ports = [
             sp(Some("sql"), 5432, Protocol::Tcp, Some(15432)),
