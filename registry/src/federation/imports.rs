@@ -171,7 +171,7 @@ pub async fn run(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use xcc_proto::crd::{Protocol, ServicePort};
@@ -271,16 +271,9 @@ mod tests {
 
     /// A granted answer's ports reach the import — names, protocols, the pods' target ports —
     /// as the record's `spec.ports`, in both stores.
-    #[test]
-    fn a_granted_answers_ports_become_the_imports_named_ports() {
-        let mut a = granted(labels(&[(HEADLESS_ANNOTATION, "true")]));
-        a.ports = vec![
-            port("sql", 5432, "TCP", 15432),
-            port("stats", 9187, "UDP", 0),
-        ];
-        let e = entry_of(&a, "parent");
-        let imported = Imported::of_entry(&e);
-        let want = vec![
+    /// The named ports of the tests' headless database: `sql` 5432 → 15432/TCP, `stats` 9187/UDP.
+    pub(crate) fn sql_ports() -> Vec<ServicePort> {
+        vec![
             ServicePort {
                 name: Some("sql".into()),
                 port: 5432,
@@ -293,7 +286,19 @@ mod tests {
                 protocol: Some(Protocol::Udp),
                 target_port: None,
             },
+        ]
+    }
+
+    #[test]
+    fn a_granted_answers_ports_become_the_imports_named_ports() {
+        let mut a = granted(labels(&[(HEADLESS_ANNOTATION, "true")]));
+        a.ports = vec![
+            port("sql", 5432, "TCP", 15432),
+            port("stats", 9187, "UDP", 0),
         ];
+        let e = entry_of(&a, "parent");
+        let imported = Imported::of_entry(&e);
+        let want = sql_ports();
         assert_eq!(imported.ports, want);
         let owner = crate::store::kube::records::Owner {
             name: "parent".into(),

@@ -658,7 +658,7 @@ mod tests {
                 "db".into(),
             );
             i.cluster = Some("east".into());
-            i.ports = sql_ports();
+            i.ports = crate::federation::imports::tests::sql_ports();
             i
         };
         let mut imports = BTreeMap::new();
@@ -681,7 +681,10 @@ mod tests {
             ]
         );
         let ports: Vec<_> = records.iter().map(|r| r.spec.ports.clone()).collect();
-        assert_eq!(ports, [Some(sql_ports()), None]);
+        assert_eq!(
+            ports,
+            [Some(crate::federation::imports::tests::sql_ports()), None]
+        );
         imports.insert(
             "db2.x.test".to_string(),
             with_owner("db2.x.test", "10.4.0.2"),
@@ -697,24 +700,6 @@ mod tests {
         let mut got: Vec<Imported> = again.load("parent").expect("load");
         got.sort_by(|a, b| a.fqdn.cmp(&b.fqdn));
         assert_eq!(got, imports.into_values().collect::<Vec<_>>());
-    }
-
-    fn sql_ports() -> Vec<xcc_proto::crd::ServicePort> {
-        use xcc_proto::crd::{Protocol, ServicePort};
-        vec![
-            ServicePort {
-                name: Some("sql".into()),
-                port: 5432,
-                protocol: Some(Protocol::Tcp),
-                target_port: Some(15432),
-            },
-            ServicePort {
-                name: Some("stats".into()),
-                port: 9187,
-                protocol: Some(Protocol::Udp),
-                target_port: None,
-            },
-        ]
     }
 
     #[tokio::test]
