@@ -6,6 +6,8 @@
 //!   usable ports (as the Service's), `spec.ips` (ClusterSetIP only): the cluster IPs of the
 //!   binder's Service for the FQDN — what `xcc dns` answers for
 //!   `<name>.<namespace>.svc.clusterset.local` (none until the API server allocated them);
+//!   `spec.ipFamilies`: the family of each of those IPs, in their order (of a Headless import:
+//!   the families of the endpoints' addresses, IPv4 first);
 //! - `status.clusters`: the source clusters of the records, sorted;
 //! - the managed label and the install annotation of Cilium mode ([`cilium::INSTALL_ANNOTATION`]),
 //!   so a binder writes and deletes only its own ServiceImports: one that Submariner, Cilium or
@@ -53,6 +55,32 @@ fn service_ips(service: Option<&Service>) -> Vec<String> {
     .collect()
 }
 
+/// `IPv4` or `IPv6`: the family of `ip`, `None` when it is not an IP.
+fn family(ip: &str) -> Option<String> {
+    match ip.parse::<std::net::IpAddr>().ok()? {
+        std::net::IpAddr::V4(_) => Some("IPv4".into()),
+        std::net::IpAddr::V6(_) => Some("IPv6".into()),
+    }
+}
+
+/// The IP families of the records' endpoint addresses (what a headless name answers with),
+/// `IPv4` before `IPv6`; the API server gives a headless selector-less Service both families
+/// whatever its endpoints are, so its own say nothing.
+fn endpoint_families(records: &[&ServiceRecord]) -> Vec<String> {
+    let addresses = || records.iter().flat_map(|r| &r.spec.endpoints);
+    let mut out = Vec::new();
+    for (v6, name) in [(false, "IPv4"), (true, "IPv6")] {
+        if addresses().any(|e| {
+            e.address
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_ipv6() == v6)
+        }) {
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
 /// The ServiceImports the imported `records` (in the binder's namespace) call for, sorted by
 /// namespace and name, and the origins that get none. `services` are the binder's Services
 /// (looked up by namespace and name for their IPs); `install` is the binder's namespace.
@@ -86,6 +114,11 @@ pub fn desired(
             Vec::new()
         } else {
             service_ips(service)
+        };
+        let families = if headless {
+            endpoint_families(&group)
+        } else {
+            ips.iter().filter_map(|ip| family(ip)).collect()
         };
         let clusters: BTreeSet<String> = group
             .iter()
@@ -124,6 +157,7 @@ pub fn desired(
                 }
                 .into(),
                 ips: (!ips.is_empty()).then_some(ips),
+                ip_families: (!families.is_empty()).then_some(families),
                 session_affinity: None,
             },
             status: Some(ServiceImportStatus {

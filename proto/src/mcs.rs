@@ -288,6 +288,9 @@ pub struct ServiceImportSpec {
     /// The VIP (one per family) when the type is ClusterSetIP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ips: Option<Vec<String>>,
+    /// The IP families of the service (`IPv4`, `IPv6`), in the order of `ips`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_families: Option<Vec<String>>,
     /// `ClientIP` or `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<String>,
@@ -357,7 +360,6 @@ pub const NOT_MODELLED: [(&str, &[&str]); 3] = [
         "ServiceImport",
         &[
             ".spec.internalTrafficPolicy",
-            ".spec.ipFamilies",
             ".spec.sessionAffinityConfig",
             ".spec.trafficDistribution",
             ".status.conditions",

@@ -7,7 +7,7 @@
 //!   the registry runs;
 //! - a `ServiceExport` in `east` (no XCC label) → `Valid`/`Ready` conditions there, and in
 //!   `west` a `ServiceImport` of the same name and namespace (`ClusterSetIP`, the named ports,
-//!   which travel over Hamlet as xcc's ports label, the IP of the binder's Service,
+//!   which travel over Hamlet as xcc's ports label, the IP of the binder's Service and its family,
 //!   `clusters: [east]`) and EndpointSlices with the MCS labels holding east's ready pod on
 //!   the pods' port (not east's cluster IP);
 //! - a headless Service with a ServiceExport in `east` → in `west` a `Headless` ServiceImport
@@ -208,7 +208,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     // A flat (Hamlet) import carries the named port too (xcc's ports label).
     assert_eq!(
         import["spec"],
-        json!({"type": "ClusterSetIP", "ips": [west_ip],
+        json!({"type": "ClusterSetIP", "ips": [west_ip], "ipFamilies": ["IPv4"],
                "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
     );
     assert_eq!(import["status"], json!({"clusters": [{"cluster": "east"}]}));
@@ -267,16 +267,22 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     )
     .await;
     let db_import = wait_for(
-        "west's Headless ServiceImport db",
+        "west's Headless ServiceImport db with its pods' IP family",
         WAIT,
         &[&west],
-        async || west.get(MCS, "serviceimports", Some("shop"), "db").await,
+        // The family is the pods'; the publisher may have seen their slice after the export.
+        async || {
+            west.get(MCS, "serviceimports", Some("shop"), "db")
+                .await
+                .filter(|i| i["spec"]["ipFamilies"].is_array())
+        },
         || logs(&east, &west),
     )
     .await;
     assert_eq!(
         db_import["spec"],
-        json!({"type": "Headless", "ports": [{"name": "sql", "protocol": "TCP", "port": 5432}]})
+        json!({"type": "Headless", "ipFamilies": ["IPv4"],
+               "ports": [{"name": "sql", "protocol": "TCP", "port": 5432}]})
     );
     let db_fqdn = "db.shop.svc.clusterset.local";
     let db_svc = service_name(db_fqdn);
@@ -505,7 +511,9 @@ async fn headless_export_in_east_is_imported_through_a_hierarchy_grant_in_west()
         async || {
             west.get(MCS, "serviceimports", Some("shop"), "db")
                 .await
-                .filter(|i| i["status"]["clusters"].is_array())
+                .filter(|i| {
+                    i["status"]["clusters"].is_array() && i["spec"]["ipFamilies"].is_array()
+                })
         },
         || logs(&east, &west),
     )
@@ -513,7 +521,7 @@ async fn headless_export_in_east_is_imported_through_a_hierarchy_grant_in_west()
     // Every port of the export, with its name and protocol: the granted answer carries them.
     assert_eq!(
         db_import["spec"],
-        json!({"type": "Headless", "ports": [
+        json!({"type": "Headless", "ipFamilies": ["IPv4"], "ports": [
             {"name": "sql", "protocol": "TCP", "port": 5432},
             {"name": "stats", "protocol": "UDP", "port": 9187},
         ]})

@@ -68,7 +68,7 @@ fn one_import_per_origin_with_ports_ips_and_clusters() {
                 "annotations": {FQDN_ANNOTATION: "api.shop.svc.clusterset.local",
                                 INSTALL_ANNOTATION: "xcc-system"},
             },
-            "spec": {"type": TYPE_CLUSTER_SET_IP, "ips": ["10.96.0.10"],
+            "spec": {"type": TYPE_CLUSTER_SET_IP, "ips": ["10.96.0.10"], "ipFamilies": ["IPv4"],
                      "ports": [{"name": "http", "protocol": "TCP", "port": 80}]},
             "status": {"clusters": [{"cluster": "east"}, {"cluster": "west"}]},
         }])
@@ -182,10 +182,55 @@ fn a_headless_export_is_a_headless_import_without_ips() {
         json!([{"port": 80}]),
         json!({xcc_proto::mcs::HEADLESS_ANNOTATION: "true"}),
     );
-    let svc = binder_service("None", None);
+    let mut svc = binder_service("None", None);
+    // The API server gives a headless selector-less Service both families: not what counts.
+    svc.spec.as_mut().unwrap().ip_families = Some(vec!["IPv6".into(), "IPv4".into()]);
     let (imports, _) = desired(&[&r], &services(&svc), "i");
     assert_eq!(imports[0].spec.type_, xcc_proto::mcs::TYPE_HEADLESS);
     assert_eq!(imports[0].spec.ips, None);
+    // The families of the endpoints' addresses, IPv4 first.
+    assert_eq!(imports[0].spec.ip_families, Some(vec!["IPv4".to_string()]));
+    let mut dual = r.clone();
+    dual.spec.endpoints = vec![
+        xcc_proto::crd::Endpoint {
+            address: "fd00::5".into(),
+            port: 8080,
+        },
+        xcc_proto::crd::Endpoint {
+            address: "10.0.0.5".into(),
+            port: 8080,
+        },
+    ];
+    let (imports, _) = desired(&[&dual], &services(&svc), "i");
+    assert_eq!(
+        imports[0].spec.ip_families,
+        Some(vec!["IPv4".to_string(), "IPv6".to_string()])
+    );
+    dual.spec.endpoints.clear();
+    let (imports, _) = desired(&[&dual], &services(&svc), "i");
+    assert_eq!(imports[0].spec.ip_families, None, "no endpoint, no family");
+}
+
+#[test]
+fn ip_families_follow_the_ips_one_per_family_in_order() {
+    let r = record("a", "1", "east", json!([{"port": 80}]), json!({}));
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": names::service_name("api.shop.svc.clusterset.local"), "namespace": NS},
+        "spec": {"clusterIP": "fd00::a", "clusterIPs": ["fd00::a", "10.96.0.10"],
+                 "ipFamilies": ["IPv6", "IPv4"]},
+    }))
+    .unwrap();
+    let (imports, _) = desired(&[&r], &services(&svc), "i");
+    assert_eq!(
+        imports[0].spec.ips,
+        Some(vec!["fd00::a".to_string(), "10.96.0.10".to_string()])
+    );
+    assert_eq!(
+        imports[0].spec.ip_families,
+        Some(vec!["IPv6".to_string(), "IPv4".to_string()])
+    );
+    let (imports, _) = desired(&[&r], &BTreeMap::new(), "i");
+    assert_eq!(imports[0].spec.ip_families, None, "no IP, no family");
 }
 
 #[test]
@@ -204,7 +249,7 @@ fn an_imports_named_ports_with_their_protocols_are_the_service_imports_ports() {
     assert_eq!(skipped, []);
     assert_eq!(
         serde_json::to_value(&imports[0].spec).unwrap(),
-        json!({"type": "Headless", "ports": [
+        json!({"type": "Headless", "ipFamilies": ["IPv4"], "ports": [
             {"name": "sql", "protocol": "TCP", "port": 5432},
             {"name": "stats", "protocol": "UDP", "port": 9187},
         ]})

@@ -134,7 +134,7 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
     let value = serde_json::to_value(&api).unwrap();
     assert_eq!(
         value["spec"],
-        json!({"type": "ClusterSetIP", "ips": [cluster_ip],
+        json!({"type": "ClusterSetIP", "ips": [cluster_ip], "ipFamilies": ["IPv4"],
                "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
     );
     assert_eq!(
@@ -191,7 +191,8 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         .await;
     assert_eq!(
         serde_json::to_value(&db_import.spec).unwrap(),
-        json!({"type": "Headless", "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
+        json!({"type": "Headless", "ipFamilies": ["IPv4"],
+               "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
     );
     let db_service = names::service_name(&db_fqdn);
     let db_slice = changes
