@@ -471,3 +471,114 @@ fn the_ns_target_has_the_servers_addresses() {
     assert!(r.answers.is_empty());
     assert_eq!(lines(&r.authorities), vec![soa_line("xcc.test.", 5)]);
 }
+
+/// A service with the given ports and cluster IPs (or pods, when headless) at its MCS name
+/// `api.shop.svc.clusterset.local`, plus `extra` services.
+fn srv_snapshot(ips: &[&str], ports: &[(Option<&str>, u16)], extra: Vec<ServiceInfo>) -> Snapshot {
+    let mut svc = mcs_svc("shop", "api", ips);
+    svc.key = ServiceKey::new("xcc", "api-shop");
+    svc.ports = ports
+        .iter()
+        .map(|(name, port)| NamedPort {
+            name: name.map(str::to_string),
+            port: *port,
+            protocol: PortProtocol::Tcp,
+        })
+        .collect();
+    let mut services = vec![svc, fqdn_svc("s1", "other.xcc.test", &["1.2.3.4"])];
+    services[1].ports = vec![NamedPort {
+        name: None,
+        port: 80,
+        protocol: PortProtocol::Tcp,
+    }];
+    services.extend(extra);
+    let apexes: Vec<String> = ["xcc.test", "clusterset.local"].map(String::from).to_vec();
+    Snapshot {
+        zones: Arc::new(ZoneSet::build(&apexes, &services, None, 42)),
+        ready: true,
+        ..Snapshot::default()
+    }
+}
+
+#[test]
+fn a_clusterset_names_bare_srv_has_one_record_per_port() {
+    let snap = srv_snapshot(
+        &["10.96.0.1"],
+        &[(Some("http"), 80), (Some("dns"), 53), (None, 9000)],
+        Vec::new(),
+    );
+    let r = ask(&snap, "api.shop.svc.clusterset.local.", RecordType::SRV);
+    assert_eq!(
+        lines(&r.answers),
+        vec![
+            "api.shop.svc.clusterset.local. 5 SRV 0 100 53 api.shop.svc.clusterset.local.",
+            "api.shop.svc.clusterset.local. 5 SRV 0 100 80 api.shop.svc.clusterset.local.",
+            "api.shop.svc.clusterset.local. 5 SRV 0 100 9000 api.shop.svc.clusterset.local.",
+        ]
+    );
+    assert!(
+        lines(&r.additionals)
+            .iter()
+            .all(|l| l == "api.shop.svc.clusterset.local. 5 A 10.96.0.1")
+    );
+    // The A answer is unchanged.
+    let r = ask(&snap, "api.shop.svc.clusterset.local.", RecordType::A);
+    assert_eq!(
+        lines(&r.answers),
+        vec!["api.shop.svc.clusterset.local. 5 A 10.96.0.1"]
+    );
+    // Names outside the clusterset zone keep XCC v1's records: no SRV at the bare name.
+    let r = ask(&snap, "other.xcc.test.", RecordType::SRV);
+    assert_eq!((r.rcode, r.answers.len()), (ResponseCode::NoError, 0));
+}
+
+#[test]
+fn a_headless_names_bare_srv_has_one_record_per_pod_and_port_with_the_pods_name() {
+    let key = ServiceKey::new("xcc", "api-shop");
+    let annotations: crate::zone::NameAnnotations = [
+        (ORIGIN_NAMESPACE_ANNOTATION.to_string(), "shop".to_string()),
+        (ORIGIN_NAME_ANNOTATION.to_string(), "api".to_string()),
+    ]
+    .into_iter()
+    .collect();
+    let pods = crate::headless::pod_names(
+        &key,
+        &annotations,
+        [
+            ("east", ip("10.4.0.1"), "db-0"),
+            ("west", ip("10.5.0.1"), "db-0"),
+        ],
+    );
+    let snap = srv_snapshot(
+        &["10.4.0.1", "10.5.0.1"],
+        &[(Some("sql"), 5432), (Some("stats"), 9187)],
+        pods,
+    );
+    let r = ask(&snap, "api.shop.svc.clusterset.local.", RecordType::SRV);
+    assert_eq!(
+        lines(&r.answers),
+        vec![
+            "api.shop.svc.clusterset.local. 5 SRV 0 100 5432 db-0.east.api.shop.svc.clusterset.local.",
+            "api.shop.svc.clusterset.local. 5 SRV 0 100 5432 db-0.west.api.shop.svc.clusterset.local.",
+            "api.shop.svc.clusterset.local. 5 SRV 0 100 9187 db-0.east.api.shop.svc.clusterset.local.",
+            "api.shop.svc.clusterset.local. 5 SRV 0 100 9187 db-0.west.api.shop.svc.clusterset.local.",
+        ]
+    );
+    let mut additionals = lines(&r.additionals);
+    additionals.sort();
+    additionals.dedup();
+    assert_eq!(
+        additionals,
+        vec![
+            "db-0.east.api.shop.svc.clusterset.local. 5 A 10.4.0.1",
+            "db-0.west.api.shop.svc.clusterset.local. 5 A 10.5.0.1",
+        ]
+    );
+    // The pods' names have no ports, so no SRV of their own.
+    let r = ask(
+        &snap,
+        "db-0.east.api.shop.svc.clusterset.local.",
+        RecordType::SRV,
+    );
+    assert_eq!((r.rcode, r.answers.len()), (ResponseCode::NoError, 0));
+}

@@ -652,6 +652,7 @@ impl ZoneSet {
         claims.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.2.key.cmp(&b.2.key)));
         claims.dedup_by(|a, b| a.0 == b.0 && a.2.key == b.2.key);
         let mut conflicts = Vec::new();
+        let mut winners: Vec<(Name, usize, &ServiceInfo)> = Vec::new();
         for group in claims.chunk_by(|a, b| a.0 == b.0) {
             let [(canonical, zi, winner), losers @ ..] = group else {
                 continue;
@@ -663,8 +664,33 @@ impl ZoneSet {
                     losers: losers.iter().map(|(_, _, s)| s.key.clone()).collect(),
                 });
             }
-            if let (Some(name), Some(zone)) = (fqdn_name(canonical), zones.get_mut(*zi)) {
-                add_service(zone, &name, winner);
+            if let Some(name) = fqdn_name(canonical) {
+                winners.push((name, *zi, winner));
+            }
+        }
+        // Pods' names first (a headless service's `<hostname>.<cluster>.…`, keyed
+        // `<service>/<hostname>.<cluster>`), so their service's SRV records can target them.
+        // (zone, namespace, service) → the draft nodes of its pods' names.
+        let mut pods: BTreeMap<(usize, &str, &str), Vec<u32>> = BTreeMap::new();
+        for (name, zi, svc) in &winners {
+            if let (Some((service, _)), Some(zone)) =
+                (svc.key.name.split_once('/'), zones.get_mut(*zi))
+            {
+                let node = add_service(zone, name, svc, None);
+                pods.entry((*zi, &*svc.key.namespace, service))
+                    .or_default()
+                    .push(node);
+            }
+        }
+        for (name, zi, svc) in &winners {
+            if svc.key.name.contains('/') {
+                continue;
+            }
+            let targets = pods
+                .get(&(*zi, &*svc.key.namespace, &*svc.key.name))
+                .map(Vec::as_slice);
+            if let Some(zone) = zones.get_mut(*zi) {
+                add_service(zone, name, svc, Some(targets.unwrap_or_default()));
             }
         }
         let zones = zones
@@ -744,7 +770,20 @@ fn srv_label(port_name: &str) -> Option<String> {
     ok.then_some(lower)
 }
 
-fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo) {
+/// Whether `name` is a clusterset name (`….svc.clusterset.local`), whose bare name answers
+/// SRV queries (KEP-1645's DNS).
+fn is_clusterset_name(name: &Name) -> bool {
+    name.to_ascii()
+        .to_ascii_lowercase()
+        .ends_with(&format!(".svc.{CLUSTERSET_ZONE}."))
+}
+
+/// Add `svc`'s records at `name` (and its `_<port>._<proto>` SRV names); returns the draft
+/// node of `name`. `pods` are the draft nodes of the service's pods' names (a headless
+/// service's), `None` for a pod's name itself: at a clusterset name the bare name answers SRV
+/// too (KEP-1645), one record per port targeting the name itself, or per pod and port
+/// targeting the pod's name when the service has pods with names.
+fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo, pods: Option<&[u32]>) -> u32 {
     let owner = len_u32(zone.owners.len());
     zone.owners.push(svc.key.clone());
     let mut v4 = Vec::new();
@@ -760,7 +799,18 @@ fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo) {
     v6.sort_unstable();
     v6.dedup();
     let relative = zone.relative(name);
-    let target = zone.push(&relative, &v4, &v6, &[], owner);
+    // The node `push` is about to add: the bare name's SRV records may target it.
+    let own = len_u32(zone.nodes.len());
+    let mut bare: Vec<(u16, u32)> = Vec::new();
+    if let Some(pods) = pods.filter(|_| is_clusterset_name(name)) {
+        let targets: &[u32] = if pods.is_empty() { &[own] } else { pods };
+        for port in &svc.ports {
+            bare.extend(targets.iter().map(|t| (port.port, *t)));
+        }
+        bare.sort_unstable();
+        bare.dedup();
+    }
+    let target = zone.push(&relative, &v4, &v6, &bare, owner);
     let apex_len = zone.apex.len();
     let mut srv: BTreeMap<Vec<u8>, Vec<(u16, u32)>> = BTreeMap::new();
     for port in &svc.ports {
@@ -782,6 +832,7 @@ fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo) {
         ports.dedup();
         zone.push(&owner_name, &[], &[], &ports, owner);
     }
+    target
 }
 
 #[cfg(test)]

@@ -15,7 +15,8 @@
 //!   (they travel over Hamlet as record annotations);
 //! - `xcc dns` running in `west` (deploy/dns/server's RBAC) answering over UDP:
 //!   `<svc>.<ns>.svc.clusterset.local` with the ServiceImport's IP, the headless name with
-//!   east's pods, and `<hostname>.east.<svc>.<ns>.svc.clusterset.local` with one pod;
+//!   east's pods, and `<hostname>.east.<svc>.<ns>.svc.clusterset.local` with one pod; SRV at
+//!   the bare names (one per port; for the headless one, per pod and port with the pod's name);
 //! - the ServiceExport deleted → the ServiceImport and the slices gone in `west`.
 //!
 //! No request of any xcc process was refused. Every step waits on API state, never on time.
@@ -49,12 +50,29 @@ fn logs(a: &Cluster, b: &Cluster) -> String {
 
 /// The A records `xcc dns` at `server` answers for `name` (empty on any other answer).
 async fn a_records(server: std::net::SocketAddr, name: &str) -> Vec<String> {
+    answers(server, name, hickory_proto::rr::RecordType::A).await
+}
+
+/// The SRV records `xcc dns` at `server` answers for `name`, as `port target`, sorted (empty
+/// on any other answer).
+async fn srv_records(server: std::net::SocketAddr, name: &str) -> Vec<String> {
+    let mut out = answers(server, name, hickory_proto::rr::RecordType::SRV).await;
+    out.sort();
+    out
+}
+
+/// The A or SRV records `xcc dns` at `server` answers for `name` of type `qtype`.
+async fn answers(
+    server: std::net::SocketAddr,
+    name: &str,
+    qtype: hickory_proto::rr::RecordType,
+) -> Vec<String> {
     use hickory_proto::op::{Message, MessageType, OpCode, Query};
-    use hickory_proto::rr::{Name, RData, RecordType};
+    use hickory_proto::rr::{Name, RData};
     let mut query = Message::new(7, MessageType::Query, OpCode::Query);
     query.add_query(Query::query(
         Name::from_ascii(format!("{name}.")).unwrap(),
-        RecordType::A,
+        qtype,
     ));
     let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     socket
@@ -72,6 +90,7 @@ async fn a_records(server: std::net::SocketAddr, name: &str) -> Vec<String> {
         .iter()
         .filter_map(|r| match &r.data {
             RData::A(a) => Some(a.to_string()),
+            RData::SRV(srv) => Some(format!("{} {}", srv.port, srv.target)),
             _ => None,
         })
         .collect()
@@ -364,6 +383,17 @@ async fn service_export_in_east_is_a_service_import_in_west() {
         )
         .await;
     }
+    // SRV at the bare names (KEP-1645): the ClusterSetIP name one per port, targeting itself;
+    // the headless one per pod and port, targeting the pod's name. The records are there
+    // since the A answers above were.
+    assert_eq!(srv_records(udp, fqdn).await, [format!("8080 {fqdn}.")]);
+    assert_eq!(
+        srv_records(udp, db_fqdn).await,
+        [
+            format!("5432 db-0.east.{db_fqdn}."),
+            format!("5432 db-1.east.{db_fqdn}.")
+        ]
+    );
     drop(dns);
 
     // Unexport: the ServiceImport and the slices leave west.
