@@ -17,9 +17,10 @@
 //! with [`crate::apply`] writing only what differs. Nothing is written at steady state.
 //!
 //! In MCS mode ([`Settings::mcs`]) every Service is watched, a ServiceExport exports the Service
-//! of its name like the label does ([`crate::mcs`]), imported ServiceRecords are watched for
-//! other clusters' exports of the same name, EndpointSlices are watched for the pods a
-//! headless Service exports, and each ServiceExport's status conditions are written with
+//! of its name like the label does ([`crate::mcs`]; its ready pods are the endpoints unless the
+//! label exports it too), imported ServiceRecords are watched for other clusters' exports of
+//! the same name, EndpointSlices are watched for the pods that a headless Service (or one a
+//! ServiceExport alone exports) exports, and each ServiceExport's status conditions are written with
 //! server-side apply after its Service is reconciled.
 //!
 //! Clusters without Contour are normal: when the HTTPProxy API is not served, Services are

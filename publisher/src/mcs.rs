@@ -1,7 +1,8 @@
 //! The Multi-Cluster Services side of the publisher (KEP-1645), pure: a `ServiceExport` named
-//! like a Service in the same namespace exports that Service exactly as the XCC export label
-//! does ([`exported`]: label or export, one record either way), and the export's status carries
-//! the MCS conditions ([`conditions`]):
+//! like a Service in the same namespace exports that Service as the XCC export label does
+//! ([`exported`]: label or export, one record either way) — except its endpoints, which are the
+//! ready pods when a ServiceExport alone exports it ([`crate::desired::ExportedBy`]) — and the
+//! export's status carries the MCS conditions ([`conditions`]):
 //! - `Valid`: `Valid`, or `NoService` / `InvalidServiceType` (ExternalName; headless
 //!   Services outside MCS mode) / `NoPorts` / `InvalidFqdn`;
 //! - `Ready`: `Exported` once the ServiceRecord is written, `Pending` while the export is not
