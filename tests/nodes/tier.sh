@@ -23,6 +23,7 @@
 #   XCC_REQUIRE_NODES=1 fail, not skip, when something the tier needs is missing (CI sets it)
 #   XCC_NODES_KEEP=1    leave the work directory (logs) behind; clusters are always torn down
 #   XCC_NODES_POD_CIDRS the two pod CIDRs (default "10.244.41.0/24 10.244.42.0/24")
+#   XCC_NODES_BENCH=N   also measure N exports and N pod replacements (docs/benchmarks.md)
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 HERE="$REPO/tests/nodes"
@@ -197,6 +198,22 @@ for c in east west; do
   eventually 30 kubectl --context $c get serviceaccount default || die "no default ServiceAccount in $c"
 done
 
+# east runs "Contour" for the HTTPProxy export: its CRD, and the ingress Service the publisher
+# reads (its load-balancer address, set by hand: no Contour data plane here, objects only).
+kubectl --context east apply --server-side -f "$KUBE_SHARED/crds/projectcontour.io_httpproxies.yaml" >/dev/null
+kubectl --context east create namespace projectcontour >/dev/null
+kubectl --context east -n projectcontour apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: envoy, namespace: projectcontour}
+spec:
+  type: LoadBalancer
+  selector: {app: envoy}
+  ports: [{name: https, port: 443, targetPort: 8443}]
+YAML
+kubectl --context east -n projectcontour patch service envoy --subresource=status --type=merge \
+  -p '{"status":{"loadBalancer":{"ingress":[{"ip":"10.250.200.1"}]}}}' >/dev/null
+
 # ---- deploy/README.md, step by step ---------------------------------------------------------
 step certificates
 step exporter
@@ -300,6 +317,28 @@ IMPORTED=$(imported_services)
 check "the binder's Service is named after the FQDN, which is its annotation" \
   "web-xcc-test-$(printf %s "$IMPORTED" | sed -n 's/^web-xcc-test-\([0-9a-f]\{8\}\)=.*/\1/p')=web.xcc.test" "$IMPORTED"
 
+# ---- a labelled HTTPProxy: west gets the record and the binder's objects ------------------
+kubectl --context east -n shop apply -f - >/dev/null <<YAML
+apiVersion: projectcontour.io/v1
+kind: HTTPProxy
+metadata:
+  name: web-proxy
+  namespace: shop
+  labels: {connectivity.tanzu.vmware.com/export: ""}
+spec:
+  virtualhost: {fqdn: www.shop.xcc.test}
+  routes: [{services: [{name: web, port: 80}]}]
+YAML
+proxy_slice() { # the addresses of the binder's EndpointSlices for the proxy's Service in west
+  kubectl --context west -n cross-cluster-connectivity get endpointslices \
+    -l kubernetes.io/service-name="$(imported_services | sed -n 's/=www.shop.xcc.test$//p')" \
+    -o jsonpath='{range .items[*].endpoints[*]}{.addresses[0]}{end}{" "}{range .items[*].ports[*]}{.port}{end}'
+}
+proxy_imported() { [ "$(proxy_slice)" = "10.250.200.1 443" ]; }
+eventually 60 proxy_imported || true
+check "an exported HTTPProxy: west's binder Service for www.shop.xcc.test points at east's ingress" \
+  "10.250.200.1 443" "$(proxy_slice)"
+
 # ---- the server pod replaced (new IP) -----------------------------------------------------
 OLD_IP=$(kubectl --context east -n shop get pod web-1 -o jsonpath='{.status.podIP}')
 kubectl --context east -n shop delete pod web-1 --wait=true >/dev/null
@@ -394,6 +433,72 @@ check "after unexport, west's binder Service for web.xcc.test is gone" "" \
   "$(printf '%s\n' "$IMPORTED" | grep '=web.xcc.test$' || true)"
 check "... and web.xcc.test no longer resolves" no "$(resolves web.xcc.test && echo yes || echo no)"
 check "... web2 still answers" "east web-2" "$(get http://web2.shop.svc.clusterset.local/)"
+
+# ---- bench (XCC_NODES_BENCH=N; docs/benchmarks.md): export -> first answer by name, N times ---
+# Measured in the client pod against /proc/uptime (one kernel, so the host's clock too; 10 ms
+# steps: busybox's date has no sub-second format): from just before `kubectl label` to the
+# first A answer of xcc dns (which comes only once west's Service and a ready slice exist:
+# xcc's share) and to the first page (kube-proxy's programming on top).
+if [ -n "${XCC_NODES_BENCH:-}" ]; then
+  say "bench: $XCC_NODES_BENCH exports"
+  uptime_s() { cut -d' ' -f1 /proc/uptime; }
+  : >"$W/bench.txt"
+  for i in $(seq 1 "$XCC_NODES_BENCH"); do
+    kubectl --context east -n shop create service nodeport b$i --tcp=80:8080 >/dev/null
+    kubectl --context east -n shop patch service b$i --type=merge -p '{"spec":{"selector":{"app":"web"}}}' >/dev/null
+    rm -f "$W/bench-$i.out"
+    kubectl --context west exec client -- sh -c '
+      echo go
+      until nslookup "$1" "$2" 2>/dev/null | grep "^Address: [0-9]" >/dev/null; do usleep 10000; done
+      d=$(cut -d" " -f1 /proc/uptime)
+      until timeout 2 wget -qO- "http://$1/" >/dev/null 2>&1; do usleep 10000; done
+      echo "$d $(cut -d" " -f1 /proc/uptime)"' sh "b$i.shop.svc.clusterset.local" "$DNS_IP" >"$W/bench-$i.out" 2>&1 &
+    bench_exec=$!
+    bench_started() { grep -x go "$W/bench-$i.out"; }
+    eventually 30 bench_started || die "bench: the client's loop did not start"
+    t=$(uptime_s)
+    kubectl --context east -n shop label service b$i connectivity.tanzu.vmware.com/export= >/dev/null
+    wait $bench_exec || die "bench: export b$i never answered"
+    tail -1 "$W/bench-$i.out" | awk -v t="$t" '{ printf "%d %d\n", ($1 - t) * 1000, ($2 - t) * 1000 }' >>"$W/bench.txt"
+  done
+  stats() { # column: p50 p99 max of that column of bench.txt, in ms
+    sort -n -k"$1" "$W/bench.txt" | awk -v c="$1" '{ v[NR] = $c } END {
+      p50 = v[int((NR + 1) / 2)]; i99 = int(NR * 0.99 + 0.999); if (i99 > NR) i99 = NR
+      printf "p50 %d ms, p99 %d ms, max %d ms (n=%d)", p50, v[i99], v[NR], NR }'
+  }
+  say "bench: export -> name answers (xcc's share): $(stats 1)"
+  say "bench: export -> first page in west:        $(stats 2)"
+  for i in $(seq 1 "$XCC_NODES_BENCH"); do
+    kubectl --context east -n shop delete service b$i --wait=false >/dev/null
+  done
+  # Server pod replaced -> first page from the new pod, from the moment the new pod is created
+  # and the old one deleted (a rollout's surge): pod start-up, readiness, east's EndpointSlice
+  # and kube-proxy. A NodePort export's record names the nodes, so xcc changes nothing here.
+  : >"$W/bench-pods.txt"
+  prev=web-2
+  for i in $(seq 3 $((XCC_NODES_BENCH + 2))); do
+    rm -f "$W/bench-pod.out"
+    kubectl --context west exec client -- sh -c '
+      echo go
+      until [ "$(timeout 2 wget -qO- http://web2.shop.svc.clusterset.local/ 2>/dev/null)" = "east $1" ]; do usleep 10000; done
+      cut -d" " -f1 /proc/uptime' sh web-$i >"$W/bench-pod.out" 2>&1 &
+    bench_exec=$!
+    pod_loop_started() { grep -x go "$W/bench-pod.out"; }
+    eventually 30 pod_loop_started || die "bench: the client's loop did not start"
+    t=$(uptime_s)
+    web_pod web-$i | kubectl --context east apply -f - >/dev/null
+    kubectl --context east -n shop delete pod $prev --wait=false >/dev/null
+    # When the new pod turns Ready (seen through a watch): the kubelet's part ends there.
+    ready=$(kubectl --context east -n shop wait --for=condition=Ready pod/web-$i --timeout=60s >/dev/null && uptime_s)
+    wait $bench_exec || die "bench: web-$i never answered"
+    tail -1 "$W/bench-pod.out" | awk -v t="$t" -v ready="$ready" \
+      '{ printf "%d %d\n", ($1 - t) * 1000, ($1 - ready) * 1000 }' >>"$W/bench-pods.txt"
+    prev=web-$i
+  done
+  cp "$W/bench-pods.txt" "$W/bench.txt"
+  say "bench: pod replaced -> first page from the new pod in west: $(stats 1)"
+  say "bench: ... of which new pod Ready -> first page:               $(stats 2)"
+fi
 
 # ---- 0 restarts over the whole tier -------------------------------------------------------
 for c in east west; do
