@@ -463,11 +463,12 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
             let export = shared.export_of(key);
             service.and_then(|s| {
                 let uid = s.metadata.uid.clone()?;
-                let exported = mcs::exported(&s.metadata, export.as_deref());
-                // Only a headless Service exports its slices (read in MCS mode only).
+                let by = mcs::exported(&s.metadata, export.as_deref());
+                // Only a headless Service, or one a ServiceExport alone exports, exports its
+                // pods from its slices (read in MCS mode only).
                 let headless =
                     s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
-                let all_slices = if headless {
+                let all_slices = if headless || by == desired::ExportedBy::ServiceExport {
                     shared.slices.state()
                 } else {
                     Vec::new()
@@ -484,7 +485,7 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
                     uid,
                     desired::from_exported_service(
                         &s,
-                        exported,
+                        by,
                         &key.namespace,
                         &nodes,
                         slices.as_deref(),

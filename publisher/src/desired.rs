@@ -363,14 +363,12 @@ pub fn from_service(
     nodes: &[Node],
     config: &Config,
 ) -> Desired {
-    from_exported_service(
-        service,
-        has_label(&service.metadata, EXPORT_LABEL),
-        clusterset_namespace,
-        nodes,
-        None,
-        config,
-    )
+    let by = if has_label(&service.metadata, EXPORT_LABEL) {
+        ExportedBy::Label
+    } else {
+        ExportedBy::Nothing
+    };
+    from_exported_service(service, by, clusterset_namespace, nodes, None, config)
 }
 
 /// The EndpointSlices among `slices` that belong to the Service `namespace/name`.
@@ -392,7 +390,7 @@ pub fn slices_of<'a>(
         .collect()
 }
 
-/// What a headless Service exports, from its EndpointSlices: the ready addresses
+/// What a Service exports when its pods are exported, from its EndpointSlices: the ready addresses
 /// ([`ready_endpoints`]), their hostnames (address → hostname) and, per slice port name, the
 /// port the pods serve it on.
 struct Pods {
@@ -428,23 +426,50 @@ fn pods(slices: &[&EndpointSlice]) -> Pods {
     out
 }
 
-/// [`from_service`] with the export decision made by the caller: `exported` is the export
-/// label or, in MCS mode, a ServiceExport of the Service's name ([`crate::mcs::exported`]) —
-/// either way the same record.
+/// Why a Service is exported, which decides what its record's endpoints are
+/// ([`from_exported_service`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportedBy {
+    /// Not exported.
+    Nothing,
+    /// The XCC v1 export label (a ServiceExport beside it changes nothing): the endpoints are
+    /// what XCC v1 exports for the Service's type — its cluster IPs, load-balancer addresses
+    /// or node addresses (a headless Service's pods in MCS mode).
+    Label,
+    /// A ServiceExport and no label (MCS mode): the endpoints are the Service's ready pod
+    /// addresses on the ports the pods serve, read from its EndpointSlices — on a flat pod
+    /// network (the MCS norm) pod addresses reach across clusters, cluster IPs need routed
+    /// service CIDRs.
+    ServiceExport,
+}
+
+impl ExportedBy {
+    /// Whether the Service is exported at all.
+    pub fn exported(self) -> bool {
+        self != ExportedBy::Nothing
+    }
+}
+
+/// [`from_service`] with the export decision made by the caller: `by` is the export label or,
+/// in MCS mode, a ServiceExport of the Service's name ([`crate::mcs::exported`]) — either way
+/// one record, whose endpoints `by` decides ([`ExportedBy`]).
 ///
 /// `slices` are the Service's EndpointSlices ([`slices_of`]) when the caller reads them (MCS
-/// mode). A headless Service then exports its ready pod addresses on the ports the pods serve,
-/// marked with [`HEADLESS_ANNOTATION`] and, for pods with a hostname, [`HOSTNAMES_ANNOTATION`];
-/// without slices (`None`) it is not exported ([`Skip::Headless`]).
+/// mode). A headless Service, and any Service exported by a ServiceExport alone
+/// ([`ExportedBy::ServiceExport`]), then exports its ready pod addresses on the ports the pods
+/// serve (each Service port's number in the slices' port of its name; without one, its numeric
+/// `targetPort`, else its port); a headless one is marked with [`HEADLESS_ANNOTATION`] and,
+/// for pods with a hostname, [`HOSTNAMES_ANNOTATION`]. Without slices (`None`) a headless
+/// Service is not exported ([`Skip::Headless`]) and any other exports by its type.
 pub fn from_exported_service(
     service: &Service,
-    exported: bool,
+    by: ExportedBy,
     clusterset_namespace: &str,
     nodes: &[Node],
     slices: Option<&[&EndpointSlice]>,
     config: &Config,
 ) -> Desired {
-    if !exported {
+    if !by.exported() {
         return Desired::Skip(Skip::NotExported);
     }
     let (Some(name), Some(namespace), Some(owner)) = (
@@ -472,7 +497,17 @@ pub fn from_exported_service(
     if svc_ports.is_empty() {
         return Desired::Skip(Skip::NoPorts);
     }
-    let node_port = type_ == "NodePort";
+    let headless = svc_spec.cluster_ip.as_deref() == Some("None")
+        || svc_spec.cluster_ips.iter().flatten().any(|ip| ip == "None");
+    // The pods behind the Service, when they are what it exports.
+    let pods = match (headless, by, slices) {
+        (true, _, None) => return Desired::Skip(Skip::Headless),
+        (true, _, Some(slices)) | (false, ExportedBy::ServiceExport, Some(slices)) => {
+            Some(pods(slices))
+        }
+        (false, _, _) => None,
+    };
+    let node_port = type_ == "NodePort" && pods.is_none();
     let mut ports = Vec::new();
     for p in svc_ports {
         let protocol = p
@@ -493,13 +528,6 @@ pub fn from_exported_service(
         });
     }
     ports.retain(|p| p.target_port != Some(0));
-    let headless = svc_spec.cluster_ip.as_deref() == Some("None")
-        || svc_spec.cluster_ips.iter().flatten().any(|ip| ip == "None");
-    let pods = match (headless, slices) {
-        (false, _) => None,
-        (true, None) => return Desired::Skip(Skip::Headless),
-        (true, Some(slices)) => Some(pods(slices)),
-    };
     if let Some(pods) = &pods {
         // The pods serve each port on the slice port of its name; without slices yet, on the
         // Service's numeric targetPort, else its port.
@@ -512,13 +540,10 @@ pub fn from_exported_service(
             });
         }
     }
-    let addresses: Vec<String> = match type_ {
-        _ if headless => pods
-            .as_ref()
-            .map(|p| p.addresses.iter().cloned().collect())
-            .unwrap_or_default(),
-        "LoadBalancer" => load_balancer_addresses(service),
-        "NodePort" => nodes
+    let addresses: Vec<String> = match (type_, &pods) {
+        (_, Some(pods)) => pods.addresses.iter().cloned().collect(),
+        ("LoadBalancer", _) => load_balancer_addresses(service),
+        ("NodePort", _) => nodes
             .iter()
             .filter(|n| node_is_ready(n))
             .flat_map(node_internal_ips)
@@ -549,7 +574,7 @@ pub fn from_exported_service(
     // Only the publisher says what is headless: a user's annotation of these keys is dropped.
     annotations.remove(HEADLESS_ANNOTATION);
     annotations.remove(HOSTNAMES_ANNOTATION);
-    if let Some(pods) = &pods {
+    if let Some(pods) = pods.as_ref().filter(|_| headless) {
         annotations.insert(HEADLESS_ANNOTATION.to_string(), HEADLESS_TRUE.to_string());
         if !pods.hostnames.is_empty() {
             annotations.insert(

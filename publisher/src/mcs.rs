@@ -34,16 +34,23 @@ use xcc_proto::mcs::{
 };
 use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
-use crate::desired::Skip;
+use crate::desired::{ExportedBy, Skip};
 
-/// Whether a Service is exported: it carries the XCC export label, or a ServiceExport of its
-/// name in its namespace exists and is not being deleted.
-pub fn exported(service: &ObjectMeta, export: Option<&ServiceExport>) -> bool {
+/// Whether and how a Service is exported: by the XCC export label (with or without a
+/// ServiceExport), else by a ServiceExport of its name in its namespace that is not being
+/// deleted, else not.
+pub fn exported(service: &ObjectMeta, export: Option<&ServiceExport>) -> ExportedBy {
     let labelled = service
         .labels
         .as_ref()
         .is_some_and(|l| l.contains_key(EXPORT_LABEL));
-    labelled || export.is_some_and(|e| e.metadata.deletion_timestamp.is_none())
+    if labelled {
+        ExportedBy::Label
+    } else if export.is_some_and(|e| e.metadata.deletion_timestamp.is_none()) {
+        ExportedBy::ServiceExport
+    } else {
+        ExportedBy::Nothing
+    }
 }
 
 /// Where the export of one Service stands after a reconcile.

@@ -8,7 +8,8 @@
 //! - a `ServiceExport` in `east` (no XCC label) → `Valid`/`Ready` conditions there, and in
 //!   `west` a `ServiceImport` of the same name and namespace (`ClusterSetIP`, the named ports,
 //!   which travel over Hamlet as xcc's ports label, the IP of the binder's Service,
-//!   `clusters: [east]`) and EndpointSlices with the MCS labels;
+//!   `clusters: [east]`) and EndpointSlices with the MCS labels holding east's ready pod on
+//!   the pods' port (not east's cluster IP);
 //! - a headless Service with a ServiceExport in `east` → in `west` a `Headless` ServiceImport
 //!   without IPs, a headless Service and a slice carrying east's pod addresses and hostnames
 //!   (they travel over Hamlet as record annotations);
@@ -32,7 +33,7 @@
 use std::time::Duration;
 
 use crate::common::clusters::{
-    Cluster, NS, World, remote_registry, retry_for, slice_addresses, wait_for,
+    Cluster, NS, World, remote_registry, retry_for, slice_addresses, slice_ports, wait_for,
 };
 use serde_json::json;
 use xcc_proto::mcs::{MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL};
@@ -130,12 +131,24 @@ async fn service_export_in_east_is_a_service_import_in_west() {
     )
     .await;
 
-    // A plain Service and a ServiceExport of its name in east.
+    // A plain Service, its pods (an EndpointSlice: these control planes run no pods) and a
+    // ServiceExport of its name in east.
     east.apply(
         "services",
         json!({"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": "api", "namespace": "shop"},
-               "spec": {"ports": [{"name": "http", "port": 8080}], "selector": {"app": "api"}}}),
+               "spec": {"ports": [{"name": "http", "port": 8080, "targetPort": 18080}]}}),
+    )
+    .await;
+    east.apply(
+        "endpointslices",
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+               "metadata": {"name": "api-pods", "namespace": "shop",
+                            "labels": {"kubernetes.io/service-name": "api"}},
+               "addressType": "IPv4",
+               "ports": [{"name": "http", "port": 18080, "protocol": "TCP"}],
+               "endpoints": [{"addresses": ["10.5.0.1"]},
+                             {"addresses": ["10.5.0.2"], "conditions": {"ready": false}}]}),
     )
     .await;
     east.apply(
@@ -175,13 +188,6 @@ async fn service_export_in_east_is_a_service_import_in_west() {
             ("Valid".into(), "True".into(), "Valid".into()),
         ]
     );
-    let east_ip = east
-        .get("v1", "services", Some("shop"), "api")
-        .await
-        .unwrap()["spec"]["clusterIP"]
-        .as_str()
-        .unwrap()
-        .to_string();
 
     // west: the ServiceImport, the binder's Service and slices.
     let fqdn = "api.shop.svc.clusterset.local";
@@ -206,7 +212,17 @@ async fn service_export_in_east_is_a_service_import_in_west() {
                "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
     );
     assert_eq!(import["status"], json!({"clusters": [{"cluster": "east"}]}));
-    assert_eq!(slice_addresses(&west, NS, &svc).await, [east_ip]);
+    // The endpoints are east's ready pod on the pods' port (a ServiceExport alone exports
+    // pods, not the cluster IP); the publisher may have seen the slice after the export.
+    wait_for(
+        "west's slices with east's ready pod",
+        WAIT,
+        &[&west],
+        async || (slice_addresses(&west, NS, &svc).await == ["10.5.0.1"]).then_some(()),
+        || logs(&east, &west),
+    )
+    .await;
+    assert_eq!(slice_ports(&west, NS, &svc).await, [18080]);
     let slices = west
         .list("discovery.k8s.io/v1", "endpointslices", Some(NS))
         .await;

@@ -708,7 +708,7 @@ fn headless_service_exports_its_ready_pods_with_their_hostnames_in_mcs_mode() {
     };
     let record = published(from_exported_service(
         &svc,
-        true,
+        ExportedBy::Label,
         "db",
         &[],
         Some(&mine),
@@ -749,7 +749,7 @@ fn headless_service_exports_its_ready_pods_with_their_hostnames_in_mcs_mode() {
     );
     let record = published(from_exported_service(
         &pending,
-        true,
+        ExportedBy::Label,
         "db",
         &[],
         Some(&[]),
@@ -763,7 +763,7 @@ fn headless_service_exports_its_ready_pods_with_their_hostnames_in_mcs_mode() {
 
     // Outside MCS mode (no slices read) a headless Service is not exported.
     assert_eq!(
-        from_exported_service(&pending, true, "db", &[], None, &config),
+        from_exported_service(&pending, ExportedBy::Label, "db", &[], None, &config),
         Desired::Skip(Skip::Headless)
     );
 }
@@ -779,7 +779,7 @@ fn a_cluster_ip_service_never_carries_the_headless_annotations() {
     );
     let record = published(from_exported_service(
         &svc,
-        true,
+        ExportedBy::Label,
         "db",
         &[],
         Some(&[]),
@@ -789,4 +789,143 @@ fn a_cluster_ip_service_never_carries_the_headless_annotations() {
     let annotations = record.metadata.annotations.unwrap();
     assert!(!annotations.contains_key(HEADLESS_ANNOTATION));
     assert!(!annotations.contains_key(HOSTNAMES_ANNOTATION));
+}
+
+/// EndpointSlice of `service` in `db` with the given ports and endpoints.
+fn slice_with_ports(service: &str, ports: Value, endpoints: Value) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{service}-{}", ports.to_string().len()), "namespace": "db",
+                     "labels": {ENDPOINTSLICE_SERVICE_NAME_LABEL: service}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": ports,
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_service_export_alone_exports_the_ready_pods_on_their_target_ports() {
+    let ports = json!([{"name": "http", "port": 80, "targetPort": "web"},
+                       {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353},
+                       {"name": "admin", "port": 9000}]);
+    let slices = [
+        slice_with_ports(
+            "api",
+            json!([{"name": "http", "port": 8080}, {"name": "dns", "port": 5353, "protocol": "UDP"}]),
+            json!([
+                {"addresses": ["10.0.0.2"]},
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": true}},
+                {"addresses": ["10.0.0.3"], "conditions": {"ready": false}},
+            ]),
+        ),
+        slice_with_ports(
+            "other",
+            json!([{"name": "http", "port": 8081}]),
+            json!([{"addresses": ["10.1.0.1"]}]),
+        ),
+    ];
+    let mine = slices_of("db", "api", slices.iter());
+    assert_eq!(mine.len(), 1);
+    let config = Config {
+        cluster: Some("east".into()),
+        ..Config::default()
+    };
+    let expected_ports = Some(vec![
+        ServicePort {
+            name: Some("http".into()),
+            port: 80,
+            protocol: Some(Protocol::Tcp),
+            target_port: Some(8080),
+        },
+        ServicePort {
+            name: Some("dns".into()),
+            port: 53,
+            protocol: Some(Protocol::Udp),
+            target_port: Some(5353),
+        },
+        // No slice port of its name: its port.
+        ServicePort {
+            name: Some("admin".into()),
+            port: 9000,
+            protocol: Some(Protocol::Tcp),
+            target_port: None,
+        },
+    ]);
+    let expected_endpoints = [
+        ep("10.0.0.1", 5353),
+        ep("10.0.0.1", 8080),
+        ep("10.0.0.1", 9000),
+        ep("10.0.0.2", 5353),
+        ep("10.0.0.2", 8080),
+        ep("10.0.0.2", 9000),
+    ];
+    // Every type but ExternalName: the pods, never the cluster IP, load balancer or nodes.
+    for spec in [
+        json!({"type": "ClusterIP", "clusterIP": "10.96.0.9", "ports": ports}),
+        json!({"type": "LoadBalancer", "clusterIP": "10.96.0.9", "ports": ports}),
+        json!({"type": "NodePort", "clusterIP": "10.96.0.9", "ports": ports}),
+    ] {
+        let svc = service(
+            "api",
+            json!({}),
+            json!({}),
+            spec.clone(),
+            json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.7"}]}}),
+        );
+        let record = published(from_exported_service(
+            &svc,
+            ExportedBy::ServiceExport,
+            "db",
+            &[ready("n1", "172.18.0.2")],
+            Some(&mine),
+            &config,
+        ));
+        assert_eq!(record.spec.endpoints, expected_endpoints, "{spec}");
+        assert_eq!(record.spec.ports, expected_ports, "{spec}");
+        // Not headless: no headless marker, no hostnames.
+        let annotations = record.metadata.annotations.unwrap();
+        assert!(!annotations.contains_key(HEADLESS_ANNOTATION));
+        assert!(!annotations.contains_key(HOSTNAMES_ANNOTATION));
+        assert_eq!(annotations[SERVICE_PORT_ANNOTATION], "80");
+    }
+
+    let svc = service(
+        "api",
+        json!({}),
+        json!({}),
+        json!({"type": "ClusterIP", "clusterIP": "10.96.0.9", "ports": ports}),
+        json!({}),
+    );
+    // No ready pod (or no slice yet): exported with no endpoints, not with the cluster IP.
+    let record = published(from_exported_service(
+        &svc,
+        ExportedBy::ServiceExport,
+        "db",
+        &[],
+        Some(&[]),
+        &config,
+    ));
+    assert!(record.spec.endpoints.is_empty());
+    assert_eq!(record.spec.ports.unwrap()[1].target_port, Some(5353));
+    // The XCC v1 label (with or without a ServiceExport) keeps the cluster IP.
+    let record = published(from_exported_service(
+        &svc,
+        ExportedBy::Label,
+        "db",
+        &[],
+        Some(&mine),
+        &config,
+    ));
+    assert_eq!(
+        record.spec.endpoints,
+        [
+            ep("10.96.0.9", 53),
+            ep("10.96.0.9", 80),
+            ep("10.96.0.9", 9000)
+        ]
+    );
+    assert_eq!(
+        from_exported_service(&svc, ExportedBy::Nothing, "db", &[], Some(&mine), &config),
+        Desired::Skip(Skip::NotExported)
+    );
 }

@@ -30,14 +30,23 @@ fn meta(labels: serde_json::Value) -> ObjectMeta {
 
 #[test]
 fn a_service_is_exported_by_the_label_or_a_live_service_export() {
-    assert!(exported(&meta(json!({EXPORT_LABEL: ""})), None));
-    assert!(exported(&meta(json!({})), Some(&export(false))));
-    assert!(exported(
-        &meta(json!({EXPORT_LABEL: ""})),
-        Some(&export(true))
-    ));
-    assert!(!exported(&meta(json!({})), Some(&export(true))));
-    assert!(!exported(&meta(json!({"other": ""})), None));
+    let labelled = meta(json!({EXPORT_LABEL: ""}));
+    assert_eq!(exported(&labelled, None), ExportedBy::Label);
+    // The label decides the endpoints even beside a ServiceExport.
+    assert_eq!(exported(&labelled, Some(&export(false))), ExportedBy::Label);
+    assert_eq!(exported(&labelled, Some(&export(true))), ExportedBy::Label);
+    assert_eq!(
+        exported(&meta(json!({})), Some(&export(false))),
+        ExportedBy::ServiceExport
+    );
+    assert_eq!(
+        exported(&meta(json!({})), Some(&export(true))),
+        ExportedBy::Nothing
+    );
+    assert_eq!(
+        exported(&meta(json!({"other": ""})), None),
+        ExportedBy::Nothing
+    );
 }
 
 #[test]

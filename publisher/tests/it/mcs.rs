@@ -9,7 +9,8 @@
 //! is a `TypeConflict`, a record whose announcement the hierarchy refuses (`Announced=False`,
 //! another owner) makes its export not Ready with an `OwnerConflict` until the refusal ends, a
 //! restarted publisher writes nothing at steady state, and removing the ServiceExport removes
-//! the record.
+//! the record. A Service exported by its ServiceExport alone exports its ready pods (from its
+//! EndpointSlices, on the pods' port), one carrying the label its cluster IP.
 //! Waits wake on watches of the objects they check, never on time.
 
 #![allow(clippy::unwrap_used)]
@@ -193,6 +194,53 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
     assert_eq!(names, [fqdn("api"), fqdn("both")]);
     let record = records.get(&fqdn("api")).await.unwrap();
     assert_eq!(record.spec.ports.as_ref().unwrap()[0].port, 80);
+    // Exported by its ServiceExport alone: its ready pods (none yet), never its cluster IP;
+    // `both` carries the label, which keeps XCC v1's cluster IP.
+    assert!(record.spec.endpoints.is_empty());
+    let both_ip = services.get("both").await.unwrap().spec.unwrap().cluster_ip;
+    let both = records.get(&fqdn("both")).await.unwrap();
+    assert_eq!(
+        both.spec
+            .endpoints
+            .iter()
+            .map(|e| (Some(e.address.clone()), e.port))
+            .collect::<Vec<_>>(),
+        [(both_ip, 81)]
+    );
+    // `api`'s pods appear (its slice, on the pods' port): its record's endpoints are the ready
+    // ones, on that port.
+    let api_pods: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "api-pods", "labels": {"kubernetes.io/service-name": "api"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["10.5.0.2"]},
+                      {"addresses": ["10.5.0.1"], "conditions": {"ready": true}},
+                      {"addresses": ["10.5.0.3"], "conditions": {"ready": false}}],
+    }))
+    .unwrap();
+    Api::<EndpointSlice>::namespaced(admin.clone(), shop)
+        .create(&pp, &api_pods)
+        .await
+        .unwrap();
+    let record = changes
+        .wait_for("api's record with its pods", TIMEOUT, async || {
+            let r = records.get(&fqdn("api")).await.unwrap();
+            (!r.spec.endpoints.is_empty()).then_some(r)
+        })
+        .await;
+    assert_eq!(
+        record
+            .spec
+            .endpoints
+            .iter()
+            .map(|e| (e.address.as_str(), e.port))
+            .collect::<Vec<_>>(),
+        [("10.5.0.1", 8080), ("10.5.0.2", 8080)]
+    );
+    assert_eq!(
+        record.spec.ports.as_ref().unwrap()[0].target_port,
+        Some(8080)
+    );
     assert_eq!(
         record.metadata.owner_references.unwrap()[0].name,
         "api",
