@@ -434,6 +434,116 @@ check "after unexport, west's binder Service for web.xcc.test is gone" "" \
 check "... and web.xcc.test no longer resolves" no "$(resolves web.xcc.test && echo yes || echo no)"
 check "... web2 still answers" "east web-2" "$(get http://web2.shop.svc.clusterset.local/)"
 
+# ---- MCS mode: deploy/overlays/mcs on both clusters; a ServiceExport, a headless export ------
+# east keeps its registry Service a LoadBalancer (its own overlay, as deploy/README.md says to
+# combine overlays), so west's RemoteRegistry keeps its address.
+say "MCS mode on both clusters"
+mkdir -p "$W/east-mcs"
+cat >"$W/east-mcs/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [../deploy/overlays/mcs]
+patches:
+  - target: {kind: Service, name: xcc-registry}
+    patch: |-
+      - op: replace
+        path: /spec/type
+        value: LoadBalancer
+YAML
+for c in east west; do
+  (cd "$W" && kubectl --context $c apply --server-side -k deploy/mcs/crds >/dev/null)
+  kubectl --context $c wait --for=condition=Established crd/clusterproperties.about.k8s.io \
+    crd/serviceexports.multicluster.x-k8s.io crd/serviceimports.multicluster.x-k8s.io --timeout=60s >/dev/null
+  # The cluster's MCS name: the same as its certificate's (a mismatch stops start-up).
+  kubectl --context $c apply -f - >/dev/null <<YAML
+apiVersion: about.k8s.io/v1alpha1
+kind: ClusterProperty
+metadata: {name: cluster.clusterset.k8s.io}
+spec: {value: $c}
+YAML
+done
+kubectl --context east apply -k "$W/east-mcs" >/dev/null
+(cd "$W" && kubectl --context west apply -k deploy/overlays/mcs >/dev/null)
+for c in east west; do
+  for d in xcc-registry xcc-publisher xcc-binder; do
+    kubectl --context $c -n cross-cluster-connectivity rollout status deployment/$d --timeout=120s >/dev/null ||
+      die "$c: $d not rolled out in MCS mode"
+  done
+done
+check "east's registry Service kept its node port" "$EAST_PORT" \
+  "$(kubectl --context east -n cross-cluster-connectivity get service xcc-registry -o jsonpath='{.spec.ports[?(@.name=="grpc")].nodePort}')"
+
+# east: a ClusterIP Service exported by a ServiceExport alone (MCS mode exports its ready pods'
+# addresses: reachable on this flat pod network), and a headless one with two named pods.
+db_pod() { # name
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: $1, namespace: shop, labels: {app: db}}
+spec:
+  hostname: $1
+  subdomain: db
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: httpd
+    image: localhost/busybox:1
+    imagePullPolicy: Never
+    command: ["sh", "-c", "mkdir -p /www && echo east $1 > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
+YAML
+}
+kubectl --context west create namespace shop >/dev/null  # ServiceImports live in the origin's namespace
+{ db_pod db-0; echo ---; db_pod db-1; cat <<YAML; } | kubectl --context east apply -f - >/dev/null
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: shop}
+spec:
+  clusterIP: None
+  selector: {app: db}
+  ports: [{name: http, port: 8080, targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: shop}
+spec:
+  selector: {app: web}
+  ports: [{name: http, port: 80, targetPort: 8080}]
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: api, namespace: shop}
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: db, namespace: shop}
+YAML
+kubectl --context east -n shop wait --for=condition=Ready pod/db-0 pod/db-1 --timeout=60s >/dev/null || die "db pods not Ready"
+service_import_ip() {
+  kubectl --context west -n shop get serviceimport api -o jsonpath='{.spec.ips[0]}' 2>/dev/null
+}
+import_ip_answers() { [ -n "$(service_import_ip)" ] && answers "http://$(service_import_ip)/" "east web-2"; }
+eventually 60 import_ip_answers || true
+SI_IP=$(service_import_ip)
+check "MCS: west's ServiceImport shop/api has a ClusterSetIP" yes "$([ -n "$SI_IP" ] && echo yes || echo no)"
+check "MCS: the ServiceImport's IP answers with east's pod" "east web-2" "$(get "http://$SI_IP/")"
+check "MCS: ... and api.shop.svc.clusterset.local" "east web-2" "$(get http://api.shop.svc.clusterset.local/)"
+check "MCS: east's ServiceExport api is Valid" True \
+  "$(kubectl --context east -n shop get serviceexport api -o jsonpath='{.status.conditions[?(@.type=="Valid")].status}')"
+headless_answers() {
+  answers http://db-0.east.db.shop.svc.clusterset.local:8080/ "east db-0" &&
+    answers http://db-1.east.db.shop.svc.clusterset.local:8080/ "east db-1"
+}
+eventually 60 headless_answers || true
+for p in db-0 db-1; do
+  check "MCS headless: $p.east.db.shop.svc.clusterset.local answers with that pod" "east $p" \
+    "$(get http://$p.east.db.shop.svc.clusterset.local:8080/)"
+done
+check "MCS: west's ServiceImport shop/db is Headless" Headless \
+  "$(kubectl --context west -n shop get serviceimport db -o jsonpath='{.spec.type}')"
+pods_as_deployed n-east east
+pods_as_deployed n-west west
+
 # ---- bench (XCC_NODES_BENCH=N; docs/benchmarks.md): export -> first answer by name, N times ---
 # Measured in the client pod against /proc/uptime (one kernel, so the host's clock too; 10 ms
 # steps: busybox's date has no sub-second format): from just before `kubectl label` to the
@@ -468,6 +578,12 @@ if [ -n "${XCC_NODES_BENCH:-}" ]; then
   }
   say "bench: export -> name answers (xcc's share): $(stats 1)"
   say "bench: export -> first page in west:        $(stats 2)"
+  # kube-proxy's own account of its rule syncs on west's node (its metrics, in the node's netns).
+  "$KUBE_SHARED/node" exec "$W/n-west" curl -fsS http://127.0.0.1:10249/metrics 2>/dev/null |
+    awk '/^kubeproxy_sync_proxy_rules_duration_seconds_(sum|count) / { v[$1] = $2 }
+      END { c = v["kubeproxy_sync_proxy_rules_duration_seconds_count"]
+            if (c > 0) printf "nodes tier: bench: west kube-proxy: %d rule syncs, mean %.0f ms each\n",
+              c, 1000 * v["kubeproxy_sync_proxy_rules_duration_seconds_sum"] / c }' || true
   for i in $(seq 1 "$XCC_NODES_BENCH"); do
     kubectl --context east -n shop delete service b$i --wait=false >/dev/null
   done
