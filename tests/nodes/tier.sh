@@ -588,32 +588,40 @@ if [ -n "${XCC_NODES_BENCH:-}" ]; then
     kubectl --context east -n shop delete service b$i --wait=false >/dev/null
   done
   # Server pod replaced -> first page from the new pod, from the moment the new pod is created
-  # and the old one deleted (a rollout's surge): pod start-up, readiness, east's EndpointSlice
-  # and kube-proxy. A NodePort export's record names the nodes, so xcc changes nothing here.
+  # and the old one deleted (a rollout's surge), through two exports of the same pods at once:
+  # `web2` (NodePort: its record names the nodes, so xcc changes nothing; pod start-up,
+  # readiness, east's EndpointSlice and kube-proxy) and `api` (a ServiceExport in MCS mode: its
+  # record carries the pod addresses, so xcc's whole chain runs on every replacement).
   : >"$W/bench-pods.txt"
   prev=web-2
   for i in $(seq 3 $((XCC_NODES_BENCH + 2))); do
-    rm -f "$W/bench-pod.out"
-    kubectl --context west exec client -- sh -c '
-      echo go
-      until [ "$(timeout 2 wget -qO- http://web2.shop.svc.clusterset.local/ 2>/dev/null)" = "east $1" ]; do usleep 10000; done
-      cut -d" " -f1 /proc/uptime' sh web-$i >"$W/bench-pod.out" 2>&1 &
-    bench_exec=$!
-    pod_loop_started() { grep -x go "$W/bench-pod.out"; }
-    eventually 30 pod_loop_started || die "bench: the client's loop did not start"
+    for svc in web2 api; do
+      rm -f "$W/bench-pod-$svc.out"
+      kubectl --context west exec client -- sh -c '
+        echo go
+        until [ "$(timeout 2 wget -qO- "http://$2.shop.svc.clusterset.local/" 2>/dev/null)" = "east $1" ]; do usleep 10000; done
+        cut -d" " -f1 /proc/uptime' sh web-$i $svc >"$W/bench-pod-$svc.out" 2>&1 &
+      eval "exec_$svc=\$!"
+    done
+    pod_loops_started() { grep -x go "$W/bench-pod-web2.out" && grep -x go "$W/bench-pod-api.out"; }
+    eventually 30 pod_loops_started || die "bench: the client's loops did not start"
     t=$(uptime_s)
     web_pod web-$i | kubectl --context east apply -f - >/dev/null
     kubectl --context east -n shop delete pod $prev --wait=false >/dev/null
     # When the new pod turns Ready (seen through a watch): the kubelet's part ends there.
     ready=$(kubectl --context east -n shop wait --for=condition=Ready pod/web-$i --timeout=60s >/dev/null && uptime_s)
-    wait $bench_exec || die "bench: web-$i never answered"
-    tail -1 "$W/bench-pod.out" | awk -v t="$t" -v ready="$ready" \
-      '{ printf "%d %d\n", ($1 - t) * 1000, ($1 - ready) * 1000 }' >>"$W/bench-pods.txt"
+    wait "$exec_web2" || die "bench: web-$i never answered through web2"
+    wait "$exec_api" || die "bench: web-$i never answered through api"
+    printf '%s %s\n' "$(tail -1 "$W/bench-pod-web2.out")" "$(tail -1 "$W/bench-pod-api.out")" |
+      awk -v t="$t" -v ready="$ready" '{ printf "%d %d %d %d\n", ($1 - t) * 1000, ($1 - ready) * 1000,
+        ($2 - t) * 1000, ($2 - ready) * 1000 }' >>"$W/bench-pods.txt"
     prev=web-$i
   done
   cp "$W/bench-pods.txt" "$W/bench.txt"
-  say "bench: pod replaced -> first page from the new pod in west: $(stats 1)"
-  say "bench: ... of which new pod Ready -> first page:               $(stats 2)"
+  say "bench: pod replaced -> first page from the new pod, NodePort export: $(stats 1)"
+  say "bench: ... of which new pod Ready -> first page:                   $(stats 2)"
+  say "bench: pod replaced -> first page from the new pod, MCS export:      $(stats 3)"
+  say "bench: ... of which new pod Ready -> first page:                   $(stats 4)"
 fi
 
 # ---- 0 restarts over the whole tier -------------------------------------------------------
