@@ -9,9 +9,11 @@
 # `east` exports, `west` imports, as in deploy/README.md, whose `<!-- step: NAME -->` blocks
 # are run here as written (`step NAME`), so the document is what is tested. Then traffic from a
 # busybox client pod in west, resolved by `xcc dns` (deploy/dns) as the pod's nameserver, and
-# the changes of the issue: server pod replaced, exporting registry restarted, binder
-# restarted, certificate Secret replaced in place, unexport. Every xcc container is checked for
-# its uid, capabilities and read-only root, and at the end for 0 restarts.
+# the changes of the issue: server pod replaced, exporting registry away and back, binder
+# restarted, certificate Secret replaced in place, an HTTPProxy export, unexport; then MCS mode
+# on both clusters (a ServiceExport's ServiceImport IP, a headless export's per-pod names).
+# Every xcc container is checked for its uid, capabilities and read-only root, and at the end
+# for 0 restarts. Every wait is on an event or a bounded re-check (`eventually`, see there).
 #
 # Env:
 #   XCC_IMAGE_ARCHIVE   the image as an archive (podman save) tagged docker.io/library/xcc:<crate
