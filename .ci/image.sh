@@ -33,7 +33,11 @@ scripts/image-rootfs.sh "$bin" target/image/rootfs
 
 work=$(mktemp -d)
 # The image is rebuilt on every run: drop it rather than pile copies up on the machine.
-trap 'rm -rf "$work"; podman rmi --force "$tag" >/dev/null 2>&1 || true' EXIT
+# XCC_IMAGE_ARCHIVE: also save the image there for the real-nodes tier (.ci/nodes.sh), named as
+# deploy/ names it without a registry: docker.io/library/xcc:<crate version>.
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+deploy_tag=docker.io/library/xcc:$version
+trap 'rm -rf "$work"; podman rmi --force "$tag" "$deploy_tag" >/dev/null 2>&1 || true' EXIT
 
 echo "== image: build (target prebuilt; --pull=never: no registry)"
 podman build --pull=never --target prebuilt -f Containerfile -t "$tag" .
@@ -66,3 +70,9 @@ echo "== image: xcc --version (as the image's user)"
 echo "== image: xcc demo (as user 65534)"
 "${run[@]}" --user 65534:65534 "$tag" demo
 echo "image ok: $tag, $size bytes"
+
+if [ -n "${XCC_IMAGE_ARCHIVE:-}" ]; then
+    podman tag "$tag" "$deploy_tag"
+    podman save -o "$XCC_IMAGE_ARCHIVE" "$deploy_tag"
+    echo "saved as $deploy_tag in $XCC_IMAGE_ARCHIVE"
+fi

@@ -121,6 +121,15 @@ pub fn derive(
     (replaced, derived)
 }
 
+/// The Services that `slices` give at least one ready endpoint.
+pub fn with_ready_endpoints(slices: &BTreeMap<SliceKey, SliceInfo>) -> BTreeSet<ServiceKey> {
+    slices
+        .iter()
+        .filter(|(_, slice)| !slice.endpoints.is_empty())
+        .map(|((namespace, _), slice)| ServiceKey::new(namespace.clone(), slice.service.clone()))
+        .collect()
+}
+
 /// The MCS names of a headless service's pods: for each `(cluster, address, hostname)` in
 /// `pods` whose cluster and hostname are DNS-1123 labels, the name
 /// `<hostname>.<cluster>.<name>.<namespace>.svc.clusterset.local` (the service's MCS name from

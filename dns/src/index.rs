@@ -55,6 +55,10 @@ pub struct PublishReport {
 pub struct DnsIndex {
     apexes: Vec<String>,
     services: BTreeMap<ServiceKey, ServiceInfo>,
+    /// The binder's Services with a cluster IP: served only once one of the binder's
+    /// EndpointSlices gives them a ready endpoint (an answer before that would name an address
+    /// that cannot carry traffic yet).
+    awaiting_endpoints: BTreeSet<ServiceKey>,
     slices: BTreeMap<SliceKey, SliceInfo>,
     statics: Vec<ServiceInfo>,
     pods: Arc<PodIndex>,
@@ -81,6 +85,7 @@ impl DnsIndex {
         Self {
             apexes,
             services: BTreeMap::new(),
+            awaiting_endpoints: BTreeSet::new(),
             slices: BTreeMap::new(),
             statics: Vec::new(),
             pods: Arc::default(),
@@ -118,7 +123,32 @@ impl DnsIndex {
 
     /// Remove a Service (absent keys are fine).
     pub fn delete_service(&mut self, key: &ServiceKey) {
+        self.awaiting_endpoints.remove(key);
         if self.services.remove(key).is_some() {
+            self.zones_dirty = true;
+        }
+    }
+
+    /// Whether the Service `key` is one of the binder's with a cluster IP, which answers only
+    /// once the binder's EndpointSlices give it a ready endpoint (see [`Self::reset_binder_services`]).
+    pub fn set_binder_service(&mut self, key: &ServiceKey, binder: bool) {
+        let changed = if binder {
+            self.awaiting_endpoints.insert(key.clone())
+        } else {
+            self.awaiting_endpoints.remove(key)
+        };
+        if changed {
+            self.zones_dirty = true;
+        }
+    }
+
+    /// Replace the set of the binder's Services (with a full listing of Services): each answers
+    /// only once one of the binder's EndpointSlices names it with a ready endpoint, so a name
+    /// never points at a Service that has nowhere to send a connection yet.
+    pub fn reset_binder_services(&mut self, all: impl IntoIterator<Item = ServiceKey>) {
+        let all: BTreeSet<ServiceKey> = all.into_iter().collect();
+        if all != self.awaiting_endpoints {
+            self.awaiting_endpoints = all;
             self.zones_dirty = true;
         }
     }
@@ -263,14 +293,15 @@ impl DnsIndex {
             report.zones_rebuilt = true;
             // Headless Services answer with their endpoints (from the binder's slices).
             let (replaced, derived) = headless::derive(&self.services, &self.slices);
+            let with_endpoints = headless::with_ready_endpoints(&self.slices);
             let services = self
                 .statics
                 .iter()
-                .chain(
-                    self.services
-                        .values()
-                        .filter(|s| !replaced.contains(&s.key)),
-                )
+                .chain(self.services.values().filter(|s| {
+                    !replaced.contains(&s.key)
+                        && (!self.awaiting_endpoints.contains(&s.key)
+                            || with_endpoints.contains(&s.key))
+                }))
                 .chain(derived.iter());
             Arc::new(ZoneSet::build(
                 &self.apexes,

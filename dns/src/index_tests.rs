@@ -277,3 +277,58 @@ fn static_records_and_services_share_the_zones() {
     );
     assert_eq!(lookup(&i, "k.b.c").unwrap().0, "8.8.8.8");
 }
+
+fn ready_slice(service: &str, ips: &[&str]) -> SliceInfo {
+    SliceInfo {
+        service: service.into(),
+        cluster: None,
+        endpoints: ips.iter().map(|ip| (ip.parse().unwrap(), None)).collect(),
+    }
+}
+
+#[test]
+fn a_binder_service_answers_only_once_a_slice_gives_it_a_ready_endpoint() {
+    let mut i = index();
+    i.set_binder_service(&key("web-b-c"), true);
+    i.apply_service(svc("web-b-c", Some("web.b.c"), "10.97.0.7"));
+    i.apply_service(svc("other", Some("other.b.c"), "10.97.0.8"));
+    i.publish(101);
+    // The binder's Service has no endpoint yet; a Service that is not the binder's answers.
+    assert_eq!(lookup(&i, "web.b.c"), None);
+    assert_eq!(
+        lookup(&i, "other.b.c"),
+        Some(("10.97.0.8".into(), key("other")))
+    );
+    // A slice of it without a ready endpoint changes nothing.
+    let slice_key = ("ns".to_string(), "web-b-c-1".to_string());
+    i.apply_slice(slice_key.clone(), ready_slice("web-b-c", &[]));
+    i.publish(102);
+    assert_eq!(lookup(&i, "web.b.c"), None);
+    i.apply_slice(slice_key.clone(), ready_slice("web-b-c", &["10.250.1.2"]));
+    i.publish(103);
+    assert_eq!(
+        lookup(&i, "web.b.c"),
+        Some(("10.97.0.7".into(), key("web-b-c")))
+    );
+    // Its last ready endpoint gone: the name goes with it.
+    i.delete_slice(&slice_key);
+    i.publish(104);
+    assert_eq!(lookup(&i, "web.b.c"), None);
+    // A full listing that no longer calls it the binder's serves it again.
+    i.reset_binder_services([]);
+    i.publish(105);
+    assert_eq!(
+        lookup(&i, "web.b.c"),
+        Some(("10.97.0.7".into(), key("web-b-c")))
+    );
+    // Deleted, it is forgotten, also as the binder's.
+    i.delete_service(&key("web-b-c"));
+    i.set_binder_service(&key("web-b-c"), true);
+    i.delete_service(&key("web-b-c"));
+    i.apply_service(svc("web-b-c", Some("web.b.c"), "10.97.0.7"));
+    i.publish(106);
+    assert_eq!(
+        lookup(&i, "web.b.c"),
+        Some(("10.97.0.7".into(), key("web-b-c")))
+    );
+}

@@ -31,7 +31,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
-use xcc_proto::crd::{BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL};
+use xcc_proto::crd::{
+    BINDER_MANAGER, CILIUM_GLOBAL_ANNOTATION, ENDPOINTSLICE_MANAGED_BY_LABEL, MANAGED_BY_LABEL,
+};
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::names::FQDN_ANNOTATION;
 
@@ -244,11 +246,44 @@ fn apply_slices(index: &mut DnsIndex, change: Change<EndpointSlice>) {
     }
 }
 
+/// Whether `svc` is one of the binder's Services that carry traffic through its EndpointSlices:
+/// labelled by the binder, with a cluster IP (headless ones answer with their slices' endpoints
+/// anyway), and not a Cilium global Service (whose endpoints Cilium provides).
+pub fn is_binder_service(svc: &Service) -> bool {
+    let binder = svc
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == BINDER_MANAGER);
+    let cilium = svc
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CILIUM_GLOBAL_ANNOTATION));
+    let headless = svc
+        .spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.as_deref())
+        .is_none_or(|ip| ip == "None" || ip.is_empty());
+    binder && !cilium && !headless
+}
+
 fn apply_services(index: &mut DnsIndex, change: Change<Service>) {
     match change {
-        Change::Listed(all) => index.reset_services(all.iter().filter_map(service_info)),
+        Change::Listed(all) => {
+            index.reset_binder_services(
+                all.iter().filter(|svc| is_binder_service(svc)).map(|svc| {
+                    ServiceKey::new(svc.namespace().unwrap_or_default(), svc.name_any())
+                }),
+            );
+            index.reset_services(all.iter().filter_map(service_info))
+        }
         Change::Applied(svc) => match service_info(&svc) {
-            Some(info) => index.apply_service(info),
+            Some(info) => {
+                index.set_binder_service(&info.key, is_binder_service(&svc));
+                index.apply_service(info)
+            }
             // The annotations were removed: the Service no longer names anything.
             None => index.delete_service(&ServiceKey::new(
                 svc.namespace().unwrap_or_default(),

@@ -167,3 +167,30 @@ fn namespaces_and_required_sources() {
         ]
     );
 }
+
+#[test]
+fn binder_services_with_a_cluster_ip_wait_for_their_endpoints() {
+    let binder = |annotations: serde_json::Value, cluster_ip: &str| {
+        service(json!({
+            "metadata": {"name": "web-x", "namespace": "xcc",
+                         "labels": {MANAGED_BY_LABEL: BINDER_MANAGER},
+                         "annotations": annotations},
+            "spec": {"clusterIP": cluster_ip},
+        }))
+    };
+    let fqdn = json!({FQDN_ANNOTATION: "web.xcc.test"});
+    assert!(is_binder_service(&binder(fqdn.clone(), "10.97.0.7")));
+    // Headless: answered with its slices' endpoints anyway.
+    assert!(!is_binder_service(&binder(fqdn.clone(), "None")));
+    // Cilium global Services get their endpoints from Cilium.
+    assert!(!is_binder_service(&binder(
+        json!({FQDN_ANNOTATION: "web.xcc.test", CILIUM_GLOBAL_ANNOTATION: "true"}),
+        "10.97.0.7"
+    )));
+    // Not the binder's: a user's Service with our annotation answers as before.
+    let users = service(json!({
+        "metadata": {"name": "web-x", "namespace": "xcc", "annotations": fqdn},
+        "spec": {"clusterIP": "10.97.0.7"},
+    }));
+    assert!(!is_binder_service(&users));
+}
