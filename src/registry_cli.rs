@@ -99,6 +99,15 @@ pub struct RegistryArgs {
     /// How long a hierarchy query waits for its answer (seconds).
     #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub query_timeout_seconds: u64,
+    /// Most messages queued for one federation peer (each child session, and up to the
+    /// parent). A peer that falls further behind is cut with `Unavailable` and resynchronises.
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_MESSAGES", default_value_t = xcc_registry::budget::QueueLimits::FEDERATION.messages, value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub federation_queue_messages: usize,
+    /// Most encoded bytes queued for one federation peer (default 4 MiB). A larger single
+    /// message still passes alone; a peer that falls further behind is cut with `Unavailable`
+    /// naming this budget, and its queue is freed.
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_BYTES", default_value_t = xcc_registry::budget::QueueLimits::FEDERATION.bytes, value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
+    pub federation_queue_bytes: usize,
     /// Multi-Cluster Services: at start-up, refuse to run when the ClusterProperty
     /// `cluster.clusterset.k8s.io` names this cluster otherwise than the certificate does.
     #[arg(long, env = "XCC_MCS", default_value_t = false, action = clap::ArgAction::Set)]
@@ -150,6 +159,10 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
             grant_mode: args.grant_mode,
             grant_gateway: args.grant_gateway,
             grant_trust_domain: args.grant_trust_domain,
+            queue_limits: xcc_registry::budget::QueueLimits::new(
+                args.federation_queue_messages,
+                args.federation_queue_bytes,
+            ),
             ..Default::default()
         },
     };

@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
-use super::level::{ChildError, Down, Level, Refusal, SessionAnnouncements, session_channel};
+use super::level::{ChildError, Down, Level, Refusal, SessionAnnouncements};
 
 /// How long a child may take to declare its subtree.
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -87,7 +87,7 @@ impl fed::federation_server::Federation for FederationService {
         let Some(fed::child_message::Payload::Subtree(membership)) = first.payload else {
             return Err(status_for(ChildError::NoMembership));
         };
-        let (link, rx) = session_channel();
+        let (link, rx) = self.level.session_channel();
         let down = link.stream(rx);
         let id = self
             .level
@@ -110,7 +110,13 @@ impl fed::federation_server::Federation for FederationService {
             let end: Result<(), Status> = loop {
                 let msg = tokio::select! {
                     _ = cancel.cancelled() => break Err(Status::unavailable("registry shutting down")),
-                    _ = link.closed() => break Ok(()),
+                    _ = link.closed() => {
+                        // Cut for exceeding its queue's budget (or gone): say which.
+                        if let Some(status) = link.why() {
+                            warn!(%child, code = ?status.code(), message = status.message(), "closing child session");
+                        }
+                        break Ok(());
+                    }
                     m = inbound.message() => m,
                 };
                 let msg = match msg {
