@@ -101,13 +101,17 @@ pub struct RegistryArgs {
     pub query_timeout_seconds: u64,
     /// Most messages queued for one federation peer (each child session, and up to the
     /// parent). A peer that falls further behind is cut with `Unavailable` and resynchronises.
-    #[arg(long, env = "XCC_FEDERATION_QUEUE_MESSAGES", default_value_t = xcc_registry::budget::QueueLimits::FEDERATION.messages, value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
-    pub federation_queue_messages: usize,
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_MESSAGES", default_value_t = xcc_registry::budget::QueueLimits::FEDERATION.messages as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub federation_queue_messages: u32,
     /// Most encoded bytes queued for one federation peer (default 4 MiB). A larger single
     /// message still passes alone; a peer that falls further behind is cut with `Unavailable`
     /// naming this budget, and its queue is freed.
-    #[arg(long, env = "XCC_FEDERATION_QUEUE_BYTES", default_value_t = xcc_registry::budget::QueueLimits::FEDERATION.bytes, value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize))]
-    pub federation_queue_bytes: usize,
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_BYTES", default_value_t = xcc_registry::budget::QueueLimits::FEDERATION.bytes as u32, value_parser = clap::value_parser!(u32).range(1..=2_147_483_647))]
+    pub federation_queue_bytes: u32,
+    /// A child's messages are read only while its queue is less than half full (back-pressure);
+    /// a child whose queue stays fuller this long (seconds) is cut with `Unavailable`.
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_STALL_SECONDS", default_value_t = 60, value_parser = crate::cli::seconds())]
+    pub federation_queue_stall_seconds: u64,
     /// Multi-Cluster Services: at start-up, refuse to run when the ClusterProperty
     /// `cluster.clusterset.k8s.io` names this cluster otherwise than the certificate does.
     #[arg(long, env = "XCC_MCS", default_value_t = false, action = clap::ArgAction::Set)]
@@ -160,9 +164,10 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
             grant_gateway: args.grant_gateway,
             grant_trust_domain: args.grant_trust_domain,
             queue_limits: xcc_registry::budget::QueueLimits::new(
-                args.federation_queue_messages,
-                args.federation_queue_bytes,
+                args.federation_queue_messages as usize,
+                args.federation_queue_bytes as usize,
             ),
+            queue_stall: Duration::from_secs(args.federation_queue_stall_seconds.max(1)),
             ..Default::default()
         },
     };

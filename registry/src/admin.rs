@@ -180,8 +180,12 @@ pub const PAGE_SIZE: u32 = 1000;
 
 /// The opaque token of the page after `key`: its parts as a JSON array.
 fn page_token(key: &ServiceKey) -> String {
-    serde_json::json!([key.cluster.as_str(), key.namespace.as_str(), key.name.as_str()])
-        .to_string()
+    serde_json::json!([
+        key.cluster.as_str(),
+        key.namespace.as_str(),
+        key.name.as_str()
+    ])
+    .to_string()
 }
 
 fn page_key(token: &str) -> Option<ServiceKey> {
@@ -344,7 +348,9 @@ impl api::admin_server::Admin for AdminService {
         let mut last = None;
         for e in &found {
             let s = to_api(e);
-            let size = prost::Message::encoded_len(&s);
+            // The service, its length and its field tag in the response.
+            let len = prost::Message::encoded_len(&s);
+            let size = len + prost::length_delimiter_len(len) + 1;
             // Always at least one service, so a page makes progress whatever its size.
             if !services.is_empty() && bytes + size > MAX_PAGE_BYTES {
                 more = true;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
 /// The two bounds of one per-peer queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +59,8 @@ impl std::fmt::Display for QueueLimits {
 pub struct ByteBudget {
     limit: usize,
     room: Arc<Semaphore>,
+    /// Woken whenever a charge returns its bytes ([`ByteBudget::below`]).
+    freed: Arc<Notify>,
     /// Bytes charged, summed over every budget given the same gauge.
     gauge: Option<Gauge>,
 }
@@ -66,13 +68,17 @@ pub struct ByteBudget {
 /// The bytes of one queued item, returned to their [`ByteBudget`] (and gauge) on drop.
 #[derive(Debug)]
 pub struct Charge {
-    _permit: OwnedSemaphorePermit,
+    permit: Option<OwnedSemaphorePermit>,
     bytes: usize,
     gauge: Option<Gauge>,
+    freed: Arc<Notify>,
 }
 
 impl Drop for Charge {
     fn drop(&mut self) {
+        // Return the bytes before waking whoever waits for them.
+        drop(self.permit.take());
+        self.freed.notify_waiters();
         if let Some(g) = &self.gauge {
             g.dec_by(i64::try_from(self.bytes).unwrap_or(i64::MAX));
         }
@@ -95,6 +101,7 @@ impl ByteBudget {
         Self {
             limit,
             room: Arc::new(Semaphore::new(limit)),
+            freed: Arc::default(),
             gauge: None,
         }
     }
@@ -125,9 +132,10 @@ impl ByteBudget {
             g.inc_by(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
         Charge {
-            _permit: permit,
+            permit: Some(permit),
             bytes,
             gauge: self.gauge.clone(),
+            freed: self.freed.clone(),
         }
     }
 
@@ -140,6 +148,20 @@ impl ByteBudget {
                 queued: self.queued(),
                 limit: self.limit,
             }),
+        }
+    }
+
+    /// Resolves once fewer than `bytes` are charged.
+    pub async fn below(&self, bytes: usize) {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            // Registered before the check, so a return in between is not missed.
+            freed.as_mut().enable();
+            if self.queued() < bytes {
+                return;
+            }
+            freed.await;
         }
     }
 
@@ -233,6 +255,12 @@ impl<T> QueueTx<T> {
     pub fn queued_bytes(&self) -> usize {
         self.bytes.queued()
     }
+
+    /// Resolves once fewer than half the byte budget is queued: room for what the next
+    /// message read from the peer may cause.
+    pub async fn half_empty(&self) {
+        self.bytes.below(self.bytes.limit().div_ceil(2)).await
+    }
 }
 
 impl<T> QueueRx<T> {
@@ -303,6 +331,20 @@ mod tests {
         drop(first);
         assert_eq!(waiting.await.expect("task"), 5);
         assert_eq!(b.queued(), 0);
+    }
+
+    #[tokio::test]
+    async fn below_waits_until_bytes_return() {
+        let b = ByteBudget::new(10);
+        let c = b.try_charge(6).expect("fits");
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { b.below(5).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(c);
+        waiting.await.expect("resolves once the bytes are back");
     }
 
     #[test]

@@ -107,7 +107,26 @@ impl fed::federation_server::Federation for FederationService {
         let level = self.level.clone();
         let cancel = self.cancel.clone();
         tokio::spawn(async move {
+            let stall = level.queue_stall();
             let end: Result<(), Status> = loop {
+                // Back-pressure: what a child's message causes (answers, rejections) is queued
+                // for that child, so its next message is read only once its queue is less than
+                // half full; a child that stops reading is cut after `stall`, and one that
+                // reads slowly is paced, never cut for a burst of its own questions.
+                let room = tokio::select! {
+                    _ = cancel.cancelled() => break Err(Status::unavailable("registry shutting down")),
+                    _ = link.closed() => {
+                        if let Some(status) = link.why() {
+                            warn!(%child, code = ?status.code(), message = status.message(), "closing child session");
+                        }
+                        break Ok(());
+                    }
+                    r = tokio::time::timeout(stall, link.half_empty()) => r.is_ok(),
+                };
+                if !room {
+                    level.overflows().inc();
+                    break Err(super::level::stalled_status(link.limits(), stall));
+                }
                 let msg = tokio::select! {
                     _ = cancel.cancelled() => break Err(Status::unavailable("registry shutting down")),
                     _ = link.closed() => {

@@ -52,6 +52,9 @@ pub struct FederationConfig {
     /// The budget of every federation queue (each child session's, and the one up to the
     /// parent): a peer that falls further behind is cut and resynchronises.
     pub queue_limits: crate::budget::QueueLimits,
+    /// How long a child's queue may stay over half its budget (its messages are not read
+    /// meanwhile) before the child is cut.
+    pub queue_stall: Duration,
 }
 
 impl FederationConfig {
@@ -79,6 +82,7 @@ impl Default for FederationConfig {
             grant_gateway: None,
             grant_trust_domain: crate::federation::grants::DEFAULT_TRUST_DOMAIN.into(),
             queue_limits: crate::budget::QueueLimits::FEDERATION,
+            queue_stall: crate::federation::level::QUEUE_STALL,
         }
     }
 }

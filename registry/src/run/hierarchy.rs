@@ -40,6 +40,7 @@ pub(super) async fn start(
         level.overflows(),
     );
     level.set_queue_limits(config.federation.queue_limits);
+    level.set_queue_stall(config.federation.queue_stall);
     metrics.sub_registry_with_prefix("xcc").register(
         "federation_queued_bytes",
         "Encoded bytes queued on the federation sessions (to children and up to the parent)",

@@ -141,6 +141,15 @@ impl DownLink {
         self.tx.queued_bytes()
     }
 
+    /// Resolves once less than half the link's byte budget is queued.
+    pub async fn half_empty(&self) {
+        self.tx.half_empty().await
+    }
+
+    pub fn limits(&self) -> QueueLimits {
+        self.tx.limits()
+    }
+
     /// The status the link was closed with, if it was.
     pub fn why(&self) -> Option<tonic::Status> {
         self.why.get().cloned()
@@ -179,10 +188,10 @@ impl DownLink {
             }
         })
         .take_until(self.end.clone().cancelled_owned())
-            .chain(
-                futures::stream::once(async move { why.get().cloned() })
-                    .filter_map(|status| async move { status.map(Err) }),
-            )
+        .chain(
+            futures::stream::once(async move { why.get().cloned() })
+                .filter_map(|status| async move { status.map(Err) }),
+        )
     }
 
     /// Queue `p`; on a full queue the stream is reset (never a silent drop).
@@ -199,10 +208,27 @@ impl DownLink {
                 overflows.inc();
                 let limits = self.tx.limits();
                 warn!(budget = %limits, %full, "a child's session is not keeping up; ending it so the child resynchronises");
-                self.close(over_budget_status("the parent's queue to this child", limits, full));
+                self.close(over_budget_status(
+                    "the parent's queue to this child",
+                    limits,
+                    full,
+                ));
             }
         }
     }
+}
+
+/// The status that cuts a child whose queue stayed over half its budget for `stall`.
+pub fn stalled_status(limits: QueueLimits, stall: std::time::Duration) -> tonic::Status {
+    tonic::Status::unavailable(format!(
+        "the parent's queue to this child stayed over half its budget of {} messages and {} \
+         bytes (--federation-queue-messages, --federation-queue-bytes) for {} s \
+         (--federation-queue-stall-seconds): the child is not reading; reconnect and \
+         resynchronise",
+        limits.messages,
+        limits.bytes,
+        stall.as_secs_f64()
+    ))
 }
 
 /// The status that cuts a peer whose queue exceeded its budget: names the budget, the flags
@@ -514,7 +540,13 @@ struct Inner {
     queue_limits: RwLock<QueueLimits>,
     /// Encoded bytes queued on every federation queue of this level.
     queued_bytes: Gauge,
+    /// How long a child's queue may stay over half its budget before the child is cut.
+    queue_stall: RwLock<std::time::Duration>,
 }
+
+/// How long a child's queue may stay over half its byte budget (the session stops reading the
+/// child meanwhile) before the child is cut: a minute, long enough for any child that reads.
+pub const QUEUE_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a child's stream is being closed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -553,6 +585,7 @@ impl Level {
                 overflows: Counter::default(),
                 queue_limits: RwLock::new(QueueLimits::FEDERATION),
                 queued_bytes: Gauge::default(),
+                queue_stall: RwLock::new(QUEUE_STALL),
             }),
         }
     }
@@ -656,6 +689,23 @@ impl Level {
             .queue_limits
             .write()
             .unwrap_or_else(|p| p.into_inner()) = limits;
+    }
+
+    /// How long a child's queue may stay over half its budget before the child is cut.
+    pub fn set_queue_stall(&self, stall: std::time::Duration) {
+        *self
+            .inner
+            .queue_stall
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = stall;
+    }
+
+    pub fn queue_stall(&self) -> std::time::Duration {
+        *self
+            .inner
+            .queue_stall
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn queue_limits(&self) -> QueueLimits {
