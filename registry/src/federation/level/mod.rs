@@ -181,8 +181,9 @@ impl DownLink {
             // Closed before the stream began: nothing of it is sent.
             drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take());
         }
+        let slot = SlotGuard(slot);
         futures::stream::poll_fn(move |cx| {
-            match slot.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            match slot.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
                 Some(rx) => rx.poll_recv(cx),
                 None => std::task::Poll::Ready(None),
             }
@@ -215,6 +216,16 @@ impl DownLink {
                 ));
             }
         }
+    }
+}
+
+/// Held by a child's response stream: when the transport drops the stream (the child went
+/// away), the queue goes with it, so its bytes return and [`DownLink::closed`] resolves.
+struct SlotGuard(Arc<Mutex<Option<DownQueue>>>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        drop(self.0.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 }
 

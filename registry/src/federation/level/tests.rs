@@ -1078,3 +1078,25 @@ fn a_child_queue_is_cut_at_its_byte_budget_and_its_bytes_return() {
     assert!(b.children().is_empty());
     assert_eq!(b.queued_bytes().get(), 0);
 }
+
+/// When the transport drops a child's response stream (the child went away), its queue goes
+/// with it: the bytes return and the session sees the link closed.
+#[test]
+fn a_dropped_child_stream_frees_its_queue_and_closes_the_link() {
+    let b = level("b");
+    let (link, rx) = b.session_channel();
+    b.attach_child(
+        "b2",
+        "127.0.0.1:1".into(),
+        &membership(&["b2"]),
+        link.clone(),
+    )
+    .expect("attach");
+    let stream = link.stream(rx);
+    assert!(link.queued_bytes() > 0, "the ancestry is queued");
+    drop(stream);
+    assert_eq!(link.queued_bytes(), 0);
+    assert_eq!(b.queued_bytes().get(), 0);
+    futures::executor::block_on(link.closed());
+    assert!(link.why().is_none(), "gone, not cut");
+}
