@@ -71,6 +71,10 @@ pub struct RegistryArgs {
     /// Responses in flight per Hamlet consumer.
     #[arg(long, env = "XCC_WINDOW", default_value_t = 128)]
     pub window: usize,
+    /// Encoded bytes the unacknowledged Hamlet responses of one stream may add up to (default
+    /// 8 MiB; one response is always sent): what a consumer that does not ACK can pin.
+    #[arg(long, env = "XCC_WINDOW_BYTES", default_value_t = 8 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub window_bytes: u32,
     /// Poll period for file changes, as a fallback to filesystem events (seconds).
     #[arg(long, env = "XCC_POLL_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub poll_seconds: u64,
@@ -141,6 +145,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         metrics_listen,
         hamlet: HamletConfig {
             window: args.window.max(1),
+            window_bytes: args.window_bytes as usize,
             ack_timeout: Duration::from_secs(args.ack_timeout_seconds.max(1)),
             ..HamletConfig::default()
         },
