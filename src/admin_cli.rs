@@ -133,15 +133,18 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
             namespace,
             fqdn_suffix,
         } => {
-            let resp = client
-                .list_services(api::ListServicesRequest {
+            // Paged: any catalog size; printed once complete (`-o json` is one document).
+            let services = xcc_registry::admin::list_all_services(
+                &mut client,
+                api::ListServicesRequest {
                     owner_cluster: owner.unwrap_or_default(),
                     namespace: namespace.unwrap_or_default(),
                     fqdn_suffix: fqdn_suffix.unwrap_or_default(),
-                })
-                .await?
-                .into_inner();
-            print_services(&resp.services, args.output);
+                    ..Default::default()
+                },
+            )
+            .await?;
+            print_services(&services, args.output);
         }
         AdminCommand::Service {
             fqdn,

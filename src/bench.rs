@@ -73,6 +73,9 @@ pub enum BenchCommand {
     /// One managed Hamlet client importing N services (from xcc and the Go reference server):
     /// time and bytes written.
     Import(crate::bench_import::ImportArgs),
+    /// Children that never read (HTTP/2 window 0) asking for a large service again and again:
+    /// the parent registry's RSS growth, and after they leave.
+    HostileChildren(crate::bench_hostile::HostileArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
@@ -125,6 +128,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Hamlet(args) => hamlet(args).await,
         BenchCommand::Hierarchy(args) => crate::bench_hierarchy::run(args).await,
         BenchCommand::Import(args) => crate::bench_import::run(args).await,
+        BenchCommand::HostileChildren(args) => crate::bench_hostile::run(args).await,
     }
 }
 

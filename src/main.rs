@@ -10,6 +10,8 @@ mod bench_common;
 #[cfg(any(feature = "bench", test))]
 mod bench_hierarchy;
 #[cfg(any(feature = "bench", test))]
+mod bench_hostile;
+#[cfg(any(feature = "bench", test))]
 mod bench_import;
 mod binder_cli;
 mod certs_cli;

@@ -71,6 +71,10 @@ pub struct RegistryArgs {
     /// Responses in flight per Hamlet consumer.
     #[arg(long, env = "XCC_WINDOW", default_value_t = 128)]
     pub window: usize,
+    /// Encoded bytes the unacknowledged Hamlet responses of one stream may add up to (default
+    /// 8 MiB; one response is always sent): what a consumer that does not ACK can pin.
+    #[arg(long, env = "XCC_WINDOW_BYTES", default_value_t = 8 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub window_bytes: u32,
     /// Poll period for file changes, as a fallback to filesystem events (seconds).
     #[arg(long, env = "XCC_POLL_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub poll_seconds: u64,
@@ -99,6 +103,19 @@ pub struct RegistryArgs {
     /// How long a hierarchy query waits for its answer (seconds).
     #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub query_timeout_seconds: u64,
+    /// Most messages queued for one federation peer (each child session, and up to the
+    /// parent). A peer that falls further behind is cut with `Unavailable` and resynchronises.
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_MESSAGES", default_value_t = xcc_registry::budget::QueueLimits::FEDERATION.messages as u32, value_parser = clap::value_parser!(u32).range(1..))]
+    pub federation_queue_messages: u32,
+    /// Most encoded bytes queued for one federation peer (default 4 MiB). A larger single
+    /// message still passes alone; a peer that falls further behind is cut with `Unavailable`
+    /// naming this budget, and its queue is freed.
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_BYTES", default_value_t = xcc_registry::budget::QueueLimits::FEDERATION.bytes as u32, value_parser = clap::value_parser!(u32).range(1..=2_147_483_647))]
+    pub federation_queue_bytes: u32,
+    /// A child's messages are read only while its queue is less than half full (back-pressure);
+    /// a child whose queue stays fuller this long (seconds) is cut with `Unavailable`.
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_STALL_SECONDS", default_value_t = 60, value_parser = crate::cli::seconds())]
+    pub federation_queue_stall_seconds: u64,
     /// Multi-Cluster Services: at start-up, refuse to run when the ClusterProperty
     /// `cluster.clusterset.k8s.io` names this cluster otherwise than the certificate does.
     #[arg(long, env = "XCC_MCS", default_value_t = false, action = clap::ArgAction::Set)]
@@ -128,6 +145,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
         metrics_listen,
         hamlet: HamletConfig {
             window: args.window.max(1),
+            window_bytes: args.window_bytes as usize,
             ack_timeout: Duration::from_secs(args.ack_timeout_seconds.max(1)),
             ..HamletConfig::default()
         },
@@ -150,6 +168,11 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
             grant_mode: args.grant_mode,
             grant_gateway: args.grant_gateway,
             grant_trust_domain: args.grant_trust_domain,
+            queue_limits: xcc_registry::budget::QueueLimits::new(
+                args.federation_queue_messages as usize,
+                args.federation_queue_bytes as usize,
+            ),
+            queue_stall: Duration::from_secs(args.federation_queue_stall_seconds.max(1)),
             ..Default::default()
         },
     };

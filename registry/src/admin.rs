@@ -5,7 +5,7 @@
 use std::pin::Pin;
 use std::time::SystemTime;
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 use xcc_proto::xcc::admin::v1 as api;
 
 use crate::authz::Condition as AuthzCondition;
+use crate::budget::{ByteBudget, Charge};
 use crate::catalog::{Catalog, CatalogEvent, ListFilter, ServiceEntry, ServiceKey};
 use crate::federation::{Level, Target};
 use crate::peers::{PeerKind, PeerState, PeerTable};
@@ -167,6 +168,58 @@ fn timestamp(t: Option<SystemTime>) -> Option<prost_types::Timestamp> {
     t.map(prost_types::Timestamp::from)
 }
 
+/// Most services in one `ListServices` page, whatever the client asks for.
+const MAX_PAGE_SERVICES: usize = 10_000;
+
+/// Most encoded bytes of services in one `ListServices` page: half of tonic's default 4 MiB
+/// decoding limit, so a page always decodes (a single larger service is still sent alone).
+const MAX_PAGE_BYTES: usize = 2 * 1024 * 1024;
+
+/// Services a client asks for per `ListServices` page ([`list_all_services`]).
+pub const PAGE_SIZE: u32 = 1000;
+
+/// The opaque token of the page after `key`: its parts as a JSON array.
+fn page_token(key: &ServiceKey) -> String {
+    serde_json::json!([
+        key.cluster.as_str(),
+        key.namespace.as_str(),
+        key.name.as_str()
+    ])
+    .to_string()
+}
+
+fn page_key(token: &str) -> Option<ServiceKey> {
+    let [c, ns, n]: [String; 3] = serde_json::from_str(token).ok()?;
+    Some(ServiceKey::new(c, ns, n))
+}
+
+/// Every service `request` matches, page by page (whatever the catalog's size; each page stays
+/// well under the message limit). The pages are read one after another, so a service changed
+/// meanwhile is listed as it was when its page was read.
+pub async fn list_all_services<T>(
+    client: &mut api::admin_client::AdminClient<T>,
+    mut request: api::ListServicesRequest,
+) -> Result<Vec<api::Service>, Status>
+where
+    T: tonic::client::GrpcService<tonic::body::Body>,
+    T::Error: Into<tonic::codegen::StdError>,
+    T::ResponseBody: tonic::codegen::Body<Data = tonic::codegen::Bytes> + Send + 'static,
+    <T::ResponseBody as tonic::codegen::Body>::Error: Into<tonic::codegen::StdError> + Send,
+{
+    if request.page_size == 0 {
+        request.page_size = PAGE_SIZE;
+    }
+    let mut all = Vec::new();
+    loop {
+        let page = client.list_services(request.clone()).await?.into_inner();
+        all.extend(page.services);
+        if page.next_page_token.is_empty() {
+            return Ok(all);
+        }
+        request.page_token = page.next_page_token;
+    }
+}
+
 fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
@@ -265,13 +318,56 @@ impl api::admin_server::Admin for AdminService {
             fqdn_suffix: non_empty(&r.fqdn_suffix),
             source: None,
         };
-        let services = self
-            .catalog
-            .list(&filter)
-            .iter()
-            .map(|e| to_api(e))
-            .collect();
-        Ok(Response::new(api::ListServicesResponse { services }))
+        if r.page_size == 0 {
+            // A client from before paging: everything at once, as it expects.
+            let services = self
+                .catalog
+                .list(&filter)
+                .iter()
+                .map(|e| to_api(e))
+                .collect();
+            return Ok(Response::new(api::ListServicesResponse {
+                services,
+                next_page_token: String::new(),
+            }));
+        }
+        let after = if r.page_token.is_empty() {
+            None
+        } else {
+            Some(page_key(&r.page_token).ok_or_else(|| {
+                Status::invalid_argument("page_token is not one this server handed out")
+            })?)
+        };
+        let limit = (r.page_size as usize).min(MAX_PAGE_SERVICES);
+        // One more than the page, to know whether another follows.
+        let mut found = self.catalog.list_after(&filter, after.as_ref(), limit + 1);
+        let mut more = found.len() > limit;
+        found.truncate(limit);
+        let mut services = Vec::with_capacity(found.len());
+        let mut bytes = 0;
+        let mut last = None;
+        for e in &found {
+            let s = to_api(e);
+            // The service, its length and its field tag in the response.
+            let len = prost::Message::encoded_len(&s);
+            let size = len + prost::length_delimiter_len(len) + 1;
+            // Always at least one service, so a page makes progress whatever its size.
+            if !services.is_empty() && bytes + size > MAX_PAGE_BYTES {
+                more = true;
+                break;
+            }
+            bytes += size;
+            last = Some(&e.key);
+            services.push(s);
+        }
+        let next_page_token = match last {
+            Some(k) if more => page_token(k),
+            _ => String::new(),
+        };
+        Ok(Response::new(api::ListServicesResponse {
+            services,
+            next_page_token,
+        }))
     }
 
     async fn get_service(
@@ -599,7 +695,10 @@ impl api::admin_server::Admin for AdminService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let snapshot = request.into_inner().snapshot;
         let mut events = self.catalog.subscribe();
-        let (tx, rx) = mpsc::channel(256);
+        // Bounded in events and in bytes: a watcher that stops reading holds up the task (the
+        // catalog's feed then lags, and it gets a Resync when it reads again), never memory.
+        let (tx, rx) = mpsc::channel::<(Result<api::CatalogEvent, Status>, Charge)>(256);
+        let budget = ByteBudget::new(WATCH_QUEUE_BYTES);
         let catalog = self.catalog.clone();
         let cancel = self.cancel.clone();
         tokio::spawn(async move {
@@ -610,7 +709,7 @@ impl api::admin_server::Admin for AdminService {
                         revision: e.revision,
                         service: Some(to_api(&e)),
                     };
-                    if tx.send(Ok(ev)).await.is_err() {
+                    if !send_charged(&tx, &budget, ev).await {
                         return;
                     }
                 }
@@ -619,7 +718,7 @@ impl api::admin_server::Admin for AdminService {
                     revision: catalog.revision(),
                     service: None,
                 };
-                if tx.send(Ok(done)).await.is_err() {
+                if !send_charged(&tx, &budget, done).await {
                     return;
                 }
             }
@@ -647,13 +746,32 @@ impl api::admin_server::Admin for AdminService {
                     },
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
-                if tx.send(Ok(msg)).await.is_err() {
+                if !send_charged(&tx, &budget, msg).await {
                     return;
                 }
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let events = ReceiverStream::new(rx).map(|(ev, _charge)| ev);
+        Ok(Response::new(Box::pin(events)))
     }
+}
+
+/// Encoded bytes of catalog events queued for one `Watch` stream: a few of the largest
+/// services, or thousands of ordinary ones.
+const WATCH_QUEUE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Queue `ev` for a watcher once its bytes fit [`WATCH_QUEUE_BYTES`]; false once the watcher
+/// is gone.
+async fn send_charged(
+    tx: &mpsc::Sender<(Result<api::CatalogEvent, Status>, Charge)>,
+    budget: &ByteBudget,
+    ev: api::CatalogEvent,
+) -> bool {
+    let charge = tokio::select! {
+        c = budget.charge(prost::Message::encoded_len(&ev)) => c,
+        _ = tx.closed() => return false,
+    };
+    tx.send((Ok(ev), charge)).await.is_ok()
 }
 
 /// Connect an admin client to `addr` (`host:port`) with the caller's certificate (which must

@@ -1000,6 +1000,25 @@ impl Catalog {
             .collect()
     }
 
+    /// Up to `limit` entries matching `filter` with keys after `after` (from the first with
+    /// `None`), in key order: one page of [`Catalog::list`].
+    pub fn list_after(
+        &self,
+        filter: &ListFilter,
+        after: Option<&ServiceKey>,
+        limit: usize,
+    ) -> Vec<Arc<ServiceEntry>> {
+        use std::ops::Bound;
+        let st = self.read();
+        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
+        st.entries
+            .range::<ServiceKey, _>((from, Bound::Unbounded))
+            .filter(|e| filter.matches(&e.0))
+            .take(limit)
+            .map(|e| e.0.clone())
+            .collect()
+    }
+
     /// Up to `limit` entries of this registry's subtree (local exports and children's
     /// announcements) with keys after `after` (from the first with `None`), in key order: a
     /// cursor over the live catalog that holds no lock and copies nothing between calls.

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod authz;
 pub mod authz_configmap;
+pub mod budget;
 pub mod catalog;
 pub mod federation;
 pub mod files;

@@ -15,7 +15,7 @@ use tonic::transport::Endpoint;
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
-use super::level::{Level, Uplink};
+use super::level::Level;
 use super::upward::Upward;
 use crate::hamlet::client::Backoff;
 use crate::peers::{PeerKind, PeerState, PeerStats, PeerTable};
@@ -40,10 +40,6 @@ impl std::fmt::Debug for ParentSpec {
             .finish()
     }
 }
-
-/// Room for control messages (membership, queries, route acknowledgements) on the way up;
-/// overflowing it resets the session.
-const UP_QUEUE: usize = 8192;
 
 /// A session that stayed up this long went well: the backoff starts again from its floor, and a
 /// reset that ends it reconnects at once.
@@ -184,8 +180,11 @@ async fn session(
     connector: &xcc_certs::client::TlsConnector,
     stats: &crate::peers::PeerStats,
 ) -> End {
-    let (up, control) = Uplink::new(UP_QUEUE);
+    // Room for control messages (membership, queries, route acknowledgements) on the way up,
+    // bounded in messages and bytes (`Level::queue_limits`); overflowing it resets the session.
+    let (up, control) = level.uplink();
     let reset = up.reset().clone();
+    let why = up.clone();
     // Subscribe before the stream reads the catalog so no change falls between them.
     let events = level.catalog().subscribe();
     let queries = level.begin_upward(up);
@@ -213,7 +212,11 @@ async fn session(
             _ = reset.cancelled() => {
                 return End {
                     reset: true,
-                    ..End::new(true, "the upward queue overflowed; resynchronising", false)
+                    ..End::new(
+                        true,
+                        why.why().unwrap_or_else(|| "the upward queue overflowed; resynchronising".into()),
+                        false,
+                    )
                 };
             }
             m = inbound.message() => match m {

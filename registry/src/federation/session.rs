@@ -16,7 +16,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
-use super::level::{ChildError, Down, Level, Refusal, SessionAnnouncements, session_channel};
+use super::level::{ChildError, Down, Level, Refusal, SessionAnnouncements};
 
 /// How long a child may take to declare its subtree.
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -87,7 +87,7 @@ impl fed::federation_server::Federation for FederationService {
         let Some(fed::child_message::Payload::Subtree(membership)) = first.payload else {
             return Err(status_for(ChildError::NoMembership));
         };
-        let (link, rx) = session_channel();
+        let (link, rx) = self.level.session_channel();
         let down = link.stream(rx);
         let id = self
             .level
@@ -107,10 +107,35 @@ impl fed::federation_server::Federation for FederationService {
         let level = self.level.clone();
         let cancel = self.cancel.clone();
         tokio::spawn(async move {
+            let stall = level.queue_stall();
             let end: Result<(), Status> = loop {
+                // Back-pressure: what a child's message causes (answers, rejections) is queued
+                // for that child, so its next message is read only once its queue is less than
+                // half full; a child that stops reading is cut after `stall`, and one that
+                // reads slowly is paced, never cut for a burst of its own questions.
+                let room = tokio::select! {
+                    _ = cancel.cancelled() => break Err(Status::unavailable("registry shutting down")),
+                    _ = link.closed() => {
+                        if let Some(status) = link.why() {
+                            warn!(%child, code = ?status.code(), message = status.message(), "closing child session");
+                        }
+                        break Ok(());
+                    }
+                    r = tokio::time::timeout(stall, link.half_empty()) => r.is_ok(),
+                };
+                if !room {
+                    level.overflows().inc();
+                    break Err(super::level::stalled_status(link.limits(), stall));
+                }
                 let msg = tokio::select! {
                     _ = cancel.cancelled() => break Err(Status::unavailable("registry shutting down")),
-                    _ = link.closed() => break Ok(()),
+                    _ = link.closed() => {
+                        // Cut for exceeding its queue's budget (or gone): say which.
+                        if let Some(status) = link.why() {
+                            warn!(%child, code = ?status.code(), message = status.message(), "closing child session");
+                        }
+                        break Ok(());
+                    }
                     m = inbound.message() => m,
                 };
                 let msg = match msg {

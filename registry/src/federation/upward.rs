@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::Stream;
-use tokio::sync::mpsc;
 use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
 use xcc_proto::xcc::federation::v1 as fed;
@@ -47,7 +46,7 @@ struct Cursor {
 /// The upward stream of one parent session.
 pub struct Upward {
     level: Level,
-    control: mpsc::Receiver<fed::ChildMessage>,
+    control: super::level::UpQueue,
     events: BroadcastStream<CatalogEvent>,
     cursor: Option<Cursor>,
     /// Messages due before anything else but control messages: a change read while checking
@@ -63,7 +62,7 @@ impl Upward {
     /// call; `queries`: what it returned.
     pub fn new(
         level: Level,
-        control: mpsc::Receiver<fed::ChildMessage>,
+        control: super::level::UpQueue,
         events: tokio::sync::broadcast::Receiver<CatalogEvent>,
         queries: Vec<fed::ServiceQuery>,
     ) -> Self {

@@ -47,6 +47,8 @@ struct Inflight {
     op: Op,
     fqdn: Option<Arc<str>>,
     entry: Option<Arc<ServiceEntry>>,
+    /// [`convert::wire_size_bound`] of `entry`.
+    bytes: usize,
     sent_at: Instant,
 }
 
@@ -86,6 +88,11 @@ struct Snapshot {
 
 pub struct ConsumerState {
     window: usize,
+    /// Encoded bytes (upper bounds) the unacknowledged responses may add up to before the
+    /// next waits for an ACK: a window of large entries pins their old versions until it is
+    /// acknowledged. One response always fits.
+    window_bytes: usize,
+    inflight_bytes: usize,
     /// Certificate identity of the consumer (None: sees everything). Decides which base
     /// entries it holds; the `lookup` passed to [`ConsumerState::next`] must apply the same rule.
     requester: Option<String>,
@@ -122,6 +129,8 @@ impl ConsumerState {
     pub fn new(window: usize) -> Self {
         Self {
             window: window.max(1),
+            window_bytes: usize::MAX,
+            inflight_bytes: 0,
             requester: None,
             base: HamletView::default(),
             differs: HashMap::new(),
@@ -144,6 +153,18 @@ impl ConsumerState {
             requester: Some(requester.into()),
             ..Self::new(window)
         }
+    }
+
+    /// Also bound the unacknowledged responses by their encoded size (at least one is sent).
+    pub fn with_window_bytes(mut self, bytes: usize) -> Self {
+        self.window_bytes = bytes;
+        self
+    }
+
+    /// Whether the window has room for another response.
+    fn window_open(&self) -> bool {
+        self.inflight.len() < self.window
+            && (self.inflight.is_empty() || self.inflight_bytes < self.window_bytes)
     }
 
     fn visible<'a>(&self, e: Option<&'a Arc<ServiceEntry>>) -> Option<&'a Arc<ServiceEntry>> {
@@ -270,7 +291,7 @@ impl ConsumerState {
 
     /// Whether a response could be produced now (work queued and room in the window).
     pub fn can_send(&self) -> bool {
-        self.inflight.len() < self.window && (self.snapshot.is_some() || !self.queue.is_empty())
+        self.window_open() && (self.snapshot.is_some() || !self.queue.is_empty())
     }
 
     /// True once every snapshot item has been handed out.
@@ -294,7 +315,7 @@ impl ConsumerState {
         now: Instant,
         lookup: impl Fn(&str) -> Option<Arc<ServiceEntry>>,
     ) -> Option<Outgoing> {
-        if self.inflight.len() >= self.window {
+        if !self.window_open() {
             return None;
         }
         // An entry no peer could decode is never sent (for this consumer it does not exist).
@@ -387,11 +408,14 @@ impl ConsumerState {
     ) -> Outgoing {
         let nonce = self.next_nonce;
         self.next_nonce += 1;
+        let bytes = entry.as_deref().map_or(0, convert::wire_size_bound);
+        self.inflight_bytes += bytes;
         self.inflight.push_back(Inflight {
             nonce,
             op,
             fqdn,
             entry: entry.clone(),
+            bytes,
             sent_at: now,
         });
         Outgoing {
@@ -402,14 +426,24 @@ impl ConsumerState {
     }
 
     fn take_inflight(&mut self, nonce: &str) -> Option<Inflight> {
-        if nonce.is_empty() {
+        let taken = if nonce.is_empty() {
             // Go peers echo the empty nonce the reference server sends; with one reply per
             // response, in order, an empty nonce acknowledges the oldest outstanding response.
-            return self.inflight.pop_front();
+            self.inflight.pop_front()
+        } else {
+            let n: u64 = nonce.parse().ok()?;
+            let idx = self.inflight.iter().position(|i| i.nonce == n)?;
+            self.inflight.remove(idx)
+        };
+        if let Some(i) = &taken {
+            self.inflight_bytes -= i.bytes;
         }
-        let n: u64 = nonce.parse().ok()?;
-        let idx = self.inflight.iter().position(|i| i.nonce == n)?;
-        self.inflight.remove(idx)
+        taken
+    }
+
+    /// Encoded bytes (upper bounds) of the unacknowledged responses.
+    pub fn inflight_bytes(&self) -> usize {
+        self.inflight_bytes
     }
 
     pub fn on_ack(&mut self, nonce: &str) -> Reply {
@@ -562,6 +596,38 @@ mod tests {
             vec![("5".into(), Op::Delete, Some("a.x".into()))]
         );
         assert_eq!(st.held(), 1);
+    }
+
+    /// The window is bounded in bytes too: a consumer that does not ACK holds at most
+    /// `window_bytes` (plus the one response that always fits), however many responses the
+    /// window would allow; every ACK returns its bytes.
+    #[test]
+    fn the_window_is_bounded_in_bytes_as_well_as_responses() {
+        let now = Instant::now();
+        let items: Vec<_> = (0..5)
+            .map(|i| entry(&format!("s{i}.x"), "10.0.0.1", i))
+            .collect();
+        let one = convert::wire_size_bound(&items[0]);
+        // Room for two and a half entries' bytes, and 100 responses.
+        let mut st = ConsumerState::new(100).with_window_bytes(one * 5 / 2);
+        st.start_snapshot(snap(&items), false);
+        let sent: Vec<_> = std::iter::from_fn(|| st.next(now, view(&items))).collect();
+        // Two fill 2/2.5 of the budget; the third starts below it and is sent; then none.
+        assert_eq!(sent.len(), 3);
+        assert_eq!(st.inflight_bytes(), 3 * one);
+        assert!(!st.can_send());
+        assert_eq!(st.on_ack(&sent[0].nonce), Reply::Acked(Op::Create));
+        assert_eq!(st.inflight_bytes(), 2 * one);
+        assert_eq!(st.next(now, view(&items)).map(|o| o.op), Some(Op::Create));
+        for o in ["2", "3", "4"] {
+            assert_eq!(st.on_ack(o), Reply::Acked(Op::Create));
+        }
+        assert_eq!(st.inflight_bytes(), 0);
+        // An entry larger than the whole budget is still sent, alone.
+        let mut st = ConsumerState::new(100).with_window_bytes(1);
+        st.start_snapshot(snap(&items), false);
+        assert!(st.next(now, view(&items)).is_some());
+        assert!(st.next(now, view(&items)).is_none());
     }
 
     #[test]

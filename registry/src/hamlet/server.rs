@@ -48,6 +48,9 @@ use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
 pub struct HamletConfig {
     /// Responses that may await an ACK on one stream.
     pub window: usize,
+    /// Encoded bytes those responses may add up to (one response always fits): what a
+    /// consumer that does not ACK can pin.
+    pub window_bytes: usize,
     /// A stream whose oldest response stays unacknowledged this long is closed (`Unavailable`);
     /// if its consumer stopped reading, its connection is closed [`STALL_GRACE`] later.
     pub ack_timeout: Duration,
@@ -61,6 +64,8 @@ impl Default for HamletConfig {
     fn default() -> Self {
         Self {
             window: 128,
+            // 8 MiB: two of the largest resources; 128 ordinary ones (a few KiB each) fit.
+            window_bytes: 8 * 1024 * 1024,
             ack_timeout: Duration::from_secs(120),
             subscribe_timeout: Duration::from_secs(30),
             // 64 KiB: a subscription or ACK is well under 1 KiB even with a long NACK message.
@@ -446,7 +451,8 @@ impl<W: Wire> ConsumerStream<W> {
         stats.set_state(PeerState::Connected);
         // Subscribe before taking the view so no change between the two is missed.
         let changes = BroadcastStream::new(server.catalog.subscribe_hamlet());
-        let mut st = ConsumerState::for_requester(server.config.window, identity.clone());
+        let mut st = ConsumerState::for_requester(server.config.window, identity.clone())
+            .with_window_bytes(server.config.window_bytes);
         st.start_snapshot(server.catalog.hamlet_view(), marker);
         let synced = st.snapshot_sent();
         if synced {

@@ -49,6 +49,12 @@ pub struct FederationConfig {
     pub grant_gateway: Option<crate::federation::grants::GatewayRef>,
     /// The trust domain of a caller cluster's workloads (`{cluster}` = its name).
     pub grant_trust_domain: String,
+    /// The budget of every federation queue (each child session's, and the one up to the
+    /// parent): a peer that falls further behind is cut and resynchronises.
+    pub queue_limits: crate::budget::QueueLimits,
+    /// How long a child's queue may stay over half its budget (its messages are not read
+    /// meanwhile) before the child is cut.
+    pub queue_stall: Duration,
 }
 
 impl FederationConfig {
@@ -75,6 +81,8 @@ impl Default for FederationConfig {
             grant_mode: Default::default(),
             grant_gateway: None,
             grant_trust_domain: crate::federation::grants::DEFAULT_TRUST_DOMAIN.into(),
+            queue_limits: crate::budget::QueueLimits::FEDERATION,
+            queue_stall: crate::federation::level::QUEUE_STALL,
         }
     }
 }

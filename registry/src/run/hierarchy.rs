@@ -39,6 +39,13 @@ pub(super) async fn start(
         "Federation messages that did not fit a queue (each reset its session); expected 0",
         level.overflows(),
     );
+    level.set_queue_limits(config.federation.queue_limits);
+    level.set_queue_stall(config.federation.queue_stall);
+    metrics.sub_registry_with_prefix("xcc").register(
+        "federation_queued_bytes",
+        "Encoded bytes queued on the federation sessions (to children and up to the parent)",
+        level.queued_bytes(),
+    );
     if let StoreConfig::File { state_dir, .. } = &config.store
         && config.federation.grant_mode != GrantMode::None
     {

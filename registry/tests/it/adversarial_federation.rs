@@ -958,3 +958,103 @@ async fn garbage_and_huge_messages_end_the_stream_with_a_status_that_says_so() {
         status.message()
     );
 }
+
+/// `n` questions for root's `shop/big` as `c1`-style raw child `from`.
+fn ask_big(from: &str, n: u64) -> impl Iterator<Item = fed::ChildMessage> + use<> {
+    let from = from.to_string();
+    (1..=n).map(move |id| fed::ChildMessage {
+        payload: Some(fed::child_message::Payload::ServiceQuery(
+            fed::ServiceQuery {
+                namespace: "shop".into(),
+                name: "big".into(),
+                requester_cluster: from.clone(),
+                correlation_id: id,
+                ..Default::default()
+            },
+        )),
+    })
+}
+
+/// A child that never reads its stream while it asks, again and again, for a service with
+/// 4,000 endpoints (~64 KiB per answer): once the answers queued for it fill half the
+/// session's byte budget (here 256 KiB, far below its 8,192 messages) the parent stops reading
+/// its questions, and after the stall period cuts it with a status naming the budget; the
+/// queue's bytes are back to zero. A child that asks as much but reads gets every answer and
+/// is never cut: its questions are paced by its own reading.
+#[tokio::test]
+async fn a_child_that_never_reads_is_cut_and_one_that_reads_is_paced() {
+    let pki = Pki::new("xcc.test");
+    let mut cfg = RegistryConfig::loopback(pki.cluster("root"));
+    let limits = xcc_registry::budget::QueueLimits::new(8192, 256 * 1024);
+    cfg.federation.queue_limits = limits;
+    // What the test waits for is the cut itself (an event), this only makes it come sooner.
+    cfg.federation.queue_stall = Duration::from_secs(2);
+    let (root, _cr) = start_with(cfg).await;
+    let mut big = service("root", "shop", "big", "10.0.0.1", &[]);
+    big.endpoints = (0..4_000u32)
+        .map(|i| Endpoint {
+            address: format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255).into(),
+            port: 443,
+        })
+        .collect();
+    root.catalog.upsert(big);
+
+    let mut c1 = RawChild::connect(&pki, "c1", root.hamlet_addr, &["c1"]).await;
+    wait_level(&root, "c1 attached", |r| r.level.children().len() == 1).await;
+    // 2,000 questions, and the parent stops reading them long before the last.
+    let tx = c1.tx.clone();
+    tokio::spawn(async move {
+        for q in ask_big("c1", 2_000) {
+            if tx.send(q).await.is_err() {
+                break;
+            }
+        }
+    });
+    wait_level(&root, "c1 cut and detached", |r| {
+        r.level.children().is_empty()
+    })
+    .await;
+    assert_eq!(root.level.overflows().get(), 1);
+    assert_eq!(root.level.queued_bytes().get(), 0);
+    let mut answers = 0;
+    let status = loop {
+        match tokio::time::timeout(WAIT, c1.rx.message())
+            .await
+            .expect("in time")
+        {
+            Ok(Some(fed::ParentMessage {
+                payload: Some(fed::parent_message::Payload::ServiceQueryResponse(r)),
+            })) => {
+                assert_eq!(r.endpoints.len(), 4_000);
+                answers += 1;
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the session ended with status OK"),
+            Err(status) => break status,
+        }
+    };
+    assert!(answers < 100, "{answers} answers");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert_eq!(
+        status.message(),
+        "the parent's queue to this child stayed over half its budget of 8192 messages and \
+         262144 bytes (--federation-queue-messages, --federation-queue-bytes) for 2 s \
+         (--federation-queue-stall-seconds): the child is not reading; reconnect and \
+         resynchronise"
+    );
+
+    let mut c2 = RawChild::connect(&pki, "c2", root.hamlet_addr, &["c2"]).await;
+    let tx = c2.tx.clone();
+    tokio::spawn(async move {
+        for q in ask_big("c2", 400) {
+            if tx.send(q).await.is_err() {
+                break;
+            }
+        }
+    });
+    for id in 1..=400 {
+        let a = c2.answer().await;
+        assert_eq!((a.correlation_id, a.endpoints.len()), (id, 4_000));
+    }
+    assert_eq!(root.level.overflows().get(), 1, "c2 was never cut");
+}

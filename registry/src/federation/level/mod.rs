@@ -18,9 +18,8 @@ use std::time::SystemTime;
 
 use futures::{Stream, StreamExt as _};
 use prometheus_client::metrics::counter::Counter;
-use tokio::sync::mpsc::error::TrySendError;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
@@ -33,6 +32,7 @@ mod owners;
 mod queries;
 mod resolver;
 use crate::authz::{Gate, Policies};
+use crate::budget::{Full, QueueLimits, QueueRx, QueueTx, queue};
 use crate::catalog::{Catalog, CatalogEvent, ServiceEntry, ServiceKey, Source};
 pub use owners::{ConfigMapOwners, FileOwners, OwnerStore};
 
@@ -97,29 +97,62 @@ struct Session {
     address: String,
 }
 
-/// The way down to one child's session: a bounded queue, and the switch that ends the stream
-/// with a status. A message that does not fit is never dropped on its own: the stream ends
-/// with `Unavailable`, the child reconnects at once and everything is sent again (its
-/// snapshot up, its questions, the pending route notifications down), and the overflow is
-/// counted ([`Level::overflows`]).
+/// The queued messages of one child's session (see [`DownLink`]).
+pub type DownQueue = QueueRx<Down>;
+
+/// The way down to one child's session: a queue bounded in messages and in encoded bytes
+/// ([`QueueLimits`]), and the switch that ends the stream with a status. A message that does
+/// not fit is never dropped on its own: the stream ends with `Unavailable` naming the budget,
+/// the child reconnects at once and everything is sent again (its snapshot up, its questions,
+/// the pending route notifications down), and the overflow is counted ([`Level::overflows`]).
+/// What was queued is freed with the stream (the bytes return to the budget and the
+/// process-wide gauge, [`Level::queued_bytes`]).
 #[derive(Clone)]
 pub struct DownLink {
-    tx: mpsc::Sender<Down>,
+    tx: QueueTx<Down>,
     end: CancellationToken,
     why: Arc<OnceLock<tonic::Status>>,
+    /// The queued messages once [`DownLink::stream`] took them: [`DownLink::close`] drops them
+    /// at once, not when the transport next polls the stream (a child that stopped reading
+    /// never lets it).
+    queued: Arc<Mutex<Option<DownQueue>>>,
 }
 
 impl DownLink {
-    /// A link with room for `capacity` queued messages, and the receiving end for
-    /// [`DownLink::stream`].
-    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<Down>) {
-        let (tx, rx) = mpsc::channel(capacity);
+    /// A link bounded by `limits`, and the receiving end for [`DownLink::stream`].
+    pub fn new(limits: QueueLimits) -> (Self, DownQueue) {
+        Self::with_gauge(limits, None)
+    }
+
+    /// Like [`DownLink::new`], also counting the queued bytes on `gauge`.
+    pub fn with_gauge(limits: QueueLimits, gauge: Option<Gauge>) -> (Self, DownQueue) {
+        let (tx, rx) = queue(limits, gauge);
         let link = Self {
             tx,
             end: CancellationToken::new(),
             why: Arc::default(),
+            queued: Arc::default(),
         };
         (link, rx)
+    }
+
+    /// Encoded bytes queued and not yet handed to the transport.
+    pub fn queued_bytes(&self) -> usize {
+        self.tx.queued_bytes()
+    }
+
+    /// Resolves once less than half the link's byte budget is queued.
+    pub async fn half_empty(&self) {
+        self.tx.half_empty().await
+    }
+
+    pub fn limits(&self) -> QueueLimits {
+        self.tx.limits()
+    }
+
+    /// The status the link was closed with, if it was.
+    pub fn why(&self) -> Option<tonic::Status> {
+        self.why.get().cloned()
     }
 
     /// End the stream with `status` (the first reason wins); what is still queued is
@@ -127,6 +160,7 @@ impl DownLink {
     pub fn close(&self, status: tonic::Status) {
         let _ = self.why.set(status);
         self.end.cancel();
+        drop(self.queued.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 
     /// Resolves once the link was closed or its stream dropped (the child went away).
@@ -139,14 +173,26 @@ impl DownLink {
 
     /// The response stream: the queued messages until the link closes, then the status it
     /// closed with (none when every sender is gone).
-    pub fn stream(&self, rx: mpsc::Receiver<Down>) -> impl Stream<Item = Down> + Send + 'static {
+    pub fn stream(&self, rx: DownQueue) -> impl Stream<Item = Down> + Send + 'static {
         let why = self.why.clone();
-        ReceiverStream::new(rx)
-            .take_until(self.end.clone().cancelled_owned())
-            .chain(
-                futures::stream::once(async move { why.get().cloned() })
-                    .filter_map(|status| async move { status.map(Err) }),
-            )
+        let slot = self.queued.clone();
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+        if self.end.is_cancelled() {
+            // Closed before the stream began: nothing of it is sent.
+            drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+        }
+        let slot = SlotGuard(slot);
+        futures::stream::poll_fn(move |cx| {
+            match slot.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+                Some(rx) => rx.poll_recv(cx),
+                None => std::task::Poll::Ready(None),
+            }
+        })
+        .take_until(self.end.clone().cancelled_owned())
+        .chain(
+            futures::stream::once(async move { why.get().cloned() })
+                .filter_map(|status| async move { status.map(Err) }),
+        )
     }
 
     /// Queue `p`; on a full queue the stream is reset (never a silent drop).
@@ -155,17 +201,56 @@ impl DownLink {
         if self.end.is_cancelled() {
             return;
         }
-        match self.tx.try_send(msg_down(p)) {
-            Ok(()) | Err(TrySendError::Closed(_)) => {}
-            Err(TrySendError::Full(_)) => {
+        let msg = fed::ParentMessage { payload: Some(p) };
+        let size = prost::Message::encoded_len(&msg);
+        match self.tx.try_send(Ok(msg), size) {
+            Ok(()) | Err(Full::Closed) => {}
+            Err(full) => {
                 overflows.inc();
-                warn!("a child's session is not keeping up; ending it so the child resynchronises");
-                self.close(tonic::Status::unavailable(
-                    "the parent's queue to this child is full; reconnect and resynchronise",
+                let limits = self.tx.limits();
+                warn!(budget = %limits, %full, "a child's session is not keeping up; ending it so the child resynchronises");
+                self.close(over_budget_status(
+                    "the parent's queue to this child",
+                    limits,
+                    full,
                 ));
             }
         }
     }
+}
+
+/// Held by a child's response stream: when the transport drops the stream (the child went
+/// away), the queue goes with it, so its bytes return and [`DownLink::closed`] resolves.
+struct SlotGuard(Arc<Mutex<Option<DownQueue>>>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        drop(self.0.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+}
+
+/// The status that cuts a child whose queue stayed over half its budget for `stall`.
+pub fn stalled_status(limits: QueueLimits, stall: std::time::Duration) -> tonic::Status {
+    tonic::Status::unavailable(format!(
+        "the parent's queue to this child stayed over half its budget of {} messages and {} \
+         bytes (--federation-queue-messages, --federation-queue-bytes) for {} s \
+         (--federation-queue-stall-seconds): the child is not reading; reconnect and \
+         resynchronise",
+        limits.messages,
+        limits.bytes,
+        stall.as_secs_f64()
+    ))
+}
+
+/// The status that cuts a peer whose queue exceeded its budget: names the budget, the flags
+/// that set it and what did not fit. `Unavailable`, so a child resynchronises at once.
+pub fn over_budget_status(queue: &str, limits: QueueLimits, full: Full) -> tonic::Status {
+    tonic::Status::unavailable(format!(
+        "{queue} exceeded its budget of {} messages and {} bytes \
+         (--federation-queue-messages, --federation-queue-bytes): {full}; \
+         reconnect and resynchronise",
+        limits.messages, limits.bytes
+    ))
 }
 
 /// The way up to the parent for what is not a catalog change (subtree membership, queries,
@@ -174,18 +259,39 @@ impl DownLink {
 /// not fit resets the parent session (the link reconnects at once) and is counted.
 #[derive(Clone)]
 pub struct Uplink {
-    tx: mpsc::Sender<fed::ChildMessage>,
+    tx: QueueTx<fed::ChildMessage>,
     reset: CancellationToken,
+    why: Arc<OnceLock<String>>,
 }
 
+/// The queued control messages of one parent session (see [`Uplink`]).
+pub type UpQueue = QueueRx<fed::ChildMessage>;
+
 impl Uplink {
-    pub fn new(capacity: usize) -> (Self, mpsc::Receiver<fed::ChildMessage>) {
-        let (tx, rx) = mpsc::channel(capacity);
+    /// A way up bounded by `limits` (messages and encoded bytes).
+    pub fn new(limits: QueueLimits) -> (Self, UpQueue) {
+        Self::with_gauge(limits, None)
+    }
+
+    /// Like [`Uplink::new`], also counting the queued bytes on `gauge`.
+    pub fn with_gauge(limits: QueueLimits, gauge: Option<Gauge>) -> (Self, UpQueue) {
+        let (tx, rx) = queue(limits, gauge);
         let link = Self {
             tx,
             reset: CancellationToken::new(),
+            why: Arc::default(),
         };
         (link, rx)
+    }
+
+    /// Why the session was reset, once it was.
+    pub fn why(&self) -> Option<String> {
+        self.why.get().cloned()
+    }
+
+    /// Encoded bytes queued and not yet handed to the transport.
+    pub fn queued_bytes(&self) -> usize {
+        self.tx.queued_bytes()
     }
 
     /// Cancelled when a message did not fit: the session must end and start again.
@@ -441,11 +547,17 @@ struct Inner {
     child_names: Mutex<std::collections::HashMap<String, Arc<str>>>,
     /// Messages that did not fit a queue of the federation path (each reset its stream).
     overflows: Counter,
+    /// The budget of each federation queue (per child session, and up to the parent).
+    queue_limits: RwLock<QueueLimits>,
+    /// Encoded bytes queued on every federation queue of this level.
+    queued_bytes: Gauge,
+    /// How long a child's queue may stay over half its budget before the child is cut.
+    queue_stall: RwLock<std::time::Duration>,
 }
 
-/// Outbound-channel capacity per child session. A child that falls this far behind has its
-/// session ended and reconnects at once (see [`DownLink`]).
-const SESSION_QUEUE: usize = 8192;
+/// How long a child's queue may stay over half its byte budget (the session stops reading the
+/// child meanwhile) before the child is cut: a minute, long enough for any child that reads.
+pub const QUEUE_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Why a child's stream is being closed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -482,6 +594,9 @@ impl Level {
                 grant_sink: RwLock::new(Arc::new(super::grants::NoGrants)),
                 child_names: Mutex::default(),
                 overflows: Counter::default(),
+                queue_limits: RwLock::new(QueueLimits::FEDERATION),
+                queued_bytes: Gauge::default(),
+                queue_stall: RwLock::new(QUEUE_STALL),
             }),
         }
     }
@@ -577,6 +692,57 @@ impl Level {
         self.inner.overflows.clone()
     }
 
+    /// Bound every federation queue opened from now on (a child session, the way up) by
+    /// `limits`.
+    pub fn set_queue_limits(&self, limits: QueueLimits) {
+        *self
+            .inner
+            .queue_limits
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = limits;
+    }
+
+    /// How long a child's queue may stay over half its budget before the child is cut.
+    pub fn set_queue_stall(&self, stall: std::time::Duration) {
+        *self
+            .inner
+            .queue_stall
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = stall;
+    }
+
+    pub fn queue_stall(&self) -> std::time::Duration {
+        *self
+            .inner
+            .queue_stall
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn queue_limits(&self) -> QueueLimits {
+        *self
+            .inner
+            .queue_limits
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Encoded bytes queued on this level's federation queues (every child session and the way
+    /// up); back to 0 once the peers are gone.
+    pub fn queued_bytes(&self) -> Gauge {
+        self.inner.queued_bytes.clone()
+    }
+
+    /// A queue for a child's session, bounded by [`Level::queue_limits`].
+    pub fn session_channel(&self) -> (DownLink, DownQueue) {
+        DownLink::with_gauge(self.queue_limits(), Some(self.queued_bytes()))
+    }
+
+    /// A queue up to the parent, bounded by [`Level::queue_limits`].
+    pub fn uplink(&self) -> (Uplink, UpQueue) {
+        Uplink::with_gauge(self.queue_limits(), Some(self.queued_bytes()))
+    }
+
     fn down(&self, link: &DownLink, p: fed::parent_message::Payload) {
         link.send(p, &self.inner.overflows);
     }
@@ -584,11 +750,18 @@ impl Level {
     /// Queue `msg` for the parent, if a session is up; a full queue resets the session.
     fn send_up(&self, up: Option<Uplink>, msg: fed::ChildMessage) {
         let Some(up) = up else { return };
-        match up.tx.try_send(msg) {
-            Ok(()) | Err(TrySendError::Closed(_)) => {}
-            Err(TrySendError::Full(_)) => {
+        let size = prost::Message::encoded_len(&msg);
+        match up.tx.try_send(msg, size) {
+            Ok(()) | Err(Full::Closed) => {}
+            Err(full) => {
                 self.inner.overflows.inc();
-                warn!("the parent link is not keeping up; resetting it to resynchronise");
+                let limits = up.tx.limits();
+                warn!(budget = %limits, %full, "the parent link is not keeping up; resetting it to resynchronise");
+                let _ = up.why.set(
+                    over_budget_status("the queue up to the parent", limits, full)
+                        .message()
+                        .to_string(),
+                );
                 up.reset.cancel();
             }
         }
@@ -1366,12 +1539,10 @@ fn msg_up(p: fed::child_message::Payload) -> fed::ChildMessage {
     fed::ChildMessage { payload: Some(p) }
 }
 
-fn msg_down(p: fed::parent_message::Payload) -> Down {
-    Ok(fed::ParentMessage { payload: Some(p) })
-}
-
-pub(crate) fn session_channel() -> (DownLink, mpsc::Receiver<Down>) {
-    DownLink::new(SESSION_QUEUE)
+/// A child-session queue with the default budget (tests).
+#[cfg(test)]
+pub(crate) fn session_channel() -> (DownLink, DownQueue) {
+    DownLink::new(QueueLimits::FEDERATION)
 }
 
 #[cfg(test)]

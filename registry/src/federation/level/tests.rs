@@ -22,7 +22,7 @@ fn level(name: &str) -> Level {
 }
 
 /// Every message queued on a child's session so far.
-fn drain(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::parent_message::Payload> {
+fn drain(rx: &mut DownQueue) -> Vec<fed::parent_message::Payload> {
     let mut out = vec![];
     while let Ok(Ok(fed::ParentMessage { payload: Some(p) })) = rx.try_recv() {
         out.push(p);
@@ -30,7 +30,7 @@ fn drain(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::parent_message::Payload> {
     out
 }
 
-fn rejections(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::Rejection> {
+fn rejections(rx: &mut DownQueue) -> Vec<fed::Rejection> {
     drain(rx)
         .into_iter()
         .filter_map(|p| match p {
@@ -41,7 +41,7 @@ fn rejections(rx: &mut mpsc::Receiver<Down>) -> Vec<fed::Rejection> {
 }
 
 /// The status a closed session's stream ends with.
-fn closing_status(link: &DownLink, rx: mpsc::Receiver<Down>) -> tonic::Status {
+fn closing_status(link: &DownLink, rx: DownQueue) -> tonic::Status {
     let items: Vec<Down> =
         futures::executor::block_on(futures::StreamExt::collect(link.stream(rx)));
     items
@@ -69,7 +69,7 @@ fn api_announcement() -> fed::ServiceAnnouncement {
     }
 }
 
-fn next_route(rx: &mut mpsc::Receiver<Down>) -> fed::RouteNotification {
+fn next_route(rx: &mut DownQueue) -> fed::RouteNotification {
     loop {
         match rx.try_recv() {
             Ok(Ok(fed::ParentMessage {
@@ -476,7 +476,7 @@ fn a_refusal_of_a_grandchilds_entry_is_sent_down_to_it() {
     b.attach_child("b1", "a".into(), &membership(&["b1"]), tx.clone())
         .expect("attach");
     drain(&mut rx);
-    let (up, _up_rx) = Uplink::new(16);
+    let (up, _up_rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b.begin_upward(up);
     let from_parent = |r: fed::Rejection| {
         b.on_parent_message(fed::ParentMessage {
@@ -498,7 +498,7 @@ fn a_refusal_of_a_grandchilds_entry_is_sent_down_to_it() {
     assert_eq!(b.rejections().len(), 4, "all kept here");
 
     // A new parent session in which the parent no longer refuses b1's entry.
-    let (up, _up_rx) = Uplink::new(16);
+    let (up, _up_rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b.begin_upward(up);
     from_parent(own);
     assert!(!tx.end.is_cancelled());
@@ -533,7 +533,7 @@ fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
             .expect("ok")
     };
     let refused = || -> Vec<String> { b.rejections().into_iter().map(|(_, r)| r.name).collect() };
-    let (up, _rx) = Uplink::new(16);
+    let (up, _rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b.begin_upward(up);
     from_parent(fed::parent_message::Payload::Rejection(refusal("api")));
     from_parent(fed::parent_message::Payload::Rejection(refusal("cart")));
@@ -544,7 +544,7 @@ fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
     assert!(b.refusals_confirmed());
     assert_eq!(refused(), ["api", "cart"]);
     // A new session: both still stand while the snapshot is sent again.
-    let (up, _rx) = Uplink::new(16);
+    let (up, _rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b.begin_upward(up);
     assert!(!b.refusals_confirmed());
     assert_eq!(refused(), ["api", "cart"]);
@@ -561,9 +561,9 @@ fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
 #[test]
 fn an_import_asks_with_its_workload_identity() {
     let b = level("b");
-    let (up, mut rx) = Uplink::new(16);
+    let (up, mut rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b.begin_upward(up);
-    let asked = |rx: &mut mpsc::Receiver<fed::ChildMessage>| -> Vec<(String, String, String)> {
+    let asked = |rx: &mut UpQueue| -> Vec<(String, String, String)> {
         std::iter::from_fn(|| rx.try_recv().ok())
             .filter_map(|m| match m.payload {
                 Some(fed::child_message::Payload::ServiceQuery(q)) => Some((
@@ -605,7 +605,7 @@ fn an_import_asks_with_its_workload_identity() {
     b.set_imports(&[import("checkout")]);
     assert_eq!(asked(&mut rx), [wire("checkout")]);
     // Re-issued with the parent session's questions.
-    let (up, _rx) = Uplink::new(16);
+    let (up, _rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     let again = b.begin_upward(up);
     assert_eq!(
         again
@@ -625,7 +625,7 @@ fn an_import_asks_with_its_workload_identity() {
 #[test]
 fn a_refused_question_stands_until_it_is_answered() {
     let b = level("b");
-    let (up, mut rx) = Uplink::new(16);
+    let (up, mut rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b.begin_upward(up);
     let api = Target::Name {
         namespace: "shop".into(),
@@ -645,7 +645,7 @@ fn a_refused_question_stands_until_it_is_answered() {
     let refusal = Refusal::new("size", tonic::Code::ResourceExhausted, "too big")
         .to_rejection("query", "b", "shop", "api", "", "root");
     from_parent(fed::parent_message::Payload::Rejection(refusal.clone()));
-    let (up, _rx) = Uplink::new(16);
+    let (up, _rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b.begin_upward(up);
     from_parent(fed::parent_message::Payload::SnapshotComplete(
         fed::SnapshotComplete::default(),
@@ -741,7 +741,7 @@ fn local_api(allowed: &[&str]) -> ServiceEntry {
 fn the_owner_grants_only_its_own_exports_to_callers_they_admit() {
     let b2 = level("b2");
     b2.catalog().upsert(local_api(&["b1/web"]));
-    let (tx, mut up) = Uplink::new(16);
+    let (tx, mut up) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b2.begin_upward(tx);
     while up.try_recv().is_ok() {}
     let forged = |ns: &str, name: &str, caller: &str| fed::ParentMessage {
@@ -758,7 +758,7 @@ fn the_owner_grants_only_its_own_exports_to_callers_they_admit() {
             },
         )),
     };
-    let ack = |up: &mut mpsc::Receiver<fed::ChildMessage>| loop {
+    let ack = |up: &mut UpQueue| loop {
         match up.try_recv() {
             Ok(fed::ChildMessage {
                 payload: Some(fed::child_message::Payload::RouteAck(a)),
@@ -925,7 +925,7 @@ fn a_slow_parent_loses_nothing() {
     root.attach_child("b2", "127.0.0.1:1".into(), &membership(&["b2"]), down)
         .expect("attach");
     let mut reader = crate::federation::session::ChildReader::new(root.clone(), "b2".into());
-    let (up, control) = Uplink::new(16);
+    let (up, control) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     let events = b2.catalog().subscribe();
     let queries = b2.begin_upward(up);
     let mut stream = crate::federation::upward::Upward::new(b2.clone(), control, events, queries);
@@ -964,7 +964,7 @@ fn a_slow_parent_loses_nothing() {
 fn a_full_child_queue_resets_the_session_and_routes_are_sent_again() {
     use futures::StreamExt as _;
     let b = level("b");
-    let (link, rx) = DownLink::new(2);
+    let (link, rx) = DownLink::new(QueueLimits::new(2, QueueLimits::FEDERATION.bytes));
     let session = b
         .attach_child(
             "b2",
@@ -1006,4 +1006,97 @@ fn a_full_child_queue_resets_the_session_and_routes_are_sent_again() {
         })
         .collect();
     assert_eq!(routes, ["c1", "c2", "c3"]);
+}
+
+/// A child that stops reading while large messages pile up for it is cut once their encoded
+/// bytes exceed the queue's byte budget (long before its message budget), with a status that
+/// names the budget and what did not fit; what was queued is freed at the cut, and the bytes
+/// accounted for the child (its link's and the level's total) are back to zero.
+#[test]
+fn a_child_queue_is_cut_at_its_byte_budget_and_its_bytes_return() {
+    use futures::StreamExt as _;
+    use prost::Message as _;
+    let b = level("b");
+    let limits = QueueLimits::new(8192, 64 * 1024);
+    b.set_queue_limits(limits);
+    let (link, rx) = b.session_channel();
+    let session = b
+        .attach_child(
+            "b2",
+            "127.0.0.1:1".into(),
+            &membership(&["b2"]),
+            link.clone(),
+        )
+        .expect("attach");
+    let stream = link.stream(rx);
+    let ancestry = fed::ParentMessage {
+        payload: Some(fed::parent_message::Payload::Ancestry(fed::Ancestry {
+            path: vec!["b".into()],
+        })),
+    }
+    .encoded_len();
+    assert_eq!(link.queued_bytes(), ancestry);
+    let rejection = fed::Rejection {
+        kind: "announcement".into(),
+        cluster: "b2".into(),
+        reason: "x".repeat(10_000),
+        ..Default::default()
+    };
+    let size = fed::ParentMessage {
+        payload: Some(fed::parent_message::Payload::Rejection(rejection.clone())),
+    }
+    .encoded_len();
+    let fit = (limits.bytes - ancestry) / size;
+    for _ in 0..fit {
+        b.reject_to_child("b2", rejection.clone());
+    }
+    assert_eq!(b.overflows().get(), 0);
+    assert_eq!(link.queued_bytes(), ancestry + fit * size);
+    assert_eq!(b.queued_bytes().get(), (ancestry + fit * size) as i64);
+    // The next one does not fit: the session is cut, and what was queued is dropped at once.
+    b.reject_to_child("b2", rejection.clone());
+    assert_eq!(b.overflows().get(), 1);
+    assert_eq!(link.queued_bytes(), 0);
+    assert_eq!(b.queued_bytes().get(), 0);
+    let items: Vec<Down> = futures::executor::block_on(stream.collect());
+    assert_eq!(items.len(), 1, "only the status: {items:?}");
+    let status = items[0].as_ref().expect_err("a status");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    assert_eq!(
+        status.message(),
+        format!(
+            "the parent's queue to this child exceeded its budget of 8192 messages and 65536 \
+             bytes (--federation-queue-messages, --federation-queue-bytes): {size} bytes do not \
+             fit: {} of 65536 bytes are queued; reconnect and resynchronise",
+            ancestry + fit * size
+        )
+    );
+    // Later messages for the cut session are not queued (nor counted again).
+    b.reject_to_child("b2", rejection);
+    assert_eq!((b.overflows().get(), link.queued_bytes()), (1, 0));
+    b.detach_child("b2", session);
+    assert!(b.children().is_empty());
+    assert_eq!(b.queued_bytes().get(), 0);
+}
+
+/// When the transport drops a child's response stream (the child went away), its queue goes
+/// with it: the bytes return and the session sees the link closed.
+#[test]
+fn a_dropped_child_stream_frees_its_queue_and_closes_the_link() {
+    let b = level("b");
+    let (link, rx) = b.session_channel();
+    b.attach_child(
+        "b2",
+        "127.0.0.1:1".into(),
+        &membership(&["b2"]),
+        link.clone(),
+    )
+    .expect("attach");
+    let stream = link.stream(rx);
+    assert!(link.queued_bytes() > 0, "the ancestry is queued");
+    drop(stream);
+    assert_eq!(link.queued_bytes(), 0);
+    assert_eq!(b.queued_bytes().get(), 0);
+    futures::executor::block_on(link.closed());
+    assert!(link.why().is_none(), "gone, not cut");
 }
