@@ -8,8 +8,17 @@
 //! - its MCS name `<origin-name>.<origin-namespace>.svc.clusterset.local` when it carries the
 //!   origin annotations of [`xcc_proto::mapping`].
 //!
-//! A name owned by several Services goes to the lowest `namespace/name` and the others are
-//! reported as a [`Conflict`] (fix D5: deterministic, not last-writer-wins). Each name gets A and
+//! A name claimed by several Services is decided by how each claims it, never by the order
+//! they arrive in (fix D5: deterministic, not last-writer-wins) and the others are reported as a
+//! [`Conflict`]:
+//! 1. a Service whose FQDN annotation *is* the name beats every Service that claims it only
+//!    through its origin annotations — the FQDN is the name the record was checked and owned
+//!    under (allowedDomains, the tree's one-owner rule), the origin is a second name beside it;
+//! 2. among Services whose FQDN is the name, the lowest `namespace/name` owns it (static
+//!    records, keyed `""/<fqdn>`, first);
+//! 3. Services that all claim it through their origin annotations are one service exported by
+//!    several clusters (the Multi-Cluster Services rule): the name answers with all their
+//!    addresses and ports, and none of them is a loser. Each name gets A and
 //! AAAA records from the cluster IPs (dual stack) and, per named port, an SRV record at
 //! `_<port>._<proto>.<name>`. Every ancestor of a name inside its zone exists as an empty
 //! non-terminal, so it answers NODATA rather than NXDOMAIN (RFC 8020).
@@ -151,7 +160,7 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// Several Services claim one name; the lowest key owns it.
+/// Several Services claim one name; the winner owns it (see the module's rules).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
     /// The contested name (canonical, no trailing dot).
@@ -614,9 +623,9 @@ impl ZoneSet {
         // (canonical name, zone index, claimant), sorted below: one allocation, not a map. A
         // name already canonical is borrowed from its Service: a copy per name, freed after the
         // build, would leave that much of the heap in holes between the zone's arrays.
-        let mut claims: Vec<(Cow<'a, str>, usize, &'a ServiceInfo)> = Vec::new();
+        let mut claims: Vec<(Cow<'a, str>, Claim, usize, &'a ServiceInfo)> = Vec::new();
         for svc in services {
-            for raw in candidate_names(svc, &mut rejected) {
+            for (raw, how) in candidate_names(svc, &mut rejected) {
                 let reject = |reason: String| Rejected {
                     key: svc.key.clone(),
                     name: raw.clone(),
@@ -645,26 +654,35 @@ impl ZoneSet {
                     Some(fqdn) if fqdn == canonical => Cow::Borrowed(fqdn),
                     _ => Cow::Owned(canonical),
                 };
-                claims.push((canonical, zi, svc));
+                claims.push((canonical, how, zi, svc));
             }
         }
 
-        claims.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.2.key.cmp(&b.2.key)));
-        claims.dedup_by(|a, b| a.0 == b.0 && a.2.key == b.2.key);
+        // By name, then how it is claimed (its FQDN first), then key; one claim per Service
+        // and name (the best).
+        claims.sort_by(|a, b| (&a.0, a.1, &a.3.key).cmp(&(&b.0, b.1, &b.3.key)));
+        claims.dedup_by(|a, b| a.0 == b.0 && a.3.key == b.3.key);
         let mut conflicts = Vec::new();
         for group in claims.chunk_by(|a, b| a.0 == b.0) {
-            let [(canonical, zi, winner), losers @ ..] = group else {
+            let Some((canonical, how, zi, winner)) = group.first() else {
                 continue;
             };
+            // Rule 3: every claim through the origin counts, when no FQDN claims the name.
+            let owners = match how {
+                Claim::Fqdn => 1,
+                Claim::Origin => group.len(),
+            };
+            let (owners, losers) = group.split_at(owners.min(group.len()));
+            let losers: Vec<ServiceKey> = losers.iter().map(|c| c.3.key.clone()).collect();
             if !losers.is_empty() {
                 conflicts.push(Conflict {
                     name: canonical.to_string(),
                     winner: winner.key.clone(),
-                    losers: losers.iter().map(|(_, _, s)| s.key.clone()).collect(),
+                    losers,
                 });
             }
             if let (Some(name), Some(zone)) = (fqdn_name(canonical), zones.get_mut(*zi)) {
-                add_service(zone, &name, winner);
+                add_service(zone, &name, owners.iter().map(|c| c.3));
             }
         }
         let zones = zones
@@ -713,17 +731,26 @@ impl ZoneSet {
     }
 }
 
+/// How a Service claims a name; the better claim sorts first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Claim {
+    /// The name is its FQDN annotation.
+    Fqdn,
+    /// The name is its MCS name, from the origin annotations.
+    Origin,
+}
+
 /// The names `svc` asks for: its FQDN annotation and its MCS name (raw, not yet validated).
-fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<String> {
+fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<(String, Claim)> {
     let mut out = Vec::new();
     let annotations = &svc.annotations;
     if let Some(fqdn) = &annotations.fqdn {
-        out.push(fqdn.trim().to_string());
+        out.push((fqdn.trim().to_string(), Claim::Fqdn));
     }
     if let (Some(ns), Some(name)) = (&annotations.origin_namespace, &annotations.origin_name) {
         let (ns, name) = (ns.trim(), name.trim());
         match (validate_namespace(ns), validate_namespace(name)) {
-            (Ok(_), Ok(_)) => out.push(clusterset_fqdn(name, ns)),
+            (Ok(_), Ok(_)) => out.push((clusterset_fqdn(name, ns), Claim::Origin)),
             (Err(e), _) | (_, Err(e)) => rejected.push(Rejected {
                 key: svc.key.clone(),
                 name: format!("{name}.{ns}.svc.{CLUSTERSET_ZONE}"),
@@ -731,7 +758,7 @@ fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<Strin
             }),
         }
     }
-    out.dedup();
+    out.dedup_by(|a, b| a.0 == b.0);
     out
 }
 
@@ -744,12 +771,21 @@ fn srv_label(port_name: &str) -> Option<String> {
     ok.then_some(lower)
 }
 
-fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo) {
+/// The records of `name`, owned by `owners` (one Service, or the several exporters of one
+/// origin, whose addresses and ports are joined); the first is named as the owner.
+fn add_service<'s>(
+    zone: &mut DraftZone,
+    name: &Name,
+    owners: impl Iterator<Item = &'s ServiceInfo> + Clone,
+) {
+    let Some(first) = owners.clone().next() else {
+        return;
+    };
     let owner = len_u32(zone.owners.len());
-    zone.owners.push(svc.key.clone());
+    zone.owners.push(first.key.clone());
     let mut v4 = Vec::new();
     let mut v6 = Vec::new();
-    for ip in &svc.cluster_ips {
+    for ip in owners.clone().flat_map(|s| &s.cluster_ips) {
         match ip {
             IpAddr::V4(a) => v4.push(*a),
             IpAddr::V6(a) => v6.push(*a),
@@ -763,7 +799,7 @@ fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo) {
     let target = zone.push(&relative, &v4, &v6, &[], owner);
     let apex_len = zone.apex.len();
     let mut srv: BTreeMap<Vec<u8>, Vec<(u16, u32)>> = BTreeMap::new();
-    for port in &svc.ports {
+    for port in owners.flat_map(|s| &s.ports) {
         let Some(label) = port.name.as_deref().and_then(srv_label) else {
             continue;
         };
