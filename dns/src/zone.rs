@@ -18,8 +18,9 @@
 //!    records, keyed `""/<fqdn>`, first);
 //! 3. Services that all claim it through their origin annotations are one service exported by
 //!    several clusters (the Multi-Cluster Services rule): the name answers with all their
-//!    addresses and ports, and none of them is a loser. Each name gets A and
-//! AAAA records from the cluster IPs (dual stack) and, per named port, an SRV record at
+//!    addresses and ports, and none of them is a loser.
+//!
+//! Each name gets A and AAAA records from the cluster IPs (dual stack) and, per named port, an SRV record at
 //! `_<port>._<proto>.<name>`. Every ancestor of a name inside its zone exists as an empty
 //! non-terminal, so it answers NODATA rather than NXDOMAIN (RFC 8020).
 //!

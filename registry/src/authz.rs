@@ -91,15 +91,8 @@ pub enum PolicyError {
     #[error("policies do not validate against the xcc schema: {0}")]
     Invalid(String),
     /// A policy tests a label no service can carry to it, so it would never match.
-    #[error(
-        "{file}: policy {id:?} tests resource.labels for {label:?}, which no service can carry: {reason} (a policy label is \"<name>=<value>\" of an annotation connectivity.tanzu.vmware.com/<name>; docs/security.md)"
-    )]
-    Label {
-        file: String,
-        id: String,
-        label: String,
-        reason: String,
-    },
+    #[error(transparent)]
+    Label(Box<LabelTestError>),
     #[error("reading {path}: {source}")]
     Io {
         path: String,
@@ -110,6 +103,18 @@ pub enum PolicyError {
     /// The built-in schema or default policies do not load (a defect of this build).
     #[error("internal: {0}")]
     Base(&'static BaseError),
+}
+
+/// A policy testing `resource.labels` for a label no service can carry ([`PolicyError::Label`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{file}: policy {id:?} tests resource.labels for {label:?}, which no service can carry: {reason} (a policy label is \"<name>=<value>\" of an annotation connectivity.tanzu.vmware.com/<name>; docs/security.md)"
+)]
+pub struct LabelTestError {
+    pub file: String,
+    pub id: String,
+    pub label: String,
+    pub reason: String,
 }
 
 /// Why the built-in schema and default policies ([`SCHEMA`], [`DEFAULT_POLICIES`]) do not load.
@@ -281,12 +286,12 @@ fn check_label_tests(file: &str, policy: &cedar_policy::Policy) -> Result<(), Po
     });
     match bad {
         None => Ok(()),
-        Some((label, reason)) => Err(PolicyError::Label {
+        Some((label, reason)) => Err(PolicyError::Label(Box::new(LabelTestError {
             file: file.to_string(),
             id: policy.id().to_string(),
             label,
             reason,
-        }),
+        }))),
     }
 }
 
@@ -1125,8 +1130,8 @@ when { resource.zones.contains("b2.example.org") };
                     .unwrap_or_else(|| panic!("accepted: {text}"));
                 let shown = err.to_string();
                 assert!(
-                    matches!(&err, PolicyError::Label { file, id, label: l, .. }
-                        if file == "l.cedar" && id == "p" && l == label)
+                    matches!(&err, PolicyError::Label(e)
+                        if e.file == "l.cedar" && e.id == "p" && e.label == label)
                         && shown.contains(why),
                     "{text}: {shown}"
                 );
