@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -55,11 +56,21 @@ pub struct Skipped {
 }
 
 /// Build the Services listing from every file's records (pure). Records naming the same FQDN
-/// (one service imported from two remotes) merge: their addresses are unioned, and the first
-/// record in file order gives the key and the origin.
+/// (one service imported from two remotes) merge: their addresses are unioned; the key is the
+/// lowest of their keys and the origin the best of theirs ([`better_origin`]), so neither file
+/// order nor a record's name decides. A record without a namespace (a journal read before any
+/// snapshot) gets the namespace of the directory's other records, else the registry's default:
+/// never the empty namespace, which is the static records' (and wins every tie).
 pub fn services_from_records(
     files: &BTreeMap<String, Vec<ServiceRecord>>,
 ) -> (Vec<ServiceInfo>, Vec<Skipped>) {
+    let namespace: Arc<str> = files
+        .values()
+        .flatten()
+        .filter_map(|r| r.metadata.namespace.as_deref())
+        .find(|n| !n.is_empty())
+        .unwrap_or(xcc_proto::names::DEFAULT_NAMESPACE)
+        .into();
     let mut by_fqdn: BTreeMap<String, ServiceInfo> = BTreeMap::new();
     let mut addresses: BTreeMap<String, BTreeSet<IpAddr>> = BTreeMap::new();
     // FQDN → the (cluster, address, hostname) of its headless records' pods.
@@ -108,16 +119,27 @@ pub fn services_from_records(
                 );
             }
             addresses.entry(fqdn.clone()).or_default().extend(ips);
+            let key = ServiceKey::new(
+                match sr.metadata.namespace.as_deref() {
+                    Some(ns) if !ns.is_empty() => Arc::from(ns),
+                    _ => namespace.clone(),
+                },
+                sr.metadata.name.clone().unwrap_or_default(),
+            );
+            let mut annotations = origin_annotations(sr);
+            annotations.fqdn = Some(fqdn.as_str().into());
             let info = by_fqdn.entry(fqdn.clone()).or_insert_with(|| ServiceInfo {
-                key: ServiceKey::new(
-                    sr.metadata.namespace.clone().unwrap_or_default(),
-                    sr.metadata.name.clone().unwrap_or_default(),
-                ),
-                annotations: origin_annotations(sr),
+                key: key.clone(),
+                annotations: annotations.clone(),
                 cluster_ips: Vec::new(),
                 ports: Vec::new(),
             });
-            info.annotations.fqdn = Some(fqdn.as_str().into());
+            if key < info.key {
+                info.key = key;
+            }
+            if better_origin(&fqdn, &annotations, &info.annotations) {
+                info.annotations = annotations;
+            }
             for p in sr.spec.ports.iter().flatten() {
                 if let Some(port) = named_port(p)
                     && !info.ports.contains(&port)
@@ -146,6 +168,20 @@ pub fn services_from_records(
         services.extend(pod_names);
     }
     (services, skipped)
+}
+
+/// Whether `a`'s origin should stand for a merged FQDN rather than `b`'s: an origin whose MCS
+/// name is the FQDN itself first, then any origin over none, then the lower pair — decided by
+/// the records' content, never by the order they were read in.
+fn better_origin(fqdn: &str, a: &NameAnnotations, b: &NameAnnotations) -> bool {
+    let rank = |n: &NameAnnotations| match (&n.origin_namespace, &n.origin_name) {
+        (Some(ns), Some(name)) => (
+            u8::from(xcc_proto::names::clusterset_fqdn(name, ns) != fqdn),
+            Some((ns.clone(), name.clone())),
+        ),
+        _ => (2, None),
+    };
+    rank(a) < rank(b)
 }
 
 /// The origin annotations, only as a pair (one alone names nothing).

@@ -392,3 +392,62 @@ fn headless_imports_serve_their_pods_hostname_names() {
         ]
     );
 }
+
+/// Issue 25: a record read only from a journal gets the directory's namespace, never the
+/// empty one that static records hold; records merged under one FQDN take the lowest key and
+/// the origin that names the FQDN itself, in whatever order the files come.
+#[test]
+fn journal_records_get_a_namespace_and_merges_do_not_depend_on_file_order() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("east.yaml"),
+        record("xcc", "other", "other.xcc.test", &["10.0.0.1"], None),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("a-west.journal"),
+        concat!(
+            r#"{"put":{"fqdn":"api.shop.svc.clusterset.local","endpoints":[{"address":"6.6.6.6","port":443}],"annotations":{"connectivity.tanzu.vmware.com/origin-namespace":"kube-system","connectivity.tanzu.vmware.com/origin-name":"kube-dns"}}}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let mut state = ImportsDir::new(dir.path().to_path_buf());
+    state.rescan();
+    let files = state.records();
+    let (services, _) = services_from_records(&files);
+    let api = services
+        .iter()
+        .find(|s| s.annotations.fqdn.as_deref() == Some("api.shop.svc.clusterset.local"))
+        .unwrap();
+    assert_eq!(&*api.key.namespace, "xcc");
+
+    let east = parse(&record(
+        "xcc",
+        "z-east",
+        "api.shop.svc.clusterset.local",
+        &["10.2.0.1"],
+        Some(("shop", "api")),
+    ));
+    let west = parse(&record(
+        "xcc",
+        "a-west",
+        "api.shop.svc.clusterset.local",
+        &["10.3.0.1"],
+        Some(("kube-system", "kube-dns")),
+    ));
+    let one = BTreeMap::from([
+        ("a.yaml".to_string(), east.clone()),
+        ("b.yaml".to_string(), west.clone()),
+    ]);
+    let other = BTreeMap::from([("a.yaml".to_string(), west), ("b.yaml".to_string(), east)]);
+    let (first, _) = services_from_records(&one);
+    let (second, _) = services_from_records(&other);
+    assert_eq!(first, second);
+    assert_eq!(first[0].key, ServiceKey::new("xcc", "a-west"));
+    assert_eq!(first[0].annotations.origin_name.as_deref(), Some("api"));
+    assert_eq!(
+        first[0].annotations.origin_namespace.as_deref(),
+        Some("shop")
+    );
+}

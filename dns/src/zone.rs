@@ -8,9 +8,19 @@
 //! - its MCS name `<origin-name>.<origin-namespace>.svc.clusterset.local` when it carries the
 //!   origin annotations of [`xcc_proto::mapping`].
 //!
-//! A name owned by several Services goes to the lowest `namespace/name` and the others are
-//! reported as a [`Conflict`] (fix D5: deterministic, not last-writer-wins). Each name gets A and
-//! AAAA records from the cluster IPs (dual stack) and, per named port, an SRV record at
+//! A name claimed by several Services is decided by how each claims it, never by the order
+//! they arrive in (fix D5: deterministic, not last-writer-wins) and the others are reported as a
+//! [`Conflict`]:
+//! 1. a Service whose FQDN annotation *is* the name beats every Service that claims it only
+//!    through its origin annotations — the FQDN is the name the record was checked and owned
+//!    under (allowedDomains, the tree's one-owner rule), the origin is a second name beside it;
+//! 2. among Services whose FQDN is the name, the lowest `namespace/name` owns it (static
+//!    records, keyed `""/<fqdn>`, first);
+//! 3. Services that all claim it through their origin annotations are one service exported by
+//!    several clusters (the Multi-Cluster Services rule): the name answers with all their
+//!    addresses and ports, and none of them is a loser.
+//!
+//! Each name gets A and AAAA records from the cluster IPs (dual stack) and, per named port, an SRV record at
 //! `_<port>._<proto>.<name>`. Every ancestor of a name inside its zone exists as an empty
 //! non-terminal, so it answers NODATA rather than NXDOMAIN (RFC 8020).
 //!
@@ -151,7 +161,7 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// Several Services claim one name; the lowest key owns it.
+/// Several Services claim one name; the winner owns it (see the module's rules).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
     /// The contested name (canonical, no trailing dot).
@@ -614,9 +624,9 @@ impl ZoneSet {
         // (canonical name, zone index, claimant), sorted below: one allocation, not a map. A
         // name already canonical is borrowed from its Service: a copy per name, freed after the
         // build, would leave that much of the heap in holes between the zone's arrays.
-        let mut claims: Vec<(Cow<'a, str>, usize, &'a ServiceInfo)> = Vec::new();
+        let mut claims: Vec<(Cow<'a, str>, Claim, usize, &'a ServiceInfo)> = Vec::new();
         for svc in services {
-            for raw in candidate_names(svc, &mut rejected) {
+            for (raw, how) in candidate_names(svc, &mut rejected) {
                 let reject = |reason: String| Rejected {
                     key: svc.key.clone(),
                     name: raw.clone(),
@@ -645,52 +655,76 @@ impl ZoneSet {
                     Some(fqdn) if fqdn == canonical => Cow::Borrowed(fqdn),
                     _ => Cow::Owned(canonical),
                 };
-                claims.push((canonical, zi, svc));
+                claims.push((canonical, how, zi, svc));
             }
         }
 
-        claims.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.2.key.cmp(&b.2.key)));
-        claims.dedup_by(|a, b| a.0 == b.0 && a.2.key == b.2.key);
+        // By name, then how it is claimed (its FQDN first), then key; one claim per Service
+        // and name (the best).
+        claims.sort_by(|a, b| (&a.0, a.1, &a.3.key).cmp(&(&b.0, b.1, &b.3.key)));
+        claims.dedup_by(|a, b| a.0 == b.0 && a.3.key == b.3.key);
         let mut conflicts = Vec::new();
-        let mut winners: Vec<(Name, usize, &ServiceInfo)> = Vec::new();
+        let mut winners: Vec<(
+            Name,
+            usize,
+            &[(Cow<'a, str>, Claim, usize, &'a ServiceInfo)],
+        )> = Vec::new();
         for group in claims.chunk_by(|a, b| a.0 == b.0) {
-            let [(canonical, zi, winner), losers @ ..] = group else {
+            let Some((canonical, how, zi, winner)) = group.first() else {
                 continue;
             };
+            // Rule 3: every claim through the origin counts, when no FQDN claims the name.
+            let owners = match how {
+                Claim::Fqdn => 1,
+                Claim::Origin => group.len(),
+            };
+            let (owners, losers) = group.split_at(owners.min(group.len()));
+            let losers: Vec<ServiceKey> = losers.iter().map(|c| c.3.key.clone()).collect();
             if !losers.is_empty() {
                 conflicts.push(Conflict {
                     name: canonical.to_string(),
                     winner: winner.key.clone(),
-                    losers: losers.iter().map(|(_, _, s)| s.key.clone()).collect(),
+                    losers,
                 });
             }
             if let Some(name) = fqdn_name(canonical) {
-                winners.push((name, *zi, winner));
+                winners.push((name, *zi, owners));
             }
         }
         // Pods' names first (a headless service's `<hostname>.<cluster>.…`, keyed
         // `<service>/<hostname>.<cluster>`), so their service's SRV records can target them.
         // (zone, namespace, service) → the draft nodes of its pods' names.
         let mut pods: BTreeMap<(usize, &str, &str), Vec<u32>> = BTreeMap::new();
-        for (name, zi, svc) in &winners {
+        for (name, zi, owners) in &winners {
+            let Some(first) = owners.first().map(|c| c.3) else {
+                continue;
+            };
             if let (Some((service, _)), Some(zone)) =
-                (svc.key.name.split_once('/'), zones.get_mut(*zi))
+                (first.key.name.split_once('/'), zones.get_mut(*zi))
+                && let Some(node) = add_service(zone, name, owners.iter().map(|c| c.3), None)
             {
-                let node = add_service(zone, name, svc, None);
-                pods.entry((*zi, &*svc.key.namespace, service))
+                pods.entry((*zi, &*first.key.namespace, service))
                     .or_default()
                     .push(node);
             }
         }
-        for (name, zi, svc) in &winners {
-            if svc.key.name.contains('/') {
+        for (name, zi, owners) in &winners {
+            let Some(first) = owners.first().map(|c| c.3) else {
+                continue;
+            };
+            if first.key.name.contains('/') {
                 continue;
             }
             let targets = pods
-                .get(&(*zi, &*svc.key.namespace, &*svc.key.name))
+                .get(&(*zi, &*first.key.namespace, &*first.key.name))
                 .map(Vec::as_slice);
             if let Some(zone) = zones.get_mut(*zi) {
-                add_service(zone, name, svc, Some(targets.unwrap_or_default()));
+                add_service(
+                    zone,
+                    name,
+                    owners.iter().map(|c| c.3),
+                    Some(targets.unwrap_or_default()),
+                );
             }
         }
         let zones = zones
@@ -739,17 +773,26 @@ impl ZoneSet {
     }
 }
 
+/// How a Service claims a name; the better claim sorts first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Claim {
+    /// The name is its FQDN annotation.
+    Fqdn,
+    /// The name is its MCS name, from the origin annotations.
+    Origin,
+}
+
 /// The names `svc` asks for: its FQDN annotation and its MCS name (raw, not yet validated).
-fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<String> {
+fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<(String, Claim)> {
     let mut out = Vec::new();
     let annotations = &svc.annotations;
     if let Some(fqdn) = &annotations.fqdn {
-        out.push(fqdn.trim().to_string());
+        out.push((fqdn.trim().to_string(), Claim::Fqdn));
     }
     if let (Some(ns), Some(name)) = (&annotations.origin_namespace, &annotations.origin_name) {
         let (ns, name) = (ns.trim(), name.trim());
         match (validate_namespace(ns), validate_namespace(name)) {
-            (Ok(_), Ok(_)) => out.push(clusterset_fqdn(name, ns)),
+            (Ok(_), Ok(_)) => out.push((clusterset_fqdn(name, ns), Claim::Origin)),
             (Err(e), _) | (_, Err(e)) => rejected.push(Rejected {
                 key: svc.key.clone(),
                 name: format!("{name}.{ns}.svc.{CLUSTERSET_ZONE}"),
@@ -757,7 +800,7 @@ fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<Strin
             }),
         }
     }
-    out.dedup();
+    out.dedup_by(|a, b| a.0 == b.0);
     out
 }
 
@@ -778,17 +821,25 @@ fn is_clusterset_name(name: &Name) -> bool {
         .ends_with(&format!(".svc.{CLUSTERSET_ZONE}."))
 }
 
-/// Add `svc`'s records at `name` (and its `_<port>._<proto>` SRV names); returns the draft
-/// node of `name`. `pods` are the draft nodes of the service's pods' names (a headless
-/// service's), `None` for a pod's name itself: at a clusterset name the bare name answers SRV
-/// too (KEP-1645), one record per port targeting the name itself, or per pod and port
-/// targeting the pod's name when the service has pods with names.
-fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo, pods: Option<&[u32]>) -> u32 {
+/// Add the records of `name`, owned by `owners` (one Service, or the several exporters of one
+/// origin, whose addresses and ports are joined; the first is named as the owner), and its
+/// `_<port>._<proto>` SRV names; returns the draft node of `name` (`None` without owners).
+/// `pods` are the draft nodes of the service's pods' names (a headless service's), `None` for
+/// a pod's name itself: at a clusterset name the bare name answers SRV too (KEP-1645), one
+/// record per port targeting the name itself, or per pod and port targeting the pod's name
+/// when the service has pods with names.
+fn add_service<'s>(
+    zone: &mut DraftZone,
+    name: &Name,
+    owners: impl Iterator<Item = &'s ServiceInfo> + Clone,
+    pods: Option<&[u32]>,
+) -> Option<u32> {
+    let first = owners.clone().next()?;
     let owner = len_u32(zone.owners.len());
-    zone.owners.push(svc.key.clone());
+    zone.owners.push(first.key.clone());
     let mut v4 = Vec::new();
     let mut v6 = Vec::new();
-    for ip in &svc.cluster_ips {
+    for ip in owners.clone().flat_map(|s| &s.cluster_ips) {
         match ip {
             IpAddr::V4(a) => v4.push(*a),
             IpAddr::V6(a) => v6.push(*a),
@@ -804,7 +855,7 @@ fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo, pods: Optio
     let mut bare: Vec<(u16, u32)> = Vec::new();
     if let Some(pods) = pods.filter(|_| is_clusterset_name(name)) {
         let targets: &[u32] = if pods.is_empty() { &[own] } else { pods };
-        for port in &svc.ports {
+        for port in owners.clone().flat_map(|s| &s.ports) {
             bare.extend(targets.iter().map(|t| (port.port, *t)));
         }
         bare.sort_unstable();
@@ -813,7 +864,7 @@ fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo, pods: Optio
     let target = zone.push(&relative, &v4, &v6, &bare, owner);
     let apex_len = zone.apex.len();
     let mut srv: BTreeMap<Vec<u8>, Vec<(u16, u32)>> = BTreeMap::new();
-    for port in &svc.ports {
+    for port in owners.flat_map(|s| &s.ports) {
         let Some(label) = port.name.as_deref().and_then(srv_label) else {
             continue;
         };
@@ -832,7 +883,7 @@ fn add_service(zone: &mut DraftZone, name: &Name, svc: &ServiceInfo, pods: Optio
         ports.dedup();
         zone.push(&owner_name, &[], &[], &ports, owner);
     }
-    target
+    Some(target)
 }
 
 #[cfg(test)]

@@ -291,3 +291,65 @@ fn serial_changes_only_when_records_change() {
     let back = ZoneSet::build(&apexes, &one, Some(&changed), 10);
     assert_eq!(serial(&back, "xcc.test"), 7001);
 }
+
+/// A Service `ns/n` named only by its origin annotations.
+fn by_origin(ns: &str, n: &str, origin: (&str, &str), ips: &[&str]) -> ServiceInfo {
+    let mut s = svc(ns, n, None, ips);
+    s.annotations.origin_namespace = Some(origin.0.into());
+    s.annotations.origin_name = Some(origin.1.into());
+    s
+}
+
+/// Issue 25: a name is decided by how it is claimed, never by the claimant's key. The Service
+/// whose FQDN is the name beats one that names it through its origin, however low that one's
+/// key; Services that all name it through their origin are one service (MCS): its addresses
+/// are theirs together, whatever the order.
+#[test]
+fn an_fqdn_beats_an_origin_and_origins_are_joined() {
+    let owner = svc(
+        "xcc",
+        "api.shop.svc.clusterset.local-1",
+        Some("api.shop.svc.clusterset.local"),
+        &["10.2.0.1"],
+    );
+    let mut hijack = by_origin("", "a", ("shop", "api"), &["6.6.6.6"]);
+    hijack.annotations.fqdn = Some("a.shop.svc.clusterset.local".into());
+    for order in [
+        vec![owner.clone(), hijack.clone()],
+        vec![hijack.clone(), owner.clone()],
+    ] {
+        let set = build(&["clusterset.local"], &order);
+        assert_eq!(
+            node(&set, "api.shop.svc.clusterset.local").unwrap().v4,
+            vec!["10.2.0.1".parse::<std::net::Ipv4Addr>().unwrap()]
+        );
+        assert_eq!(
+            set.conflicts(),
+            &[Conflict {
+                name: "api.shop.svc.clusterset.local".into(),
+                winner: owner.key.clone(),
+                losers: vec![hijack.key.clone()],
+            }]
+        );
+        // The loser keeps its own name.
+        assert_eq!(
+            node(&set, "a.shop.svc.clusterset.local").unwrap().v4,
+            vec!["6.6.6.6".parse::<std::net::Ipv4Addr>().unwrap()]
+        );
+    }
+    let east = by_origin("xcc", "east", ("shop", "db"), &["10.1.0.1"]);
+    let west = by_origin("xcc", "west", ("shop", "db"), &["10.3.0.1", "10.1.0.1"]);
+    for order in [
+        vec![east.clone(), west.clone()],
+        vec![west.clone(), east.clone()],
+    ] {
+        let set = build(&["clusterset.local"], &order);
+        assert_eq!(
+            node(&set, "db.shop.svc.clusterset.local").unwrap().v4,
+            ["10.1.0.1", "10.3.0.1"]
+                .map(|a| a.parse::<std::net::Ipv4Addr>().unwrap())
+                .to_vec()
+        );
+        assert!(set.conflicts().is_empty(), "{:?}", set.conflicts());
+    }
+}

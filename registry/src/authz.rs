@@ -47,7 +47,10 @@ namespace Xcc {
     fqdn: String,
     // Every label-wise suffix of the FQDN: "a.b.c" -> {"a.b.c", "b.c", "c"}.
     zones: Set<String>,
-    // "key=value" for every label.
+    // "name=value" for every policy label: the service's annotation
+    // `connectivity.tanzu.vmware.com/<name>: <value>`, with a Kubernetes label name and value
+    // and a name xcc does not use itself; at most 32 (registry/src/peer_labels.rs). The same
+    // set at every level: they travel with the service, and only they do.
     labels: Set<String>,
     allowedRequesters: Set<String>,
   };
@@ -87,6 +90,9 @@ pub enum PolicyError {
     Duplicate { file: String, id: String },
     #[error("policies do not validate against the xcc schema: {0}")]
     Invalid(String),
+    /// A policy tests a label no service can carry to it, so it would never match.
+    #[error(transparent)]
+    Label(Box<LabelTestError>),
     #[error("reading {path}: {source}")]
     Io {
         path: String,
@@ -97,6 +103,18 @@ pub enum PolicyError {
     /// The built-in schema or default policies do not load (a defect of this build).
     #[error("internal: {0}")]
     Base(&'static BaseError),
+}
+
+/// A policy testing `resource.labels` for a label no service can carry ([`PolicyError::Label`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{file}: policy {id:?} tests resource.labels for {label:?}, which no service can carry: {reason} (a policy label is \"<name>=<value>\" of an annotation connectivity.tanzu.vmware.com/<name>; docs/security.md)"
+)]
+pub struct LabelTestError {
+    pub file: String,
+    pub id: String,
+    pub label: String,
+    pub reason: String,
 }
 
 /// Why the built-in schema and default policies ([`SCHEMA`], [`DEFAULT_POLICIES`]) do not load.
@@ -250,6 +268,84 @@ fn parse_file(file: &str, text: &str) -> Result<Vec<cedar_policy::Policy>, Polic
         .collect())
 }
 
+/// Refuse a policy that tests `….labels` (with `contains`, `containsAll`, `containsAny`, `==`
+/// or `!=`) for a literal no service can carry ([`crate::peer_labels::check_policy_text`]): it
+/// would silently never match — a `forbid` that fails open. Reads the policy's JSON form, so
+/// every place a test can hide (nested, negated, in `unless`) is seen.
+fn check_label_tests(file: &str, policy: &cedar_policy::Policy) -> Result<(), PolicyError> {
+    let json = policy
+        .to_json()
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+    let mut bad = None;
+    find_label_literals(&json, &mut |text| {
+        if bad.is_none()
+            && let Err(e) = crate::peer_labels::check_policy_text(text)
+        {
+            bad = Some((text.to_string(), e.to_string()));
+        }
+    });
+    match bad {
+        None => Ok(()),
+        Some((label, reason)) => Err(PolicyError::Label(Box::new(LabelTestError {
+            file: file.to_string(),
+            id: policy.id().to_string(),
+            label,
+            reason,
+        }))),
+    }
+}
+
+/// Call `found` with every string literal compared against a `labels` attribute in `expr` (a
+/// Cedar policy in JSON form).
+fn find_label_literals(expr: &serde_json::Value, found: &mut impl FnMut(&str)) {
+    fn is_labels(e: &serde_json::Value) -> bool {
+        e.get(".")
+            .and_then(|a| a.get("attr"))
+            .is_some_and(|a| a == "labels")
+    }
+    fn literals(e: &serde_json::Value, found: &mut impl FnMut(&str)) {
+        if let Some(text) = e.get("Value").and_then(serde_json::Value::as_str) {
+            found(text);
+        } else if let Some(items) = e
+            .get("Value")
+            .and_then(serde_json::Value::as_array)
+            .or_else(|| e.get("Set").and_then(serde_json::Value::as_array))
+        {
+            for item in items {
+                match item.as_str() {
+                    Some(text) => found(text),
+                    None => literals(item, found),
+                }
+            }
+        }
+    }
+    match expr {
+        serde_json::Value::Object(map) => {
+            for (op, body) in map {
+                if matches!(
+                    op.as_str(),
+                    "contains" | "containsAll" | "containsAny" | "==" | "!="
+                ) && let (Some(left), Some(right)) = (body.get("left"), body.get("right"))
+                {
+                    if is_labels(left) {
+                        literals(right, found);
+                    }
+                    if is_labels(right) {
+                        literals(left, found);
+                    }
+                }
+                find_label_literals(body, found);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                find_label_literals(item, found);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// Strict validation of `set` against the xcc schema.
 fn validate(validator: &Validator, set: &PolicySet) -> Result<(), PolicyError> {
     let result = validator.validate(set, ValidationMode::Strict);
@@ -288,6 +384,7 @@ impl Policies {
                         file: file.clone(),
                         id: policy.id().to_string(),
                     })?;
+                check_label_tests(file, &policy)?;
                 added
                     .add(policy)
                     .map_err(|e| PolicyError::Internal(format!("{e}")))?;
@@ -372,7 +469,10 @@ impl Policies {
             ("zones".to_string(), str_set(zones_of(&e.fqdn))),
             (
                 "labels".to_string(),
-                str_set(e.labels.iter().map(|(k, v)| format!("{k}={v}"))),
+                str_set(
+                    crate::peer_labels::policy_labels(e.labels.iter())
+                        .map(|(name, value)| format!("{name}={value}")),
+                ),
             ),
             (
                 "allowedRequesters".to_string(),
@@ -874,7 +974,14 @@ mod tests {
                 port: 443,
             }],
             ports: vec![],
-            labels: [("tier", "restricted")].into_iter().collect(),
+            // What the README tells an owner to write; the bare key `tier` is no policy label.
+            labels: [
+                ("connectivity.tanzu.vmware.com/tier", "restricted"),
+                ("tier", "public"),
+                ("connectivity.tanzu.vmware.com/service-port", "443"),
+            ]
+            .into_iter()
+            .collect(),
             allowed_requesters: allowed.iter().map(|s| s.to_string()).collect(),
             origin: None,
             revision: 1,
@@ -989,6 +1096,56 @@ when { resource.zones.contains("b2.example.org") };
         .err()
         .expect("duplicate");
         assert!(matches!(err, PolicyError::Duplicate { .. }), "{err}");
+    }
+
+    /// Issue 25, point 2: a policy can never silently stop matching. A label test that no
+    /// service can carry to the policy is refused at load, naming the policy, the label and why;
+    /// the labels a policy sees are the policy labels only.
+    #[test]
+    fn a_label_test_no_service_can_carry_is_refused_at_load() {
+        for (label, why) in [
+            (
+                "connectivity.tanzu.vmware.com/tier=restricted",
+                "not a Kubernetes label name",
+            ),
+            ("service-port=443", "a key xcc uses itself"),
+            ("origin-namespace=kube-system", "a key xcc uses itself"),
+            ("tier", "not a Kubernetes label name"),
+            ("tier=Not Valid", "not a Kubernetes label value"),
+            (
+                &format!("tier={}", "x".repeat(64)),
+                "not a Kubernetes label value",
+            ),
+        ] {
+            for form in [
+                format!("resource.labels.contains({label:?})"),
+                format!("!resource.labels.containsAny([\"team=shop\", {label:?}])"),
+                format!("resource.labels == [{label:?}]"),
+            ] {
+                let text = format!(
+                    "@id(\"p\") forbid (principal, action == Xcc::Action::\"discover\", resource) when {{ {form} }};"
+                );
+                let err = Policies::from_sources(&[("l.cedar".into(), text.clone())])
+                    .err()
+                    .unwrap_or_else(|| panic!("accepted: {text}"));
+                let shown = err.to_string();
+                assert!(
+                    matches!(&err, PolicyError::Label(e)
+                        if e.file == "l.cedar" && e.id == "p" && e.label == label)
+                        && shown.contains(why),
+                    "{text}: {shown}"
+                );
+            }
+        }
+        // What a service can carry loads: plain names, dotted names, an empty value.
+        let ok = r#"@id("p") forbid (principal, action == Xcc::Action::"discover", resource)
+            when { resource.labels.containsAny(["tier=restricted", "team.name=a_b-c", "pci="]) };"#;
+        assert!(Policies::from_sources(&[("ok.cedar".into(), ok.into())]).is_ok());
+        // Cedar sees the policy labels only: neither the bare `tier` nor the control keys.
+        let p = Policies::default_set();
+        let entity = p.service_entity(&api(&[])).expect("entity");
+        let labels = entity.attr("labels").expect("labels").expect("value");
+        assert_eq!(format!("{labels}"), r#"["tier=restricted"]"#);
     }
 
     /// Issue 10, row 3: the identity half of the one decision point. Only a cluster identity of

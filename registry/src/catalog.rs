@@ -185,7 +185,7 @@ impl Labels {
     }
 
     /// The pairs in key order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> + Clone {
         self.0.iter().map(|(k, v)| (&**k, &**v))
     }
 

@@ -132,8 +132,14 @@ pub fn entry_from_announcement(
         });
     }
     // What a parent holds of a child's service, serves over Hamlet and sends down in answers:
-    // only the annotations an importer keeps (the Hamlet import's allow-list).
-    let labels = crate::peer_labels::allowed_of(&a.labels, &endpoints).into();
+    // only the annotations an importer keeps (the Hamlet import's allow-list), and the origin
+    // pair only when the clusterset name it gives is the FQDN, the name the one-owner rule
+    // holds for this service (a second name beside it would be held by no one).
+    let mut labels = crate::peer_labels::allowed_of(&a.labels, &endpoints);
+    if let Some(name) = crate::peer_labels::keep_origin_in_tree(&mut labels, &fqdn) {
+        tracing::debug!(cluster = %a.cluster, %fqdn, %name, "origin labels naming another name than the FQDN dropped");
+    }
+    let labels = labels.into();
     let mut allowed = a.allowed_requesters.clone();
     allowed.sort();
     allowed.dedup();
@@ -209,7 +215,9 @@ pub fn response_for(
         },
         revision: e.revision,
         labels: if d.allowed {
-            crate::peer_labels::allowed(|k| e.labels.get(k), &e.endpoints)
+            let mut labels = crate::peer_labels::allowed(e.labels.iter(), &e.endpoints);
+            crate::peer_labels::keep_origin_in_tree(&mut labels, &e.fqdn);
+            labels
         } else {
             Default::default()
         },
@@ -347,6 +355,8 @@ mod tests {
             (xcc_proto::names::SERVICE_PORT_ANNOTATION, "5432"),
             (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
             (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
+            // A policy label travels (issue 25); the workload selector does not.
+            ("connectivity.tanzu.vmware.com/team", "storage"),
         ])
     }
 
@@ -448,5 +458,25 @@ mod tests {
         ]);
         let stored = entry_from_announcement(&lie, Source::Child("east".into())).expect("valid");
         assert_eq!(stored.labels, labels(&[]));
+        // Issue 25: an origin naming another clusterset name than the FQDN (held by no one's
+        // one-owner rule) is dropped at the parent, and so from every answer it gives.
+        use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
+        lie.labels = labels(&[
+            (ORIGIN_NAMESPACE_ANNOTATION, "kube-system"),
+            (ORIGIN_NAME_ANNOTATION, "kube-dns"),
+            ("connectivity.tanzu.vmware.com/tier", "restricted"),
+        ]);
+        let stored = entry_from_announcement(&lie, Source::Child("east".into())).expect("valid");
+        assert_eq!(
+            stored.labels,
+            labels(&[("connectivity.tanzu.vmware.com/tier", "restricted")])
+        );
+        let mut local = headless_db();
+        local
+            .labels
+            .insert(ORIGIN_NAME_ANNOTATION.into(), "api".into());
+        let answered = response_for(&query(), &local, &decision(true), "east");
+        assert_eq!(answered.labels.get(ORIGIN_NAME_ANNOTATION), None);
+        assert_eq!(answered.labels.get(ORIGIN_NAMESPACE_ANNOTATION), None);
     }
 }

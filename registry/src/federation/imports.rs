@@ -50,7 +50,12 @@ pub(crate) fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
         .iter()
         .filter_map(|e| parse_endpoint(e).ok())
         .collect();
-    let labels = crate::peer_labels::allowed_of(&a.labels, &endpoints).into();
+    let mut labels = crate::peer_labels::allowed_of(&a.labels, &endpoints);
+    // The tree's rule for the clusterset name, as every level applies it (a parent that breaks
+    // it still gives this importer no second name for a service).
+    let fqdn = xcc_proto::names::canonical_fqdn(&a.fqdn).unwrap_or_else(|_| a.fqdn.clone());
+    crate::peer_labels::keep_origin_in_tree(&mut labels, &fqdn);
+    let labels = labels.into();
     ServiceEntry {
         key,
         source: Source::Hierarchy(parent.to_string()),

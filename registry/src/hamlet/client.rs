@@ -487,6 +487,15 @@ async fn stream_once(
                 }
             };
             let allowed = xcc_proto::domains::fqdn_allowed(&imported.fqdn, &spec.allowed_domains);
+            let mut imported = imported;
+            // Every name the import would be served under passes allowedDomains, not only its
+            // FQDN: the origin pair names `<name>.<ns>.svc.clusterset.local` (and the headless
+            // pod names below it), kept only when that name is allowed for this remote.
+            if let Some(name) = crate::peer_labels::keep_origin_if(&mut imported.labels, |n| {
+                xcc_proto::domains::fqdn_allowed(n, &spec.allowed_domains)
+            }) {
+                debug!(remote = %spec.name, fqdn = %imported.fqdn, %name, "origin names a clusterset name outside allowedDomains; served under its FQDN only");
+            }
             match op {
                 rd1::stream_response::Operation::Delete => {
                     if imports.remove(&imported.fqdn).is_some() {

@@ -321,7 +321,11 @@ mod tests {
         assert_eq!(got.raw_fqdn, "Nginx.XCC.test.");
         assert_eq!(
             got.labels.keys().collect::<Vec<_>>(),
-            vec![SERVICE_PORT_ANNOTATION, VIP_ANNOTATION]
+            vec![
+                "connectivity.tanzu.vmware.com/other",
+                SERVICE_PORT_ANNOTATION,
+                VIP_ANNOTATION
+            ]
         );
         assert_eq!(got.endpoints.len(), 2);
     }

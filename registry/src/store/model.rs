@@ -32,6 +32,10 @@ pub enum ExportError {
         /// The bound on the encoded size.
         size: usize,
     },
+    /// More policy labels than travel: a policy testing a dropped one would silently stop
+    /// matching above this registry.
+    #[error("metadata.annotations: {0}")]
+    Labels(#[from] crate::peer_labels::PolicyLabelError),
 }
 
 /// Why a RemoteRegistry cannot be dialled.
@@ -147,6 +151,7 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, E
         .flatten()
         .filter(|(k, _)| k.starts_with(LABEL_PASSTHROUGH_PREFIX))
         .collect();
+    crate::peer_labels::check_export(labels.iter())?;
     let mut allowed: Vec<String> = sr.spec.allowed_requesters.clone().unwrap_or_default();
     if allowed.is_empty()
         && let Some(list) = annotations.and_then(|a| a.get(names::CLUSTERS_ANNOTATION))

@@ -508,6 +508,108 @@ forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", reso
     );
 }
 
+/// Issue 25, point 2: exactly the README's label `forbid` at the root holds for a service two
+/// levels away, on the root's Hamlet listener and through the hierarchy. The owner c2 marks
+/// `shop/restricted` with the policy label `connectivity.tanzu.vmware.com/tier: restricted`;
+/// the label travels up with the announcement, so the root's Cedar sees `tier=restricted`.
+#[tokio::test]
+async fn the_readmes_label_forbid_holds_through_the_tree() {
+    let pki = Pki::new("xcc.test");
+    let readme = r#"
+@id("no-restricted-for-c1")
+forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", resource)
+when { resource.labels.contains("tier=restricted") };
+"#;
+    let (root, _cr) = node(
+        &pki,
+        "root",
+        None,
+        &[],
+        vec![("readme.cedar".into(), readme.into())],
+    )
+    .await;
+    let (c2, _c2) = node(&pki, "c2", Some(root.hamlet_addr), &[], vec![]).await;
+    let mut restricted = service("c2", "shop", "restricted", "10.2.0.9", &[]);
+    restricted.labels.insert(
+        "connectivity.tanzu.vmware.com/tier".into(),
+        "restricted".into(),
+    );
+    c2.catalog.upsert(restricted);
+    c2.catalog
+        .upsert(service("c2", "shop", "open", "10.2.0.1", &[]));
+    wait_level(&root, "c2's services announced", |r| {
+        r.catalog
+            .get(&ServiceKey::new("c2", "shop", "restricted"))
+            .is_some()
+            && r.catalog
+                .get(&ServiceKey::new("c2", "shop", "open"))
+                .is_some()
+    })
+    .await;
+    // The root's Hamlet listener.
+    let tls = ReloadingTls::load(pki.cluster("c1")).expect("tls");
+    assert_eq!(
+        hamlet_snapshot(&tls, root.hamlet_addr)
+            .await
+            .expect("subscribed"),
+        BTreeSet::from(["open.shop.svc.clusterset.local".to_string()])
+    );
+    // Another requester is not touched by c1's forbid.
+    let tls = ReloadingTls::load(pki.cluster("c4")).expect("tls");
+    assert_eq!(
+        hamlet_snapshot(&tls, root.hamlet_addr)
+            .await
+            .expect("subscribed"),
+        BTreeSet::from([
+            "open.shop.svc.clusterset.local".to_string(),
+            "restricted.shop.svc.clusterset.local".to_string()
+        ])
+    );
+    // Through the hierarchy: c1 asks for both.
+    let (c1, _c1) = node(
+        &pki,
+        "c1",
+        Some(root.hamlet_addr),
+        &[("shop", "open"), ("shop", "restricted")],
+        vec![],
+    )
+    .await;
+    wait_level(&c1, "both questions answered", |r| {
+        r.level
+            .subscriptions()
+            .iter()
+            .all(|(_, _, a)| a.as_ref().is_some_and(|a| a.found && !a.unavailable))
+    })
+    .await;
+    let mut answers: Vec<(String, bool, Vec<String>)> = c1
+        .level
+        .subscriptions()
+        .iter()
+        .filter_map(|(_, _, a)| a.as_ref())
+        .map(|a| (a.name.clone(), a.access_allowed, a.policies.clone()))
+        .collect();
+    answers.sort();
+    assert_eq!(
+        answers,
+        [
+            ("open".to_string(), true, vec!["bilateral".to_string()]),
+            (
+                "restricted".to_string(),
+                false,
+                vec!["no-restricted-for-c1".to_string()]
+            ),
+        ]
+    );
+    let imported: Vec<String> = c1
+        .catalog
+        .list(&Default::default())
+        .iter()
+        .filter(|e| matches!(e.source, Source::Hierarchy(_)))
+        .map(|e| e.fqdn.to_string())
+        .collect();
+    assert_eq!(imported, ["open.shop.svc.clusterset.local"]);
+}
+
 /// Row 3: a `forbid discover` for c1 written while c1 is subscribed ends c1's Hamlet stream
 /// (UNAVAILABLE, so it subscribes again); the new subscription receives nothing the forbid
 /// covers.

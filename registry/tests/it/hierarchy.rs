@@ -326,6 +326,8 @@ fn kept_labels(hostnames: &str) -> std::collections::BTreeMap<String, String> {
         (xcc_proto::names::SERVICE_PORT_ANNOTATION, "443"),
         (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
         (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
+        // A policy label travels too (issue 25); the workload selector does not.
+        ("connectivity.tanzu.vmware.com/team", "storage"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
