@@ -98,6 +98,77 @@ pub struct HamletServer {
     config: HamletConfig,
     cancel: CancellationToken,
     reloads: Arc<Mutex<Reloads>>,
+    encoded: Arc<Encoded>,
+}
+
+/// Each served entry's encoded Hamlet resource, per API version, shared by every consumer and
+/// every send: built at the first send after the entry changed (a changed entry is a new
+/// allocation), so a snapshot to 1,000 consumers encodes each record once, not 1,000 times.
+/// Keyed by the entry's allocation; a slot whose entry is gone is replaced or pruned.
+#[derive(Default)]
+struct Encoded {
+    slots: std::sync::RwLock<EncodedSlots>,
+}
+
+#[derive(Default)]
+struct EncodedSlots {
+    by_entry: HashMap<usize, Arc<EncodedEntry>>,
+    /// Prune dead slots when the map reaches this size.
+    prune_at: usize,
+}
+
+struct EncodedEntry {
+    entry: std::sync::Weak<ServiceEntry>,
+    v1alpha1: OnceLock<prost_types::Any>,
+    v1alpha2: OnceLock<prost_types::Any>,
+}
+
+impl Encoded {
+    fn slot(&self, e: &Arc<ServiceEntry>) -> Arc<EncodedEntry> {
+        let key = Arc::as_ptr(e) as usize;
+        let live = |slot: &EncodedEntry| {
+            slot.entry.strong_count() > 0 && slot.entry.as_ptr() == Arc::as_ptr(e)
+        };
+        {
+            let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = slots.by_entry.get(&key)
+                && live(slot)
+            {
+                return slot.clone();
+            }
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = slots.by_entry.get(&key)
+            && live(slot)
+        {
+            return slot.clone();
+        }
+        if slots.by_entry.len() >= slots.prune_at {
+            slots.by_entry.retain(|_, s| s.entry.strong_count() > 0);
+            slots.prune_at = (slots.by_entry.len() * 2).max(1024);
+        }
+        let slot = Arc::new(EncodedEntry {
+            entry: Arc::downgrade(e),
+            v1alpha1: OnceLock::new(),
+            v1alpha2: OnceLock::new(),
+        });
+        slots.by_entry.insert(key, slot.clone());
+        slot
+    }
+
+    fn v1alpha1(&self, e: &Arc<ServiceEntry>) -> prost_types::Any {
+        self.slot(e)
+            .v1alpha1
+            .get_or_init(|| convert::any_v1alpha1(e))
+            .clone()
+    }
+
+    fn v1alpha2(&self, e: &Arc<ServiceEntry>) -> prost_types::Any {
+        self.slot(e)
+            .v1alpha2
+            .get_or_init(|| convert::any_v1alpha2(e))
+            .clone()
+    }
 }
 
 /// Records whose decision for one consumer identity a policy reload changed: FQDN → (the entry
@@ -136,6 +207,7 @@ impl HamletServer {
             config,
             cancel,
             reloads: Arc::default(),
+            encoded: Arc::default(),
         }
     }
 
@@ -217,7 +289,7 @@ trait Wire: Send + 'static {
     /// The subscription: resource URL and the per-stream context handed to [`Self::render`].
     fn subscription(req: &Self::Req) -> Result<(String, String), Status>;
     fn incoming(req: Self::Req) -> Result<Incoming, Status>;
-    fn render(out: &Outgoing, context: &str) -> Self::Resp;
+    fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp;
 }
 
 struct W1;
@@ -245,7 +317,7 @@ impl Wire for W1 {
         Ok(reply(req.response_nonce, req.status))
     }
 
-    fn render(out: &Outgoing, context: &str) -> Self::Resp {
+    fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp {
         let (operation, resource) = match (out.op, &out.entry) {
             (Op::SnapshotComplete, _) | (_, None) => {
                 (rd1::stream_response::Operation::Unknown, marker_any(out))
@@ -257,9 +329,9 @@ impl Wire for W1 {
                     _ => rd1::stream_response::Operation::Delete,
                 },
                 if context == FEDERATED_SERVICE_V1ALPHA2_URL {
-                    convert::any_v1alpha2(e)
+                    encoded.v1alpha2(e)
                 } else {
-                    convert::any_v1alpha1(e)
+                    encoded.v1alpha1(e)
                 },
             ),
         };
@@ -294,7 +366,7 @@ impl Wire for W2 {
         Ok(reply(r.response_nonce, r.status))
     }
 
-    fn render(out: &Outgoing, context: &str) -> Self::Resp {
+    fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp {
         let (operation, resource, id) = match (out.op, &out.entry) {
             (Op::SnapshotComplete, _) | (_, None) => (
                 rd2::stream_response::Operation::Unknown,
@@ -307,7 +379,7 @@ impl Wire for W2 {
                 } else {
                     rd2::stream_response::Operation::Upsert
                 },
-                convert::any_v1alpha2(e),
+                encoded.v1alpha2(e),
                 e.fqdn.to_string(),
             ),
         };
@@ -700,7 +772,7 @@ impl<W: Wire> ConsumerStream<W> {
         }]
         .inc();
         self.stats.sent.fetch_add(1, Ordering::Relaxed);
-        Some(W::render(&out, &self.context))
+        Some(W::render(&out, &self.context, &self.server.encoded))
     }
 
     /// Store the current ACK deadline for the watchdog (silently: see [`Self::deadline`]).
@@ -881,5 +953,49 @@ impl<W: Wire> Drop for ConsumerStream<W> {
             self.stats.set_state(PeerState::Stopped);
         }
         self.stream_gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(ip: &str) -> Arc<ServiceEntry> {
+        Arc::new(ServiceEntry {
+            key: crate::catalog::ServiceKey::new("east", "ns", "web"),
+            source: crate::catalog::Source::Local,
+            fqdn: "web.xcc.test".into(),
+            endpoints: vec![crate::catalog::Endpoint {
+                address: ip.into(),
+                port: 443,
+            }],
+            ports: vec![],
+            labels: Default::default(),
+            allowed_requesters: vec![],
+            origin: None,
+            revision: 0,
+        })
+    }
+
+    /// One encoding per entry and API version, equal to encoding it directly; a changed entry
+    /// (a new allocation) is encoded anew; slots of dropped entries are pruned.
+    #[test]
+    fn each_entry_is_encoded_once_per_version() {
+        let encoded = Encoded::default();
+        let one = entry("10.0.0.1");
+        assert_eq!(encoded.v1alpha1(&one), convert::any_v1alpha1(&one));
+        assert_eq!(encoded.v1alpha2(&one), convert::any_v1alpha2(&one));
+        let slot = encoded.slot(&one);
+        assert!(Arc::ptr_eq(&slot, &encoded.slot(&one)), "the same slot");
+        assert!(slot.v1alpha1.get().is_some() && slot.v1alpha2.get().is_some());
+        let two = entry("10.0.0.2");
+        assert_eq!(encoded.v1alpha1(&two), convert::any_v1alpha1(&two));
+        assert_ne!(encoded.v1alpha1(&two), encoded.v1alpha1(&one));
+        drop(one);
+        for i in 0..2000 {
+            encoded.v1alpha1(&entry(&format!("10.1.{}.{}", i / 250, i % 250)));
+        }
+        let live = encoded.slots.read().expect("lock").by_entry.len();
+        assert!(live <= 1024 + 1, "dead slots pruned: {live}");
     }
 }
