@@ -11,6 +11,8 @@ mod bench_common;
 mod bench_hierarchy;
 #[cfg(any(feature = "bench", test))]
 mod bench_import;
+#[cfg(any(feature = "bench", test))]
+mod bench_reload;
 mod binder_cli;
 mod certs_cli;
 mod cli;
