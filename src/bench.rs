@@ -56,7 +56,7 @@ const HOT_FQDN: &str = "hot.bench.xcc.test";
 /// Endpoint addresses of the hot service encode the update sequence number: 10.250.<hi>.<lo>.
 const HOT_PREFIX: &str = "10.250.";
 /// TLS handshakes in flight while connecting consumers.
-const CONNECT_PARALLELISM: usize = 64;
+pub(crate) const CONNECT_PARALLELISM: usize = 64;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -76,6 +76,9 @@ pub enum BenchCommand {
     /// Children that never read (HTTP/2 window 0) asking for a large service again and again:
     /// the parent registry's RSS growth, and after they leave.
     HostileChildren(crate::bench_hostile::HostileArgs),
+    /// Many Hamlet consumers while the policy set is edited: time until each has the records
+    /// whose decision changed, records sent, streams ended.
+    PolicyReload(crate::bench_reload::ReloadArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
@@ -129,6 +132,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Hierarchy(args) => crate::bench_hierarchy::run(args).await,
         BenchCommand::Import(args) => crate::bench_import::run(args).await,
         BenchCommand::HostileChildren(args) => crate::bench_hostile::run(args).await,
+        BenchCommand::PolicyReload(args) => crate::bench_reload::run(args).await,
     }
 }
 
@@ -160,7 +164,7 @@ impl Stats {
     }
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
@@ -399,7 +403,7 @@ fn progress(line: String) {
 }
 
 /// The open-file limit must cover one socket per consumer (plus the runtime's own descriptors).
-fn check_fd_limit(consumers: usize) -> anyhow::Result<()> {
+pub(crate) fn check_fd_limit(consumers: usize) -> anyhow::Result<()> {
     let limits = std::fs::read_to_string("/proc/self/limits");
     let Ok(limits) = limits else {
         return Ok(()); // Not Linux: let the OS say no if it must.
@@ -599,7 +603,7 @@ enum Event {
     Failed { id: usize, error: String },
 }
 
-async fn connect(
+pub(crate) async fn connect(
     tls: &ReloadingTls,
     addr: SocketAddr,
 ) -> anyhow::Result<tonic::transport::Channel> {
@@ -612,10 +616,10 @@ async fn connect(
         .with_context(|| format!("connecting to {addr}"))
 }
 
-type Acks = fmpsc::UnboundedSender<rd1::StreamRequest>;
+pub(crate) type Acks = fmpsc::UnboundedSender<rd1::StreamRequest>;
 
 /// Open the Hamlet stream with the end-of-snapshot marker requested.
-async fn subscribe(
+pub(crate) async fn subscribe(
     channel: tonic::transport::Channel,
 ) -> anyhow::Result<(Acks, tonic::Streaming<rd1::StreamResponse>)> {
     let (tx, rx) = fmpsc::unbounded();
@@ -645,7 +649,7 @@ async fn subscribe(
     Ok((tx, resp.into_inner()))
 }
 
-fn ack(acks: &Acks, nonce: &str) -> anyhow::Result<()> {
+pub(crate) fn ack(acks: &Acks, nonce: &str) -> anyhow::Result<()> {
     acks.unbounded_send(rd1::StreamRequest {
         resource_url: xcc_proto::FEDERATED_SERVICE_V1ALPHA1_URL.into(),
         response_nonce: nonce.to_string(),
@@ -654,7 +658,7 @@ fn ack(acks: &Acks, nonce: &str) -> anyhow::Result<()> {
     .context("sending an ACK: request stream closed")
 }
 
-async fn next(
+pub(crate) async fn next(
     stream: &mut tonic::Streaming<rd1::StreamResponse>,
 ) -> anyhow::Result<rd1::StreamResponse> {
     stream
@@ -673,7 +677,7 @@ fn is_marker(msg: &rd1::StreamResponse) -> bool {
 }
 
 /// Receive (and ACK) the snapshot up to the marker. Returns the number of CREATEs before it.
-async fn read_snapshot(
+pub(crate) async fn read_snapshot(
     acks: &Acks,
     stream: &mut tonic::Streaming<rd1::StreamResponse>,
 ) -> anyhow::Result<usize> {
@@ -741,7 +745,7 @@ async fn consumer_inner(
 }
 
 /// The update sequence number carried by an UPDATE of the hot service.
-fn hot_seq(msg: &rd1::StreamResponse) -> Option<u32> {
+pub(crate) fn hot_seq(msg: &rd1::StreamResponse) -> Option<u32> {
     let fs = xcc_proto::hamlet::unpack_federated_service(msg.resource.as_ref()?).ok()?;
     if fs.fqdn != HOT_FQDN {
         return None;
@@ -758,13 +762,13 @@ fn hot_address(seq: u32) -> String {
 // ---------------------------------------------------------------------------------------------
 // Servers
 
-struct BenchPki {
-    server: TlsFiles,
-    consumer: TlsFiles,
+pub(crate) struct BenchPki {
+    pub(crate) server: TlsFiles,
+    pub(crate) consumer: TlsFiles,
 }
 
 impl BenchPki {
-    fn new(dir: &Path) -> anyhow::Result<Self> {
+    pub(crate) fn new(dir: &Path) -> anyhow::Result<Self> {
         xcc_certs::install_crypto_provider();
         let ca = pki::init_ca_dir("xcc.bench", &dir.join("ca"))?;
         let issue = |name: &str| -> anyhow::Result<TlsFiles> {
@@ -810,7 +814,7 @@ fn record(name: &str, fqdn: &str, addresses: &[String]) -> ServiceRecord {
 }
 
 /// `services - 1` ordinary services (two endpoints each), in one file's worth of records.
-fn bulk_records(services: usize) -> Vec<ServiceRecord> {
+pub(crate) fn bulk_records(services: usize) -> Vec<ServiceRecord> {
     (1..services)
         .map(|i| {
             let name = format!("svc-{i:05}");
@@ -824,7 +828,7 @@ fn bulk_records(services: usize) -> Vec<ServiceRecord> {
         .collect()
 }
 
-fn hot_record(seq: u32) -> ServiceRecord {
+pub(crate) fn hot_record(seq: u32) -> ServiceRecord {
     record(HOT_NAME, HOT_FQDN, &[hot_address(seq)])
 }
 
@@ -1051,7 +1055,7 @@ impl Server {
     }
 }
 
-fn entry(sr: &ServiceRecord) -> anyhow::Result<ServiceEntry> {
+pub(crate) fn entry(sr: &ServiceRecord) -> anyhow::Result<ServiceEntry> {
     xcc_registry::store::model::export_entry(SERVER_CLUSTER, sr)
         .map_err(|e| anyhow::anyhow!("{}: {e}", sr.metadata.name.as_deref().unwrap_or_default()))
 }

@@ -13,6 +13,8 @@ mod bench_hierarchy;
 mod bench_hostile;
 #[cfg(any(feature = "bench", test))]
 mod bench_import;
+#[cfg(any(feature = "bench", test))]
+mod bench_reload;
 mod binder_cli;
 mod certs_cli;
 mod cli;

@@ -706,6 +706,102 @@ impl Policies {
             reason,
         }
     }
+
+    /// [`Policies::discover`]'s outcome alone, for hot paths: no reason is written, and with
+    /// only the default policies no Cedar evaluation runs.
+    pub fn allows(
+        &self,
+        entry: &ServiceEntry,
+        cluster: &str,
+        service: &str,
+        requested: bool,
+    ) -> bool {
+        if !requested || !admits(entry, cluster, service) {
+            return false;
+        }
+        if self.default_only {
+            // The default set permits exactly when (a) and (b) hold.
+            return true;
+        }
+        let context = Context::from_pairs([
+            (
+                "calleeAdmits".to_string(),
+                RestrictedExpression::new_bool(true),
+            ),
+            (
+                "callerRequested".to_string(),
+                RestrictedExpression::new_bool(true),
+            ),
+        ]);
+        match (context, self.principal(cluster, service)) {
+            (Ok(ctx), Ok((p, entities))) => {
+                self.evaluate(p, entities, "discover", entry, ctx).allowed
+            }
+            // Fail closed, as `discover` does.
+            _ => false,
+        }
+    }
+}
+
+/// The decision `to` makes for `cluster` asking for `entry` (a Hamlet subscription: every
+/// record requested) where it differs from the one `from` made; None where both agree. One
+/// request and one entity set serve both evaluations (a policy reload decides every record of
+/// the Hamlet view again, for each consumer identity).
+pub fn flipped(
+    from: &Policies,
+    to: &Policies,
+    entry: &ServiceEntry,
+    cluster: &str,
+) -> Option<bool> {
+    if !admits(entry, cluster, "") || (from.default_only && to.default_only) {
+        return None;
+    }
+    let decided = (|| -> Result<(Option<bool>, Option<bool>), PolicyError> {
+        let context = Context::from_pairs([
+            (
+                "calleeAdmits".to_string(),
+                RestrictedExpression::new_bool(true),
+            ),
+            (
+                "callerRequested".to_string(),
+                RestrictedExpression::new_bool(true),
+            ),
+        ])
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let (principal, mut entities) = to.principal(cluster, "")?;
+        let service = to.service_entity(entry)?;
+        let resource = service.uid();
+        entities.push(service);
+        let entities = Entities::from_entities(entities, Some(to.schema))
+            .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let request = Request::new(
+            principal,
+            uid("Xcc::Action", "discover")?,
+            resource,
+            context,
+            Some(to.schema),
+        )
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let authorizer = Authorizer::new();
+        let run = |p: &Policies| {
+            (!p.default_only).then(|| {
+                authorizer
+                    .is_authorized(&request, &p.set, &entities)
+                    .decision()
+                    == CedarDecision::Allow
+            })
+        };
+        Ok((run(from), run(to)))
+    })();
+    // The default set permits whatever (a) and (b) admit; an evaluation error denies.
+    let (before, after) = match decided {
+        Ok((before, after)) => (before.unwrap_or(true), after.unwrap_or(true)),
+        Err(_) => (
+            from.allows(entry, cluster, "", true),
+            to.allows(entry, cluster, "", true),
+        ),
+    };
+    (before != after).then_some(after)
 }
 
 /// A Cedar policy that lets `child` carry `clusters` (besides itself), for a parent that
@@ -772,7 +868,8 @@ pub struct Gate {
     trust_domain: Arc<str>,
     policies: PolicyHandle,
     /// Bumped whenever [`Gate::set_policies`] swaps the set: decisions already handed out
-    /// (open Hamlet streams, grants, carried clusters) must be made again.
+    /// (open Hamlet streams, grants, carried clusters) must be made again. Hamlet streams stay
+    /// open and send each consumer only the records whose decision changed.
     generation: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
@@ -802,52 +899,6 @@ impl Gate {
     /// Changes whenever the policy set is swapped.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.generation.subscribe()
-    }
-
-    /// `stream` until the policy set changes; then one `Unavailable` status ends it, so the
-    /// peer subscribes again and every record is decided anew under the new policies (a
-    /// `forbid` added later holds on open streams too).
-    pub fn until_policies_change<T, S>(
-        &self,
-        stream: S,
-    ) -> impl futures::Stream<Item = Result<T, tonic::Status>> + Send + use<T, S>
-    where
-        T: Send + 'static,
-        S: futures::Stream<Item = Result<T, tonic::Status>> + Send + 'static,
-    {
-        use futures::StreamExt as _;
-        enum Ev<T> {
-            Item(Result<T, tonic::Status>),
-            End,
-            Changed,
-        }
-        let mut rx = self.generation.subscribe();
-        rx.mark_unchanged();
-        let changed = futures::stream::once(async move {
-            if rx.changed().await.is_err() {
-                // The gate is gone: nothing will change any more.
-                std::future::pending::<()>().await;
-            }
-            Ev::Changed
-        });
-        let items = stream
-            .map(Ev::Item)
-            .chain(futures::stream::once(std::future::ready(Ev::End)));
-        futures::stream::select(items, changed).scan(false, |ended, ev| {
-            if *ended {
-                return std::future::ready(None);
-            }
-            std::future::ready(match ev {
-                Ev::Item(item) => Some(item),
-                Ev::End => None,
-                Ev::Changed => {
-                    *ended = true;
-                    Some(Err(tonic::Status::unavailable(
-                        "the authorization policies changed; subscribe again",
-                    )))
-                }
-            })
-        })
     }
 
     /// A gate over a fixed policy set (tests, benches).
@@ -931,12 +982,7 @@ impl Gate {
         if !requested || !admits(entry, cluster, service) {
             return false;
         }
-        let policies = self.policies();
-        // The default set permits exactly when (a) and (b) hold.
-        policies.default_only
-            || policies
-                .discover(entry, cluster, service, requested)
-                .allowed
+        self.policies().allows(entry, cluster, service, requested)
     }
 
     /// May `child` carry `cluster` in its subtree?

@@ -126,6 +126,13 @@ pub trait ImportSink: Send + Sync + 'static {
         let _ = changed;
         self.persist(remote, imports)
     }
+
+    /// Put everything stored so far on stable storage now (at an end-of-snapshot marker and on
+    /// shutdown). A sink whose stores are durable when they return has nothing to do.
+    fn flush<'a>(&'a self, remote: &'a str) -> BoxFuture<'a, anyhow::Result<()>> {
+        let _ = remote;
+        async { Ok(()) }.boxed()
+    }
 }
 
 /// A sink that keeps nothing beyond the catalog (tests, ephemeral registries).
@@ -240,6 +247,7 @@ async fn run(
             match end {
                 End::Cancelled => {
                     stats.set_state(PeerState::Stopped);
+                    flush(&ctx, &spec).await;
                     return;
                 }
                 End::Redial => {
@@ -266,7 +274,7 @@ async fn run(
                     ctx.metrics.client_reconnects.inc();
                     info!(remote = %spec.name, %error, ?delay, "import stream ended; reconnecting after backoff");
                     tokio::select! {
-                        _ = cancel.cancelled() => { stats.set_state(PeerState::Stopped); return; }
+                        _ = cancel.cancelled() => { stats.set_state(PeerState::Stopped); flush(&ctx, &spec).await; return; }
                         r = spec_rx.changed() => { if r.is_err() { return } continue 'spec; }
                         _ = tokio::time::sleep(delay) => {}
                     }
@@ -537,11 +545,24 @@ async fn stream_once(
             swept = true;
             sweep(ctx, spec, &mut imports, &seen, stats).await;
         }
+        if marker_seen {
+            // A complete snapshot is on stable storage at once, not within the flush interval.
+            flush(ctx, spec).await;
+        }
         if marker_seen || swept {
             healthy = true;
             stats.mark_synced();
         }
         clock.on_answered(tokio::time::Instant::now());
+    }
+}
+
+/// Put what the sink holds for `spec` on stable storage now (a failure is logged and counted;
+/// the sink retries with its next flush).
+async fn flush(ctx: &ClientContext, spec: &RemoteSpec) {
+    if let Err(e) = ctx.sink.flush(&spec.name).await {
+        ctx.metrics.store_errors.inc();
+        warn!(remote = %spec.name, error = %format!("{e:#}"), "flushing stored imports failed");
     }
 }
 
@@ -691,15 +712,17 @@ mod tests {
         }
     }
 
-    /// The ACKs of a batch leave only after the journal holding it is on stable storage: the
-    /// flush (an injected syncer, failing once like a full disk) finds no reply sent yet, and the
-    /// replies follow the successful flush.
+    /// The ACKs of a batch leave once the batch is in the journal (page cache), before any
+    /// flush; the flush (an injected syncer, failing once like a full disk) follows within the
+    /// flush interval and is retried until it succeeds; the sink's `flush` (the client's, at a
+    /// snapshot marker and on shutdown) syncs at once.
     #[tokio::test]
-    async fn a_batch_is_acknowledged_only_after_its_journal_is_flushed() {
+    async fn a_batch_is_acknowledged_once_journaled_and_flushed_within_the_interval() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (req_tx, req_rx) = mpsc::channel::<rd1::StreamRequest>(8);
         let req_rx = Arc::new(std::sync::Mutex::new(req_rx));
         let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let (synced_tx, mut synced) = tokio::sync::watch::channel(0usize);
         let journal = dir.path().join("imports/east.journal");
         let (rx, l, path) = (req_rx.clone(), log.clone(), journal.clone());
         let sink = crate::store::file::FileImportSink::new(dir.path(), "ns")
@@ -711,14 +734,16 @@ mod tests {
                 }
                 let bytes = std::fs::read(&path)?;
                 let lines = xcc_proto::import_journal::changes(&bytes).count();
-                if log.is_empty() {
+                if !log.iter().any(|l| l.starts_with("sync failed")) {
                     log.push(format!("sync failed ({lines} lines written)"));
                     return Err(std::io::Error::other("No space left on device"));
                 }
                 log.push(format!("sync ({lines} lines written)"));
+                synced_tx.send_modify(|n| *n += 1);
                 file.sync_data()
             });
-        let ctx = context(dir.path(), Arc::new(sink));
+        let sink = Arc::new(sink);
+        let ctx = context(dir.path(), sink.clone());
         let spec = RemoteSpec {
             name: "east".into(),
             address: "127.0.0.1:1".into(),
@@ -762,20 +787,50 @@ mod tests {
         )
         .await
         .expect("answered");
-        while let Ok(reply) = req_rx.lock().expect("rx").try_recv() {
-            log.lock()
-                .expect("log")
-                .push(format!("reply {}", reply.response_nonce));
-        }
+        // The replies were sent before any flush: the syncer finds them first.
+        let drain = || {
+            while let Ok(reply) = req_rx.lock().expect("rx").try_recv() {
+                log.lock()
+                    .expect("log")
+                    .push(format!("reply {}", reply.response_nonce));
+            }
+        };
+        drain();
+        tokio::time::timeout(Duration::from_secs(30), synced.wait_for(|n| *n == 1))
+            .await
+            .expect("flushed within the interval (bounded wait)")
+            .expect("syncer alive");
         assert_eq!(
             *log.lock().expect("log"),
             [
-                "sync failed (2 lines written)",
-                "sync (2 lines written)",
                 "reply n1",
-                "reply n2"
+                "reply n2",
+                "sync failed (2 lines written)",
+                "sync (2 lines written)"
             ]
         );
-        assert_eq!(ctx.metrics.store_errors.get(), 1);
+        // Nothing is written or synced by the flush itself; a pending append is synced by it.
+        let mut more = imports.clone();
+        let c = more["a.x.test"].clone();
+        more.insert(
+            "c.x.test".into(),
+            Imported {
+                fqdn: "c.x.test".into(),
+                raw_fqdn: "c.x.test".into(),
+                ..c
+            },
+        );
+        let changed: BTreeSet<String> = ["c.x.test".to_string()].into();
+        ctx.sink
+            .persist_changes(&spec.name, &more, &changed)
+            .await
+            .expect("stored");
+        ctx.sink.flush(&spec.name).await.expect("flushed");
+        assert_eq!(
+            log.lock().expect("log").last().map(String::as_str),
+            Some("sync (3 lines written)")
+        );
+        assert_eq!(*synced.borrow(), 2);
+        assert_eq!(ctx.metrics.store_errors.get(), 0);
     }
 }

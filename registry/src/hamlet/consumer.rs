@@ -237,6 +237,11 @@ impl ConsumerState {
         }
     }
 
+    /// FQDNs queued for a re-check (changes not yet sent or found unchanged).
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
     /// The change feed was lost (lagged): re-check every FQDN where `current` (the catalog's
     /// view now) may differ from what the consumer holds.
     pub fn mark_all_dirty(&mut self, current: &HamletView) {

@@ -11,11 +11,17 @@
 //! Only services the registry's decision point ([`crate::authz::Gate`]) grants to the consumer's
 //! certificate identity are streamed; a certificate that is not a cluster of this trust domain
 //! is refused with `PermissionDenied`.
+//!
+//! A policy reload keeps every stream open. Each record is decided again under the new set once
+//! per consumer identity (shared by all that identity's streams, see [`Reloads`]), and each
+//! consumer is sent only the records whose decision changed: a CREATE for one newly allowed, a
+//! DELETE for one newly denied, all queued at once.
 
+use std::collections::HashMap;
 use std::future::Future as _;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -24,8 +30,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tokio::time::Sleep;
-use tokio_stream::wrappers::BroadcastStream;
 use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::{BroadcastStream, WatchStream};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
@@ -38,7 +44,7 @@ use xcc_proto::{
 
 use super::consumer::{ConsumerState, Op, Outgoing, Reply};
 use super::convert;
-use crate::authz::Gate;
+use crate::authz::{Gate, Policies};
 use crate::catalog::{Catalog, ServiceEntry};
 use crate::metrics::{Api, ApiLabels, Metrics, OpLabel, OpLabels};
 use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
@@ -96,6 +102,97 @@ pub struct HamletServer {
     metrics: Metrics,
     config: HamletConfig,
     cancel: CancellationToken,
+    reloads: Arc<Mutex<Reloads>>,
+    encoded: Arc<Encoded>,
+}
+
+/// Each served entry's encoded Hamlet resource, per API version, shared by every consumer and
+/// every send: built at the first send after the entry changed (a changed entry is a new
+/// allocation), so a snapshot to 1,000 consumers encodes each record once, not 1,000 times.
+/// Keyed by the entry's allocation; a slot whose entry is gone is replaced or pruned.
+#[derive(Default)]
+struct Encoded {
+    slots: std::sync::RwLock<EncodedSlots>,
+}
+
+#[derive(Default)]
+struct EncodedSlots {
+    by_entry: HashMap<usize, Arc<EncodedEntry>>,
+    /// Prune dead slots when the map reaches this size.
+    prune_at: usize,
+}
+
+struct EncodedEntry {
+    entry: std::sync::Weak<ServiceEntry>,
+    v1alpha1: OnceLock<prost_types::Any>,
+    v1alpha2: OnceLock<prost_types::Any>,
+}
+
+impl Encoded {
+    fn slot(&self, e: &Arc<ServiceEntry>) -> Arc<EncodedEntry> {
+        let key = Arc::as_ptr(e) as usize;
+        let live = |slot: &EncodedEntry| {
+            slot.entry.strong_count() > 0 && slot.entry.as_ptr() == Arc::as_ptr(e)
+        };
+        {
+            let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(slot) = slots.by_entry.get(&key)
+                && live(slot)
+            {
+                return slot.clone();
+            }
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = slots.by_entry.get(&key)
+            && live(slot)
+        {
+            return slot.clone();
+        }
+        if slots.by_entry.len() >= slots.prune_at {
+            slots.by_entry.retain(|_, s| s.entry.strong_count() > 0);
+            slots.prune_at = (slots.by_entry.len() * 2).max(1024);
+        }
+        let slot = Arc::new(EncodedEntry {
+            entry: Arc::downgrade(e),
+            v1alpha1: OnceLock::new(),
+            v1alpha2: OnceLock::new(),
+        });
+        slots.by_entry.insert(key, slot.clone());
+        slot
+    }
+
+    fn v1alpha1(&self, e: &Arc<ServiceEntry>) -> prost_types::Any {
+        self.slot(e)
+            .v1alpha1
+            .get_or_init(|| convert::any_v1alpha1(e))
+            .clone()
+    }
+
+    fn v1alpha2(&self, e: &Arc<ServiceEntry>) -> prost_types::Any {
+        self.slot(e)
+            .v1alpha2
+            .get_or_init(|| convert::any_v1alpha2(e))
+            .clone()
+    }
+}
+
+/// Records whose decision for one consumer identity a policy reload changed: FQDN → (the entry
+/// decided, allowed under the new set). Entries whose decision stayed are absent.
+type Redecided = HashMap<Arc<str>, (Arc<ServiceEntry>, bool)>;
+
+/// The decisions a policy reload changed, per (set before, set after, consumer identity), so
+/// that 1,000 streams of one cluster evaluate each record twice in all, not twice each.
+/// Only reloads to the set in force are kept; the entries held are at most the records whose
+/// decision flipped.
+#[derive(Default)]
+struct Reloads {
+    #[allow(clippy::type_complexity)]
+    done: Vec<(
+        Arc<Policies>,
+        Arc<Policies>,
+        String,
+        Arc<OnceLock<Arc<Redecided>>>,
+    )>,
 }
 
 impl HamletServer {
@@ -114,7 +211,56 @@ impl HamletServer {
             metrics,
             config,
             cancel,
+            reloads: Arc::default(),
+            encoded: Arc::default(),
         }
+    }
+
+    /// The records of the current Hamlet view whose decision for `identity` differs between
+    /// `from` and `to` (computed once per reload and identity, then shared).
+    fn redecided(
+        &self,
+        from: &Arc<Policies>,
+        to: &Arc<Policies>,
+        identity: &str,
+    ) -> Arc<Redecided> {
+        let cell = {
+            let mut reloads = self.reloads.lock().unwrap_or_else(|p| p.into_inner());
+            reloads.done.retain(|(_, t, _, _)| Arc::ptr_eq(t, to));
+            match reloads
+                .done
+                .iter()
+                .find(|(f, _, id, _)| Arc::ptr_eq(f, from) && id == identity)
+            {
+                Some((_, _, _, cell)) => cell.clone(),
+                None => {
+                    let cell = Arc::new(OnceLock::new());
+                    reloads.done.push((
+                        from.clone(),
+                        to.clone(),
+                        identity.to_string(),
+                        cell.clone(),
+                    ));
+                    cell
+                }
+            }
+        };
+        cell.get_or_init(|| {
+            let started = Instant::now();
+            let view = self.catalog.hamlet_view();
+            let mut flipped = Redecided::new();
+            for (fqdn, entry) in view.iter() {
+                if !convert::fits_on_the_wire(entry) {
+                    continue;
+                }
+                if let Some(after) = crate::authz::flipped(from, to, entry, identity) {
+                    flipped.insert(fqdn.clone(), (entry.clone(), after));
+                }
+            }
+            info!(consumer = identity, records = view.len(), flipped = flipped.len(), elapsed = ?started.elapsed(), "policies reloaded: records decided again");
+            Arc::new(flipped)
+        })
+        .clone()
     }
 
     /// The tonic service for `federation.resourcediscovery.v1alpha1.DiscoveryService`.
@@ -148,7 +294,7 @@ trait Wire: Send + 'static {
     /// The subscription: resource URL and the per-stream context handed to [`Self::render`].
     fn subscription(req: &Self::Req) -> Result<(String, String), Status>;
     fn incoming(req: Self::Req) -> Result<Incoming, Status>;
-    fn render(out: &Outgoing, context: &str) -> Self::Resp;
+    fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp;
 }
 
 struct W1;
@@ -176,7 +322,7 @@ impl Wire for W1 {
         Ok(reply(req.response_nonce, req.status))
     }
 
-    fn render(out: &Outgoing, context: &str) -> Self::Resp {
+    fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp {
         let (operation, resource) = match (out.op, &out.entry) {
             (Op::SnapshotComplete, _) | (_, None) => {
                 (rd1::stream_response::Operation::Unknown, marker_any(out))
@@ -188,9 +334,9 @@ impl Wire for W1 {
                     _ => rd1::stream_response::Operation::Delete,
                 },
                 if context == FEDERATED_SERVICE_V1ALPHA2_URL {
-                    convert::any_v1alpha2(e)
+                    encoded.v1alpha2(e)
                 } else {
-                    convert::any_v1alpha1(e)
+                    encoded.v1alpha1(e)
                 },
             ),
         };
@@ -225,7 +371,7 @@ impl Wire for W2 {
         Ok(reply(r.response_nonce, r.status))
     }
 
-    fn render(out: &Outgoing, context: &str) -> Self::Resp {
+    fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp {
         let (operation, resource, id) = match (out.op, &out.entry) {
             (Op::SnapshotComplete, _) | (_, None) => (
                 rd2::stream_response::Operation::Unknown,
@@ -238,7 +384,7 @@ impl Wire for W2 {
                 } else {
                     rd2::stream_response::Operation::Upsert
                 },
-                convert::any_v1alpha2(e),
+                encoded.v1alpha2(e),
                 e.fqdn.to_string(),
             ),
         };
@@ -372,9 +518,6 @@ async fn establish<W: Wire>(
         requests,
         closer,
     );
-    // Decisions are made per record as it is sent; a policy change ends the stream so the
-    // consumer resubscribes and everything it holds is decided again.
-    let stream = server.gate.until_policies_change(stream);
     let mut response = Response::new(Box::pin(stream) as BoxStream<W::Resp>);
     if marker {
         response.metadata_mut().insert(
@@ -402,6 +545,12 @@ struct ConsumerStream<W: Wire> {
     context: String,
     requests: Streaming<W::Req>,
     changes: BroadcastStream<Arc<str>>,
+    /// Ticks when the gate swaps its policy set.
+    policy_changes: WatchStream<u64>,
+    /// The policy set every record the consumer holds was decided under.
+    decided_under: Arc<Policies>,
+    /// The decisions the last reload changed, while their records are queued.
+    redecided: Option<Arc<Redecided>>,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
     st: ConsumerState,
     stats: Arc<PeerStats>,
@@ -451,6 +600,9 @@ impl<W: Wire> ConsumerStream<W> {
         stats.set_state(PeerState::Connected);
         // Subscribe before taking the view so no change between the two is missed.
         let changes = BroadcastStream::new(server.catalog.subscribe_hamlet());
+        // Watch before reading the set in force, so a swap in between is not missed.
+        let policy_changes = WatchStream::from_changes(server.gate.subscribe());
+        let decided_under = server.gate.policies();
         let mut st = ConsumerState::for_requester(server.config.window, identity.clone())
             .with_window_bytes(server.config.window_bytes);
         st.start_snapshot(server.catalog.hamlet_view(), marker);
@@ -489,6 +641,9 @@ impl<W: Wire> ConsumerStream<W> {
             context,
             requests,
             changes,
+            policy_changes,
+            decided_under,
+            redecided: None,
             cancelled,
             st,
             stats,
@@ -560,22 +715,52 @@ impl<W: Wire> ConsumerStream<W> {
         Ok(())
     }
 
+    /// The gate swapped its policy set: queue exactly the records whose decision for this
+    /// consumer changed (the stream stays open).
+    fn on_policy_change(&mut self) {
+        let now = self.server.gate.policies();
+        if Arc::ptr_eq(&now, &self.decided_under) {
+            return;
+        }
+        let redecided = self
+            .server
+            .redecided(&self.decided_under, &now, &self.identity);
+        self.decided_under = now;
+        for fqdn in redecided.keys() {
+            self.st.mark_dirty(fqdn.clone());
+        }
+        self.redecided = (!redecided.is_empty()).then_some(redecided);
+    }
+
     /// The next response the consumer should get, if any is due and the window has room.
     fn next_response(&mut self) -> Option<W::Resp> {
         if !self.st.can_send() {
             return None;
         }
         let catalog = &self.server.catalog;
-        let gate = &self.server.gate;
         let identity = &self.identity;
+        let policies = self.server.gate.policies();
+        // Decisions of the last reload, while they are for the set in force (a newer swap not
+        // yet seen by this stream makes them stale: decide afresh).
+        let redecided = self
+            .redecided
+            .as_deref()
+            .filter(|_| Arc::ptr_eq(&policies, &self.decided_under));
         // A Hamlet subscription asks for every record (condition (b) holds); the gate decides
         // the callee's list and Cedar.
         let lookup = |fqdn: &str| -> Option<Arc<ServiceEntry>> {
-            catalog
-                .hamlet_get(fqdn)
-                .filter(|e| gate.allows(e, identity, "", true))
+            let e = catalog.hamlet_get(fqdn)?;
+            if let Some((decided, allowed)) = redecided.and_then(|r| r.get(fqdn))
+                && Arc::ptr_eq(decided, &e)
+            {
+                return allowed.then_some(e);
+            }
+            policies.allows(&e, identity, "", true).then_some(e)
         };
         let out = self.st.next(Instant::now(), lookup);
+        if self.redecided.is_some() && self.st.queued() == 0 {
+            self.redecided = None;
+        }
         self.publish_deadline();
         self.stats
             .records
@@ -593,7 +778,7 @@ impl<W: Wire> ConsumerStream<W> {
         }]
         .inc();
         self.stats.sent.fetch_add(1, Ordering::Relaxed);
-        Some(W::render(&out, &self.context))
+        Some(W::render(&out, &self.context, &self.server.encoded))
     }
 
     /// Store the current ACK deadline for the watchdog (silently: see [`Self::deadline`]).
@@ -669,6 +854,10 @@ impl<W: Wire> Stream for ConsumerStream<W> {
                     Poll::Ready(None) => return this.finish(Ok(())),
                     Poll::Pending => break,
                 }
+            }
+            // A new policy set before catalog changes: its records are queued first.
+            while let Poll::Ready(Some(_)) = Pin::new(&mut this.policy_changes).poll_next(cx) {
+                this.on_policy_change();
             }
             loop {
                 match Pin::new(&mut this.changes).poll_next(cx) {
@@ -770,5 +959,49 @@ impl<W: Wire> Drop for ConsumerStream<W> {
             self.stats.set_state(PeerState::Stopped);
         }
         self.stream_gauge.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(ip: &str) -> Arc<ServiceEntry> {
+        Arc::new(ServiceEntry {
+            key: crate::catalog::ServiceKey::new("east", "ns", "web"),
+            source: crate::catalog::Source::Local,
+            fqdn: "web.xcc.test".into(),
+            endpoints: vec![crate::catalog::Endpoint {
+                address: ip.into(),
+                port: 443,
+            }],
+            ports: vec![],
+            labels: Default::default(),
+            allowed_requesters: vec![],
+            origin: None,
+            revision: 0,
+        })
+    }
+
+    /// One encoding per entry and API version, equal to encoding it directly; a changed entry
+    /// (a new allocation) is encoded anew; slots of dropped entries are pruned.
+    #[test]
+    fn each_entry_is_encoded_once_per_version() {
+        let encoded = Encoded::default();
+        let one = entry("10.0.0.1");
+        assert_eq!(encoded.v1alpha1(&one), convert::any_v1alpha1(&one));
+        assert_eq!(encoded.v1alpha2(&one), convert::any_v1alpha2(&one));
+        let slot = encoded.slot(&one);
+        assert!(Arc::ptr_eq(&slot, &encoded.slot(&one)), "the same slot");
+        assert!(slot.v1alpha1.get().is_some() && slot.v1alpha2.get().is_some());
+        let two = entry("10.0.0.2");
+        assert_eq!(encoded.v1alpha1(&two), convert::any_v1alpha1(&two));
+        assert_ne!(encoded.v1alpha1(&two), encoded.v1alpha1(&one));
+        drop(one);
+        for i in 0..2000 {
+            encoded.v1alpha1(&entry(&format!("10.1.{}.{}", i / 250, i % 250)));
+        }
+        let live = encoded.slots.read().expect("lock").by_entry.len();
+        assert!(live <= 1024 + 1, "dead slots pruned: {live}");
     }
 }

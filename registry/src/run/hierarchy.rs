@@ -79,7 +79,8 @@ pub(super) async fn start(
 }
 
 /// A new policy set: what children carry, grants and denied questions are decided again (open
-/// Hamlet streams end themselves, see `Gate::until_policies_change`).
+/// Hamlet streams send their consumers the records whose decision changed, see
+/// `hamlet::server`).
 fn on_policy_change(level: &Level, gate: &Gate, spawner: &Spawner) {
     let (level, cancel, mut changes) = (level.clone(), spawner.token().clone(), gate.subscribe());
     spawner.spawn("policy change", async move {

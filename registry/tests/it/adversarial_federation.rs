@@ -610,9 +610,9 @@ when { resource.labels.contains("tier=restricted") };
     assert_eq!(imported, ["open.shop.svc.clusterset.local"]);
 }
 
-/// Row 3: a `forbid discover` for c1 written while c1 is subscribed ends c1's Hamlet stream
-/// (UNAVAILABLE, so it subscribes again); the new subscription receives nothing the forbid
-/// covers.
+/// Row 3: a `forbid discover` for c1 written while c1 is subscribed holds on the open Hamlet
+/// stream: c1 is sent a DELETE for what the forbid covers, on the same stream, and a new
+/// subscription receives nothing it covers.
 #[tokio::test]
 async fn a_forbid_added_later_holds_on_open_hamlet_streams() {
     let pki = Pki::new("xcc.test");
@@ -636,18 +636,16 @@ async fn a_forbid_added_later_holds_on_open_hamlet_streams() {
         r#"@id("no-c1") forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", resource);"#,
     )
     .expect("write policy");
-    let status = loop {
-        match c.next_or_status().await {
-            Ok(Some(seen)) => c.ack(&seen.nonce).await,
-            Ok(None) => panic!("the stream ended with status OK"),
-            Err(status) => break status,
-        }
+    let seen = match c.next_or_status().await {
+        Ok(Some(seen)) => seen,
+        other => panic!("the stream ended instead of sending the DELETE: {other:?}"),
     };
+    c.ack(&seen.nonce).await;
     assert_eq!(
-        (status.code(), status.message()),
+        (seen.op, seen.fqdn.as_deref()),
         (
-            tonic::Code::Unavailable,
-            "the authorization policies changed; subscribe again"
+            xcc_proto::federation::resourcediscovery::v1alpha1::stream_response::Operation::Delete,
+            Some("api.shop.svc.clusterset.local")
         )
     );
     assert!(

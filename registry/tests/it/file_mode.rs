@@ -312,3 +312,95 @@ async fn probes_and_metrics() {
         "{metrics}"
     );
 }
+
+/// An export named `name` (FQDN `<name>.some.domain`).
+fn named_sr(name: &str) -> String {
+    exported_sr("    connectivity.tanzu.vmware.com/service-port: \"443\"")
+        .replace("foobar.some.domain", &format!("{name}.some.domain"))
+}
+
+/// A power loss takes the journal's unflushed tail (simulated by cutting the journal after its
+/// first line once the importer stopped): the lost lines are two imports and a removal. The next
+/// session loads what is left, then the server's snapshot restores what was lost and the sweep
+/// removes only what the server no longer has.
+#[tokio::test]
+async fn a_lost_journal_tail_is_restored_by_the_next_snapshot() {
+    let pki = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    for name in ["a", "b", "c"] {
+        write(
+            east_dir.path(),
+            &format!("exports/{name}.yaml"),
+            &named_sr(name),
+        );
+    }
+    let (east, _ec) = start_with(file_config(pki.cluster("east"), east_dir.path())).await;
+    write(
+        west_dir.path(),
+        "remotes/shared-services-cls.yaml",
+        &remote_rr(east.hamlet_addr),
+    );
+    let west_files = pki.cluster("west");
+    let (west, wc) = start_with(file_config(west_files.clone(), west_dir.path())).await;
+    let fqdns = |names: &[&str]| -> Vec<String> {
+        names.iter().map(|n| format!("{n}.some.domain")).collect()
+    };
+    wait_catalog(&west.catalog, "a, b, c imported", |c| {
+        imported_fqdns(c, "shared-services-cls") == fqdns(&["a", "b", "c"])
+    })
+    .await;
+    std::fs::remove_file(east_dir.path().join("exports/c.yaml")).expect("rm");
+    wait_catalog(&west.catalog, "c removed", |c| {
+        imported_fqdns(c, "shared-services-cls") == fqdns(&["a", "b"])
+    })
+    .await;
+    wc.cancel();
+    west.shutdown().await.expect("clean shutdown");
+
+    // Keep the journal's first line only: the puts of b and c and the removal of c are lost.
+    let sink = FileImportSink::reader(west_dir.path(), "cross-cluster-connectivity");
+    let journal = sink.journal_path_for("shared-services-cls");
+    let bytes = std::fs::read(&journal).expect("journal");
+    let text =
+        String::from_utf8_lossy(&bytes[..xcc_proto::import_journal::end(&bytes)]).to_string();
+    assert_eq!(
+        text.lines().count(),
+        4,
+        "put a, b, c and del c in the journal: {text}"
+    );
+    let first = text.find('\n').expect("a line") + 1;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&journal)
+        .expect("open")
+        .set_len(first as u64)
+        .expect("truncate");
+    let names = |sink: &FileImportSink| -> Vec<String> {
+        let mut v: Vec<String> = sink
+            .load("shared-services-cls")
+            .expect("load")
+            .into_iter()
+            .map(|i| i.fqdn)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&sink), fqdns(&["a"]), "the tail is gone");
+
+    let (west2, _wc2) = start_with(file_config(west_files, west_dir.path())).await;
+    assert_eq!(
+        imported_fqdns(&west2.catalog, "shared-services-cls"),
+        fqdns(&["a"]),
+        "loaded from disk before any connection"
+    );
+    wait_peer(&west2, "shared-services-cls", "synced", |p| {
+        p.last_sync().is_some()
+    })
+    .await;
+    assert_eq!(
+        imported_fqdns(&west2.catalog, "shared-services-cls"),
+        fqdns(&["a", "b"])
+    );
+    assert_eq!(names(&sink), fqdns(&["a", "b"]), "restored on disk too");
+}

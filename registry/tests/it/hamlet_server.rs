@@ -569,3 +569,131 @@ async fn consumer_that_never_reads_is_disconnected_after_the_ack_timeout() {
         (Operation::Create, Some("new.xcc.test"))
     );
 }
+
+/// Everything `c` receives up to and including the first response for `last` (each ACKed), as
+/// (operation, FQDN); a stream that ends fails the test.
+async fn until(c: &mut Consumer, last: &str) -> Vec<(Operation, String)> {
+    let mut seen = Vec::new();
+    loop {
+        let s = match c.next_or_status().await {
+            Ok(Some(s)) => s,
+            Ok(None) => panic!("the stream ended (OK) before {last}"),
+            Err(status) => panic!("the stream ended before {last}: {status:?}"),
+        };
+        c.ack(&s.nonce).await;
+        let fqdn = s.fqdn.unwrap_or_default();
+        let done = fqdn == last;
+        seen.push((s.op, fqdn));
+        if done {
+            return seen;
+        }
+    }
+}
+
+/// A policy reload keeps every Hamlet stream open and sends each consumer exactly the records
+/// whose decision changed for it: a CREATE for one newly allowed, a DELETE for one newly denied,
+/// nothing for the rest. Two streams of one cluster (sharing one re-decision) get the same.
+/// A later catalog change still arrives on every stream, right after those records, so nothing
+/// else was sent in between and no stream was ended.
+#[tokio::test]
+async fn a_policy_reload_sends_only_the_flipped_decisions_on_open_streams() {
+    let pki = Pki::new("xcc.test");
+    let (east, _c) = start(pki.cluster("east")).await;
+    for (name, ip) in [
+        ("a", "10.0.0.1"),
+        ("b", "10.0.0.2"),
+        ("c", "10.0.0.3"),
+        ("d", "10.0.0.4"),
+    ] {
+        east.catalog
+            .upsert(export("east", "ns", &format!("{name}.xcc.test"), ip));
+    }
+    let forbid = |id: &str, cluster: &str, name: &str| {
+        format!(
+            r#"@id("{id}") forbid (principal == Xcc::Cluster::"{cluster}", action == Xcc::Action::"discover", resource) when {{ resource.name == "{name}.xcc.test" }};"#
+        )
+    };
+    let set = |rules: &[String]| {
+        xcc_registry::authz::Policies::from_sources(&[("p.cedar".to_string(), rules.join("\n"))])
+            .expect("valid policies")
+    };
+    let gate = east.level.gate().clone();
+    gate.set_policies(set(&[forbid("c1-b", "c1", "b"), forbid("c2-c", "c2", "c")]));
+
+    let c1 = ReloadingTls::load(pki.cluster("c1")).expect("tls");
+    let c2 = ReloadingTls::load(pki.cluster("c2")).expect("tls");
+    let mut consumers = Vec::new();
+    for tls in [&c1, &c1, &c2] {
+        consumers.push(
+            Consumer::connect(tls, east.hamlet_addr, true)
+                .await
+                .expect("subscribe"),
+        );
+    }
+    let snapshot = |names: &[&str]| -> Vec<(Operation, String)> {
+        let mut v: Vec<_> = names
+            .iter()
+            .map(|n| (Operation::Create, format!("{n}.xcc.test")))
+            .collect();
+        v.push((Operation::Unknown, String::new()));
+        v
+    };
+    let mut snapshots = Vec::new();
+    for c in &mut consumers {
+        snapshots.push(until(c, "").await);
+    }
+    assert_eq!(
+        snapshots,
+        [
+            snapshot(&["a", "c", "d"]),
+            snapshot(&["a", "c", "d"]),
+            snapshot(&["a", "b", "d"])
+        ]
+    );
+
+    // c1 loses a and gains b; c2 loses d and keeps c denied.
+    gate.set_policies(set(&[
+        forbid("c1-a", "c1", "a"),
+        forbid("c2-c", "c2", "c"),
+        forbid("c2-d", "c2", "d"),
+    ]));
+    // Marks the end of what the reload sent on each stream.
+    east.catalog
+        .upsert(export("east", "ns", "z.xcc.test", "10.0.0.9"));
+    let mut after = Vec::new();
+    for c in &mut consumers {
+        let mut seen = until(c, "z.xcc.test").await;
+        // The reload's records come as one batch in any order; the change after them last.
+        let batch = seen.len() - 1;
+        seen[..batch].sort_by(|x, y| x.1.cmp(&y.1));
+        after.push(seen);
+    }
+    let op = |o: Operation, n: &str| (o, format!("{n}.xcc.test"));
+    let c1_sees = vec![
+        op(Operation::Delete, "a"),
+        op(Operation::Create, "b"),
+        op(Operation::Create, "z"),
+    ];
+    assert_eq!(
+        after,
+        [
+            c1_sees.clone(),
+            c1_sees,
+            vec![op(Operation::Delete, "d"), op(Operation::Create, "z")]
+        ]
+    );
+    // The same three streams, still registered and connected.
+    let states: Vec<_> = east
+        .peers
+        .list()
+        .iter()
+        .filter(|p| p.kind == xcc_registry::peers::PeerKind::HamletConsumer)
+        .map(|p| {
+            (
+                p.state(),
+                p.reconnects.load(std::sync::atomic::Ordering::Relaxed),
+            )
+        })
+        .collect();
+    assert_eq!(states, [(xcc_registry::peers::PeerState::Connected, 0); 3]);
+}

@@ -1,0 +1,281 @@
+//! `xcc bench policy-reload`: many Hamlet consumers of one registry while its Cedar policy set
+//! is edited.
+//!
+//! An in-process registry exports S services; N consumers (one cluster identity, each on its own
+//! TLS connection, ACKing every response) subscribe under the default policies and receive the
+//! snapshot. The set is then swapped to a neutral custom set (a `forbid` matching nothing: every
+//! record now goes through Cedar, and nothing flips), and then alternately to one that forbids
+//! the services `svc-001NN` (1 % of 10,000) and back. For every edit the bench reports the time
+//! from the swap until each consumer has received every record whose decision changed (p50, p99,
+//! max over consumers), the records the consumers received for it (counted up to a catalog change
+//! made once every consumer has its records) against the decisions that flipped, and the streams
+//! that ended (a reconnect).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use futures::StreamExt as _;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use xcc_certs::reload::ReloadingTls;
+use xcc_proto::federation::resourcediscovery::v1alpha1 as rd1;
+use xcc_registry::authz::Policies;
+use xcc_registry::catalog::Source;
+use xcc_registry::{Registry, RegistryConfig};
+
+use crate::bench::{
+    BenchPki, CONNECT_PARALLELISM, ack, bulk_records, check_fd_limit, connect, entry, hot_record,
+    hot_seq, ms, next, read_snapshot, subscribe,
+};
+use crate::bench_common::loadavg;
+
+#[derive(Args, Debug)]
+pub struct ReloadArgs {
+    #[arg(long, default_value_t = 1000)]
+    pub consumers: usize,
+    /// Exported services (at least 200: the edit forbids `svc-00100` to `svc-00199`).
+    #[arg(long, default_value_t = 10_000)]
+    pub services: usize,
+    /// Policy edits to measure (alternately denying and allowing the 100 services again).
+    #[arg(long, default_value_t = 4)]
+    pub edits: u32,
+    /// Upper bound for any one phase.
+    #[arg(long, default_value_t = 300)]
+    pub timeout_seconds: u64,
+}
+
+/// Services the edit flips: `svc-00100` to `svc-00199`.
+const FLIPPED: usize = 100;
+
+fn neutral() -> anyhow::Result<Policies> {
+    Ok(Policies::from_sources(&[(
+        "bench.cedar".to_string(),
+        r#"@id("bench-none") forbid (principal, action == Xcc::Action::"discover", resource) when { resource.name == "no-such-service" };"#.to_string(),
+    )])?)
+}
+
+fn denying() -> anyhow::Result<Policies> {
+    Ok(Policies::from_sources(&[(
+        "bench.cedar".to_string(),
+        r#"@id("bench-001") forbid (principal, action == Xcc::Action::"discover", resource) when { resource.name like "svc-001*" };"#.to_string(),
+    )])?)
+}
+
+enum Event {
+    Synced,
+    /// A CREATE or DELETE of a bulk service.
+    Record {
+        at: Instant,
+        delete: bool,
+    },
+    /// The hot service changed (`seq`).
+    Hot {
+        seq: u32,
+    },
+    Ended {
+        error: String,
+    },
+}
+
+pub async fn run(args: ReloadArgs) -> anyhow::Result<()> {
+    if args.services < 200 || args.consumers == 0 || args.edits == 0 {
+        bail!("--services must be at least 200, --consumers and --edits positive");
+    }
+    check_fd_limit(args.consumers)?;
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let dir = tempfile::tempdir().context("temporary directory")?;
+    let pki = BenchPki::new(dir.path())?;
+    let tls = ReloadingTls::load(pki.consumer.clone()).context("consumer TLS")?;
+    let cancel = CancellationToken::new();
+    let registry = Registry::start(RegistryConfig::loopback(pki.server.clone()), cancel.clone())
+        .await
+        .context("starting the in-process registry")?;
+    let result = measure(&registry, &tls, &args, timeout).await;
+    cancel.cancel();
+    registry.shutdown().await?;
+    result
+}
+
+async fn measure(
+    registry: &Registry,
+    tls: &ReloadingTls,
+    args: &ReloadArgs,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let services = args.services;
+    let consumers = args.consumers;
+    let mut entries = Vec::with_capacity(services);
+    for sr in bulk_records(services).iter().chain([&hot_record(0)]) {
+        entries.push(entry(sr)?);
+    }
+    registry.catalog.replace_source(&Source::Local, entries);
+    let gate = registry.level.gate().clone();
+
+    let addr = registry.hamlet_addr;
+    let channels: Vec<anyhow::Result<tonic::transport::Channel>> =
+        futures::stream::iter((0..consumers).map(|_| connect(tls, addr)))
+            .buffer_unordered(CONNECT_PARALLELISM)
+            .collect()
+            .await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut tasks = tokio::task::JoinSet::new();
+    for channel in channels {
+        tasks.spawn(consumer(channel?, tx.clone()));
+    }
+    drop(tx);
+    let recv = async |rx: &mut mpsc::UnboundedReceiver<(usize, Event)>, what: &str| {
+        tokio::time::timeout(timeout, rx.recv())
+            .await
+            .with_context(|| format!("{what}: nothing within {timeout:?}"))?
+            .context("every consumer ended")
+    };
+    // Ids are assigned by the consumer tasks in the order they sync.
+    let mut synced = 0;
+    while synced < consumers {
+        match recv(&mut rx, "snapshot").await? {
+            (_, Event::Synced) => synced += 1,
+            (_, Event::Ended { error }) => bail!("a consumer ended during the snapshot: {error}"),
+            _ => {}
+        }
+    }
+    eprintln!("[reload] {consumers} consumers synced on {services} services");
+
+    // Every record through Cedar from here on; nothing flips, so nothing may be sent.
+    let mut hot = 0u32;
+    let mut sets = vec![("neutral", neutral()?)];
+    for i in 0..args.edits {
+        sets.push(if i % 2 == 0 {
+            ("deny 1 %", denying()?)
+        } else {
+            ("allow 1 % again", neutral()?)
+        });
+    }
+    println!(
+        "policy reload: {consumers} consumers (one cluster identity) x {services} services; load {}",
+        loadavg()
+    );
+    println!(
+        "{:<16} {:>8} {:>10} {:>10} {:>10} {:>12} {:>10} {:>7}",
+        "edit", "flipped", "p50 ms", "p99 ms", "max ms", "records", "per flip", "ended"
+    );
+    for (name, policies) in sets {
+        let expected_each = if name == "neutral" { 0 } else { FLIPPED };
+        let t0 = Instant::now();
+        gate.set_policies(policies);
+        let mut got = vec![0usize; consumers];
+        let mut done_at: Vec<Duration> = Vec::with_capacity(consumers);
+        let mut records = 0usize;
+        let mut ended = 0usize;
+        let mut wrong_op = 0usize;
+        let want_delete = name.starts_with("deny");
+        // Until each consumer has its records, then until each has seen the hot change made
+        // after that (everything the reload sent arrived before it).
+        if expected_each > 0 {
+            while done_at.len() < consumers {
+                match recv(&mut rx, name).await? {
+                    (id, Event::Record { at, delete }) => {
+                        records += 1;
+                        wrong_op += usize::from(delete != want_delete);
+                        got[id] += 1;
+                        if got[id] == expected_each {
+                            done_at.push(at.saturating_duration_since(t0));
+                        }
+                    }
+                    (_, Event::Ended { .. }) => ended += 1,
+                    _ => {}
+                }
+                if ended > 0 {
+                    bail!("{ended} streams ended during the reload");
+                }
+            }
+        }
+        hot += 1;
+        registry
+            .catalog
+            .upsert(entry(&hot_record(hot))?)
+            .context("the hot change changed nothing")?;
+        let mut seen_hot = 0;
+        while seen_hot < consumers {
+            match recv(&mut rx, "hot change").await? {
+                (_, Event::Hot { seq }) if seq == hot => seen_hot += 1,
+                (id, Event::Record { delete, .. }) => {
+                    records += 1;
+                    wrong_op += usize::from(delete != want_delete);
+                    got[id] += 1;
+                }
+                (_, Event::Ended { .. }) => ended += 1,
+                _ => {}
+            }
+            if ended > 0 {
+                bail!("{ended} streams ended during the reload");
+            }
+        }
+        let flipped = expected_each * consumers;
+        done_at.sort();
+        let pct = |p: f64| {
+            done_at
+                .get(((done_at.len() as f64 * p).ceil() as usize).saturating_sub(1))
+                .map_or(0.0, |d| ms(*d))
+        };
+        println!(
+            "{:<16} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>12} {:>10.2} {:>7}",
+            name,
+            flipped,
+            pct(0.50),
+            pct(0.99),
+            pct(1.0),
+            records,
+            if flipped == 0 {
+                records as f64
+            } else {
+                records as f64 / flipped as f64
+            },
+            ended
+        );
+        if wrong_op > 0 {
+            bail!("{wrong_op} records had the wrong operation for {name}");
+        }
+    }
+    tasks.shutdown().await;
+    Ok(())
+}
+
+async fn consumer(
+    channel: tonic::transport::Channel,
+    events: mpsc::UnboundedSender<(usize, Event)>,
+) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let mut id = usize::MAX;
+    let result: anyhow::Result<()> = async {
+        let (acks, mut stream) = subscribe(channel).await?;
+        read_snapshot(&acks, &mut stream).await?;
+        id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _ = events.send((id, Event::Synced));
+        loop {
+            let msg = next(&mut stream).await?;
+            let at = Instant::now();
+            ack(&acks, &msg.nonce)?;
+            let op = msg.operation;
+            let ev = if let Some(seq) = hot_seq(&msg) {
+                Event::Hot { seq }
+            } else if op == rd1::stream_response::Operation::Delete as i32 {
+                Event::Record { at, delete: true }
+            } else if op == rd1::stream_response::Operation::Create as i32 {
+                Event::Record { at, delete: false }
+            } else {
+                continue;
+            };
+            let _ = events.send((id, ev));
+        }
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = events.send((
+            id,
+            Event::Ended {
+                error: format!("{e:#}"),
+            },
+        ));
+    }
+}
