@@ -174,9 +174,17 @@ async fn start_files(
     let (core, remotes, errors) = (core.clone(), remotes.clone(), errors.clone());
     spawner.spawn("state directory watch", async move {
         loop {
+            // A change that takes something away waits to settle (see `file::SETTLE`): look
+            // again when the first one is due, even if no event comes.
+            let due = exports
+                .next_due()
+                .into_iter()
+                .chain(remote_files.next_due())
+                .min();
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 got = rx.recv() => if got.is_none() { break },
+                _ = sleep_until_due(due) => {}
             }
             file::sync_exports(&core.catalog, &core.cluster, &mut exports);
             if remote_files.refresh(|rr| model::remote_spec(rr).map(|_| ())) {
@@ -190,6 +198,14 @@ async fn start_files(
         Ok(())
     });
     Ok(())
+}
+
+/// Resolves at `due`; never without one.
+async fn sleep_until_due(due: Option<std::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Peers (Hamlet imports) and the parent (hierarchy) among the RemoteRegistry files. With
