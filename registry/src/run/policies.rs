@@ -246,3 +246,64 @@ fn reload(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FORBID: &str = r#"
+@id("no-restricted-for-c")
+forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", resource)
+when { resource.labels.contains("tier=restricted") };
+"#;
+
+    fn names(files: &mut PolicyFiles) -> Vec<String> {
+        let sources = files.effective().expect("readable");
+        Policies::from_sources(&sources)
+            .expect("valid")
+            .policy_ids()
+            .into_iter()
+            .filter(|id| id == "no-restricted-for-c" || id == "other")
+            .collect()
+    }
+
+    /// A policy file emptied in place, caught half-way, unlinked for a copy or rewritten never
+    /// drops its policies for a moment (the settle time is an hour, so each state is held still);
+    /// a new file applies at once; once settled, a rewrite and a deletion apply.
+    #[test]
+    fn no_intermediate_state_of_a_policy_file_drops_a_policy() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("forbid.cedar");
+        std::fs::write(&f, FORBID).expect("write");
+        let mut files = PolicyFiles::new(dir.path().to_path_buf(), Duration::from_secs(3600));
+        assert_eq!(names(&mut files), ["no-restricted-for-c"]);
+        std::fs::write(&f, "").expect("truncate");
+        assert_eq!(names(&mut files), ["no-restricted-for-c"], "emptied");
+        std::fs::write(&f, &FORBID[..FORBID.len() / 2]).expect("half");
+        assert_eq!(names(&mut files), ["no-restricted-for-c"], "half written");
+        std::fs::remove_file(&f).expect("unlink");
+        assert_eq!(names(&mut files), ["no-restricted-for-c"], "unlinked");
+        assert!(files.next_due().is_some());
+        std::fs::write(&f, FORBID).expect("back");
+        assert_eq!(names(&mut files), ["no-restricted-for-c"]);
+        assert!(files.next_due().is_none());
+        let other = FORBID.replace("no-restricted-for-c", "other");
+        std::fs::write(dir.path().join("other.cedar"), &other).expect("new");
+        assert_eq!(
+            names(&mut files),
+            ["no-restricted-for-c", "other"],
+            "new: at once"
+        );
+        std::fs::write(&f, "// nothing\n").expect("rewrite");
+        assert_eq!(
+            names(&mut files),
+            ["no-restricted-for-c", "other"],
+            "rewrite waits"
+        );
+
+        files.settle = Duration::ZERO;
+        assert_eq!(names(&mut files), ["other"], "settled");
+        std::fs::remove_file(dir.path().join("other.cedar")).expect("rm");
+        assert!(names(&mut files).is_empty());
+    }
+}

@@ -1166,7 +1166,7 @@ spec:
             .with_settle(Duration::from_secs(3600));
         assert!(sync_exports(&catalog, "east", &mut yd));
         let only_one = vec![("one".to_string(), "10.0.0.1".to_string())];
-        let mut step = |what: &str, yd: &mut YamlDir<ServiceRecord>| {
+        let step = |what: &str, yd: &mut YamlDir<ServiceRecord>| {
             events.record(std::slice::from_ref(&a));
             sync_exports(&catalog, "east", yd);
             let got = addresses(&catalog);
