@@ -841,6 +841,26 @@ spec:
     }
 
     #[test]
+    fn a_service_port_that_is_not_a_number_is_rejected_with_the_fix() {
+        let mut sr: Vec<ServiceRecord> = resources::parse_documents(GOOD, "t.yaml").expect("parse");
+        for bad in ["https", "0", "70000", ""] {
+            sr[0]
+                .metadata
+                .annotations
+                .as_mut()
+                .expect("annotations")
+                .insert(names::SERVICE_PORT_ANNOTATION.into(), bad.into());
+            let err = export_entry("east", &sr[0]).expect_err(bad).to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "metadata.annotations[connectivity.tanzu.vmware.com/service-port]: {bad:?} is not a port number (1-65535); write the number, e.g. \"443\" (name ports in spec.ports)"
+                )
+            );
+        }
+    }
+
+    #[test]
     fn an_export_too_large_for_hamlet_is_rejected_with_its_size() {
         let mut sr = ServiceRecord::default();
         sr.metadata.name = Some("big".into());
