@@ -267,9 +267,16 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
 
 /// A decision printed as DENY: `xcc admin` exits with [`DENIED_EXIT`] (the decision on stdout
 /// says why), so a script can tell a refusal from a failure.
-#[derive(Debug, thiserror::Error)]
-#[error("denied")]
+#[derive(Debug)]
 pub struct Denied;
+
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("denied")
+    }
+}
+
+impl std::error::Error for Denied {}
 
 /// The exit code of a DENY (see the `xcc admin` help).
 pub const DENIED_EXIT: u8 = 3;

@@ -11,13 +11,13 @@ use std::time::Duration;
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RecordType};
 
-fn query(name: &str, qtype: RecordType) -> Vec<u8> {
+pub(crate) fn query(name: &str, qtype: RecordType) -> Vec<u8> {
     let mut m = Message::new(7, MessageType::Query, OpCode::Query);
     m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
     m.to_vec().unwrap()
 }
 
-fn answers(reply: &[u8]) -> (ResponseCode, Vec<String>) {
+pub(crate) fn answers(reply: &[u8]) -> (ResponseCode, Vec<String>) {
     let m = Message::from_vec(reply).unwrap();
     let lines = m
         .answers

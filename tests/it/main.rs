@@ -9,5 +9,6 @@ mod deploy;
 mod dns_cli;
 mod fuzz_corpora;
 mod mcs_two_clusters;
+mod readme;
 mod tree_processes;
 mod two_clusters;
