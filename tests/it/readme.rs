@@ -177,3 +177,32 @@ fn readme_file_mode_walkthrough_runs_as_printed() {
         assert_eq!(dig(port, &name), [expect], "dig {name}");
     }
 }
+
+/// The hierarchy section: certificates, the parent and two children, the owner's export, the
+/// caller's import, the grant seen in `tree` and `routes`; its Cedar block parses.
+#[test]
+fn readme_hierarchy_walkthrough_runs_as_printed() {
+    let _turn = xcc_testkube::Turn::shared_blocking();
+    xcc_certs::install_crypto_provider();
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = "A hierarchy (seed 000)";
+    let sh = blocks(&readme, section, "sh");
+    assert_eq!(sh.len(), 1, "{sh:?}");
+    let cedar = blocks(&readme, section, "cedar");
+    assert_eq!(cedar.len(), 2, "the carry permit and the policy example");
+    for (i, text) in cedar.iter().enumerate() {
+        xcc_registry::authz::Policies::from_sources(&[(format!("readme-{i}.cedar"), text.clone())])
+            .unwrap_or_else(|e| panic!("README cedar block {i}: {e}"));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (_group, out) = run(dir.path(), &sh[0]);
+    let granted = out
+        .lines()
+        .find(|l| l.contains("api.shop.svc.clusterset.local") || l.contains("shop/api"))
+        .unwrap_or_default();
+    assert!(
+        out.contains("Granted") && out.contains("b2"),
+        "{granted}\n{out}"
+    );
+}
