@@ -8,6 +8,8 @@ mod bench;
 #[cfg(any(feature = "bench", test))]
 mod bench_common;
 #[cfg(any(feature = "bench", test))]
+mod bench_first_grant;
+#[cfg(any(feature = "bench", test))]
 mod bench_hierarchy;
 #[cfg(any(feature = "bench", test))]
 mod bench_import;
