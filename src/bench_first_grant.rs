@@ -74,8 +74,12 @@ async fn upserted(
             match rx.recv().await {
                 Ok(CatalogEvent::Upsert(e)) if matches(&e) => return Ok(Instant::now()),
                 Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => bail!("events lost waiting for {what}"),
-                Err(broadcast::error::RecvError::Closed) => bail!("catalog closed waiting for {what}"),
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    bail!("events lost waiting for {what}")
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    bail!("catalog closed waiting for {what}")
+                }
             }
         }
     };
@@ -102,8 +106,24 @@ pub async fn run(args: FirstGrantArgs) -> anyhow::Result<()> {
             )
         })
         .collect();
-    let b1 = start(dir.path(), &ca, "b1", Some(root.hamlet_addr), questions, &cancel).await?;
-    let b2 = start(dir.path(), &ca, "b2", Some(root.hamlet_addr), vec![], &cancel).await?;
+    let b1 = start(
+        dir.path(),
+        &ca,
+        "b1",
+        Some(root.hamlet_addr),
+        questions,
+        &cancel,
+    )
+    .await?;
+    let b2 = start(
+        dir.path(),
+        &ca,
+        "b2",
+        Some(root.hamlet_addr),
+        vec![],
+        &cancel,
+    )
+    .await?;
     // Until b1's questions are all answered (not found) and b2 is attached.
     let mut level = b1.level.subscribe();
     tokio::time::timeout(timeout, async {

@@ -527,8 +527,19 @@ pub fn load_once(dir: &mut ImportsDir, feed: &DnsFeed, first: bool) {
 
 /// Follow `dir` until `cancel` fires.
 pub async fn run(dir: PathBuf, feed: DnsFeed, poll: Duration, cancel: CancellationToken) {
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        tracing::warn!(dir = %dir.display(), error = %e, "cannot create the imports directory");
+    if !dir.is_dir() {
+        // Most likely a wrong path: a file-mode registry creates `<state-dir>/imports` itself.
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => tracing::warn!(
+                dir = %dir.display(),
+                "--imports-dir did not exist; created it empty, so no names are served until a registry writes there (it should be the registry's <state-dir>/imports)"
+            ),
+            Err(e) => tracing::error!(
+                dir = %dir.display(),
+                error = %e,
+                "--imports-dir does not exist and cannot be created; no names are served (give the registry's <state-dir>/imports)"
+            ),
+        }
     }
     // One pending wake-up is enough: every wake-up re-scans the whole directory.
     let (tx, mut rx) = mpsc::channel::<()>(1);

@@ -379,3 +379,47 @@ fn serves_a_file_mode_registrys_imports_as_they_change() {
     until_udp(addr, "api.xcc.test.", |got| got.0 == ResponseCode::NXDomain);
     stop(child);
 }
+
+/// `--imports-dir` that does not exist (a typo) is said so at WARN, not served silently empty.
+#[test]
+fn a_missing_imports_dir_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("state/imports");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xcc"))
+        .args([
+            "dns",
+            "--listen",
+            "127.0.0.1:0",
+            "--zone",
+            "xcc.test",
+            "--feed",
+            "imports",
+        ])
+        .arg("--imports-dir")
+        .arg(&missing)
+        .args(["--metrics-listen", ""])
+        .env("XCC_LOG", "info")
+        .env_remove("XCC_LOG_JSON")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run xcc dns");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    let found = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break false;
+        }
+        log.push_str(&line);
+        if line.contains("--imports-dir did not exist") {
+            break line.contains("WARN");
+        }
+        // The feed's first load comes after its check of the directory.
+        if line.contains("imports loaded") {
+            break false;
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(found, "{log}");
+}

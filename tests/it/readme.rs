@@ -205,4 +205,48 @@ fn readme_hierarchy_walkthrough_runs_as_printed() {
         out.contains("Granted") && out.contains("b2"),
         "{granted}\n{out}"
     );
+
+    // `xcc admin explain`: ALLOW exits 0, DENY exits 3 (the decision is printed either way).
+    let explain = |cluster: &str, service: &str| {
+        Command::new(env!("CARGO_BIN_EXE_xcc"))
+            .current_dir(dir.path())
+            .args([
+                "admin",
+                "--addr",
+                "127.0.0.1:9543",
+                "--tls-dir",
+                "alice",
+                "--server-name",
+                "b.example.org",
+                "explain",
+                "--namespace",
+                "shop",
+                "--name",
+                "api",
+                "--requester-cluster",
+                cluster,
+                "--requester-service",
+                service,
+                "-o",
+                "json",
+            ])
+            .env_remove("XCC_LOG")
+            .output()
+            .unwrap()
+    };
+    let allow = explain("b1", "web");
+    assert_eq!(allow.status.code(), Some(0), "{allow:?}");
+    let deny = explain("b1", "batch");
+    assert_eq!(deny.status.code(), Some(3), "{deny:?}");
+    let decision: serde_json::Value = serde_json::from_slice(&deny.stdout).unwrap();
+    assert_eq!(
+        decision["allowed"],
+        serde_json::Value::Bool(false),
+        "{decision}"
+    );
+    assert!(
+        deny.stderr.is_empty(),
+        "one answer, no log: {}",
+        String::from_utf8_lossy(&deny.stderr)
+    );
 }
