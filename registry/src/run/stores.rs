@@ -165,7 +165,9 @@ async fn start_files(
     let (peers_wanted, parent_wanted) = split_remotes(&remote_files, remotes.level());
     remotes.reconcile(peers_wanted).await;
     remotes.reconcile_parent(parent_wanted).await;
-    errors.set([exports.errors(), remote_files.errors()].concat());
+    let now = [exports.errors(), remote_files.errors()].concat();
+    core.metrics.set_rejected_files(&[], &now);
+    errors.set(now);
     core.health.set_ready(true);
 
     let cancel = spawner.token().clone();
@@ -198,7 +200,9 @@ async fn start_files(
                 remotes.reconcile(peers_wanted).await;
                 remotes.reconcile_parent(parent_wanted).await;
             }
-            errors.set([exports.errors(), remote_files.errors()].concat());
+            let now = [exports.errors(), remote_files.errors()].concat();
+            core.metrics.set_rejected_files(&errors.get(), &now);
+            errors.set(now);
         }
         watcher.abort();
         Ok(())
