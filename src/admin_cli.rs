@@ -16,7 +16,8 @@ pub struct AdminArgs {
     pub server_name: Option<String>,
     #[command(flatten)]
     pub tls: TlsArgs,
-    #[arg(short = 'o', long, value_enum, default_value = "table")]
+    /// Output format: an aligned table or JSON; accepted before or after the subcommand.
+    #[arg(short = 'o', long, value_enum, default_value = "table", global = true)]
     pub output: Output,
     #[command(subcommand)]
     pub command: AdminCommand,
@@ -32,20 +33,27 @@ pub enum Output {
 pub enum AdminCommand {
     /// List services in the catalog.
     Services {
+        /// Only services owned by this cluster.
         #[arg(long)]
         owner: Option<String>,
+        /// Only services in this namespace.
         #[arg(long)]
         namespace: Option<String>,
+        /// Only services whose FQDN ends with this suffix (e.g. `example.org`).
         #[arg(long)]
         fqdn_suffix: Option<String>,
     },
     /// Show one service, by FQDN or by owner/namespace/name.
     Service {
+        /// The service's FQDN (or give --owner, --namespace and --name).
         fqdn: Option<String>,
+        /// The owner cluster.
         #[arg(long)]
         owner: Option<String>,
+        /// The service's namespace.
         #[arg(long)]
         namespace: Option<String>,
+        /// The service's name.
         #[arg(long)]
         name: Option<String>,
     },
@@ -64,16 +72,22 @@ pub enum AdminCommand {
     /// Evaluate one Cedar request against the loaded policies: announce, discover, or carry
     /// (may child --cluster carry the cluster --name in its subtree).
     ExplainPolicy {
+        /// `announce`, `discover` or `carry`.
         #[arg(long)]
         action: String,
+        /// The principal: the cluster announcing, asking, or (carry) the child.
         #[arg(long)]
         cluster: String,
+        /// The principal's workload (discover).
         #[arg(long, default_value = "")]
         service: String,
+        /// The service's FQDN.
         #[arg(long, default_value = "")]
         fqdn: String,
+        /// The service's namespace.
         #[arg(long, default_value = "")]
         namespace: String,
+        /// The service's name (carry: the cluster carried).
         #[arg(long, default_value = "")]
         name: String,
     },
@@ -87,8 +101,10 @@ pub enum AdminCommand {
 pub struct ResolveArgs {
     /// FQDN of the service (or give --namespace and --name).
     pub fqdn: Option<String>,
+    /// The service's namespace.
     #[arg(long)]
     pub namespace: Option<String>,
+    /// The service's name.
     #[arg(long)]
     pub name: Option<String>,
     /// Requester cluster (default: the registry's own).
@@ -180,10 +196,12 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Resolve(r) => {
             let d = client.resolve(r.request()).await?.into_inner();
             print_decision(&d, args.output);
+            denied(&d)?;
         }
         AdminCommand::Explain(r) => {
             let d = client.explain(r.request()).await?.into_inner();
             print_decision(&d, args.output);
+            denied(&d)?;
         }
         AdminCommand::ExplainPolicy {
             action,
@@ -205,6 +223,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 .await?
                 .into_inner();
             print_decision(&d, args.output);
+            denied(&d)?;
         }
         AdminCommand::Routes => {
             let routes = client
@@ -247,6 +266,26 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A decision printed as DENY: `xcc admin` exits with [`DENIED_EXIT`] (the decision on stdout
+/// says why), so a script can tell a refusal from a failure.
+#[derive(Debug)]
+pub struct Denied;
+
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("denied")
+    }
+}
+
+impl std::error::Error for Denied {}
+
+/// The exit code of a DENY (see the `xcc admin` help).
+pub const DENIED_EXIT: u8 = 3;
+
+fn denied(d: &api::Decision) -> Result<(), Denied> {
+    if d.allowed { Ok(()) } else { Err(Denied) }
 }
 
 pub fn endpoints(s: &api::Service) -> String {

@@ -70,6 +70,9 @@ pub enum BenchCommand {
     Hamlet(HamletArgs),
     /// A 3-level tree of registries: propagation, cold and cached lookups, routes, root memory.
     Hierarchy(crate::bench_hierarchy::HierarchyArgs),
+    /// A first hierarchy grant for a question asked before the service existed: time from the
+    /// owner's announcement reaching the root to the caller's import.
+    FirstGrant(crate::bench_first_grant::FirstGrantArgs),
     /// One managed Hamlet client importing N services (from xcc and the Go reference server):
     /// time and bytes written.
     Import(crate::bench_import::ImportArgs),
@@ -133,6 +136,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Import(args) => crate::bench_import::run(args).await,
         BenchCommand::HostileChildren(args) => crate::bench_hostile::run(args).await,
         BenchCommand::PolicyReload(args) => crate::bench_reload::run(args).await,
+        BenchCommand::FirstGrant(args) => crate::bench_first_grant::run(args).await,
     }
 }
 

@@ -46,12 +46,17 @@ pub fn init_logging(args: &LogArgs) {
 /// cert-manager Secret and of `xcc certs issue`), or each file by name.
 #[derive(Args, Debug, Clone)]
 pub struct TlsArgs {
+    /// Directory holding `ca.crt`, `tls.crt` and `tls.key` (as `xcc certs issue --out` writes
+    /// them); the three flags below override one file each.
     #[arg(long, env = "XCC_TLS_DIR")]
     pub tls_dir: Option<PathBuf>,
+    /// CA bundle (PEM) that the other side's certificate must chain to.
     #[arg(long, env = "XCC_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
+    /// This side's certificate chain (PEM), leaf first.
     #[arg(long, env = "XCC_TLS_CERT")]
     pub tls_cert: Option<PathBuf>,
+    /// This side's private key (PEM).
     #[arg(long, env = "XCC_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 }
@@ -96,6 +101,9 @@ pub enum Command {
     /// Serve DNS for imported services: FQDN zones and clusterset names (authoritative).
     Dns(crate::dns_cli::DnsArgs),
     /// Inspect a registry through its admin API.
+    ///
+    /// Exit codes: 0 done (for resolve, explain and explain-policy: ALLOW); 1 an error (the
+    /// message names it); 2 a usage error; 3 the decision is DENY (printed with its reason).
     Admin(crate::admin_cli::AdminArgs),
     /// Run a two-registry federation on loopback and print what it did.
     Demo,

@@ -8,6 +8,8 @@ mod bench;
 #[cfg(any(feature = "bench", test))]
 mod bench_common;
 #[cfg(any(feature = "bench", test))]
+mod bench_first_grant;
+#[cfg(any(feature = "bench", test))]
 mod bench_hierarchy;
 #[cfg(any(feature = "bench", test))]
 mod bench_hostile;
@@ -29,7 +31,11 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     let mut cli = cli::Cli::parse();
     // The demo prints a report on stdout; keep its logs to warnings unless asked otherwise.
-    if matches!(cli.command, cli::Command::Demo) && std::env::var_os("XCC_LOG").is_none() {
+    // The admin client prints its answer on stdout too; its own log (TLS material loaded, ...)
+    // is noise there unless something is wrong.
+    if matches!(cli.command, cli::Command::Demo | cli::Command::Admin(_))
+        && std::env::var_os("XCC_LOG").is_none()
+    {
         cli.log.log = "warn".into();
     }
     cli::init_logging(&cli.log);
@@ -46,6 +52,10 @@ fn main() -> std::process::ExitCode {
     };
     match runtime.block_on(cli::dispatch(cli.command)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
+        // The decision is printed already; the exit code says DENY.
+        Err(e) if e.downcast_ref::<admin_cli::Denied>().is_some() => {
+            std::process::ExitCode::from(admin_cli::DENIED_EXIT)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE

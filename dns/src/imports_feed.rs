@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use notify::Watcher as _;
@@ -249,11 +249,23 @@ impl Stamps {
     }
 }
 
+/// How long a remote's snapshot rewrite that takes records away (or a remote's files being
+/// gone) must read the same before it is applied: a snapshot written in place or caught half-way,
+/// or replaced by unlinking it first, never removes names for a moment. The registry itself
+/// replaces snapshots atomically and removes through its journal, which applies at once.
+pub const SETTLE: Duration = Duration::from_secs(1);
+
 /// The directory as last read: per remote, the stamps of its files and the last good records.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ImportsDir {
     dir: PathBuf,
     files: BTreeMap<String, (Stamps, Vec<ServiceRecord>)>,
+    /// Remotes whose snapshot reads as taking records away (`None`: whose files are gone), and
+    /// since when, until they have read so for `settle`.
+    unsettled: BTreeMap<String, (Option<Vec<ServiceRecord>>, Instant)>,
+    settle: Duration,
+    /// Remotes whose snapshot last read as empty (warned about once).
+    empty: BTreeSet<String>,
 }
 
 impl ImportsDir {
@@ -262,6 +274,36 @@ impl ImportsDir {
         Self {
             dir: dir.into(),
             files: BTreeMap::new(),
+            unsettled: BTreeMap::new(),
+            settle: SETTLE,
+            empty: BTreeSet::new(),
+        }
+    }
+
+    /// [`SETTLE`] unless a test says otherwise.
+    pub fn with_settle(mut self, settle: Duration) -> Self {
+        self.settle = settle;
+        self
+    }
+
+    /// When a change waiting to settle may be applied: rescan then.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.unsettled
+            .values()
+            .map(|(_, since)| *since + self.settle)
+            .min()
+    }
+
+    /// Whether `remote` has read as `now` for `settle`; remembers it from now otherwise.
+    fn settled(&mut self, remote: &str, now: Option<&Vec<ServiceRecord>>) -> bool {
+        let at = Instant::now();
+        match self.unsettled.get(remote) {
+            Some((seen, since)) if seen.as_ref() == now => *since + self.settle <= at,
+            _ => {
+                self.unsettled
+                    .insert(remote.to_string(), (now.cloned(), at));
+                self.settle.is_zero()
+            }
         }
     }
 
@@ -297,12 +339,35 @@ impl ImportsDir {
         }
         let mut changed = false;
         for (remote, (stamps, snapshot, journal)) in &seen {
-            if self.files.get(remote).is_some_and(|(s, _)| s == stamps) {
+            if matches!(self.unsettled.get(remote), Some((None, _))) {
+                self.unsettled.remove(remote); // Back after being gone for a moment.
+            }
+            if self.files.get(remote).is_some_and(|(s, _)| s == stamps)
+                && !self.unsettled.contains_key(remote)
+            {
                 continue;
             }
             let read_at = SystemTime::now();
             match read_remote(remote, snapshot.as_deref(), journal.as_deref(), &mut errors) {
                 Ok(records) => {
+                    let held = self.files.get(remote);
+                    let held_records = held.map_or(&[][..], |(_, r)| r.as_slice());
+                    let snapshot_empty = stamps.snapshot.is_some_and(|s| s.len == 0);
+                    if snapshot_empty && records.is_empty() && !held_records.is_empty() {
+                        // Being written (the registry never writes an empty file): keep.
+                        self.unsettled.remove(remote);
+                        if self.empty.insert(remote.clone()) {
+                            tracing::warn!(remote = %remote, "imports snapshot is empty; keeping its last good content (delete the remote's files to remove it)");
+                        }
+                        continue;
+                    }
+                    self.empty.remove(remote);
+                    let rewritten = held.is_some_and(|(s, _)| s.snapshot != stamps.snapshot);
+                    let takes_away = !held_records.iter().all(|h| records.contains(h));
+                    if rewritten && takes_away && !self.settled(remote, Some(&records)) {
+                        continue;
+                    }
+                    self.unsettled.remove(remote);
                     let slot = self.files.entry(remote.clone()).or_default();
                     changed |= slot.1 != records;
                     *slot = (stamps.read_at(read_at), records);
@@ -315,9 +380,21 @@ impl ImportsDir {
                 }
             }
         }
-        let before = self.files.len();
-        self.files.retain(|remote, _| seen.contains_key(remote));
-        changed |= self.files.len() != before;
+        // A remote whose files are gone is removed once they have been gone for `settle`.
+        let gone: Vec<String> = self
+            .files
+            .keys()
+            .filter(|remote| !seen.contains_key(*remote))
+            .cloned()
+            .collect();
+        for remote in gone {
+            if self.settled(&remote, None) {
+                self.unsettled.remove(&remote);
+                self.empty.remove(&remote);
+                self.files.remove(&remote);
+                changed = true;
+            }
+        }
         (changed, errors)
     }
 
@@ -486,8 +563,19 @@ pub fn load_once(dir: &mut ImportsDir, feed: &DnsFeed, first: bool) {
 
 /// Follow `dir` until `cancel` fires.
 pub async fn run(dir: PathBuf, feed: DnsFeed, poll: Duration, cancel: CancellationToken) {
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        tracing::warn!(dir = %dir.display(), error = %e, "cannot create the imports directory");
+    if !dir.is_dir() {
+        // Most likely a wrong path: a file-mode registry creates `<state-dir>/imports` itself.
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => tracing::warn!(
+                dir = %dir.display(),
+                "--imports-dir did not exist; created it empty, so no names are served until a registry writes there (it should be the registry's <state-dir>/imports)"
+            ),
+            Err(e) => tracing::error!(
+                dir = %dir.display(),
+                error = %e,
+                "--imports-dir does not exist and cannot be created; no names are served (give the registry's <state-dir>/imports)"
+            ),
+        }
     }
     // One pending wake-up is enough: every wake-up re-scans the whole directory.
     let (tx, mut rx) = mpsc::channel::<()>(1);
@@ -512,10 +600,18 @@ pub async fn run(dir: PathBuf, feed: DnsFeed, poll: Duration, cancel: Cancellati
     let mut tick = tokio::time::interval(poll);
     tick.tick().await;
     loop {
+        let due = state.next_due();
         tokio::select! {
             _ = cancel.cancelled() => return,
             Some(()) = rx.recv() => {}
             _ = tick.tick() => {}
+            // A change waiting to settle is looked at again when due.
+            _ = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
         load_once(&mut state, &feed, false);
     }

@@ -99,7 +99,7 @@ fn a_broken_file_keeps_its_last_good_content_and_a_removed_file_its_names_go() {
     )
     .unwrap();
     std::fs::write(dir.path().join(".tmp123"), "not yaml: [").unwrap();
-    let mut state = ImportsDir::new(dir.path());
+    let mut state = ImportsDir::new(dir.path()).with_settle(Duration::ZERO);
     assert_eq!(state.rescan(), (true, vec![]));
     assert_eq!(state.records()["east"].len(), 1);
     assert_eq!(state.rescan(), (false, vec![]), "nothing changed");
@@ -145,7 +145,7 @@ fn a_remote_is_its_snapshot_with_its_journal_replayed_in_order() {
         ),
     )
     .unwrap();
-    let mut state = ImportsDir::new(dir.path());
+    let mut state = ImportsDir::new(dir.path()).with_settle(Duration::ZERO);
     let (changed, errors) = state.rescan();
     assert!(changed);
     assert_eq!(errors.len(), 1, "{errors:?}");
@@ -222,7 +222,7 @@ fn an_append_in_place_with_the_same_stamp_is_still_seen() {
             .unwrap();
     };
     write(line("a.xcc.test"));
-    let mut state = ImportsDir::new(dir.path());
+    let mut state = ImportsDir::new(dir.path()).with_settle(Duration::ZERO);
     assert_eq!(state.rescan(), (true, vec![]));
     write(line("a.xcc.test") + &line("b.xcc.test"));
     assert_eq!(state.rescan(), (true, vec![]));
@@ -328,7 +328,7 @@ fn headless_imports_serve_their_pods_hostname_names() {
         ),
     )
     .unwrap();
-    let mut state = ImportsDir::new(dir.path());
+    let mut state = ImportsDir::new(dir.path()).with_settle(Duration::ZERO);
     assert_eq!(state.rescan(), (true, vec![]));
     let (services, skipped) = services_from_records(&state.records());
     assert_eq!(skipped, []);
@@ -450,4 +450,55 @@ fn journal_records_get_a_namespace_and_merges_do_not_depend_on_file_order() {
         first[0].annotations.origin_namespace.as_deref(),
         Some("shop")
     );
+}
+
+/// A snapshot rewritten in place (emptied, then caught half-way), replaced by unlinking it first
+/// (`kubectl cp`), or rewritten with fewer records never removes a name for a moment (the
+/// settle time is an hour here, so each state is held still); an added record is served at once;
+/// once settled, a removal applies.
+#[test]
+fn no_intermediate_state_of_a_snapshot_writer_removes_a_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let east = dir.path().join("east.yaml");
+    let web = record("xcc", "web-east", "web.xcc.test", &["10.0.0.1"], None);
+    let db = record("xcc", "db-east", "db.xcc.test", &["10.0.0.2"], None);
+    std::fs::write(&east, &web).unwrap();
+    let mut state = ImportsDir::new(dir.path()).with_settle(Duration::from_secs(3600));
+    assert_eq!(state.rescan(), (true, vec![]));
+    let served = |state: &ImportsDir| -> Vec<String> {
+        let mut f: Vec<String> = state
+            .records()
+            .values()
+            .flatten()
+            .map(|r| r.spec.fqdn.clone())
+            .collect();
+        f.sort();
+        f
+    };
+    std::fs::write(&east, "").unwrap();
+    assert!(!state.rescan().0, "emptied in place");
+    assert_eq!(served(&state), ["web.xcc.test"]);
+    std::fs::write(&east, &web[..web.find("spec:").unwrap()]).unwrap();
+    state.rescan();
+    assert_eq!(served(&state), ["web.xcc.test"], "half written");
+    std::fs::remove_file(&east).unwrap();
+    assert!(!state.rescan().0, "unlinked");
+    assert_eq!(served(&state), ["web.xcc.test"]);
+    std::fs::write(&east, format!("{web}---\n{db}")).unwrap();
+    assert!(state.rescan().0, "one more: at once");
+    assert_eq!(served(&state), ["db.xcc.test", "web.xcc.test"]);
+    std::fs::write(&east, &db).unwrap();
+    state.rescan();
+    assert_eq!(
+        served(&state),
+        ["db.xcc.test", "web.xcc.test"],
+        "one less: waits"
+    );
+    assert!(state.next_due().is_some());
+    let mut state = state.with_settle(Duration::ZERO);
+    assert!(state.rescan().0, "settled");
+    assert_eq!(served(&state), ["db.xcc.test"]);
+    std::fs::remove_file(&east).unwrap();
+    assert!(state.rescan().0);
+    assert!(served(&state).is_empty());
 }

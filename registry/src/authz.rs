@@ -408,6 +408,13 @@ impl Policies {
     /// Default policies, `inline` sources, then every `*.cedar` file in `dir`.
     pub fn from_dir_and(dir: &Path, inline: &[(String, String)]) -> Result<Self, PolicyError> {
         let mut sources = inline.to_vec();
+        sources.extend(Self::dir_sources(dir)?);
+        Self::from_sources(&sources)
+    }
+
+    /// The `*.cedar` files of `dir`, by file name, in name order, with their text.
+    pub fn dir_sources(dir: &Path) -> Result<Vec<(String, String)>, PolicyError> {
+        let mut sources = vec![];
         let entries = std::fs::read_dir(dir).map_err(|source| PolicyError::Io {
             path: dir.display().to_string(),
             source,
@@ -419,17 +426,24 @@ impl Policies {
             .collect();
         paths.sort();
         for path in paths {
-            let text = std::fs::read_to_string(&path).map_err(|source| PolicyError::Io {
-                path: path.display().to_string(),
-                source,
-            })?;
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                // Removed since the listing: as if it had not been listed.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    return Err(PolicyError::Io {
+                        path: path.display().to_string(),
+                        source,
+                    });
+                }
+            };
             let name = path
                 .file_name()
                 .map(|n| n.to_string_lossy().to_string())
                 .unwrap_or_default();
             sources.push((name, text));
         }
-        Self::from_sources(&sources)
+        Ok(sources)
     }
 
     /// Whether `other` was built from exactly the same sources (a reload that changed nothing

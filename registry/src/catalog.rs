@@ -907,7 +907,11 @@ impl Catalog {
     fn remove_locked(&self, st: &mut State, key: &ServiceKey) -> Option<Arc<ServiceEntry>> {
         let removed = st.take(key)?;
         st.revision += 1;
-        let _ = self.events.send(CatalogEvent::Delete(removed.clone()));
+        // The event carries the revision of the removal, not of the entry's last upsert, so a
+        // watcher sees the two apart.
+        let mut gone = (*removed).clone();
+        gone.revision = st.revision;
+        let _ = self.events.send(CatalogEvent::Delete(Arc::new(gone)));
         if removed.source.in_subtree()
             && let Some(key) = st.refresh_view(&removed.fqdn)
         {
@@ -1146,6 +1150,21 @@ mod tests {
         assert!(matches!(rx.try_recv(), Ok(CatalogEvent::Upsert(e)) if e.revision == 1));
         assert!(matches!(rx.try_recv(), Ok(CatalogEvent::Upsert(e)) if e.revision == 2));
         assert!(rx.try_recv().is_err());
+    }
+
+    /// `xcc admin watch` printed the same `rev` for an upsert and the removal after it.
+    #[test]
+    fn a_removal_event_carries_its_own_revision() {
+        let c = Catalog::new();
+        let mut rx = c.subscribe();
+        c.upsert(local("a", "web", "web.xcc.test", "10.0.0.1"));
+        let removed = c
+            .remove(&ServiceKey::new("east", "a", "web"))
+            .expect("removed");
+        assert_eq!(removed.revision, 1, "the entry as it was");
+        assert!(matches!(rx.try_recv(), Ok(CatalogEvent::Upsert(e)) if e.revision == 1));
+        assert!(matches!(rx.try_recv(), Ok(CatalogEvent::Delete(e)) if e.revision == 2));
+        assert_eq!(c.revision(), 2);
     }
 
     #[test]

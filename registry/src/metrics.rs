@@ -32,6 +32,13 @@ pub struct ApiLabels {
     pub api: Api,
 }
 
+/// A watched file the registry rejected, and why (the message without the file's name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectedFileLabels {
+    pub file: String,
+    pub reason: String,
+}
+
 /// Every metric the registry exports.
 #[derive(Clone, Default)]
 pub struct Metrics {
@@ -48,6 +55,30 @@ pub struct Metrics {
     pub client_stale_removed: Counter,
     pub catalog_services: Gauge,
     pub store_errors: Counter,
+    /// 1 for each watched file rejected now (its last good content in force).
+    pub rejected_files: Family<RejectedFileLabels, Gauge>,
+}
+
+impl Metrics {
+    /// Record the current rejections (`<file>: <reason>` each, as the file stores report them):
+    /// one `xcc_rejected_files` series per rejected file, and `xcc_store_errors_total` counts
+    /// each rejection not reported before.
+    pub fn set_rejected_files(&self, before: &[String], now: &[String]) {
+        let new = now.iter().filter(|e| !before.contains(e)).count();
+        self.store_errors.inc_by(new as u64);
+        self.rejected_files.clear();
+        for e in now {
+            let (file, reason) = e.split_once(": ").unwrap_or((e.as_str(), ""));
+            // One series per file; a long reason is cut (the log has all of it).
+            let reason: String = reason.chars().take(200).collect();
+            self.rejected_files
+                .get_or_create(&RejectedFileLabels {
+                    file: file.to_string(),
+                    reason,
+                })
+                .set(1);
+        }
+    }
 }
 
 impl Metrics {
@@ -110,9 +141,49 @@ impl Metrics {
             "Errors reading or writing the store",
             self.store_errors.clone(),
         );
+        r.register(
+            "rejected_files",
+            "Watched files rejected now (their last good content stays), with the file and the reason",
+            self.rejected_files.clone(),
+        );
     }
 }
 
 /// Readiness flag shared with the probe endpoint (`/healthz`, `/readyz`, `/metrics`, served by
 /// the process runtime): the same for every xcc process.
 pub use xcc_controller::probes::Health;
+
+#[cfg(test)]
+mod rejected_files_tests {
+    use super::*;
+
+    fn text(m: &Metrics) -> String {
+        let mut r = Registry::default();
+        m.register(&mut r);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).expect("encode");
+        out
+    }
+
+    /// A rejected file was reported in the log only (`xcc_store_errors_total 0`).
+    #[test]
+    fn rejected_files_are_counted_with_the_file_and_the_reason() {
+        let m = Metrics::default();
+        let bad =
+            "exports/web.yaml: document 1: spec.endpoints[0].port: must be 1-65535".to_string();
+        m.set_rejected_files(&[], std::slice::from_ref(&bad));
+        let t = text(&m);
+        assert!(t.contains("xcc_store_errors_total 1"), "{t}");
+        assert!(
+            t.contains(r#"xcc_rejected_files{file="exports/web.yaml",reason="document 1: spec.endpoints[0].port: must be 1-65535"} 1"#),
+            "{t}"
+        );
+        // Still rejected: not counted again. Fixed: the series goes.
+        m.set_rejected_files(std::slice::from_ref(&bad), std::slice::from_ref(&bad));
+        assert!(text(&m).contains("xcc_store_errors_total 1"));
+        m.set_rejected_files(std::slice::from_ref(&bad), &[]);
+        let t = text(&m);
+        assert!(!t.contains("exports/web.yaml"), "{t}");
+        assert!(t.contains("xcc_store_errors_total 1"), "{t}");
+    }
+}

@@ -11,13 +11,13 @@ use std::time::Duration;
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RecordType};
 
-fn query(name: &str, qtype: RecordType) -> Vec<u8> {
+pub(crate) fn query(name: &str, qtype: RecordType) -> Vec<u8> {
     let mut m = Message::new(7, MessageType::Query, OpCode::Query);
     m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
     m.to_vec().unwrap()
 }
 
-fn answers(reply: &[u8]) -> (ResponseCode, Vec<String>) {
+pub(crate) fn answers(reply: &[u8]) -> (ResponseCode, Vec<String>) {
     let m = Message::from_vec(reply).unwrap();
     let lines = m
         .answers
@@ -378,4 +378,48 @@ fn serves_a_file_mode_registrys_imports_as_they_change() {
     std::fs::remove_file(&north).unwrap();
     until_udp(addr, "api.xcc.test.", |got| got.0 == ResponseCode::NXDomain);
     stop(child);
+}
+
+/// `--imports-dir` that does not exist (a typo) is said so at WARN, not served silently empty.
+#[test]
+fn a_missing_imports_dir_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("state/imports");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xcc"))
+        .args([
+            "dns",
+            "--listen",
+            "127.0.0.1:0",
+            "--zone",
+            "xcc.test",
+            "--feed",
+            "imports",
+        ])
+        .arg("--imports-dir")
+        .arg(&missing)
+        .args(["--metrics-listen", ""])
+        .env("XCC_LOG", "info")
+        .env_remove("XCC_LOG_JSON")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run xcc dns");
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    let found = loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break false;
+        }
+        log.push_str(&line);
+        if line.contains("--imports-dir did not exist") {
+            break line.contains("WARN");
+        }
+        // The feed's first load comes after its check of the directory.
+        if line.contains("imports loaded") {
+            break false;
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(found, "{log}");
 }

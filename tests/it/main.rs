@@ -10,5 +10,6 @@ mod dns_cli;
 mod fuzz_corpora;
 mod mcs_two_clusters;
 mod names;
+mod readme;
 mod tree_processes;
 mod two_clusters;

@@ -144,6 +144,12 @@ async fn start_files(
 ) -> Result<(), StartError> {
     let exports_dir = state_dir.join(file::EXPORTS_DIR);
     let remotes_dir = state_dir.join(file::REMOTES_DIR);
+    if !state_dir.is_dir() {
+        warn!(
+            state_dir = %state_dir.display(),
+            "--state-dir did not exist; created it empty (no exports, no remotes): check the path if this registry had state"
+        );
+    }
     for d in [&exports_dir, &remotes_dir] {
         std::fs::create_dir_all(d).map_err(|source| state_dir_error(d, source))?;
     }
@@ -159,7 +165,9 @@ async fn start_files(
     let (peers_wanted, parent_wanted) = split_remotes(&remote_files, remotes.level());
     remotes.reconcile(peers_wanted).await;
     remotes.reconcile_parent(parent_wanted).await;
-    errors.set([exports.errors(), remote_files.errors()].concat());
+    let now = [exports.errors(), remote_files.errors()].concat();
+    core.metrics.set_rejected_files(&[], &now);
+    errors.set(now);
     core.health.set_ready(true);
 
     let cancel = spawner.token().clone();
@@ -174,9 +182,17 @@ async fn start_files(
     let (core, remotes, errors) = (core.clone(), remotes.clone(), errors.clone());
     spawner.spawn("state directory watch", async move {
         loop {
+            // A change that takes something away waits to settle (see `file::SETTLE`): look
+            // again when the first one is due, even if no event comes.
+            let due = exports
+                .next_due()
+                .into_iter()
+                .chain(remote_files.next_due())
+                .min();
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 got = rx.recv() => if got.is_none() { break },
+                _ = sleep_until_due(due) => {}
             }
             file::sync_exports(&core.catalog, &core.cluster, &mut exports);
             if remote_files.refresh(|rr| model::remote_spec(rr).map(|_| ())) {
@@ -184,12 +200,22 @@ async fn start_files(
                 remotes.reconcile(peers_wanted).await;
                 remotes.reconcile_parent(parent_wanted).await;
             }
-            errors.set([exports.errors(), remote_files.errors()].concat());
+            let now = [exports.errors(), remote_files.errors()].concat();
+            core.metrics.set_rejected_files(&errors.get(), &now);
+            errors.set(now);
         }
         watcher.abort();
         Ok(())
     });
     Ok(())
+}
+
+/// Resolves at `due`; never without one.
+async fn sleep_until_due(due: Option<std::time::Instant>) {
+    match due {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Peers (Hamlet imports) and the parent (hierarchy) among the RemoteRegistry files. With

@@ -13,12 +13,20 @@
 //! that deliver none). Each file is parsed and validated on its own: a malformed file is reported
 //! with its name and the offending field, and the last good content of that file stays in force,
 //! so a typo never wipes state.
+//!
+//! No way of writing a file drops what it held on the way ([`YamlDir`]): a file that reads as
+//! empty keeps its last good content (only deleting it removes), and a change that takes
+//! anything away from a file (a record removed or changed, the file rejected or gone) is applied
+//! only once the file has read the same for [`SETTLE`]. An in-place rewrite (`cat > f`, which
+//! empties the file first), a write caught half-way, an editor's rename over the file, a
+//! `kubectl cp` (unlink, then create) or a ConfigMap volume's symlink swap therefore never remove
+//! anything for a moment; a change that only adds is applied at once.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use notify::Watcher as _;
@@ -115,6 +123,26 @@ impl Stamp {
 /// How long after its last modification a file's stamp is not trusted on its own.
 const RACY_WINDOW: Duration = Duration::from_secs(2);
 
+/// How long a change that takes something away from a file (see the module documentation) must
+/// read the same before it is applied: longer than any writer takes between emptying or removing
+/// a file and writing it again, short enough for an operator's edit to feel immediate.
+pub const SETTLE: Duration = Duration::from_secs(1);
+
+/// A change to one file that waits for [`SETTLE`] before it is applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Unsettled {
+    /// What the file read as: a hash of its bytes, or `None` when it was gone.
+    content: Option<u64>,
+    /// When the file was first seen reading so.
+    since: Instant,
+}
+
+fn bytes_hash(bytes: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
 struct LoadedFile<T> {
     stamp: Stamp,
     /// The bytes, kept only while the stamp is racy (see [`Stamp::is_racy`]).
@@ -205,6 +233,12 @@ impl DirEvents {
                 continue;
             }
             match path.parent().and_then(|d| map.get_mut(d)) {
+                // Not a YAML file: a ConfigMap volume's `..data` symlink swapped, or a
+                // directory: what the YAML entries point at may have changed, so look at all.
+                Some(p) if !is_yaml(path) => {
+                    p.full = true;
+                    p.paths.clear();
+                }
                 Some(p) if !p.full => {
                     p.paths.insert(path.clone());
                     if p.paths.len() > MAX_PENDING_PATHS {
@@ -257,6 +291,12 @@ pub struct YamlDir<T> {
     taken: bool,
     /// Where the watcher reports changed entries; without it every refresh is a full scan.
     events: Option<DirEvents>,
+    /// Changes that take something away from a file, waiting to read the same for `settle`.
+    unsettled: BTreeMap<PathBuf, Unsettled>,
+    /// [`SETTLE`], unless a test says otherwise.
+    settle: Duration,
+    /// Files last seen empty while holding content (warned about once per such spell).
+    empty: BTreeSet<PathBuf>,
 }
 
 /// What changed in a [`YamlDir`] since the previous [`YamlDir::take_changes`].
@@ -267,7 +307,7 @@ pub struct DirChanges<T> {
     pub files: Vec<(PathBuf, Vec<T>)>,
 }
 
-impl<T: Named + Clone> YamlDir<T> {
+impl<T: Named + Clone + PartialEq> YamlDir<T> {
     pub fn new(dir: PathBuf) -> Self {
         Self {
             dir,
@@ -276,6 +316,39 @@ impl<T: Named + Clone> YamlDir<T> {
             changed: BTreeMap::new(),
             taken: false,
             events: None,
+            unsettled: BTreeMap::new(),
+            settle: SETTLE,
+            empty: BTreeSet::new(),
+        }
+    }
+
+    /// How long a change that takes something away must read the same ([`SETTLE`] by default).
+    pub fn with_settle(mut self, settle: Duration) -> Self {
+        self.settle = settle;
+        self
+    }
+
+    /// When the earliest change that is waiting to settle may be applied: refresh again then.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.unsettled.values().map(|u| u.since + self.settle).min()
+    }
+
+    /// Whether a change reading as `content` has read so for [`SETTLE`]; if not, it is
+    /// remembered (from now, when it reads differently from before) and left unapplied.
+    fn settled(&mut self, path: &Path, content: Option<u64>) -> bool {
+        let now = Instant::now();
+        match self.unsettled.get(path) {
+            Some(u) if u.content == content => u.since + self.settle <= now,
+            _ => {
+                self.unsettled.insert(
+                    path.to_path_buf(),
+                    Unsettled {
+                        content,
+                        since: now,
+                    },
+                );
+                self.settle.is_zero()
+            }
         }
     }
 
@@ -298,7 +371,9 @@ impl<T: Named + Clone> YamlDir<T> {
         };
         match scope {
             Scope::Full => self.refresh_all(&validate),
-            Scope::Paths(paths) => {
+            Scope::Paths(mut paths) => {
+                // Changes waiting to settle are looked at again, reported or not.
+                paths.extend(self.unsettled.keys().cloned());
                 let mut changed = false;
                 for path in paths {
                     changed |= self.refresh_path(path, &validate);
@@ -340,11 +415,15 @@ impl<T: Named + Clone> YamlDir<T> {
             .filter(|p| !present.contains(*p))
             .cloned()
             .collect();
-        for p in gone {
+        let gone_rejected: Vec<PathBuf> = self
+            .errors
+            .keys()
+            .filter(|p| !present.contains(*p) && **p != self.dir && !self.files.contains_key(*p))
+            .cloned()
+            .collect();
+        for p in gone.into_iter().chain(gone_rejected) {
             changed |= self.forget(p);
         }
-        self.errors
-            .retain(|p, _| present.contains(p) || *p == self.dir);
         changed
     }
 
@@ -361,15 +440,24 @@ impl<T: Named + Clone> YamlDir<T> {
             }
             // Gone, not a file, or not YAML. One that cannot be stat'ed at all is forgotten too,
             // as a full scan would.
-            _ => {
-                self.errors.remove(&path);
-                self.forget(path)
-            }
+            _ => self.forget(path),
         }
     }
 
-    /// Drop a file that is gone; returns whether it had accepted content.
+    /// Drop a file that is gone, once it has been gone for [`SETTLE`] (a writer that unlinks
+    /// and then creates the file must not remove its content for a moment); returns whether
+    /// accepted content was dropped.
     fn forget(&mut self, path: PathBuf) -> bool {
+        if !self.files.contains_key(&path) && !self.errors.contains_key(&path) {
+            self.unsettled.remove(&path);
+            return false;
+        }
+        if !self.settled(&path, None) {
+            return false;
+        }
+        self.unsettled.remove(&path);
+        self.empty.remove(&path);
+        self.errors.remove(&path);
         match self.files.remove(&path) {
             Some(f) => {
                 self.changed.entry(path).or_insert(f.items);
@@ -388,7 +476,7 @@ impl<T: Named + Clone> YamlDir<T> {
         validate: &dyn Fn(&T) -> Result<(), E>,
     ) -> bool {
         let stamp = Stamp::of(meta);
-        let rejected = self.errors.contains_key(&path);
+        let rejected = self.errors.contains_key(&path) || self.unsettled.contains_key(&path);
         if !rejected
             && let Some(f) = self.files.get(&path)
             && f.stamp == stamp
@@ -411,6 +499,7 @@ impl<T: Named + Clone> YamlDir<T> {
         {
             f.stamp = stamp;
             f.bytes = keep.then_some(bytes);
+            self.unsettled.remove(&path); // Back to what it held: nothing to apply.
             return false;
         }
         let shown = display_name(&self.dir, &path);
@@ -425,6 +514,33 @@ impl<T: Named + Clone> YamlDir<T> {
                 }
                 Ok(items)
             });
+        let held = self
+            .files
+            .get(&path)
+            .map_or(&[][..], |f| f.items.as_slice());
+        // A file that reads as empty while it held content is being written (or was emptied by
+        // mistake): keep its content; deleting the file is what removes it.
+        if matches!(&parsed, Ok(items) if items.is_empty()) && !held.is_empty() {
+            self.unsettled.remove(&path);
+            if self.empty.insert(path.clone()) {
+                warn!(
+                    file = %shown,
+                    "file is empty; keeping its last good content (delete the file to remove what it held)"
+                );
+            }
+            return false;
+        }
+        self.empty.remove(&path);
+        // Only adding (every item it held is still there, unchanged) is applied at once;
+        // anything else waits until the file has read the same for `settle`.
+        let adds_only = matches!(&parsed, Ok(items) if held.iter().all(|h| items.contains(h)));
+        if adds_only {
+            self.unsettled.remove(&path);
+        } else if !self.settled(&path, Some(bytes_hash(&bytes))) {
+            return false;
+        } else {
+            self.unsettled.remove(&path);
+        }
         match parsed {
             Ok(items) => {
                 self.errors.remove(&path);
@@ -704,7 +820,7 @@ spec:
         std::fs::create_dir_all(&exports).expect("mkdir");
         std::fs::write(exports.join("web.yaml"), GOOD).expect("write");
         let catalog = Catalog::new();
-        let mut yd = YamlDir::new(exports.clone());
+        let mut yd = YamlDir::new(exports.clone()).with_settle(Duration::ZERO);
         assert!(sync_exports(&catalog, "east", &mut yd));
         assert_eq!(catalog.len(), 1);
         let bad = GOOD.replace("port: 443", "port: 70000");
@@ -722,6 +838,26 @@ spec:
         assert!(sync_exports(&catalog, "east", &mut yd));
         assert!(catalog.is_empty());
         assert!(yd.errors().is_empty());
+    }
+
+    #[test]
+    fn a_service_port_that_is_not_a_number_is_rejected_with_the_fix() {
+        let mut sr: Vec<ServiceRecord> = resources::parse_documents(GOOD, "t.yaml").expect("parse");
+        for bad in ["https", "0", "70000", ""] {
+            sr[0]
+                .metadata
+                .annotations
+                .as_mut()
+                .expect("annotations")
+                .insert(names::SERVICE_PORT_ANNOTATION.into(), bad.into());
+            let err = export_entry("east", &sr[0]).expect_err(bad).to_string();
+            assert_eq!(
+                err,
+                format!(
+                    "metadata.annotations[connectivity.tanzu.vmware.com/service-port]: {bad:?} is not a port number (1-65535); write the number, e.g. \"443\" (name ports in spec.ports)"
+                )
+            );
+        }
     }
 
     #[test]
@@ -772,7 +908,7 @@ spec:
         );
         write("b.yaml", &record("three", "10.0.0.3"));
         let catalog = Catalog::new();
-        let mut yd = YamlDir::new(exports.clone());
+        let mut yd = YamlDir::new(exports.clone()).with_settle(Duration::ZERO);
         assert!(sync_exports(&catalog, "east", &mut yd));
         assert_eq!(catalog.len(), 3);
         let rev = catalog.revision();
@@ -835,7 +971,8 @@ spec:
         );
         write("b.yaml", &record("three", "10.0.0.3"));
         write("c.yaml", &record("two", "10.0.0.4"));
-        let mut yd: YamlDir<ServiceRecord> = YamlDir::new(exports.clone());
+        let mut yd: YamlDir<ServiceRecord> =
+            YamlDir::new(exports.clone()).with_settle(Duration::ZERO);
         yd.refresh(|_| Ok::<_, std::convert::Infallible>(()));
         let names = |keys: &[&str]| -> Vec<String> {
             let hashes: HashSet<u64> = keys.iter().map(|n| key_hash("shop", n)).collect();
@@ -861,7 +998,7 @@ spec:
         let path = exports.join("a.yaml");
         std::fs::write(&path, record("one", "10.0.0.1")).expect("write");
         let catalog = Catalog::new();
-        let mut yd = YamlDir::new(exports.clone());
+        let mut yd = YamlDir::new(exports.clone()).with_settle(Duration::ZERO);
         assert!(sync_exports(&catalog, "east", &mut yd));
         // Same length, written in place, and the modification time put back: only the content
         // (and ctime) differ.
@@ -885,7 +1022,9 @@ spec:
     fn watched(exports: &Path) -> (YamlDir<ServiceRecord>, DirEvents) {
         let events = DirEvents::default();
         events.watch(exports);
-        let yd = YamlDir::new(exports.to_path_buf()).with_events(events.clone());
+        let yd = YamlDir::new(exports.to_path_buf())
+            .with_events(events.clone())
+            .with_settle(Duration::ZERO);
         (yd, events)
     }
 
@@ -1024,6 +1163,96 @@ spec:
         assert_eq!(
             addresses(&catalog),
             vec![("one".to_string(), "10.0.0.3".to_string())]
+        );
+    }
+
+    /// Each writer's intermediate states, held still (the settle time is an hour): nothing the
+    /// file held is ever removed or changed; what only adds is applied at once; once settled,
+    /// a rewrite and a deletion apply.
+    #[test]
+    fn no_intermediate_state_of_any_writer_takes_anything_away() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(&exports).expect("mkdir");
+        let a = exports.join("a.yaml");
+        let one = record("one", "10.0.0.1");
+        let both = format!("{one}---\n{}", record("two", "10.0.0.2"));
+        std::fs::write(&a, &one).expect("write");
+        let catalog = Catalog::new();
+        let events = DirEvents::default();
+        events.watch(&exports);
+        let mut yd = YamlDir::new(exports.clone())
+            .with_events(events.clone())
+            .with_settle(Duration::from_secs(3600));
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        let only_one = vec![("one".to_string(), "10.0.0.1".to_string())];
+        let step = |what: &str, yd: &mut YamlDir<ServiceRecord>| {
+            events.record(std::slice::from_ref(&a));
+            sync_exports(&catalog, "east", yd);
+            let got = addresses(&catalog);
+            assert!(got.starts_with(&only_one), "{what}: {got:?}");
+            got.len()
+        };
+        // In place: emptied, then a part of it, then a part that parses but lacks the record.
+        std::fs::write(&a, "").expect("truncate");
+        assert_eq!(step("emptied", &mut yd), 1);
+        std::fs::write(&a, "   \n# comment\n").expect("blank");
+        assert_eq!(step("blank", &mut yd), 1);
+        std::fs::write(&a, &one[..one.len() / 2]).expect("half");
+        assert_eq!(step("half written", &mut yd), 1);
+        std::fs::write(&a, one.replace("10.0.0.1", "10.0.0")).expect("cut address");
+        assert_eq!(step("cut in a value", &mut yd), 1);
+        std::fs::write(&a, record("two", "10.0.0.2")).expect("other");
+        assert_eq!(step("a record replaced", &mut yd), 1);
+        // Gone (`kubectl cp` unlinks first), then created empty, then written with more.
+        std::fs::remove_file(&a).expect("unlink");
+        assert_eq!(step("unlinked", &mut yd), 1);
+        events.all_full();
+        assert_eq!(step("unlinked, full scan", &mut yd), 1);
+        std::fs::write(&a, "").expect("create");
+        assert_eq!(step("created empty", &mut yd), 1);
+        // Only adding: applied at once.
+        std::fs::write(&a, &both).expect("write");
+        assert_eq!(step("written with one more", &mut yd), 2);
+        // An editor's temporary file renamed over it, back to one record: waits.
+        let tmp = exports.join(".a.yaml.swp");
+        std::fs::write(&tmp, &one).expect("tmp");
+        std::fs::rename(&tmp, &a).expect("mv");
+        assert_eq!(step("saved with one less", &mut yd), 2);
+        assert!(yd.next_due().is_some());
+
+        // Settled: the rewrite applies, and so does a deletion.
+        let mut yd = yd.with_settle(Duration::ZERO);
+        assert_eq!(step("settled", &mut yd), 1);
+        assert!(yd.next_due().is_none());
+        std::fs::remove_file(&a).expect("rm");
+        events.record(std::slice::from_ref(&a));
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert!(catalog.is_empty());
+    }
+
+    /// A ConfigMap volume's update swaps the `..data` symlink; the watcher reports only that
+    /// entry, and the YAML files that point through it are read again.
+    #[test]
+    fn a_configmap_symlink_swap_is_seen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(exports.join("..v1")).expect("mkdir");
+        std::fs::write(exports.join("..v1/a.yaml"), record("one", "10.0.0.1")).expect("write");
+        std::os::unix::fs::symlink("..v1", exports.join("..data")).expect("symlink");
+        std::os::unix::fs::symlink("..data/a.yaml", exports.join("a.yaml")).expect("symlink");
+        let catalog = Catalog::new();
+        let (mut yd, events) = watched(&exports);
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        std::fs::create_dir_all(exports.join("..v2")).expect("mkdir");
+        std::fs::write(exports.join("..v2/a.yaml"), record("one", "10.0.0.9")).expect("write");
+        std::os::unix::fs::symlink("..v2", exports.join("..data_tmp")).expect("symlink");
+        std::fs::rename(exports.join("..data_tmp"), exports.join("..data")).expect("swap");
+        events.record(&[exports.join("..data_tmp"), exports.join("..data")]);
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        assert_eq!(
+            addresses(&catalog),
+            vec![("one".to_string(), "10.0.0.9".to_string())]
         );
     }
 }

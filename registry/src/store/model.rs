@@ -36,6 +36,15 @@ pub enum ExportError {
     /// matching above this registry.
     #[error("metadata.annotations: {0}")]
     Labels(#[from] crate::peer_labels::PolicyLabelError),
+    /// The `service-port` annotation is not a port number.
+    #[error(
+        "metadata.annotations[{}]: {value:?} is not a port number (1-65535); write the number, e.g. \"443\" (name ports in spec.ports)",
+        names::SERVICE_PORT_ANNOTATION
+    )]
+    ServicePort {
+        /// The annotation's value.
+        value: String,
+    },
 }
 
 /// Why a RemoteRegistry cannot be dialled.
@@ -146,6 +155,13 @@ pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, E
     sr.validate()?;
     let fqdn = names::canonical_fqdn(&sr.spec.fqdn)?;
     let annotations = sr.metadata.annotations.as_ref();
+    if let Some(value) = annotations.and_then(|a| a.get(names::SERVICE_PORT_ANNOTATION))
+        && !value.trim().parse::<u16>().is_ok_and(|p| p > 0)
+    {
+        return Err(ExportError::ServicePort {
+            value: value.clone(),
+        });
+    }
     let labels: Labels = annotations
         .into_iter()
         .flatten()

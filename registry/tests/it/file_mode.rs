@@ -404,3 +404,215 @@ async fn a_lost_journal_tail_is_restored_by_the_next_snapshot() {
     );
     assert_eq!(names(&sink), fqdns(&["a", "b"]), "restored on disk too");
 }
+
+/// Every `Delete` the catalog announced since `rx` subscribed (events it had to drop count as
+/// unknown, so they fail the test too).
+fn deletes(
+    rx: &mut tokio::sync::broadcast::Receiver<xcc_registry::catalog::CatalogEvent>,
+) -> Vec<String> {
+    let mut out = vec![];
+    loop {
+        match rx.try_recv() {
+            Ok(xcc_registry::catalog::CatalogEvent::Delete(e)) => out.push(format!("{:?}", e.key)),
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty) => return out,
+            Err(e) => {
+                out.push(format!("events lost: {e}"));
+                return out;
+            }
+        }
+    }
+}
+
+/// Write `exports/marker-<n>.yaml` (atomically) and wait until the catalog holds it, twice: the
+/// watch loop reads every pending change of both directories in one pass, so once the second
+/// marker is in, the pass that saw the state written before the first one is complete.
+async fn wait_seen(dir: &Path, reg: &xcc_registry::Registry, n: &mut u32) {
+    for _ in 0..2 {
+        *n += 1;
+        let name = format!("marker-{n}.some.domain");
+        write(
+            dir,
+            &format!("exports/marker-{n}.yaml"),
+            &exported_sr("    a: b").replace("foobar.some.domain", &name),
+        );
+        wait_catalog(&reg.catalog, "marker loaded", |c| {
+            c.list(&Default::default())
+                .iter()
+                .any(|e| e.key.name.as_str() == name)
+        })
+        .await;
+    }
+}
+
+type Events = tokio::sync::broadcast::Receiver<xcc_registry::catalog::CatalogEvent>;
+
+fn check(
+    west: &xcc_registry::Registry,
+    step: &str,
+    east_events: &mut Events,
+    west_events: &mut Events,
+) {
+    assert_eq!(
+        deletes(east_events),
+        Vec::<String>::new(),
+        "{step}: exporter"
+    );
+    assert_eq!(
+        deletes(west_events),
+        Vec::<String>::new(),
+        "{step}: importer"
+    );
+    let imported = imported_fqdns(&west.catalog, "shared-services-cls");
+    assert!(
+        imported.iter().any(|f| f == "foobar.some.domain"),
+        "{step}: {imported:?}"
+    );
+}
+
+/// No way of writing a watched file removes what it held for a moment: in place (`cat > f`,
+/// which empties it first, and a write caught half-way), truncate then write, an editor's
+/// temporary file renamed over it, a `kubectl cp` (unlink, then create), a ConfigMap volume's
+/// symlink swap, and an invalid rewrite. Neither the exporter's nor the importer's catalog ever
+/// announces a removal, and the importer's journal never records one; deleting a file still
+/// removes.
+#[tokio::test]
+async fn no_writer_pattern_removes_anything_for_a_moment() {
+    let pki = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    let good = exported_sr("    connectivity.tanzu.vmware.com/service-port: \"443\"");
+    write(east_dir.path(), "exports/foobar.yaml", &good);
+    let (east, _ec) = start_with(file_config(pki.cluster("east"), east_dir.path())).await;
+    let remote = remote_rr(east.hamlet_addr);
+    let remotes = west_dir.path().join("remotes");
+    write(west_dir.path(), "remotes/shared-services-cls.yaml", &remote);
+    let (west, _wc) = start_with(file_config(pki.cluster("west"), west_dir.path())).await;
+    imported_records(west_dir.path(), &west).await;
+    let mut east_events = east.catalog.subscribe();
+    let mut west_events = west.catalog.subscribe();
+    let (mut en, mut wn) = (0, 0);
+    let export = east_dir.path().join("exports/foobar.yaml");
+    // In place: emptied (`cat > f` opens with O_TRUNC), then half written, then finished.
+    std::fs::File::create(&export).expect("truncate");
+    wait_seen(east_dir.path(), &east, &mut en).await;
+    check(
+        &west,
+        "emptied in place",
+        &mut east_events,
+        &mut west_events,
+    );
+    std::fs::write(&export, &good[..good.len() / 2]).expect("half");
+    wait_seen(east_dir.path(), &east, &mut en).await;
+    check(&west, "half written", &mut east_events, &mut west_events);
+    std::fs::write(&export, &good).expect("write");
+    wait_seen(east_dir.path(), &east, &mut en).await;
+    check(
+        &west,
+        "rewritten in place",
+        &mut east_events,
+        &mut west_events,
+    );
+
+    // Truncate, then write into the same open file.
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&export)
+            .expect("open");
+        f.set_len(0).expect("truncate");
+        f.sync_all().expect("sync");
+        wait_seen(east_dir.path(), &east, &mut en).await;
+        check(&west, "truncated", &mut east_events, &mut west_events);
+        f.write_all(good.as_bytes()).expect("write");
+    }
+    wait_seen(east_dir.path(), &east, &mut en).await;
+    check(
+        &west,
+        "truncated then written",
+        &mut east_events,
+        &mut west_events,
+    );
+
+    // An editor's save: a temporary file renamed over the original.
+    std::fs::write(east_dir.path().join("exports/.foobar.yaml.swp"), &good).expect("tmp");
+    std::fs::rename(east_dir.path().join("exports/.foobar.yaml.swp"), &export).expect("mv");
+    wait_seen(east_dir.path(), &east, &mut en).await;
+    check(&west, "editor save", &mut east_events, &mut west_events);
+
+    // `kubectl cp` (tar): unlink, then create and write. (Whether the registry looks while the
+    // file is gone depends on timing; the unit tests hold that state still.)
+    std::fs::remove_file(&export).expect("unlink");
+    std::fs::File::create(&export).expect("create");
+    wait_seen(east_dir.path(), &east, &mut en).await;
+    check(&west, "created empty", &mut east_events, &mut west_events);
+    std::fs::write(&export, &good).expect("write");
+    wait_seen(east_dir.path(), &east, &mut en).await;
+    check(&west, "copied", &mut east_events, &mut west_events);
+
+    // The importer's remote, in place: emptied, then an invalid version (the last good one stays
+    // and its remote connected).
+    let remote_file = remotes.join("shared-services-cls.yaml");
+    std::fs::File::create(&remote_file).expect("truncate");
+    wait_seen(west_dir.path(), &west, &mut wn).await;
+    check(
+        &west,
+        "remote emptied in place",
+        &mut east_events,
+        &mut west_events,
+    );
+    let typo = remote.replace("address:", "adress:");
+    std::fs::write(&remote_file, &typo).expect("typo");
+    let mut errors = west.file_errors.subscribe();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while west.file_errors.get().is_empty() {
+        tokio::time::timeout_at(deadline, errors.changed())
+            .await
+            .expect("rejection reported in time")
+            .expect("alive");
+    }
+    let errs = west.file_errors.get();
+    assert!(
+        errs.len() == 1 && errs[0].starts_with("remotes/shared-services-cls.yaml"),
+        "{errs:?}"
+    );
+    check(&west, "remote invalid", &mut east_events, &mut west_events);
+
+    // Now as a ConfigMap volume lays it out (`r.yaml -> ..data/r.yaml`, `..data -> ..v1`), still
+    // invalid; then the kubelet's swap of `..data` to a fixed version clears the rejection.
+    std::fs::create_dir_all(remotes.join("..v1")).expect("mkdir");
+    std::fs::write(remotes.join("..v1/shared-services-cls.yaml"), &typo).expect("write");
+    std::os::unix::fs::symlink("..v1", remotes.join("..data")).expect("symlink");
+    std::os::unix::fs::symlink("..data/shared-services-cls.yaml", remotes.join("link.tmp"))
+        .expect("symlink");
+    std::fs::rename(remotes.join("link.tmp"), &remote_file).expect("link over the file");
+    std::fs::create_dir_all(remotes.join("..v2")).expect("mkdir");
+    std::fs::write(remotes.join("..v2/shared-services-cls.yaml"), &remote).expect("write");
+    std::os::unix::fs::symlink("..v2", remotes.join("..data_tmp")).expect("symlink");
+    std::fs::rename(remotes.join("..data_tmp"), remotes.join("..data")).expect("swap");
+    std::fs::remove_dir_all(remotes.join("..v1")).expect("rm old");
+    while !west.file_errors.get().is_empty() {
+        tokio::time::timeout_at(deadline, errors.changed())
+            .await
+            .expect("swapped-in remote read in time")
+            .expect("alive");
+    }
+    wait_seen(west_dir.path(), &west, &mut wn).await;
+    check(&west, "ConfigMap swap", &mut east_events, &mut west_events);
+
+    // The importer's journal never recorded a removal.
+    let journal = std::fs::read(west_dir.path().join("imports/shared-services-cls.journal"))
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&journal);
+    assert!(!text.contains("\"del\""), "{text}");
+
+    // Deleting the file is what removes.
+    std::fs::remove_file(&export).expect("rm");
+    wait_catalog(&west.catalog, "import removed", |c| {
+        !imported_fqdns(c, "shared-services-cls")
+            .iter()
+            .any(|f| f == "foobar.some.domain")
+    })
+    .await;
+}

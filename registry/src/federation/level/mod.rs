@@ -377,7 +377,17 @@ struct State {
     policy_refused: BTreeSet<String>,
     /// What each child declared (before the carry check), decided again when policies change.
     claimed: BTreeMap<String, fed::SubtreeMembership>,
+    /// Queries answered "not found" here (the top), by requester cluster and correlation id:
+    /// asked again when a service they name appears, so a first grant does not wait for the
+    /// requester's retry. Bounded per requester by [`MAX_UNFOUND_BYTES`].
+    unfound: BTreeMap<(String, u64), fed::ServiceQuery>,
+    /// Encoded bytes of each requester's `unfound` queries.
+    unfound_bytes: HashMap<String, usize>,
 }
+
+/// How many bytes of not-found queries are kept per requester cluster; past that a query is
+/// answered "not found" and left to the requester's retry.
+pub(super) const MAX_UNFOUND_BYTES: usize = 64 * 1024;
 
 /// How many refused claims are remembered for the admin API (the log has every one; this is
 /// the recent window an operator looks at).

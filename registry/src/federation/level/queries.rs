@@ -95,14 +95,87 @@ impl Level {
                 error: format!("parent {parent} is unavailable; try again later"),
                 ..Default::default()
             }),
-            (None, None) => self.route_answer(fed::ServiceQueryResponse {
-                correlation_id: q.correlation_id,
-                requester_cluster: q.requester_cluster.clone(),
-                requester_service: q.requester_service.clone(),
-                resolver_cluster: self.inner.cluster.clone(),
-                error: "service not found in hierarchy".into(),
-                ..Default::default()
-            }),
+            (None, None) => {
+                let resp = fed::ServiceQueryResponse {
+                    correlation_id: q.correlation_id,
+                    requester_cluster: q.requester_cluster.clone(),
+                    requester_service: q.requester_service.clone(),
+                    resolver_cluster: self.inner.cluster.clone(),
+                    error: "service not found in hierarchy".into(),
+                    ..Default::default()
+                };
+                self.remember_unfound(q);
+                self.route_answer(resp);
+            }
+        }
+    }
+
+    /// Keep a query answered "not found" at the top, to answer it again when its service
+    /// appears ([`Level::answer_unfound`]); within the requester's byte bound.
+    fn remember_unfound(&self, q: fed::ServiceQuery) {
+        use prost::Message as _;
+        let size = q.encoded_len();
+        let key = (q.requester_cluster.clone(), q.correlation_id);
+        let mut st = self.lock();
+        let st = &mut *st;
+        if let Some(old) = st.unfound.remove(&key)
+            && let Some(b) = st.unfound_bytes.get_mut(&key.0)
+        {
+            *b = b.saturating_sub(old.encoded_len());
+        }
+        let used = st.unfound_bytes.entry(key.0.clone()).or_default();
+        if *used + size > super::MAX_UNFOUND_BYTES {
+            debug!(requester = %key.0, "too many unanswered queries kept; this one waits for the requester's retry");
+            return;
+        }
+        *used += size;
+        st.unfound.insert(key, q);
+    }
+
+    /// Ask again the queries answered "not found" that `entry` (a service of this subtree) or,
+    /// with `None`, anything now in the catalog answers: the requester gets its answer (a first
+    /// grant) as soon as the name reaches this level.
+    pub(super) fn answer_unfound(&self, entry: Option<&ServiceEntry>) {
+        use prost::Message as _;
+        let ready: Vec<fed::ServiceQuery> = {
+            let mut st = self.lock();
+            let st = &mut *st;
+            if st.unfound.is_empty() {
+                return;
+            }
+            let keys: Vec<(String, u64)> = st
+                .unfound
+                .iter()
+                .filter(|(_, q)| {
+                    let target = Target::from_query(q);
+                    match entry {
+                        Some(e) => target_matches(&target, e),
+                        None => true,
+                    }
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            let mut out = vec![];
+            for k in keys {
+                if let Some(q) = st.unfound.remove(&k) {
+                    if let Some(b) = st.unfound_bytes.get_mut(&k.0) {
+                        *b = b.saturating_sub(q.encoded_len());
+                        if *b == 0 {
+                            st.unfound_bytes.remove(&k.0);
+                        }
+                    }
+                    out.push(q);
+                }
+            }
+            out
+        };
+        // Resolved afresh: still unknown ones are remembered again.
+        for q in ready {
+            if entry.is_none() && self.lookup(&Target::from_query(&q)).is_none() {
+                self.remember_unfound(q);
+                continue;
+            }
+            self.handle_query(q);
         }
     }
 

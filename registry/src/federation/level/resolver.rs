@@ -12,6 +12,7 @@ use crate::catalog::CatalogEvent;
 impl Level {
     /// The change feed was lost: re-evaluate every grant against the current catalog.
     pub fn recheck_grants(&self) {
+        self.answer_unfound(None);
         let keys: Vec<crate::catalog::ServiceKey> = self.lock().grants.keys().cloned().collect();
         for key in keys {
             let ev = match self.inner.catalog.get(&key) {
@@ -35,10 +36,19 @@ impl Level {
     // ---------------------------------------------------------------- resolver pushes
 
     /// Re-evaluate the grants on a changed service and push fresh answers or revocations.
+    /// Queries answered "not found" that the service answers now are asked again (after the
+    /// grants it had, so a new grant is not pushed twice).
     pub fn on_catalog_event(&self, ev: &CatalogEvent) {
         if !ev.entry().source.in_subtree() {
             return;
         }
+        self.push_grants(ev);
+        if let CatalogEvent::Upsert(e) = ev {
+            self.answer_unfound(Some(e));
+        }
+    }
+
+    fn push_grants(&self, ev: &CatalogEvent) {
         let key = ev.entry().key.clone();
         let grants: Vec<((String, String), Grant)> = {
             let st = self.lock();

@@ -1100,3 +1100,62 @@ fn a_dropped_child_stream_frees_its_queue_and_closes_the_link() {
     futures::executor::block_on(link.closed());
     assert!(link.why().is_none(), "gone, not cut");
 }
+
+/// A query that reaches the top before the owner's announcement is answered "not found", and
+/// answered again — granted, the route sent to the owner — as soon as the announcement arrives,
+/// not when the requester next retries.
+#[test]
+fn a_query_before_the_announcement_is_granted_when_the_name_appears() {
+    let b = level("b");
+    let (tx1, mut rx1) = session_channel();
+    let (tx2, mut rx2) = session_channel();
+    b.attach_child("b1", "127.0.0.1:1".into(), &membership(&["b1"]), tx1)
+        .expect("attach b1");
+    b.attach_child("b2", "127.0.0.1:2".into(), &membership(&["b2"]), tx2)
+        .expect("attach b2");
+    let answers = |rx: &mut DownQueue| -> Vec<fed::ServiceQueryResponse> {
+        drain(rx)
+            .into_iter()
+            .filter_map(|p| match p {
+                fed::parent_message::Payload::ServiceQueryResponse(r) => Some(r),
+                _ => None,
+            })
+            .collect()
+    };
+    b.handle_query(fed::ServiceQuery {
+        namespace: "shop".into(),
+        name: "api".into(),
+        requester_cluster: "b1".into(),
+        requester_service: "web".into(),
+        correlation_id: 7,
+        ..Default::default()
+    });
+    let first = answers(&mut rx1);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0].error, "service not found in hierarchy");
+
+    let mut events = b.catalog().subscribe();
+    b.child_announcement("b2", &api_announcement())
+        .expect("own subtree");
+    while let Ok(ev) = events.try_recv() {
+        b.on_catalog_event(&ev);
+    }
+    let granted = answers(&mut rx1);
+    assert_eq!(granted.len(), 1, "{granted:?}");
+    assert!(
+        granted[0].found && granted[0].access_allowed && granted[0].correlation_id == 7,
+        "{:?}",
+        granted[0]
+    );
+    let n = next_route(&mut rx2);
+    assert_eq!(
+        (
+            n.target_cluster.as_str(),
+            n.caller_cluster.as_str(),
+            n.caller_service.as_str()
+        ),
+        ("b2", "b1", "web")
+    );
+    // Answered once: a later change of the service re-evaluates the grant, not the old query.
+    assert!(b.lock().unfound.is_empty());
+}

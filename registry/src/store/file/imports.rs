@@ -472,6 +472,11 @@ fn snapshot_text(
             }
         }
     }
+    if records.is_empty() {
+        // Not an empty file: readers take an empty snapshot for one being written and keep what
+        // it held (`xcc dns --imports-dir`).
+        return Ok(format!("# nothing imported from {remote}\n"));
+    }
     Ok(resources::to_yaml_documents(&records)?)
 }
 
