@@ -624,7 +624,7 @@ impl ZoneSet {
         // (canonical name, zone index, claimant), sorted below: one allocation, not a map. A
         // name already canonical is borrowed from its Service: a copy per name, freed after the
         // build, would leave that much of the heap in holes between the zone's arrays.
-        let mut claims: Vec<(Cow<'a, str>, Claim, usize, &'a ServiceInfo)> = Vec::new();
+        let mut claims: Vec<NameClaim<'a>> = Vec::new();
         for svc in services {
             for (raw, how) in candidate_names(svc, &mut rejected) {
                 let reject = |reason: String| Rejected {
@@ -664,11 +664,7 @@ impl ZoneSet {
         claims.sort_by(|a, b| (&a.0, a.1, &a.3.key).cmp(&(&b.0, b.1, &b.3.key)));
         claims.dedup_by(|a, b| a.0 == b.0 && a.3.key == b.3.key);
         let mut conflicts = Vec::new();
-        let mut winners: Vec<(
-            Name,
-            usize,
-            &[(Cow<'a, str>, Claim, usize, &'a ServiceInfo)],
-        )> = Vec::new();
+        let mut winners: Vec<(Name, usize, &[NameClaim<'a>])> = Vec::new();
         for group in claims.chunk_by(|a, b| a.0 == b.0) {
             let Some((canonical, how, zi, winner)) = group.first() else {
                 continue;
@@ -803,6 +799,9 @@ fn candidate_names(svc: &ServiceInfo, rejected: &mut Vec<Rejected>) -> Vec<(Stri
     out.dedup_by(|a, b| a.0 == b.0);
     out
 }
+
+/// One claim of a name: (canonical name, how it is claimed, zone index, claimant).
+type NameClaim<'a> = (Cow<'a, str>, Claim, usize, &'a ServiceInfo);
 
 /// A port name usable as an SRV label (`_<name>`, so at most 62 characters), lowercased.
 fn srv_label(port_name: &str) -> Option<String> {
