@@ -526,6 +526,10 @@ pub fn print_tree(t: &api::Tree, output: Output) {
                     "policyIds": r.policy_ids, "refusedBy": r.refused_by, "reason": r.reason,
                     "at": r.at.map(|t| t.seconds)})).collect::<Vec<_>>(),
                 "overflows": t.overflows,
+                "heldNames": t.held_names.as_ref().map(|h| json!({"names": h.names,
+                    "oldestSince": h.oldest_since.map(|t| t.seconds),
+                    "oldestExpires": h.oldest_expires.map(|t| t.seconds),
+                    "holdSeconds": h.hold_seconds})),
             })
         ),
         Output::Table => {
@@ -606,7 +610,39 @@ pub fn print_tree(t: &api::Tree, output: Output) {
                     t.overflows
                 );
             }
+            if let Some(h) = &t.held_names {
+                println!("{}", held_names_line(h));
+            }
         }
+    }
+}
+
+/// The names held for owners that are away, in one line.
+fn held_names_line(h: &api::HeldNames) -> String {
+    let hold = match h.hold_seconds {
+        0 => "held until their owner is back".to_string(),
+        s if s % 3600 == 0 => format!("hold {}h", s / 3600),
+        s => format!("hold {s}s"),
+    };
+    let when = |t: &Option<prost_types::Timestamp>| {
+        t.map(|t| {
+            prost_types::Timestamp {
+                seconds: t.seconds,
+                nanos: 0,
+            }
+            .to_string()
+        })
+    };
+    match (when(&h.oldest_since), when(&h.oldest_expires)) {
+        (None, _) => format!("names held for absent owners: 0 ({hold})"),
+        (Some(since), None) => format!(
+            "names held for absent owners: {} (oldest since {since}; {hold})",
+            h.names
+        ),
+        (Some(since), Some(expires)) => format!(
+            "names held for absent owners: {} (oldest since {since}, free at {expires}; {hold})",
+            h.names
+        ),
     }
 }
 

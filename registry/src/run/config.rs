@@ -49,6 +49,9 @@ pub struct FederationConfig {
     pub grant_gateway: Option<crate::federation::grants::GatewayRef>,
     /// The trust domain of a caller cluster's workloads (`{cluster}` = its name).
     pub grant_trust_domain: String,
+    /// How long a name stays held for an owner that went away without withdrawing it
+    /// ([`DEFAULT_NAME_HOLD`]); zero: until the owner is back.
+    pub name_hold: Duration,
 }
 
 impl FederationConfig {
@@ -61,6 +64,10 @@ impl FederationConfig {
         }
     }
 }
+
+/// How long a name is held for an owner that went away without withdrawing it (7 days: a
+/// cluster down over a long weekend keeps its names).
+pub const DEFAULT_NAME_HOLD: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Default for FederationConfig {
     fn default() -> Self {
@@ -75,6 +82,7 @@ impl Default for FederationConfig {
             grant_mode: Default::default(),
             grant_gateway: None,
             grant_trust_domain: crate::federation::grants::DEFAULT_TRUST_DOMAIN.into(),
+            name_hold: DEFAULT_NAME_HOLD,
         }
     }
 }
