@@ -31,7 +31,7 @@ use super::tree::{Direction, Tree};
 
 mod owners;
 mod queries;
-mod reservations;
+pub(crate) mod reservations;
 mod resolver;
 use crate::authz::{Gate, Policies};
 use crate::catalog::{Catalog, CatalogEvent, ServiceEntry, ServiceKey, Source};

@@ -58,7 +58,7 @@ const HELD_NOTICES: usize = 16;
 const COMPACT_SLACK: usize = 1024;
 
 /// The first line of every ledger xcc writes (format 2: a log of changes).
-const HEADER: &str =
+pub(super) const HEADER: &str =
     "# xcc name owners v2: + <name> <cluster> <namespace> <service> <held-since|-> / - <name>";
 /// Format 1 (one line per name, rewritten whole), still read.
 const HEADER_V1: &str = "# xcc name owners v1: <name> <cluster> <namespace> <service>";
@@ -328,13 +328,13 @@ impl OwnerStore for ConfigMapOwners {
 
 /// What the ledger says of a name: its owner, and since when it is held for it (Unix
 /// seconds), `None` while the owner is present.
-type Holding = (ServiceKey, Option<u64>);
+pub(super) type Holding = (ServiceKey, Option<u64>);
 
 /// A ledger read back: each name's last holding, and how many lines the log has.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Ledger {
-    names: HashMap<Arc<str>, Holding>,
-    lines: usize,
+pub(super) struct Ledger {
+    pub(super) names: HashMap<Arc<str>, Holding>,
+    pub(super) lines: usize,
     /// Format 1: rewritten in format 2 before anything is appended.
     v1: bool,
 }
@@ -369,7 +369,7 @@ fn render(names: &HashMap<Arc<str>, Holding>) -> String {
 
 /// Read a ledger back, all or nothing: the file or ConfigMap is input like any other, and one
 /// that cannot be read whole is reported (see [`LedgerError`]), never half used.
-fn parse(text: &str, place: &str) -> Result<Ledger, LedgerError> {
+pub(super) fn parse(text: &str, place: &str) -> Result<Ledger, LedgerError> {
     let place = place.to_string();
     if text.is_empty() {
         return Err(LedgerError::Empty { place });
