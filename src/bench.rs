@@ -73,6 +73,9 @@ pub enum BenchCommand {
     /// One managed Hamlet client importing N services (from xcc and the Go reference server):
     /// time and bytes written.
     Import(crate::bench_import::ImportArgs),
+    /// One level holding N names for absent owners: the time of M new announcements, against
+    /// a level holding none.
+    Names(crate::bench_names::NamesArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
@@ -125,6 +128,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Hamlet(args) => hamlet(args).await,
         BenchCommand::Hierarchy(args) => crate::bench_hierarchy::run(args).await,
         BenchCommand::Import(args) => crate::bench_import::run(args).await,
+        BenchCommand::Names(args) => crate::bench_names::run(args).await,
     }
 }
 

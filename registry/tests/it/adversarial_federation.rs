@@ -773,6 +773,34 @@ async fn a_parent_restart_does_not_hand_a_name_to_whoever_reconnects_first() {
     explain_shows_a9_refused(&pki, &root, "a9").await;
 }
 
+/// An XCC v1 installation's certificate (DNS SANs, no SPIFFE URI) is no cluster identity: a
+/// registry refuses to start on it, saying what it needs (README, "From XCC v1").
+#[tokio::test]
+async fn an_xcc_v1_certificate_cannot_start_a_registry() {
+    let pki = Pki::new("xcc.test");
+    let old = lookalike(
+        &pki,
+        "v1-west",
+        vec![rcgen::SanType::DnsName(
+            "west.registry.example".try_into().expect("ia5"),
+        )],
+    );
+    let err = match xcc_registry::Registry::start(
+        RegistryConfig::loopback(old),
+        CancellationToken::new(),
+    )
+    .await
+    {
+        Ok(_) => panic!("a registry started on a certificate without a cluster identity"),
+        Err(e) => e,
+    };
+    assert_eq!(
+        err.to_string(),
+        "the registry certificate must carry a cluster identity \
+         (spiffe://<trust-domain>/cluster/<name>); it has external/west.registry.example"
+    );
+}
+
 /// A damaged name-owner ledger stops the start (docs/security.md §3): the repro of issue 25
 /// point 5. The owner c2 is away, the parent restarts on an emptied ledger, and c3 would take
 /// `shop/api`; instead the parent refuses to start, saying which ledger is damaged and how.
