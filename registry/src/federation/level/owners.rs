@@ -576,6 +576,7 @@ impl Level {
         let now = unix_now();
         {
             let mut st = self.lock();
+            st.reserved.track_changes();
             for (name, (key, since)) in &ledger.names {
                 st.reserved
                     .insert(name.clone(), key.clone(), since.unwrap_or(now));

@@ -34,8 +34,10 @@ pub struct Reservations {
     keys: HashMap<ServiceKey, Held>,
     clusters: HashMap<SmolStr, HashSet<ServiceKey>>,
     by_age: BTreeSet<(u64, ServiceKey)>,
-    /// Names whose holding changed since [`Reservations::take_changed`].
+    /// Names whose holding changed since [`Reservations::take_changed`] (kept only once a
+    /// ledger takes them: without one nothing would ever drain it).
     changed: Vec<Arc<str>>,
+    track: bool,
     /// How long a name is held for an owner that stays away; zero: until it is back.
     hold: Duration,
 }
@@ -98,7 +100,9 @@ impl Reservations {
             self.forget_name(&name, &previous);
         }
         self.names.insert(name.clone(), key.clone());
-        self.changed.push(name.clone());
+        if self.track {
+            self.changed.push(name.clone());
+        }
         match self.keys.get_mut(&key) {
             Some(held) => {
                 held.names.push(name);
@@ -156,7 +160,9 @@ impl Reservations {
             if self.names.get(&name) == Some(key) {
                 self.names.remove(&name);
             }
-            self.changed.push(name);
+            if self.track {
+                self.changed.push(name);
+            }
         }
         n
     }
@@ -195,6 +201,11 @@ impl Reservations {
             .map(|(n, k)| (n, k, self.keys.get(k).map_or(0, |h| h.since)))
     }
 
+    /// Record the names whose holding changes, for [`Reservations::take_changed`].
+    pub fn track_changes(&mut self) {
+        self.track = true;
+    }
+
     /// Names whose holding changed since the last call.
     pub fn take_changed(&mut self) -> Vec<Arc<str>> {
         std::mem::take(&mut self.changed)
@@ -212,6 +223,7 @@ mod tests {
     #[test]
     fn names_are_released_by_owner_by_cluster_and_by_age() {
         let mut r = Reservations::default();
+        r.track_changes();
         r.set_hold(Duration::from_secs(100));
         r.insert("shop/api".into(), key("c2", "api"), 1000);
         r.insert("api.example".into(), key("c2", "api"), 1000);
@@ -254,5 +266,7 @@ mod tests {
         assert_eq!(r.next_expiry(), None);
         assert_eq!(r.expire(u64::MAX), vec![]);
         assert_eq!(r.holding("shop/api"), Some((&key("c3", "api"), 7)));
+        // Untracked, changes are not kept.
+        assert!(r.take_changed().is_empty());
     }
 }
