@@ -596,9 +596,12 @@ impl Level {
                 resync: true,
             };
             loop {
+                // Cancelled before this pass: it is the last, and it sees every change made
+                // up to the cancellation (one made during a write is taken by the next pass).
+                let last = cancel.is_cancelled();
                 writer.collect(&level, &mut events);
                 writer.write(&level).await;
-                if cancel.is_cancelled() {
+                if last {
                     break;
                 }
                 tokio::select! {
