@@ -11,6 +11,7 @@ mod bench_common;
 mod bench_hierarchy;
 #[cfg(any(feature = "bench", test))]
 mod bench_import;
+#[cfg(any(feature = "bench", test))]
 mod bench_names;
 mod binder_cli;
 mod certs_cli;
