@@ -654,3 +654,32 @@ fn refused_entry(r: &api::RefusedEntry) -> String {
         format!("{}/{}/{}", r.cluster, r.namespace, r.name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_names_say_how_many_since_when_and_until_when() {
+        let ts = |seconds| Some(prost_types::Timestamp { seconds, nanos: 0 });
+        let mut h = api::HeldNames {
+            names: 4,
+            oldest_since: ts(1_764_000_000),
+            oldest_expires: ts(1_764_604_800),
+            hold_seconds: 604_800,
+        };
+        assert_eq!(
+            held_names_line(&h),
+            "names held for absent owners: 4 (oldest since 2025-11-24T16:00:00Z, free at 2025-12-01T16:00:00Z; hold 168h)"
+        );
+        (h.oldest_expires, h.hold_seconds) = (None, 0);
+        assert_eq!(
+            held_names_line(&h),
+            "names held for absent owners: 4 (oldest since 2025-11-24T16:00:00Z; held until their owner is back)"
+        );
+        assert_eq!(
+            held_names_line(&api::HeldNames::default()),
+            "names held for absent owners: 0 (held until their owner is back)"
+        );
+    }
+}
