@@ -568,6 +568,10 @@ pub fn print_tree(t: &api::Tree, output: Output) {
                     "policyIds": r.policy_ids, "refusedBy": r.refused_by, "reason": r.reason,
                     "at": r.at.map(|t| t.seconds)})).collect::<Vec<_>>(),
                 "overflows": t.overflows,
+                "heldNames": t.held_names.as_ref().map(|h| json!({"names": h.names,
+                    "oldestSince": h.oldest_since.map(|t| t.seconds),
+                    "oldestExpires": h.oldest_expires.map(|t| t.seconds),
+                    "holdSeconds": h.hold_seconds})),
             })
         ),
         Output::Table => {
@@ -648,7 +652,39 @@ pub fn print_tree(t: &api::Tree, output: Output) {
                     t.overflows
                 );
             }
+            if let Some(h) = &t.held_names {
+                println!("{}", held_names_line(h));
+            }
         }
+    }
+}
+
+/// The names held for owners that are away, in one line.
+fn held_names_line(h: &api::HeldNames) -> String {
+    let hold = match h.hold_seconds {
+        0 => "held until their owner is back".to_string(),
+        s if s % 3600 == 0 => format!("hold {}h", s / 3600),
+        s => format!("hold {s}s"),
+    };
+    let when = |t: &Option<prost_types::Timestamp>| {
+        t.map(|t| {
+            prost_types::Timestamp {
+                seconds: t.seconds,
+                nanos: 0,
+            }
+            .to_string()
+        })
+    };
+    match (when(&h.oldest_since), when(&h.oldest_expires)) {
+        (None, _) => format!("names held for absent owners: 0 ({hold})"),
+        (Some(since), None) => format!(
+            "names held for absent owners: {} (oldest since {since}; {hold})",
+            h.names
+        ),
+        (Some(since), Some(expires)) => format!(
+            "names held for absent owners: {} (oldest since {since}, free at {expires}; {hold})",
+            h.names
+        ),
     }
 }
 
@@ -658,5 +694,34 @@ fn refused_entry(r: &api::RefusedEntry) -> String {
         r.cluster.clone()
     } else {
         format!("{}/{}/{}", r.cluster, r.namespace, r.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_names_say_how_many_since_when_and_until_when() {
+        let ts = |seconds| Some(prost_types::Timestamp { seconds, nanos: 0 });
+        let mut h = api::HeldNames {
+            names: 4,
+            oldest_since: ts(1_764_000_000),
+            oldest_expires: ts(1_764_604_800),
+            hold_seconds: 604_800,
+        };
+        assert_eq!(
+            held_names_line(&h),
+            "names held for absent owners: 4 (oldest since 2025-11-24T16:00:00Z, free at 2025-12-01T16:00:00Z; hold 168h)"
+        );
+        (h.oldest_expires, h.hold_seconds) = (None, 0);
+        assert_eq!(
+            held_names_line(&h),
+            "names held for absent owners: 4 (oldest since 2025-11-24T16:00:00Z; held until their owner is back)"
+        );
+        assert_eq!(
+            held_names_line(&api::HeldNames::default()),
+            "names held for absent owners: 0 (held until their owner is back)"
+        );
     }
 }

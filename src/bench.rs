@@ -82,6 +82,9 @@ pub enum BenchCommand {
     /// Many Hamlet consumers while the policy set is edited: time until each has the records
     /// whose decision changed, records sent, streams ended.
     PolicyReload(crate::bench_reload::ReloadArgs),
+    /// One level holding N names for absent owners: the time of M new announcements, against
+    /// a level holding none.
+    Names(crate::bench_names::NamesArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
@@ -137,6 +140,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::HostileChildren(args) => crate::bench_hostile::run(args).await,
         BenchCommand::PolicyReload(args) => crate::bench_reload::run(args).await,
         BenchCommand::FirstGrant(args) => crate::bench_first_grant::run(args).await,
+        BenchCommand::Names(args) => crate::bench_names::run(args).await,
     }
 }
 

@@ -16,6 +16,8 @@ mod bench_hostile;
 #[cfg(any(feature = "bench", test))]
 mod bench_import;
 #[cfg(any(feature = "bench", test))]
+mod bench_names;
+#[cfg(any(feature = "bench", test))]
 mod bench_reload;
 mod binder_cli;
 mod certs_cli;

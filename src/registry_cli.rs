@@ -100,6 +100,11 @@ pub struct RegistryArgs {
     /// another trust domain is refused; grants admit `<trust domain>/ns/<ns>/sa/<sa>`.
     #[arg(long, env = "XCC_GRANT_TRUST_DOMAIN", default_value = "cluster.local")]
     pub grant_trust_domain: String,
+    /// How long the names of a child's service (FQDN and namespace/name) stay held for it after
+    /// it went away without withdrawing the service (hours); 0: until it is back. Shown by
+    /// `xcc admin tree`.
+    #[arg(long, env = "XCC_NAME_HOLD_HOURS", default_value_t = 168)]
+    pub name_hold_hours: u64,
     /// How long a hierarchy query waits for its answer (seconds).
     #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
     pub query_timeout_seconds: u64,
@@ -173,6 +178,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
                 args.federation_queue_bytes as usize,
             ),
             queue_stall: Duration::from_secs(args.federation_queue_stall_seconds.max(1)),
+            name_hold: Duration::from_secs(args.name_hold_hours.saturating_mul(3600)),
             ..Default::default()
         },
     };

@@ -686,6 +686,15 @@ impl api::admin_server::Admin for AdminService {
                 })
                 .collect(),
             overflows: self.level.overflows().get(),
+            held_names: Some({
+                let held = self.level.held_names();
+                api::HeldNames {
+                    names: held.names,
+                    oldest_since: timestamp(held.oldest_since),
+                    oldest_expires: timestamp(held.oldest_expires),
+                    hold_seconds: held.hold.as_secs(),
+                }
+            }),
         }))
     }
 

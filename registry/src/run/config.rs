@@ -55,6 +55,9 @@ pub struct FederationConfig {
     /// How long a child's queue may stay over half its budget (its messages are not read
     /// meanwhile) before the child is cut.
     pub queue_stall: Duration,
+    /// How long a name stays held for an owner that went away without withdrawing it
+    /// ([`DEFAULT_NAME_HOLD`]); zero: until the owner is back.
+    pub name_hold: Duration,
 }
 
 impl FederationConfig {
@@ -67,6 +70,10 @@ impl FederationConfig {
         }
     }
 }
+
+/// How long a name is held for an owner that went away without withdrawing it (7 days: a
+/// cluster down over a long weekend keeps its names).
+pub const DEFAULT_NAME_HOLD: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Default for FederationConfig {
     fn default() -> Self {
@@ -83,6 +90,7 @@ impl Default for FederationConfig {
             grant_trust_domain: crate::federation::grants::DEFAULT_TRUST_DOMAIN.into(),
             queue_limits: crate::budget::QueueLimits::FEDERATION,
             queue_stall: crate::federation::level::QUEUE_STALL,
+            name_hold: DEFAULT_NAME_HOLD,
         }
     }
 }

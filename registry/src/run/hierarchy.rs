@@ -57,6 +57,7 @@ pub(super) async fn start(
         })?;
         level.set_grant_sink(Arc::new(grants));
     }
+    level.set_name_hold(config.federation.name_hold);
     // Names held for their owners are read back before any child can attach.
     let owners: Option<Arc<dyn OwnerStore>> = match &config.store {
         StoreConfig::Memory => None,

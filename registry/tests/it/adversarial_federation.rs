@@ -873,6 +873,136 @@ async fn a_parent_restart_does_not_hand_a_name_to_whoever_reconnects_first() {
     explain_shows_a9_refused(&pki, &root, "a9").await;
 }
 
+/// An XCC v1 installation's certificate (DNS SANs, no SPIFFE URI) is no cluster identity: a
+/// registry refuses to start on it, saying what it needs (README, "From XCC v1").
+#[tokio::test]
+async fn an_xcc_v1_certificate_cannot_start_a_registry() {
+    let pki = Pki::new("xcc.test");
+    let old = lookalike(
+        &pki,
+        "v1-west",
+        vec![rcgen::SanType::DnsName(
+            "west.registry.example".try_into().expect("ia5"),
+        )],
+    );
+    let err = match xcc_registry::Registry::start(
+        RegistryConfig::loopback(old),
+        CancellationToken::new(),
+    )
+    .await
+    {
+        Ok(_) => panic!("a registry started on a certificate without a cluster identity"),
+        Err(e) => e,
+    };
+    assert_eq!(
+        err.to_string(),
+        "the registry certificate must carry a cluster identity \
+         (spiffe://<trust-domain>/cluster/<name>); it has external/west.registry.example"
+    );
+}
+
+/// A damaged name-owner ledger stops the start (docs/security.md §3): the repro of issue 25
+/// point 5. The owner c2 is away, the parent restarts on an emptied ledger, and c3 would take
+/// `shop/api`; instead the parent refuses to start, saying which ledger is damaged and how.
+/// The same for a ledger cut short in a line and for garbage; the ledger is left as it was.
+#[tokio::test]
+async fn a_parent_refuses_to_start_on_a_damaged_name_owner_ledger() {
+    use xcc_registry::federation::level::LedgerError;
+    use xcc_registry::run::StartError;
+    let pki = Pki::new("xcc.test");
+    let state = tempfile::tempdir().expect("state dir");
+    let ledger = state.path().join("name-owners");
+    let root_config = || {
+        let mut cfg = RegistryConfig::loopback(pki.cluster("root"));
+        cfg.store = xcc_registry::StoreConfig::File {
+            state_dir: state.path().to_path_buf(),
+            poll: Duration::from_secs(60),
+        };
+        cfg
+    };
+    let (root, cancel) = start_with(root_config()).await;
+    let owner = RawChild::connect(&pki, "c2", root.hamlet_addr, &["c2"]).await;
+    owner
+        .send(announce("c2", "shop", "api", "10.2.0.1:443"))
+        .await;
+    wait_level(&root, "c2's service held", |r| r.catalog.len() == 1).await;
+    cancel.cancel();
+    root.shutdown().await.expect("root stops");
+    drop(owner);
+    let written = std::fs::read_to_string(&ledger).expect("the ledger");
+    assert!(written.contains("+ shop/api c2 shop api "), "{written}");
+
+    let place = format!("file {}", ledger.display());
+    let cut = written.len() - 3;
+    for (damage, text, expected) in [
+        (
+            "empty",
+            String::new(),
+            LedgerError::Empty {
+                place: place.clone(),
+            },
+        ),
+        (
+            "truncated mid-line",
+            written[..cut].to_string(),
+            LedgerError::Truncated {
+                place: place.clone(),
+                line: written[..cut].lines().count(),
+            },
+        ),
+        (
+            "garbage",
+            "\u{1f}\u{8b}\u{8}binary\n".to_string(),
+            LedgerError::Unparsable {
+                place: place.clone(),
+                line: 1,
+                reason: "not an xcc name-owner ledger header".into(),
+            },
+        ),
+    ] {
+        std::fs::write(&ledger, &text).expect("damage the ledger");
+        let err = match xcc_registry::Registry::start(root_config(), CancellationToken::new()).await
+        {
+            Ok(_) => panic!("{damage}: the parent started on a damaged ledger"),
+            Err(e) => e,
+        };
+        let StartError::Owners(source) = &err else {
+            panic!("{damage}: {err:#}");
+        };
+        assert_eq!(
+            source.downcast_ref::<LedgerError>(),
+            Some(&expected),
+            "{damage}"
+        );
+        assert!(
+            format!("{:#}", anyhow::Error::from(err)).starts_with(&format!(
+                "reading the name-owner ledger: the name-owner ledger {place} "
+            )),
+            "{damage}"
+        );
+        // Nothing was rewritten: the operator finds the ledger as it was.
+        assert_eq!(
+            std::fs::read_to_string(&ledger).expect("ledger"),
+            text,
+            "{damage}"
+        );
+    }
+
+    // Restored, it holds c2's name against c3 again.
+    std::fs::write(&ledger, &written).expect("restore");
+    let (root, _cancel) = start_with(root_config()).await;
+    let mut c3 = RawChild::connect(&pki, "c3", root.hamlet_addr, &["c3"]).await;
+    c3.send(announce("c3", "shop", "api", "6.6.6.6:443")).await;
+    let r = c3.rejection().await;
+    assert_eq!(
+        (r.code, r.reason.as_str()),
+        (
+            tonic::Code::AlreadyExists as i32,
+            "api.shop.svc.clusterset.local is owned by c2/shop/api; the first owner keeps a name"
+        )
+    );
+}
+
 /// Row 5 (federation half): an announcement over 1 MiB is refused on its own with
 /// RESOURCE_EXHAUSTED and the stream goes on; the child stores the rejection.
 #[tokio::test]

@@ -30,11 +30,12 @@ use super::tree::{Direction, Tree};
 
 mod owners;
 mod queries;
+pub(crate) mod reservations;
 mod resolver;
 use crate::authz::{Gate, Policies};
 use crate::budget::{Full, QueueLimits, QueueRx, QueueTx, queue};
 use crate::catalog::{Catalog, CatalogEvent, ServiceEntry, ServiceKey, Source};
-pub use owners::{ConfigMapOwners, FileOwners, OwnerStore};
+pub use owners::{ConfigMapOwners, FileOwners, HeldNames, LedgerError, OwnerStore};
 
 /// What a requester asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -357,7 +358,8 @@ struct State {
     /// disconnected, or a cluster left its subtree), held for their owner until it is back and
     /// has resent its snapshot, so nobody takes them meanwhile. Present services hold their
     /// names through the catalog itself: nothing per service is kept here while all is well.
-    reserved: HashMap<Arc<str>, ServiceKey>,
+    /// Held names expire after the configured hold (`Level::set_name_hold`).
+    reserved: reservations::Reservations,
     /// Clash notices for owners that are away, by owner cluster (see `owners`).
     held_clashes: BTreeMap<String, Vec<fed::NameClash>>,
     /// Refused claims seen here (as the refusing level or as the notified owner), newest last.
@@ -973,7 +975,7 @@ impl Level {
                 self.inner.catalog.remove(&key);
             }
             // The owner withdrew it: whatever was held for it is free.
-            self.lock().reserved.retain(|_, k| *k != key);
+            self.lock().reserved.release(&key);
             return Ok(());
         }
         let entry = match entry_from_announcement(ann, source.clone()) {
@@ -1059,6 +1061,7 @@ impl Level {
             .map(|e| e.key.clone())
             .min();
         let mut st = self.lock();
+        self.expire_locked(&mut st);
         let held = |name: &str| st.reserved.get(name).filter(|k| **k != entry.key).cloned();
         let clash = fqdn_holder
             .or_else(|| held(fqdn))
@@ -1097,21 +1100,20 @@ impl Level {
             ));
         }
         // The owner is back: it holds its names through the catalog again.
-        if !st.reserved.is_empty() {
-            st.reserved.retain(|_, k| *k != entry.key);
-        }
+        st.reserved.release(&entry.key);
         Ok(())
     }
 
     /// Hold the names of `entries` (leaving with their child) for their owners.
     fn reserve_names<'a>(&self, entries: impl Iterator<Item = &'a ServiceEntry>) {
+        let now = reservations::unix_now();
         let mut st = self.lock();
         for e in entries {
             let by_name = format!("{}/{}", e.key.namespace, e.key.name);
             st.reserved
-                .insert(Arc::from(e.fqdn.as_str()), e.key.clone());
+                .insert(Arc::from(e.fqdn.as_str()), e.key.clone(), now);
             st.reserved
-                .insert(Arc::from(by_name.as_str()), e.key.clone());
+                .insert(Arc::from(by_name.as_str()), e.key.clone(), now);
         }
     }
 
@@ -1274,7 +1276,7 @@ impl Level {
                 && let Some(carried) = st.tree.children().get(child).cloned()
             {
                 st.reserved
-                    .retain(|_, k| !carried.contains(k.cluster.as_str()));
+                    .release_clusters(carried.iter().map(|c| c.as_str()));
             }
         }
         if removed > 0 {

@@ -1159,3 +1159,144 @@ fn a_query_before_the_announcement_is_granted_when_the_name_appears() {
     // Answered once: a later change of the service re-evaluates the grant, not the old query.
     assert!(b.lock().unfound.is_empty());
 }
+
+/// A ledger kept in memory, counting appends and replacements.
+#[derive(Default)]
+struct MemOwners {
+    text: std::sync::Mutex<Option<String>>,
+    writes: watch::Sender<(usize, usize)>,
+}
+
+impl OwnerStore for MemOwners {
+    fn place(&self) -> String {
+        "memory".into()
+    }
+    fn load(&self) -> futures::future::BoxFuture<'_, anyhow::Result<Option<String>>> {
+        Box::pin(async move { Ok(self.text.lock().expect("lock").clone()) })
+    }
+    fn append(&self, text: String) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            self.text
+                .lock()
+                .expect("lock")
+                .get_or_insert_default()
+                .push_str(&text);
+            self.writes.send_modify(|w| w.0 += 1);
+            Ok(())
+        })
+    }
+    fn replace(&self, text: String) -> futures::future::BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            *self.text.lock().expect("lock") = Some(text);
+            self.writes.send_modify(|w| w.1 += 1);
+            Ok(())
+        })
+    }
+}
+
+/// Issue 25 point 4: a ledger read back is held (an owner long away is free after the hold),
+/// and what changes is appended to the log, not rewritten.
+#[tokio::test]
+async fn held_names_expire_and_the_ledger_is_appended_to() {
+    let root = level("root");
+    root.set_name_hold(std::time::Duration::from_secs(3600));
+    let store = Arc::new(MemOwners::default());
+    let start = format!(
+        "{}\n+ shop/old c9 shop old 1000\n+ old.shop.svc.clusterset.local c9 shop old 1000\n\
+         + shop/api c2 shop api -\n+ api.shop.svc.clusterset.local c2 shop api -\n",
+        owners::HEADER
+    );
+    *store.text.lock().expect("lock") = Some(start.clone());
+    let cancel = CancellationToken::new();
+    let task = root
+        .keep_owners(store.clone(), cancel.clone())
+        .await
+        .expect("a valid ledger");
+    // c9 has been away since 1970: its names are free; c2's are held from now on.
+    let held = root.held_names();
+    assert_eq!(held.names, 2);
+    assert_eq!(held.hold, std::time::Duration::from_secs(3600));
+    let since = held.oldest_since.expect("held");
+    assert_eq!(
+        held.oldest_expires,
+        Some(since + std::time::Duration::from_secs(3600))
+    );
+    let (tx9, _rx9) = session_channel();
+    root.attach_child("a9", "b".into(), &membership(&["a9"]), tx9)
+        .expect("attach a9");
+    let ann = |name: &str| fed::ServiceAnnouncement {
+        cluster: "a9".into(),
+        name: name.into(),
+        ..api_announcement()
+    };
+    root.child_announcement("a9", &ann("old"))
+        .expect("an expired hold frees the name");
+    let err = root
+        .child_announcement("a9", &ann("api"))
+        .expect_err("held for c2");
+    assert_eq!(err.code, tonic::Code::AlreadyExists);
+
+    let mut writes = store.writes.subscribe();
+    let task = tokio::spawn(task);
+    writes
+        .wait_for(|w| w.0 > 0)
+        .await
+        .expect("the ledger is written");
+    cancel.cancel();
+    task.await.expect("the ledger task ends");
+    assert_eq!(*store.writes.borrow(), (1, 0), "(appends, replacements)");
+    let text = store.text.lock().expect("lock").clone().expect("a ledger");
+    assert!(text.starts_with(&start), "appended: {text}");
+    let read = owners::parse(&text, "memory").expect("valid");
+    let since = crate::federation::level::reservations::unix(since);
+    let expected: HashMap<Arc<str>, owners::Holding> = [
+        (
+            "shop/api".into(),
+            (ServiceKey::new("c2", "shop", "api"), Some(since)),
+        ),
+        (
+            "api.shop.svc.clusterset.local".into(),
+            (ServiceKey::new("c2", "shop", "api"), Some(since)),
+        ),
+        (
+            "shop/old".into(),
+            (ServiceKey::new("a9", "shop", "old"), None),
+        ),
+        (
+            "old.shop.svc.clusterset.local".into(),
+            (ServiceKey::new("a9", "shop", "old"), None),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(read.names, expected);
+    assert_eq!(read.lines, 8);
+}
+
+/// A log grown well past what it describes is compacted: replaced whole, once.
+#[tokio::test]
+async fn a_long_log_is_compacted() {
+    let root = level("root");
+    let store = Arc::new(MemOwners::default());
+    let mut start = format!("{}\n", owners::HEADER);
+    for _ in 0..1000 {
+        start.push_str("+ shop/api c2 shop api 5\n- shop/api\n");
+    }
+    start.push_str("+ shop/api c2 shop api 5\n");
+    *store.text.lock().expect("lock") = Some(start);
+    let cancel = CancellationToken::new();
+    let task = root
+        .keep_owners(store.clone(), cancel.clone())
+        .await
+        .expect("a valid ledger");
+    let mut writes = store.writes.subscribe();
+    let task = tokio::spawn(task);
+    writes.wait_for(|w| w.1 > 0).await.expect("compacted");
+    cancel.cancel();
+    task.await.expect("the ledger task ends");
+    assert_eq!(*store.writes.borrow(), (0, 1), "(appends, replacements)");
+    assert_eq!(
+        store.text.lock().expect("lock").as_deref(),
+        Some(format!("{}\n+ shop/api c2 shop api 5\n", owners::HEADER).as_str())
+    );
+}
