@@ -993,9 +993,6 @@ impl Gate {
         service: &str,
         requested: bool,
     ) -> bool {
-        if !requested || !admits(entry, cluster, service) {
-            return false;
-        }
         self.policies().allows(entry, cluster, service, requested)
     }
 
