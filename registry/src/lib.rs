@@ -12,6 +12,7 @@ pub mod files;
 pub mod hamlet;
 pub mod metrics;
 pub mod peer_labels;
+pub mod peer_metrics;
 pub mod peers;
 pub(crate) mod remotes;
 pub mod run;

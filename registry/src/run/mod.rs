@@ -115,6 +115,8 @@ impl Registry {
         let mut prometheus = prometheus_client::registry::Registry::default();
         core.metrics.register(&mut prometheus);
         core.tls.register_metrics(&mut prometheus);
+        crate::peer_metrics::PeerMetrics::new(core.peers.clone(), core.cluster.clone())
+            .register(&mut prometheus);
 
         let policies = policies::start(&config, trust_domain, &core.metrics, spawner)?;
         let level =

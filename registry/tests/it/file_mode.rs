@@ -616,3 +616,58 @@ async fn no_writer_pattern_removes_anything_for_a_moment() {
     })
     .await;
 }
+
+/// Per-peer metrics on both ends of an import: west's link to east and east's consumer west,
+/// each labelled with the direction the records flow.
+#[tokio::test]
+async fn per_peer_metrics_on_both_ends() {
+    let pki = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    write(
+        east_dir.path(),
+        "exports/foobar.yaml",
+        &exported_sr("    connectivity.tanzu.vmware.com/service-port: \"443\""),
+    );
+    let mut east_cfg = file_config(pki.cluster("east"), east_dir.path());
+    east_cfg.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let (east, _ec) = start_with(east_cfg).await;
+    write(
+        west_dir.path(),
+        "remotes/shared-services-cls.yaml",
+        &remote_rr(east.hamlet_addr),
+    );
+    let mut west_cfg = file_config(pki.cluster("west"), west_dir.path());
+    west_cfg.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let (west, _wc) = start_with(west_cfg).await;
+    imported_records(west_dir.path(), &west).await;
+    wait_peer(&west, "shared-services-cls", "synced", |p| {
+        p.last_sync().is_some()
+    })
+    .await;
+
+    let w = http_get(west.metrics_addr.expect("west metrics"), "/metrics").await;
+    let imp = r#"{direction="import",remote="shared-services-cls",source_cluster="east",target_cluster="west"}"#;
+    assert!(w.contains(&format!("xcc_peer_up{imp} 1")), "{w}");
+    assert!(w.contains(&format!("xcc_peer_records{imp} 1")), "{w}");
+    assert!(
+        w.contains(&format!("xcc_peer_last_sync_timestamp_seconds{imp} ")),
+        "{w}"
+    );
+    let e = http_get(east.metrics_addr.expect("east metrics"), "/metrics").await;
+    let exp = r#"{direction="export",remote="",source_cluster="east",target_cluster="west"}"#;
+    assert!(e.contains(&format!("xcc_peer_up{exp} 1")), "{e}");
+    assert!(e.contains(&format!("xcc_peer_streams{exp} 1")), "{e}");
+}
+
+/// A plain HTTP/1.1 GET of the probe listener (no TLS: it carries no catalog data).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
+}
