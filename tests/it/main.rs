@@ -9,6 +9,7 @@ mod deploy;
 mod dns_cli;
 mod fuzz_corpora;
 mod mcs_two_clusters;
+mod monitoring;
 mod names;
 mod readme;
 mod tree_processes;

@@ -1,0 +1,269 @@
+//! `deploy/monitoring/`: the alerting rules pass `promtool check rules` and their own unit tests
+//! (`promtool test rules`), the PrometheusRule carries exactly the rule file's groups, every
+//! query of the Grafana dashboard parses as PromQL, and every metric the rules and the dashboard
+//! name is one that xcc exports (read from a registry's `/metrics` and the binder's registry,
+//! so a renamed metric breaks this test, not an alert in production).
+//!
+//! Needs `promtool` (Debian `prometheus`); without it the promtool checks print a notice and
+//! check nothing, unless `XCC_REQUIRE_PROMTOOL=1` (CI), which makes that a failure.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn monitoring_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/monitoring")
+}
+
+fn yaml(file: &str) -> Value {
+    let text = std::fs::read_to_string(monitoring_dir().join(file)).unwrap();
+    let v: yaml_serde::Value = yaml_serde::from_str(&text).unwrap();
+    serde_json::to_value(v).unwrap()
+}
+
+fn dashboard() -> Value {
+    let text = std::fs::read_to_string(monitoring_dir().join("dashboard.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Every `expr` of the dashboard's panels.
+fn dashboard_queries() -> Vec<String> {
+    let d = dashboard();
+    d["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().clone())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every `expr` of the rule file.
+fn rule_queries() -> Vec<String> {
+    yaml("rules.yaml")["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().clone())
+        .map(|r| r["expr"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `promtool <args>` in deploy/monitoring, or `None` (with a notice) when it is not installed
+/// and not required.
+fn promtool(args: &[&str]) -> Option<std::process::Output> {
+    match Command::new("promtool")
+        .args(args)
+        .current_dir(monitoring_dir())
+        .output()
+    {
+        Ok(out) => Some(out),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            assert!(
+                std::env::var("XCC_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
+                "promtool is required (XCC_REQUIRE_PROMTOOL=1) but not installed: apt-get install prometheus"
+            );
+            eprintln!("promtool not installed: skipping (Debian: apt-get install prometheus)");
+            None
+        }
+        Err(e) => panic!("running promtool: {e}"),
+    }
+}
+
+fn assert_success(what: &str, out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{what} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn alert_rules_pass_promtool_and_their_unit_tests() {
+    let Some(check) = promtool(&["check", "rules", "rules.yaml"]) else {
+        return;
+    };
+    assert_success("promtool check rules", &check);
+    assert!(
+        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 10 rules found"),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let test = promtool(&["test", "rules", "rules.test.yaml"]).unwrap();
+    assert_success("promtool test rules", &test);
+}
+
+/// Every alert of the rule file is exercised by a unit test of rules.test.yaml.
+#[test]
+fn every_alert_has_a_unit_test() {
+    let alerts: BTreeSet<String> = yaml("rules.yaml")["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().clone())
+        .map(|r| r["alert"].as_str().unwrap().to_string())
+        .collect();
+    let tested: BTreeSet<String> = yaml("rules.test.yaml")["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().unwrap().clone())
+        .filter(|t| !t["exp_alerts"].as_array().unwrap().is_empty())
+        .map(|t| t["alertname"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(alerts.len(), 10);
+    assert_eq!(
+        tested, alerts,
+        "alerts never seen firing in rules.test.yaml"
+    );
+}
+
+#[test]
+fn the_prometheus_rule_carries_the_rule_files_groups() {
+    let rule = yaml("prometheusrule.yaml");
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["kind"], "PrometheusRule");
+    assert_eq!(rule["spec"]["groups"], yaml("rules.yaml")["groups"]);
+}
+
+/// Each dashboard query, as a recording rule, passes `promtool check rules` (PromQL parses).
+#[test]
+fn every_dashboard_query_parses() {
+    let d = dashboard();
+    assert_eq!(d["uid"], "xcc-federation");
+    for p in d["panels"].as_array().unwrap() {
+        assert_eq!(
+            p["datasource"]["uid"], "${datasource}",
+            "panel {} must use the dashboard's data source variable",
+            p["title"]
+        );
+    }
+    let queries = dashboard_queries();
+    assert_eq!(queries.len(), 12);
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, q) in queries.iter().enumerate() {
+        rules.push_str(&format!(
+            "      - record: xcc_dashboard_query_{i}\n        expr: {}\n",
+            serde_json::to_string(q).unwrap()
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dashboard-queries.yaml");
+    std::fs::write(&file, rules).unwrap();
+    let Some(out) = promtool(&["check", "rules", file.to_str().unwrap()]) else {
+        return;
+    };
+    assert_success("promtool check rules (dashboard queries)", &out);
+}
+
+/// The `xcc_…` metric names a query uses, outside its quoted label values.
+fn metric_names(query: &str) -> BTreeSet<String> {
+    let query: String = query.split('"').step_by(2).collect::<Vec<_>>().join("\"\"");
+    let query = query.as_str();
+    let mut names = BTreeSet::new();
+    let bytes = query.as_bytes();
+    let mut i = 0;
+    while let Some(at) = query[i..].find("xcc_") {
+        let start = i + at;
+        let word_start = start == 0 || !is_ident(bytes[start - 1]);
+        let mut end = start;
+        while end < bytes.len() && is_ident(bytes[end]) {
+            end += 1;
+        }
+        if word_start {
+            names.insert(query[start..end].to_string());
+        }
+        i = end;
+    }
+    names
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// The sample names xcc exports: a registry's `/metrics` (started in-process, with an import
+/// and a consumer so that the per-peer families have series) and the binder's registry.
+async fn exported_metric_names() -> BTreeSet<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    xcc_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = xcc_certs::pki::init_ca_dir("xcc.test", &dir.path().join("ca")).unwrap();
+    let files = |name: &str| {
+        let mut req = xcc_certs::pki::IssueRequest::cluster(name);
+        req.dns = vec!["localhost".into()];
+        req.ips = vec![std::net::Ipv4Addr::LOCALHOST.into()];
+        let cert = ca.issue(&req).unwrap();
+        xcc_certs::pki::write_issued(&dir.path().join(name), &ca, &cert).unwrap()
+    };
+    let mut cfg = xcc_registry::RegistryConfig::loopback(files("east"));
+    cfg.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let east = xcc_registry::Registry::start(cfg, cancel.clone())
+        .await
+        .unwrap();
+    let addr = east.metrics_addr.unwrap();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    cancel.cancel();
+    east.shutdown().await.unwrap();
+
+    let mut binder = prometheus_client::registry::Registry::default();
+    let _m = xcc_binder::controller::metrics::Metrics::register(&mut binder);
+    prometheus_client::encoding::text::encode(&mut text, &binder).unwrap();
+    // A family with no series is not printed: the registry's metrics with a rejected file.
+    let mut files = prometheus_client::registry::Registry::default();
+    let m = xcc_registry::metrics::Metrics::default();
+    m.register(&mut files);
+    m.set_rejected_files(&[], &["exports/web.yaml: bad".to_string()]);
+    prometheus_client::encoding::text::encode(&mut text, &files).unwrap();
+
+    // `# TYPE <family> <type>`: a counter's samples are `<family>_total`.
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        if let (Some("#"), Some("TYPE"), Some(family), Some(kind)) =
+            (f.next(), f.next(), f.next(), f.next())
+        {
+            names.insert(match kind {
+                "counter" => format!("{family}_total"),
+                _ => family.to_string(),
+            });
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
+    let exported = exported_metric_names().await;
+    // The per-peer families are there even with no peer.
+    assert!(exported.contains("xcc_peer_up"), "{exported:?}");
+    let mut used = BTreeSet::new();
+    for q in rule_queries().iter().chain(dashboard_queries().iter()) {
+        used.extend(metric_names(q));
+    }
+    assert!(used.len() >= 12, "{used:?}");
+    let missing: Vec<_> = used.difference(&exported).collect();
+    assert!(missing.is_empty(), "not exported by xcc: {missing:?}");
+}
+
+#[test]
+fn metric_names_are_read_as_whole_words() {
+    assert_eq!(
+        metric_names(r#"time() - xcc_a_b{x="xcc_no"} > on() max(xcc_c_total)"#),
+        ["xcc_a_b", "xcc_c_total"]
+            .into_iter()
+            .map(String::from)
+            .collect()
+    );
+}
