@@ -4,8 +4,12 @@
 //! name is one that xcc exports (read from a registry's `/metrics` and the binder's registry,
 //! so a renamed metric breaks this test, not an alert in production).
 //!
-//! Needs `promtool` (Debian `prometheus`); without it the promtool checks print a notice and
-//! check nothing, unless `XCC_REQUIRE_PROMTOOL=1` (CI), which makes that a failure.
+//! A real Prometheus scrapes two registries while one imports from the other, loads the rule
+//! file, and its query API answers the per-peer series with the values a known sequence of
+//! exports must give.
+//!
+//! Needs `promtool` and `prometheus` (Debian `prometheus`); without them these tests print a
+//! notice and check nothing, unless `XCC_REQUIRE_PROMETHEUS=1` (CI), which makes that a failure.
 
 #![allow(clippy::unwrap_used)]
 
@@ -63,15 +67,20 @@ fn promtool(args: &[&str]) -> Option<std::process::Output> {
     {
         Ok(out) => Some(out),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            assert!(
-                std::env::var("XCC_REQUIRE_PROMTOOL").as_deref() != Ok("1"),
-                "promtool is required (XCC_REQUIRE_PROMTOOL=1) but not installed: apt-get install prometheus"
-            );
-            eprintln!("promtool not installed: skipping (Debian: apt-get install prometheus)");
+            not_installed("promtool");
             None
         }
         Err(e) => panic!("running promtool: {e}"),
     }
+}
+
+/// A missing Prometheus tool: a failure where it is required, else a notice.
+fn not_installed(tool: &str) {
+    assert!(
+        std::env::var("XCC_REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
+        "{tool} is required (XCC_REQUIRE_PROMETHEUS=1) but not installed: apt-get install prometheus"
+    );
+    eprintln!("{tool} not installed: skipping (Debian: apt-get install prometheus)");
 }
 
 fn assert_success(what: &str, out: &std::process::Output) {
@@ -266,4 +275,242 @@ fn metric_names_are_read_as_whole_words() {
             .map(String::from)
             .collect()
     );
+}
+
+// ----- a real Prometheus -----
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use xcc_registry::catalog::{Endpoint, ServiceEntry, ServiceKey, Source};
+use xcc_registry::hamlet::client::{Backoff, RemoteSpec};
+
+/// A Prometheus server, killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Prometheus {
+    /// Start one that scrapes `targets` (job name, address) every second and loads rules.yaml;
+    /// `None` when prometheus is not installed (and not required).
+    fn start(targets: &[(&str, SocketAddr)]) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {}\nscrape_configs:\n",
+            monitoring_dir().join("rules.yaml").display()
+        );
+        for (job, addr) in targets {
+            config.push_str(&format!(
+                "  - job_name: {job}\n    static_configs:\n      - targets: ['{addr}']\n"
+            ));
+        }
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        let addr = {
+            // A free port for the web listener (released just before Prometheus binds it).
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let child = match Command::new("prometheus")
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("prometheus.log")).unwrap())
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                not_installed("prometheus");
+                return None;
+            }
+            Err(e) => panic!("starting prometheus: {e}"),
+        };
+        Some(Self {
+            child,
+            addr,
+            _dir: dir,
+        })
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// `GET path` on the web API, parsed; `None` while it does not answer yet.
+    async fn get(&self, path: &str) -> Option<Value> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.addr).await.ok()?;
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .ok()?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).await.ok()?;
+        let (head, body) = raw.split_once("\r\n\r\n")?;
+        if !head.starts_with("HTTP/1.1 200") {
+            return None;
+        }
+        // Small answers come with a Content-Length; a chunked one starts with its size line.
+        let json = &body[body.find('{')?..];
+        serde_json::Deserializer::from_str(json)
+            .into_iter::<Value>()
+            .next()?
+            .ok()
+    }
+
+    /// The value of the instant query `q` with exactly one series, once it equals `want`.
+    /// Prometheus scrapes on its own clock, so this re-asks every 200 ms (bounded at 60 s):
+    /// there is no event to wait on in another process's query API.
+    async fn until_value(&self, q: &str, want: &str) {
+        let path = format!("/api/v1/query?query={}", encode(q));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut last = Value::Null;
+        while tokio::time::Instant::now() < deadline {
+            if let Some(v) = self.get(&path).await {
+                let result = &v["data"]["result"];
+                if result.as_array().map(Vec::len) == Some(1) && result[0]["value"][1] == want {
+                    return;
+                }
+                last = v;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!(
+            "{q} never became {want}; last answer {last}\n{}",
+            self.log()
+        );
+    }
+}
+
+/// Percent-encoding of a query parameter.
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn export(name: &str) -> ServiceEntry {
+    ServiceEntry {
+        key: ServiceKey::new("east", "default", name),
+        source: Source::Local,
+        fqdn: format!("{name}.xcc.test").into(),
+        endpoints: vec![Endpoint {
+            address: "10.0.0.1".into(),
+            port: 443,
+        }],
+        ports: vec![],
+        labels: Default::default(),
+        allowed_requesters: vec![],
+        origin: None,
+        revision: 0,
+    }
+}
+
+/// West imports from east; Prometheus scrapes both. Three exports, then one removed: the
+/// series say 3, then 2, with the link up on both ends; the rule file loads with every rule
+/// healthy.
+#[tokio::test]
+async fn a_real_prometheus_sees_the_per_peer_series() {
+    xcc_certs::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = xcc_certs::pki::init_ca_dir("xcc.test", &dir.path().join("ca")).unwrap();
+    let start = |name: &'static str| {
+        let mut req = xcc_certs::pki::IssueRequest::cluster(name);
+        req.dns = vec!["localhost".into()];
+        req.ips = vec![std::net::Ipv4Addr::LOCALHOST.into()];
+        let cert = ca.issue(&req).unwrap();
+        let files = xcc_certs::pki::write_issued(&dir.path().join(name), &ca, &cert).unwrap();
+        let mut cfg = xcc_registry::RegistryConfig::loopback(files);
+        cfg.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+        cfg.client.backoff = Backoff {
+            min: Duration::from_millis(50),
+            max: Duration::from_millis(200),
+        };
+        let cancel = tokio_util::sync::CancellationToken::new();
+        async move {
+            let r = xcc_registry::Registry::start(cfg, cancel.clone())
+                .await
+                .unwrap();
+            (r, cancel)
+        }
+    };
+    let (east, _ec) = start("east").await;
+    let (west, _wc) = start("west").await;
+    for name in ["a", "b", "c"] {
+        east.catalog.upsert(export(name));
+    }
+    let Some(prom) = Prometheus::start(&[
+        ("xcc-east", east.metrics_addr.unwrap()),
+        ("xcc-west", west.metrics_addr.unwrap()),
+    ]) else {
+        return;
+    };
+    west.set_remotes(vec![RemoteSpec {
+        name: "east-rr".into(),
+        address: east.hamlet_addr.to_string(),
+        server_name: "localhost".into(),
+        roots: None,
+        allowed_domains: vec![],
+    }])
+    .await;
+
+    let imp = r#"{job="xcc-west",direction="import",remote="east-rr",source_cluster="east",target_cluster="west"}"#;
+    prom.until_value(&format!("xcc_peer_records{imp}"), "3")
+        .await;
+    prom.until_value(&format!("xcc_peer_up{imp}"), "1").await;
+    prom.until_value(r#"xcc_catalog_services{job="xcc-west"}"#, "3")
+        .await;
+    let exp = r#"{job="xcc-east",direction="export",source_cluster="east",target_cluster="west"}"#;
+    prom.until_value(&format!("xcc_peer_streams{exp}"), "1")
+        .await;
+    prom.until_value(
+        &format!("xcc_peer_last_sync_timestamp_seconds{imp} > bool 0"),
+        "1",
+    )
+    .await;
+
+    east.catalog
+        .remove(&ServiceKey::new("east", "default", "b"));
+    prom.until_value(&format!("xcc_peer_records{imp}"), "2")
+        .await;
+    prom.until_value(r#"xcc_catalog_services{job="xcc-west"}"#, "2")
+        .await;
+    // Three records sent in the snapshot and a removal: at least 4 responses ACKed.
+    prom.until_value(&format!("xcc_peer_acks_total{exp} >= bool 4"), "1")
+        .await;
+
+    // The rule file loaded into a real Prometheus: 10 alerting rules, none unhealthy.
+    let rules = prom.get("/api/v1/rules?type=alert").await.unwrap();
+    let rules: Vec<&Value> = rules["data"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert_eq!(rules.len(), 10);
+    for r in rules {
+        assert_eq!(r["health"], "ok", "{r}");
+    }
 }
