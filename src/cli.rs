@@ -105,6 +105,11 @@ pub enum Command {
     /// Exit codes: 0 done (for resolve, explain and explain-policy: ALLOW); 1 an error (the
     /// message names it); 2 a usage error; 3 the decision is DENY (printed with its reason).
     Admin(crate::admin_cli::AdminArgs),
+    /// Check every precondition of a working install, each with its fix.
+    ///
+    /// Exit codes: 0 nothing failed (warnings allowed); 1 a check failed (the report says
+    /// which, and how to fix it); 2 a usage error.
+    Check(crate::check::CheckArgs),
     /// Run a two-registry federation on loopback and print what it did.
     Demo,
     /// Measure a registry under load (snapshot time, update fan-out, memory). Built with
@@ -122,6 +127,7 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Crds(args) => crate::crds_cli::run(args),
         Command::Admin(args) => crate::admin_cli::run(args).await,
         Command::Dns(args) => crate::dns_cli::run(args).await,
+        Command::Check(args) => crate::check::run(args).await,
         Command::Demo => crate::demo::run().await,
         #[cfg(any(feature = "bench", test))]
         Command::Bench(args) => crate::bench::run(args).await,

@@ -21,6 +21,7 @@ mod bench_names;
 mod bench_reload;
 mod binder_cli;
 mod certs_cli;
+mod check;
 mod cli;
 mod crds_cli;
 mod demo;
@@ -39,6 +40,10 @@ fn main() -> std::process::ExitCode {
         && std::env::var_os("XCC_LOG").is_none()
     {
         cli.log.log = "warn".into();
+    }
+    // `xcc check` reports what it finds itself; the store's own warnings would say it twice.
+    if matches!(cli.command, cli::Command::Check(_)) && std::env::var_os("XCC_LOG").is_none() {
+        cli.log.log = "error".into();
     }
     cli::init_logging(&cli.log);
     xcc_certs::install_crypto_provider();

@@ -2,6 +2,7 @@
 //! module was a test binary of its own. Tests on a shared control plane (`xcc_testkube::shared`)
 //! share one per binary, each in its own namespace.
 
+mod check;
 #[path = "../common/mod.rs"]
 mod common;
 mod demo;

@@ -173,6 +173,14 @@ fn readme_file_mode_walkthrough_runs_as_printed() {
         .expect("a JSON value")
         .expect("peers -o json parses");
     assert!(peers.to_string().contains("east"), "{peers}");
+    // `xcc check` passed every check (bash -e: a failed one would have ended the script).
+    assert!(
+        out.contains(
+            "✓ remote east: 127.0.0.1:8443 is spiffe://example.org/cluster/east; Hamlet stream open"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("5 checks: 0 failed, 0 warnings"), "{out}");
     for (port, name, expect) in digs {
         assert_eq!(dig(port, &name), [expect], "dig {name}");
     }
