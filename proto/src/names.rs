@@ -1,6 +1,6 @@
-//! Names XCC objects are known by: the label/annotation keys and other constants of XCC v1
-//! (reference §2.6), and the derivations that turn an FQDN and a RemoteRegistry name into object
-//! names (reference §2.7, ADR 0006 / 0007).
+//! Names XCC objects are known by: the label/annotation keys and other constants of XCC v1,
+//! and the derivations that turn an FQDN and a RemoteRegistry name into object names, exactly
+//! as XCC v1 derives them (FNV-1a suffixes, DNS-1035 Service names).
 //!
 //! Inputs are FQDNs received from peers and names read from the API server or from files, so
 //! nothing here panics on odd input: [`canonical_fqdn`] rejects what is not a DNS name with an
@@ -290,15 +290,16 @@ pub fn imported_record_name(fqdn: &str, remote_registry: &str) -> Result<String,
     Ok(name)
 }
 
-/// Name of the binder's Service / Endpoints for `fqdn` (ADR 0007), always a DNS-1035 label of at
-/// most 63 characters.
+/// Name of the binder's Service / Endpoints for `fqdn` (XCC v1's rule), always a DNS-1035 label of
+/// at most 63 characters.
 ///
-/// For a canonical FQDN that starts with a letter this equals XCC v1: dots become dashes, the
-/// first 54 bytes are kept, and `-` + [`hash8`] of the FQDN is appended. Fixes over v1 (B4):
-/// the FQDN is canonicalised first (ASCII lowercase, one trailing dot stripped) and the hash is
-/// taken over that form, so `Foo.Example.` and `foo.example` share a Service; characters outside
-/// `[a-z0-9-]` become `-`; dashes left at the end of the truncated base are stripped; and a base
-/// that does not start with a letter gets an `x` prefix (keeping 53 bytes of it).
+/// For a canonical FQDN that starts with a letter this equals XCC v1: dots become dashes, the first
+/// 54 bytes are kept, and `-` + [`hash8`] of the FQDN is appended. Fixes over v1 (whose names came
+/// from the raw FQDN, so uppercase or a leading digit gave invalid names): the FQDN is
+/// canonicalised first (ASCII lowercase, one trailing dot stripped) and the hash is taken over that
+/// form, so `Foo.Example.` and `foo.example` share a Service; characters outside `[a-z0-9-]` become
+/// `-`; dashes left at the end of the truncated base are stripped; and a base that does not start
+/// with a letter gets an `x` prefix (keeping 53 bytes of it).
 pub fn service_name(fqdn: &str) -> String {
     let canonical = lowercase_without_dot(fqdn);
     let dashed: String = canonical
@@ -322,7 +323,7 @@ pub fn service_name(fqdn: &str) -> String {
     format!("{prefix}{base}-{}", hash8(&canonical))
 }
 
-/// Name of an object xcc generates (network / authorization policies, seed 002): `prefix`
+/// Name of an object xcc generates (network / authorization policies): `prefix`
 /// followed by the first 8 hex digits of the SHA-256 of `parts` joined by `/`.
 pub fn policy_object_name(prefix: &str, parts: &[&str]) -> String {
     let digest = Sha256::digest(parts.join("/").as_bytes());
