@@ -68,7 +68,7 @@ pub const MAX_FQDN_LEN: usize = 253;
 /// Longest DNS label (RFC 1035).
 pub const MAX_LABEL_LEN: usize = 63;
 /// Bytes of the dashed FQDN kept in a binder Service name: 54 + `-` + 8 hex digits = 63, the
-/// DNS-1035 label limit (ADR 0007).
+/// DNS-1035 label limit (XCC v1's rule).
 pub const SERVICE_NAME_BASE_LEN: usize = 54;
 
 /// Whether `name` is a Kubernetes DNS-1123 label (the rule for namespace and cluster names):
@@ -207,7 +207,7 @@ pub fn fnv1a32(s: &str) -> u32 {
     })
 }
 
-/// [`fnv1a32`] as 8 lowercase hex digits, zero-padded: the name suffix of ADR 0006 / 0007.
+/// [`fnv1a32`] as 8 lowercase hex digits, zero-padded: the name suffix of XCC v1's derived names.
 pub fn hash8(s: &str) -> String {
     format!("{:08x}", fnv1a32(s))
 }
@@ -274,7 +274,7 @@ pub fn canonical_fqdn(raw: &str) -> Result<String, FqdnError> {
 }
 
 /// Name of the ServiceRecord the importer creates for `fqdn` received from the RemoteRegistry
-/// named `remote_registry` (ADR 0006): `canonical_fqdn(fqdn) + "-" + hash8(remote_registry)`.
+/// named `remote_registry` (XCC v1's rule): `canonical_fqdn(fqdn) + "-" + hash8(remote_registry)`.
 ///
 /// Fails when the FQDN is not a DNS name or the result exceeds 253 characters (FQDNs longer than
 /// 244 characters).

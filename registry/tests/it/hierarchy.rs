@@ -1,4 +1,4 @@
-//! Hierarchical federation over real mTLS on 127.0.0.1: the seed-000 tree
+//! Hierarchical federation over real mTLS on 127.0.0.1: a three-level tree
 //! (root; B with B1, B2; C with C1), its end-to-end flow and its failure modes.
 
 use std::net::SocketAddr;
@@ -112,7 +112,9 @@ async fn world() -> World {
     }
 }
 
-/// Seed 000 "Testing", steps 1–6, plus the denied caller.
+/// The whole flow, step by step: a dependency declared and admitted (1–2), discovered through
+/// the tree (3), the answer cached and imported (4), the route notification at the owner (5),
+/// the service deleted and everything revoked (6); plus the denied caller.
 #[tokio::test]
 async fn seed_end_to_end_flow() {
     let w = world().await;
