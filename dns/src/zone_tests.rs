@@ -300,7 +300,7 @@ fn by_origin(ns: &str, n: &str, origin: (&str, &str), ips: &[&str]) -> ServiceIn
     s
 }
 
-/// Issue 25: a name is decided by how it is claimed, never by the claimant's key. The Service
+/// A name is decided by how it is claimed, never by the claimant's key. The Service
 /// whose FQDN is the name beats one that names it through its origin, however low that one's
 /// key; Services that all name it through their origin are one service (MCS): its addresses
 /// are theirs together, whatever the order.

@@ -333,7 +333,7 @@ mod tests {
         );
     }
 
-    /// Issue 25, point 2: policy labels travel (valid, not reserved, bounded) so a label-based
+    /// Policy labels travel (valid, not reserved, bounded) so a label-based
     /// `forbid` sees at the root what the owner wrote; nothing else rides along with them.
     #[test]
     fn policy_labels_travel_valid_unreserved_and_bounded() {
@@ -377,7 +377,7 @@ mod tests {
         );
     }
 
-    /// Issue 25, point 1: the origin pair names a clusterset name; it stays only when the
+    /// The origin pair names a clusterset name; it stays only when the
     /// receiver's check admits that name (in a tree: it is the FQDN).
     #[test]
     fn the_origin_stays_only_where_its_name_passes_the_fqdns_check() {

@@ -374,7 +374,7 @@ impl xcc_registry::hamlet::client::ImportSink for FlakySink {
     }
 }
 
-/// Issue 10: a store that cannot write (disk full) holds the ACK and retries with backoff on the
+/// A store that cannot write (disk full) holds the ACK and retries with backoff on the
 /// same stream — no reconnect, no second download of the snapshot, nothing ACKed before stored.
 #[tokio::test]
 async fn store_failure_holds_the_ack_and_retries_without_redownloading() {
@@ -430,7 +430,7 @@ async fn store_failure_holds_the_ack_and_retries_without_redownloading() {
     }
 }
 
-/// Issue 10: an oversized resource costs only itself — NACKed with RESOURCE_EXHAUSTED and a
+/// An oversized resource costs only itself — NACKed with RESOURCE_EXHAUSTED and a
 /// reason — and the records after it still arrive on the same stream.
 #[tokio::test]
 async fn oversized_resource_is_nacked_and_the_rest_imported() {

@@ -473,7 +473,7 @@ async fn shutdown_is_bounded_by_a_consumer_that_stopped_reading() {
     drop(reader);
 }
 
-/// Issue 10: a consumer message over the size limit ends its stream with RESOURCE_EXHAUSTED,
+/// A consumer message over the size limit ends its stream with RESOURCE_EXHAUSTED,
 /// never with a silent OK.
 #[tokio::test]
 async fn oversized_request_ends_the_stream_with_resource_exhausted() {

@@ -328,7 +328,7 @@ fn kept_labels(hostnames: &str) -> std::collections::BTreeMap<String, String> {
         (xcc_proto::names::SERVICE_PORT_ANNOTATION, "443"),
         (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
         (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
-        // A policy label travels too (issue 25); the workload selector does not.
+        // A policy label travels too; the workload selector does not.
         ("connectivity.tanzu.vmware.com/team", "storage"),
     ]
     .into_iter()
@@ -336,7 +336,7 @@ fn kept_labels(hostnames: &str) -> std::collections::BTreeMap<String, String> {
     .collect()
 }
 
-/// Issue 16: a headless export reached through a hierarchy grant keeps its marker and its pods'
+/// A headless export reached through a hierarchy grant keeps its marker and its pods'
 /// hostnames. b2's export is announced up (each level keeps only the allow-listed annotations),
 /// c1 imports it as web through c and the root (the resolver) — an intermediate level that only
 /// routes the answer — and an endpoint and hostname change is pushed down the same way. A
@@ -855,7 +855,7 @@ async fn node_with(
     start_with(cfg).await
 }
 
-/// Issue 14: a refusal at the root of what a grandchild sent reaches that grandchild (leaf →
+/// A refusal at the root of what a grandchild sent reaches that grandchild (leaf →
 /// mid → root over mTLS), which stores it (what `xcc admin` and the kube store show) with the
 /// failed check and the Cedar policy id: an announcement the root's policy forbids, and a
 /// question asked on behalf of a cluster the root does not let `mid` carry. When the root's
