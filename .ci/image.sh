@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The image's budget (issue 17), in podman's units (1 MB = 10^6 bytes); docs/image.md has the
+# The image's budget, in podman's units (1 MB = 10^6 bytes); docs/image.md has the
 # measured size.
 max_bytes=$((40 * 1000 * 1000))
 tag=localhost/xcc:ci

@@ -1,6 +1,6 @@
 //! `xcc demo`: the embedded default, on loopback with a fresh PKI and real mTLS.
 //!
-//! 1. The seed-000 hierarchy: root; B with B1 and B2; C with C1. `api` in B2 admits only `web`
+//! 1. A three-level hierarchy: root; B with B1 and B2; C with C1. `api` in B2 admits only `web`
 //!    in B1: web resolves it through the tree, a caller in C1 is told why it is denied, and the
 //!    route notification reaches B2.
 //! 2. Flat Hamlet (XCC v1): "east" exports three services (one only for cluster "north"),
@@ -136,7 +136,7 @@ where
 }
 
 async fn hierarchy(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
-    println!("######## 1. Hierarchy (seed 000): root; b -> b1, b2; c -> c1\n");
+    println!("######## 1. Hierarchy: root; b -> b1, b2; c -> c1\n");
     let cancel = CancellationToken::new();
     let mut nodes: Vec<Registry> = Vec::new();
     let mut addr = std::collections::BTreeMap::new();

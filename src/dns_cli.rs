@@ -66,7 +66,7 @@ pub struct DnsArgs {
     #[arg(long, env = "XCC_DNS_TTL", default_value_t = DEFAULT_TTL)]
     pub ttl: u32,
     /// Answer `<svc>` and `<svc>.<ns>` as clusterset names for the asking pod and relay every
-    /// other name to --upstream (seed 003). Needs --upstream.
+    /// other name to --upstream (transparent multicluster resolution). Needs --upstream.
     #[arg(long, env = "XCC_DNS_TRANSPARENT")]
     pub transparent: bool,
     /// Resolver for the names we do not hold (transparent mode), e.g. kube-dns: 10.96.0.10:53.

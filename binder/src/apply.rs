@@ -1,15 +1,15 @@
 //! Writing one FQDN group's objects to the API server: the I/O half of a binder reconcile.
 //!
 //! [`sync_group`] server-side-applies the Service, its load-balancer status (the VIP), the
-//! EndpointSlices and the legacy Endpoints computed by [`crate::desired::materialize`] under
-//! the [`FIELD_MANAGER`] field manager, and deletes the binder's EndpointSlices the group no
-//! longer needs. Each object is first compared with what is stored on **the fields the binder
-//! owns only** — defaults a real API server adds (target ports, cluster IPs, protocols,
-//! session affinity, ...) are not ours and are ignored — so a reconcile of an unchanged group
-//! sends no write at all (reference §5.11 NEW-06; XCC v1's B1 rewrote both objects every 30 s).
-//! Objects of the same name the binder does not manage are never taken over.
+//! EndpointSlices and the legacy Endpoints computed by [`crate::desired::materialize`] under the
+//! [`FIELD_MANAGER`] field manager, and deletes the binder's EndpointSlices the group no longer
+//! needs. Each object is first compared with what is stored on **the fields the binder owns only**
+//! — defaults a real API server adds (target ports, cluster IPs, protocols, session affinity, ...)
+//! are not ours and are ignored — so a reconcile of an unchanged group sends no write at all (XCC
+//! v1 rewrote both objects every 30 s, as defaults never compared equal). Objects of the same name
+//! the binder does not manage are never taken over.
 //!
-//! [`sync_global_service`] does the same for a Cilium global Service (seed 004), and
+//! [`sync_global_service`] does the same for a Cilium global Service, and
 //! [`delete_exact`] removes an object only while it is still the one the binder saw.
 
 use std::collections::BTreeMap;
@@ -456,7 +456,7 @@ pub async fn sync_group_known<'a>(
     Ok(written)
 }
 
-/// Apply a Cilium global Service (from [`crate::desired::cilium::global_service`]) — seed 004:
+/// Apply a Cilium global Service (from [`crate::desired::cilium::global_service`]):
 /// its namespace is created when missing (labelled as managed; an existing namespace is never
 /// touched), a Service of that name the binder of `install` did not make (another install's
 /// global Service included) is left alone ([`ApplyError::NotManaged`]), and the Service is

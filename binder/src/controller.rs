@@ -10,11 +10,11 @@
 //! namespace, managed EndpointSlices and Endpoints in the namespace); reconciles read them and
 //! are level-triggered and idempotent. Keys go through a work queue ([`xcc_controller::queue`]) with per-key
 //! exponential backoff; after every relist (410 Gone) and every `resync` period all keys are
-//! reconciled again — with no write when nothing differs (NEW-06).
+//! reconciled again — with no write when nothing differs.
 //!
 //! A group whose last record is gone has its objects removed (the API server's garbage
 //! collector does it through the owner references too; an explicit delete that finds nothing is
-//! fine). A global Service whose sources are gone follows seed 004's orphan rule: removed,
+//! fine). A global Service whose sources are gone follows the orphan rule of Cilium mode: removed,
 //! unless local endpoints exist; when the binder may not count them (403), it is kept, with a
 //! Warning Event once and retries with backoff. Objects of the same name the binder does not
 //! manage — global Services of another install (another namespace's binder) or without the

@@ -2,8 +2,8 @@
 //! Kubernetes objects out. No I/O.
 //!
 //! Imported records (label `connectivity.tanzu.vmware.com/imported`) are grouped per namespace
-//! and canonical FQDN ([`group_imported`]); each group becomes ([`materialize`], reference §3.5
-//! with B1–B5 of §6.6 fixed):
+//! and canonical FQDN ([`group_imported`]); each group becomes ([`materialize`]; XCC v1's binder
+//! without its defects):
 //! - a selector-less ClusterIP **Service** named [`names::service_name`] with the FQDN
 //!   annotation (and the origin annotations the DNS server reads), owned by every record of the
 //!   group (owner references sorted by UID); with a VIP it is a LoadBalancer of the inert class
@@ -17,13 +17,14 @@
 //! - legacy **Endpoints**, one subset per port set, with no subsets when nothing is left
 //!   (valid, unlike XCC v1's empty subset), labelled so the mirroring controller skips it.
 //!
-//! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. When
-//! the records of a group disagree on ports, the record with the lowest UID wins, the others'
-//! endpoints are left out and the outcome carries a [`Conflict`] (B3: deterministic, reported);
-//! so are records of the other type (headless or not) than the winner's (MCS `TypeConflict`).
-//! Only fields the binder owns are set, so server-side apply compares exactly those (B1).
+//! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. When the
+//! records of a group disagree on ports, the record with the lowest UID wins, the others' endpoints
+//! are left out and the outcome carries a [`Conflict`] (deterministic, reported); so are records of
+//! the other type (headless or not) than the winner's (MCS `TypeConflict`). Only fields the binder
+//! owns are set, so server-side apply compares exactly those (no rewrite for the API server's
+//! defaults).
 //!
-//! [`cilium`] computes the `CiliumGlobalService` materialisation (seed 004).
+//! [`cilium`] computes the `CiliumGlobalService` materialisation.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -176,7 +177,7 @@ pub fn resolved_ports(record: &ServiceRecord) -> Result<Vec<Port>, PortError> {
     }
 }
 
-/// The imported records among `records`, grouped per namespace and canonical FQDN (C7: `Foo.X.`
+/// The imported records among `records`, grouped per namespace and canonical FQDN (`Foo.X.`
 /// and `foo.x` share a group). Exported records and records whose FQDN is not a DNS name are
 /// left out. Within a group, records are sorted by UID.
 pub fn group_imported<'a>(

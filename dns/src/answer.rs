@@ -2,19 +2,20 @@
 //! address in; an authoritative response, or "forward this upstream", out.
 //!
 //! Rules, in order:
-//! 1. Not ready (first full sync pending, fix D4) → SERVFAIL, for every question: resolvers
+//! 1. Not ready (first full sync pending) → SERVFAIL, for every question: resolvers
 //!    retry or try another server and do not take it as a negative answer.
 //! 2. Class other than IN (or ANY) → REFUSED. Zone transfers (AXFR, IXFR) → REFUSED on either
 //!    transport (RFC 5936 §4.2: a server that does not transfer the zone refuses): there is
 //!    nothing to transfer to, as every server builds its zones from the same feed.
-//! 3. Inside a configured zone → authoritative (AA): records of the asked type with the owner
-//!    name echoed as asked (DNS-03); A / AAAA from cluster IPs, SRV at `_<port>._<proto>.<name>`,
+//! 3. Inside a configured zone → authoritative (AA): records of the asked type with the owner name
+//!    echoed as asked, case included; A / AAAA from cluster IPs, SRV at `_<port>._<proto>.<name>`,
 //!    SOA and NS at the apex, ANY = all of them. An existing name without records of that type →
-//!    NODATA: NOERROR, no answers, SOA in authority (fix D3). A missing name → NXDOMAIN with
-//!    the SOA in authority. The NS target `ns.dns.<zone>` answers with [`Settings::ns_addresses`]
-//!    (NODATA without them). Namespace mapping (seed 003): a pod in a mapped namespace `foo`
-//!    asking `<svc>.foo.svc.clusterset.local` gets `<svc>.<mapped>.svc.clusterset.local`.
-//! 4. Outside every zone, with transparent resolution off → REFUSED (fix D5: no SERVFAIL).
+//!    NODATA: NOERROR, no answers, SOA in authority (RFC 8020: never NXDOMAIN for a name that
+//!    exists). A missing name → NXDOMAIN with the SOA in authority. The NS target `ns.dns.<zone>`
+//!    answers with [`Settings::ns_addresses`] (NODATA without them). Namespace mapping: a pod in a
+//!    mapped namespace `foo` asking `<svc>.foo.svc.clusterset.local` gets
+//!    `<svc>.<mapped>.svc.clusterset.local`.
+//! 4. Outside every zone, with transparent resolution off → REFUSED (not SERVFAIL).
 //! 5. Transparent resolution on: `<svc>` (relative to the asking pod's namespace, mapped) and
 //!    `<svc>.<ns>` (namespace mapped) — optionally under `_<port>._<proto>.` — are answered as
 //!    `…svc.clusterset.local` when that name holds a Service; the answer is authoritative, with
@@ -48,7 +49,7 @@ const SRV_WEIGHT: u16 = 100;
 pub struct Settings {
     /// TTL of every record, and the SOA minimum (negative-caching TTL).
     pub ttl: u32,
-    /// Answer `<svc>` and `<svc>.<ns>` and forward everything else (seed 003).
+    /// Answer `<svc>` and `<svc>.<ns>` and forward everything else (transparent resolution).
     pub transparent: bool,
     /// Addresses of this server, served for the NS target `ns.dns.<zone>` of every zone.
     pub ns_addresses: Vec<IpAddr>,

@@ -54,9 +54,9 @@ fn mcs_svc(origin_ns: &str, origin: &str, ips: &[&str]) -> ServiceInfo {
     }
 }
 
-/// Zones `some.domain`, `xcc.test`, `clusterset.local`; the reference's two cache entries, a
+/// Zones `some.domain`, `xcc.test`, `clusterset.local`; XCC v1's two test names, a
 /// dual-stack and a v6-only name, `web` exported in clusterset namespaces `bar` and `baz`; pods
-/// in `foo` (annotated `bar`, seed 003) and `baz` (unannotated).
+/// in `foo` (annotated `bar`: namespace mapping) and `baz` (unannotated).
 fn snapshot() -> Snapshot {
     let apexes: Vec<String> = ["some.domain", "xcc.test", "clusterset.local"]
         .map(String::from)
@@ -178,7 +178,7 @@ fn dns_04_missing_name_is_nxdomain_with_the_soa() {
 
 #[test]
 fn dns_05_new_08_aaaa_on_an_ipv4_only_name_is_nodata() {
-    // Reference D3: it answered NXDOMAIN; NODATA is NOERROR, no answers, SOA in authority.
+    // XCC v1 answered NXDOMAIN; NODATA is NOERROR, no answers, SOA in authority.
     let r = ask(&snapshot(), "some-service.some.domain.", RecordType::AAAA);
     assert_eq!(r.rcode, ResponseCode::NoError);
     assert!(r.authoritative);

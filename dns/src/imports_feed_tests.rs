@@ -278,7 +278,7 @@ fn names(services: &[ServiceInfo]) -> Vec<(String, Vec<String>)> {
     out
 }
 
-/// Issue 16: a headless import with pod hostnames gets the MCS pod names
+/// A headless import with pod hostnames gets the MCS pod names
 /// `<hostname>.<cluster>.db.shop.svc.clusterset.local`, the cluster being the owner a hierarchy
 /// import names (here east, imported through the RemoteRegistry `parent`), else the remote;
 /// only hostnames of the record's own addresses count, and the journal's changes (including
@@ -393,7 +393,7 @@ fn headless_imports_serve_their_pods_hostname_names() {
     );
 }
 
-/// Issue 25: a record read only from a journal gets the directory's namespace, never the
+/// A record read only from a journal gets the directory's namespace, never the
 /// empty one that static records hold; records merged under one FQDN take the lowest key and
 /// the origin that names the FQDN itself, in whatever order the files come.
 #[test]

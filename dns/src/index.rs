@@ -6,7 +6,7 @@
 //! on a `tokio::sync::watch`; the server answers from whatever snapshot is current and never
 //! sees a feed. Zones are rebuilt from scratch on publish (O(names)), so feeds apply a batch of
 //! events and publish once. The snapshot is ready only after every required source has
-//! delivered its first full listing (fix D4).
+//! delivered its first full listing (no NXDOMAIN from a half-filled index after a restart).
 //!
 //! [`DnsFeed`] is the shared handle feeds use: the index behind a mutex, publishing after each
 //! change with the wall clock as the serial source.

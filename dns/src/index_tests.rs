@@ -1,4 +1,4 @@
-//! The reference's DNS cache cases (DC-*) and controller cases (SD-*), adapted: the cache is
+//! XCC v1's DNS cache and Service-controller cases, adapted: the cache is
 //! now an index of Services whose names are derived on publish, so "lookup by FQDN" is a zone
 //! lookup and "lookup by key" is the Service's ownership of that name.
 
@@ -62,7 +62,7 @@ fn dc_01_apply_then_lookup_by_name_and_key() {
 
 #[test]
 fn dc_02_same_name_from_another_service_goes_to_the_lowest_key() {
-    // The reference: last writer wins. Here the lowest namespace/name owns the name whatever
+    // XCC v1: last writer wins. Here the lowest namespace/name owns the name whatever
     // the order, and the other Service is reported as a conflict.
     let mut i = index();
     i.apply_service(svc("12345-abc-old", Some("a.b.c"), "1.2.3.4"));
@@ -173,7 +173,7 @@ fn sd_01_to_03_through_the_shared_feed() {
             .and_then(|z| z.node(&n))
             .and_then(|node| node.v4.first().map(ToString::to_string))
     };
-    // SD-01: an annotated Service appears.
+    // An annotated Service appears.
     feed.apply_service(svc(
         "some-service",
         Some("some-service.some.domain"),
@@ -184,7 +184,7 @@ fn sd_01_to_03_through_the_shared_feed() {
         a_of(&mut rx, "some-service.some.domain").as_deref(),
         Some("1.2.3.4")
     );
-    // SD-02: the annotation changes.
+    // The annotation changes.
     feed.apply_service(svc(
         "some-service",
         Some("some-edited-service.some.domain"),
@@ -195,7 +195,7 @@ fn sd_01_to_03_through_the_shared_feed() {
         Some("1.2.3.4")
     );
     assert_eq!(a_of(&mut rx, "some-service.some.domain"), None);
-    // SD-03: the Service is deleted.
+    // The Service is deleted.
     feed.delete_service(&key("some-service"));
     assert_eq!(a_of(&mut rx, "some-edited-service.some.domain"), None);
     assert_eq!(feed.snapshot().zones.record_names(), 0);

@@ -10,11 +10,11 @@
 //! events apply or delete single objects. Events that arrive together are applied as one batch
 //! and published once.
 //!
-//! The conversions from Kubernetes objects are pure and tested on their own: a Service counts
-//! only when it carries the FQDN annotation or both origin annotations (fix D1), and only those
-//! annotations are kept, so unrelated annotation churn (`kubectl apply`'s last-applied
-//! configuration, for instance) never rebuilds the zones. Host-network pods (whose address is the
-//! node's) and finished pods (whose address may already be reused) are not indexed.
+//! The conversions from Kubernetes objects are pure and tested on their own: a Service counts only
+//! when it carries the FQDN annotation or both origin annotations (never every Service of the
+//! cluster), and only those annotations are kept, so unrelated annotation churn (`kubectl apply`'s
+//! last-applied configuration, for instance) never rebuilds the zones. Host-network pods (whose
+//! address is the node's) and finished pods (whose address may already be reused) are not indexed.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

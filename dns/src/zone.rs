@@ -3,13 +3,13 @@
 //! Inputs are [`ServiceInfo`]s — the feed's view of a Service (key, annotations, cluster IPs,
 //! ports), whether it came from a Kubernetes watch or from a static records file. Each Service
 //! contributes up to two names:
-//! - the value of its `connectivity.tanzu.vmware.com/fqdn` annotation (reference §3.7; only
-//!   annotated Services count — fix D1), canonicalised to lowercase (fix D2);
+//! - the value of its `connectivity.tanzu.vmware.com/fqdn` annotation (only annotated Services
+//!   count), canonicalised to lowercase (so mixed-case annotations resolve);
 //! - its MCS name `<origin-name>.<origin-namespace>.svc.clusterset.local` when it carries the
 //!   origin annotations of [`xcc_proto::mapping`].
 //!
 //! A name claimed by several Services is decided by how each claims it, never by the order
-//! they arrive in (fix D5: deterministic, not last-writer-wins) and the others are reported as a
+//! they arrive in (deterministic, not last-writer-wins) and the others are reported as a
 //! [`Conflict`]:
 //! 1. a Service whose FQDN annotation *is* the name beats every Service that claims it only
 //!    through its origin annotations — the FQDN is the name the record was checked and owned

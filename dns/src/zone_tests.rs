@@ -35,7 +35,7 @@ fn node<'a>(set: &'a ZoneSet, n: &str) -> Option<Node<'a>> {
 
 #[test]
 fn annotated_service_gives_a_record_under_lowercase_key() {
-    // D2: a mixed-case annotation is served under its lowercase form, and found in any case.
+    // A mixed-case annotation is served under its lowercase form, and found in any case.
     let set = build(
         &["xcc.test"],
         &[svc("ns", "a", Some("Foo.XCC.test."), &["10.0.0.1"])],
@@ -59,7 +59,7 @@ fn annotated_service_gives_a_record_under_lowercase_key() {
 
 #[test]
 fn unannotated_services_are_ignored() {
-    // D1: the reference cached every Service, collapsing unannotated ones into a "." entry.
+    // XCC v1 cached every Service, collapsing unannotated ones into a "." entry.
     let set = build(
         &["xcc.test"],
         &[svc("kube-system", "kube-dns", None, &["10.96.0.10"])],
@@ -183,7 +183,7 @@ fn imports_with_an_origin_get_their_mcs_name() {
 
 #[test]
 fn duplicate_names_go_to_the_lowest_key_whatever_the_order() {
-    // D5: deterministic ownership instead of last-writer-wins.
+    // Deterministic ownership instead of last-writer-wins.
     let a = svc("b-ns", "z", Some("dup.xcc.test"), &["10.0.0.2"]);
     let b = svc("a-ns", "z", Some("DUP.xcc.test"), &["10.0.0.1"]);
     let c = svc("a-ns", "y", Some("dup.xcc.test."), &["10.0.0.3"]);
@@ -300,7 +300,7 @@ fn by_origin(ns: &str, n: &str, origin: (&str, &str), ips: &[&str]) -> ServiceIn
     s
 }
 
-/// Issue 25: a name is decided by how it is claimed, never by the claimant's key. The Service
+/// A name is decided by how it is claimed, never by the claimant's key. The Service
 /// whose FQDN is the name beats one that names it through its origin, however low that one's
 /// key; Services that all name it through their origin are one service (MCS): its addresses
 /// are theirs together, whatever the order.

@@ -2,7 +2,7 @@
 //! `connectivity.tanzu.vmware.com`, version `v1alpha1` — as kube-rs types, and the
 //! CustomResourceDefinitions generated from them (`xcc crds`, `deploy/crds/*.yaml`).
 //!
-//! The schema keeps XCC v1's fields, types and required-ness exactly (reference §2.2–§2.3), so
+//! The schema keeps XCC v1's fields, types and required-ness exactly, so
 //! XCC manifests apply unchanged; every addition is optional. What flows through here: the
 //! publisher writes exported records, the registry writes imported records and RemoteRegistry
 //! status, the binder reads imported records. The doc comments on fields are what `kubectl

@@ -1,5 +1,5 @@
-//! `RemoteRegistry.spec.allowedDomains`: validating the list exactly as XCC v1 does (reference
-//! §2.4) and matching imported FQDNs against it (reference §2.5).
+//! `RemoteRegistry.spec.allowedDomains`: validating the list exactly as XCC v1 does and
+//! matching imported FQDNs against it ([`fqdn_allowed`]).
 //!
 //! The validation result becomes the message of the RemoteRegistry's `Valid=False` condition, so
 //! its text reproduces XCC v1 byte for byte: the Kubernetes field-error formats, the aggregate
@@ -239,7 +239,7 @@ fn split_domain_name(name: &str) -> Vec<&str> {
     name.strip_suffix('.').unwrap_or(name).split('.').collect()
 }
 
-/// Whether an imported `fqdn` passes the `allowed` list (reference §2.5): an empty list allows
+/// Whether an imported `fqdn` passes the `allowed` list: an empty list allows
 /// everything; otherwise some entry must equal the FQDN or be a parent domain of it, compared
 /// label-wise from the right, ASCII case-insensitively, both sides made fully qualified first
 /// (miekg `IsSubDomain(CanonicalName(entry), CanonicalName(fqdn))`). `"."` allows everything;

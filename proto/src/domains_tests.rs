@@ -23,84 +23,80 @@ fn validate(domains: &[&str]) -> Result<(), String> {
 /// (case id, allowedDomains, substrings the error must contain; `None` = valid).
 type Case<'a> = (&'a str, Vec<String>, Option<&'a [&'a str]>);
 
-/// Reference §5.2: every case, one-element lists except V-26. `None` = valid, `Some(s)` = the
-/// error message contains `s` (and nothing of the other rules).
+/// XCC v1's own `allowedDomains` cases, numbered in its order, one-element lists except #26.
+/// `None` = valid, `Some(s)` = the error message contains `s` (and nothing of the other rules).
 #[test]
-fn v01_to_v26() {
+fn xcc_v1_allowed_domains_cases() {
     let l255 = labels(&[60, 60, 60, 60, 11]);
     let l256 = labels(&[60, 60, 60, 60, 12]);
     let cases: Vec<Case> = vec![
-        ("V-01", vec![".".into()], None),
-        ("V-02", vec!["tld".into()], None),
-        ("V-03", vec!["tld.".into()], None),
-        ("V-04", vec!["example.com".into()], None),
-        ("V-05", vec!["123.local".into()], None),
-        ("V-06", vec![l256.clone()], Some(&["Too long"])),
-        ("V-07", vec![l255.clone()], None),
-        ("V-08", vec![format!("{l255}.")], None),
-        ("V-09", vec!["".into()], Some(&["Invalid domain"])),
+        ("#01", vec![".".into()], None),
+        ("#02", vec!["tld".into()], None),
+        ("#03", vec!["tld.".into()], None),
+        ("#04", vec!["example.com".into()], None),
+        ("#05", vec!["123.local".into()], None),
+        ("#06", vec![l256.clone()], Some(&["Too long"])),
+        ("#07", vec![l255.clone()], None),
+        ("#08", vec![format!("{l255}.")], None),
+        ("#09", vec!["".into()], Some(&["Invalid domain"])),
         (
-            "V-10",
+            "#10",
             vec![format!("{}.example.com", "a".repeat(64))],
             Some(&["Invalid domain"]),
         ),
         (
-            "V-11",
+            "#11",
             vec!["example..com".into()],
             Some(&["Invalid domain"]),
         ),
+        ("#12", vec![format!("{}.example.com", "a".repeat(63))], None),
         (
-            "V-12",
-            vec![format!("{}.example.com", "a".repeat(63))],
-            None,
-        ),
-        (
-            "V-13",
+            "#13",
             vec!["http://example.com".into()],
             Some(&["Invalid characters"]),
         ),
         (
-            "V-14",
+            "#14",
             vec!["example.com/path".into()],
             Some(&["Invalid characters"]),
         ),
         (
-            "V-15",
+            "#15",
             vec!["example domain.com".into()],
             Some(&["Invalid characters"]),
         ),
         (
-            "V-16",
+            "#16",
             vec!["\\123example.com".into()],
             Some(&["Invalid characters"]),
         ),
         (
-            "V-17",
+            "#17",
             vec!["你好.com".into()],
             Some(&["Invalid characters"]),
         ),
-        ("V-18", vec!["xn--6qq79v.com".into()], None),
+        ("#18", vec!["xn--6qq79v.com".into()], None),
         (
-            "V-19",
+            "#19",
             vec!["example.-domain.com".into()],
             Some(&["Invalid use of hyphen"]),
         ),
         (
-            "V-20",
+            "#20",
             vec!["example-.domain.com".into()],
             Some(&["Invalid use of hyphen"]),
         ),
         (
-            "V-21",
+            "#21",
             vec!["example.-domain-.com".into()],
             Some(&["Invalid use of hyphen"]),
         ),
-        ("V-22", vec!["example-domain.com".into()], None),
-        ("V-23", vec!["123".into()], Some(&["Invalid TLD"])),
-        ("V-24", vec!["example.123".into()], Some(&["Invalid TLD"])),
-        ("V-25", vec!["example.123.".into()], Some(&["Invalid TLD"])),
+        ("#22", vec!["example-domain.com".into()], None),
+        ("#23", vec!["123".into()], Some(&["Invalid TLD"])),
+        ("#24", vec!["example.123".into()], Some(&["Invalid TLD"])),
+        ("#25", vec!["example.123.".into()], Some(&["Invalid TLD"])),
         (
-            "V-26",
+            "#26",
             vec!["example domain.com".into(), "example.-domain.com".into()],
             Some(&["Invalid characters", "Invalid use of hyphen"]),
         ),

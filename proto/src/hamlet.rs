@@ -1,5 +1,5 @@
 //! Packing Hamlet payloads into `google.protobuf.Any` and back, as the Go Hamlet library does
-//! (reference §1.7–1.8): a payload travels as an `Any` whose type URL is
+//! in its server and client: a payload travels as an `Any` whose type URL is
 //! `type.googleapis.com/<full message name>`, and a consumer accepts it only when the part of
 //! the type URL after the last `/` names the message it expects.
 

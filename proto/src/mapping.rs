@@ -1,4 +1,4 @@
-//! Namespace mapping (seed 003): the one function the publisher, the binder and the DNS server
+//! Namespace mapping: the one function the publisher, the binder and the DNS server
 //! share to translate between a cluster's local namespaces and the clusterset namespaces that
 //! services travel under.
 //!
@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use thiserror::Error;
 
-/// Namespace annotation naming the clusterset namespace a local namespace belongs to (seed 003).
+/// Namespace annotation naming the clusterset namespace a local namespace belongs to.
 pub const NAMESPACE_ANNOTATION: &str = "multicluster.kubernetes.io/namespace";
 /// Annotation the binder puts on an imported Service: the clusterset namespace of the exported
 /// service (already mapped by the exporting cluster). With [`ORIGIN_NAME_ANNOTATION`] it gives

@@ -1,6 +1,6 @@
-//! Names XCC objects are known by: the label/annotation keys and other constants of XCC v1
-//! (reference §2.6), and the derivations that turn an FQDN and a RemoteRegistry name into object
-//! names (reference §2.7, ADR 0006 / 0007).
+//! Names XCC objects are known by: the label/annotation keys and other constants of XCC v1,
+//! and the derivations that turn an FQDN and a RemoteRegistry name into object names, exactly
+//! as XCC v1 derives them (FNV-1a suffixes, DNS-1035 Service names).
 //!
 //! Inputs are FQDNs received from peers and names read from the API server or from files, so
 //! nothing here panics on odd input: [`canonical_fqdn`] rejects what is not a DNS name with an
@@ -68,7 +68,7 @@ pub const MAX_FQDN_LEN: usize = 253;
 /// Longest DNS label (RFC 1035).
 pub const MAX_LABEL_LEN: usize = 63;
 /// Bytes of the dashed FQDN kept in a binder Service name: 54 + `-` + 8 hex digits = 63, the
-/// DNS-1035 label limit (ADR 0007).
+/// DNS-1035 label limit (XCC v1's rule).
 pub const SERVICE_NAME_BASE_LEN: usize = 54;
 
 /// Whether `name` is a Kubernetes DNS-1123 label (the rule for namespace and cluster names):
@@ -207,7 +207,7 @@ pub fn fnv1a32(s: &str) -> u32 {
     })
 }
 
-/// [`fnv1a32`] as 8 lowercase hex digits, zero-padded: the name suffix of ADR 0006 / 0007.
+/// [`fnv1a32`] as 8 lowercase hex digits, zero-padded: the name suffix of XCC v1's derived names.
 pub fn hash8(s: &str) -> String {
     format!("{:08x}", fnv1a32(s))
 }
@@ -274,7 +274,7 @@ pub fn canonical_fqdn(raw: &str) -> Result<String, FqdnError> {
 }
 
 /// Name of the ServiceRecord the importer creates for `fqdn` received from the RemoteRegistry
-/// named `remote_registry` (ADR 0006): `canonical_fqdn(fqdn) + "-" + hash8(remote_registry)`.
+/// named `remote_registry` (XCC v1's rule): `canonical_fqdn(fqdn) + "-" + hash8(remote_registry)`.
 ///
 /// Fails when the FQDN is not a DNS name or the result exceeds 253 characters (FQDNs longer than
 /// 244 characters).
@@ -290,15 +290,16 @@ pub fn imported_record_name(fqdn: &str, remote_registry: &str) -> Result<String,
     Ok(name)
 }
 
-/// Name of the binder's Service / Endpoints for `fqdn` (ADR 0007), always a DNS-1035 label of at
-/// most 63 characters.
+/// Name of the binder's Service / Endpoints for `fqdn` (XCC v1's rule), always a DNS-1035 label of
+/// at most 63 characters.
 ///
-/// For a canonical FQDN that starts with a letter this equals XCC v1: dots become dashes, the
-/// first 54 bytes are kept, and `-` + [`hash8`] of the FQDN is appended. Fixes over v1 (B4):
-/// the FQDN is canonicalised first (ASCII lowercase, one trailing dot stripped) and the hash is
-/// taken over that form, so `Foo.Example.` and `foo.example` share a Service; characters outside
-/// `[a-z0-9-]` become `-`; dashes left at the end of the truncated base are stripped; and a base
-/// that does not start with a letter gets an `x` prefix (keeping 53 bytes of it).
+/// For a canonical FQDN that starts with a letter this equals XCC v1: dots become dashes, the first
+/// 54 bytes are kept, and `-` + [`hash8`] of the FQDN is appended. Fixes over v1 (whose names came
+/// from the raw FQDN, so uppercase or a leading digit gave invalid names): the FQDN is
+/// canonicalised first (ASCII lowercase, one trailing dot stripped) and the hash is taken over that
+/// form, so `Foo.Example.` and `foo.example` share a Service; characters outside `[a-z0-9-]` become
+/// `-`; dashes left at the end of the truncated base are stripped; and a base that does not start
+/// with a letter gets an `x` prefix (keeping 53 bytes of it).
 pub fn service_name(fqdn: &str) -> String {
     let canonical = lowercase_without_dot(fqdn);
     let dashed: String = canonical
@@ -322,7 +323,7 @@ pub fn service_name(fqdn: &str) -> String {
     format!("{prefix}{base}-{}", hash8(&canonical))
 }
 
-/// Name of an object xcc generates (network / authorization policies, seed 002): `prefix`
+/// Name of an object xcc generates (network / authorization policies): `prefix`
 /// followed by the first 8 hex digits of the SHA-256 of `parts` joined by `/`.
 pub fn policy_object_name(prefix: &str, parts: &[&str]) -> String {
     let digest = Sha256::digest(parts.join("/").as_bytes());

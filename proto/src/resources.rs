@@ -4,7 +4,7 @@
 //! ([`ServiceRecord::validate`], [`RemoteRegistry::validate`]).
 //!
 //! The types are the custom resources themselves, so a file holds exactly what the API server
-//! would: XCC v1's field names (reference §2.2–2.3) and our optional additions. Errors from
+//! would: XCC v1's field names and our optional additions. Errors from
 //! [`parse_documents`] name the file, the document and the field path; `validate` names the
 //! offending field.
 

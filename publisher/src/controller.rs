@@ -5,7 +5,8 @@
 //! - exported HTTPProxies and exported Services (label selector on the export label). A source
 //!   that loses its label leaves the watched set like a deleted one, and both mean the same
 //!   thing: its records go;
-//! - every Node (node readiness, roles, taints and addresses feed the endpoints, §6.5 P3);
+//! - every Node (node readiness, roles, taints and addresses feed the endpoints, so a node
+//!   change re-reconciles the exports);
 //! - the ingress (Envoy) Service, by name;
 //! - the ServiceRecords the publisher manages (managed-by label): a change or deletion of one
 //!   re-reconciles its owner, which repairs drift.

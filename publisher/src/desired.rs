@@ -1,7 +1,7 @@
 //! The exported ServiceRecord a source object should have — pure: object, nodes and the
 //! ingress Service in; the desired record (or why there is none) out. No I/O.
 //!
-//! Two sources (reference §3.2, with defects P1–P7 of §6.5 fixed):
+//! Two sources (XCC v1's HTTPProxy publisher, without its defects, and labelled Services):
 //! - **HTTPProxy** labelled `connectivity.tanzu.vmware.com/export` with a virtualhost: record
 //!   named after the canonical FQDN, endpoints = the ingress Service's LoadBalancer addresses when
 //!   it has any, else the InternalIPs of the nodes the ingress DaemonSet can run on, all on the
@@ -82,7 +82,8 @@ impl Default for Config {
 pub enum Skip {
     /// The export label is absent.
     NotExported,
-    /// An HTTPProxy without `spec.virtualhost` (an included, non-root proxy) (P1).
+    /// An HTTPProxy without `spec.virtualhost` (an included, non-root proxy): skipped, never a
+    /// crash.
     NoVirtualHost,
     /// The FQDN is not a DNS name; the message says why.
     InvalidFqdn(String),
@@ -194,7 +195,8 @@ pub fn node_internal_ips(node: &Node) -> Vec<String> {
         .collect()
 }
 
-/// Sort by (address, port) and drop duplicates (P4: equal inputs give byte-equal records).
+/// Sort by (address, port) and drop duplicates (equal inputs give byte-equal records, so no
+/// spurious update).
 fn normalise(mut endpoints: Vec<Endpoint>) -> Vec<Endpoint> {
     endpoints.sort();
     endpoints.dedup();
@@ -236,8 +238,9 @@ pub fn ingress_endpoints(ingress: Option<&Service>, nodes: &[Node], port: i32) -
     )
 }
 
-/// Annotations passed through from the source: keys under `connectivity.tanzu.vmware.com/`
-/// (with the slash — S7), except the ones the publisher consumes itself.
+/// Annotations passed through from the source: keys under `connectivity.tanzu.vmware.com/` (with
+/// the slash: `connectivity.tanzu.vmware.comX` is not one), except the ones the publisher consumes
+/// itself.
 fn passed_annotations(meta: &ObjectMeta) -> BTreeMap<String, String> {
     let prefix = format!("{LABEL_PREFIX}/");
     meta.annotations
@@ -288,7 +291,7 @@ fn record(
     }))
 }
 
-/// The exported record of an HTTPProxy (reference §3.2 with P1–P7 fixed).
+/// The exported record of an HTTPProxy (as XCC v1's publisher, without its defects).
 ///
 /// `ingress` is the ingress (Envoy) Service, when configured; `nodes` are all nodes.
 pub fn from_httpproxy(
@@ -297,7 +300,8 @@ pub fn from_httpproxy(
     nodes: &[Node],
     config: &Config,
 ) -> Desired {
-    // P1: the label first, then the virtualhost; neither dereference can fail.
+    // The label first, then the virtualhost (a proxy without one is normal in Contour); neither
+    // dereference can fail.
     if !has_label(&proxy.metadata, EXPORT_LABEL) {
         return Desired::Skip(Skip::NotExported);
     }
@@ -349,7 +353,7 @@ pub fn parse_clusters(value: &str) -> Vec<String> {
 
 /// The exported record of a Service labelled for export.
 ///
-/// `clusterset_namespace` is the namespace the Service's namespace maps to (seed 003; the
+/// `clusterset_namespace` is the namespace the Service's namespace maps to (namespace mapping; the
 /// Service's own namespace when unmapped): it names the default FQDN and the origin. `nodes`
 /// are all nodes (used for NodePort Services).
 ///
@@ -619,7 +623,7 @@ pub fn from_exported_service(
 
 /// Whether the publisher may rewrite or delete `record` on behalf of the source object with
 /// uid `owner_uid`: the record has the export label, the publisher's managed-by label and an
-/// owner reference with that uid. Anything else was made by someone else and is left alone (P6).
+/// owner reference with that uid. Anything else was made by someone else and is left alone.
 pub fn is_owned_by(record: &ServiceRecord, owner_uid: &str) -> bool {
     let meta = &record.metadata;
     has_label(meta, EXPORT_LABEL)

@@ -1155,7 +1155,7 @@ when { resource.zones.contains("b2.example.org") };
         assert!(matches!(err, PolicyError::Duplicate { .. }), "{err}");
     }
 
-    /// Issue 25, point 2: a policy can never silently stop matching. A label test that no
+    /// A policy can never silently stop matching. A label test that no
     /// service can carry to the policy is refused at load, naming the policy, the label and why;
     /// the labels a policy sees are the policy labels only.
     #[test]
@@ -1205,7 +1205,7 @@ when { resource.zones.contains("b2.example.org") };
         assert_eq!(format!("{labels}"), r#"["tier=restricted"]"#);
     }
 
-    /// Issue 10, row 3: the identity half of the one decision point. Only a cluster identity of
+    /// The identity half of the one decision point. Only a cluster identity of
     /// this trust domain is a requesting cluster; look-alikes named `west` are refused.
     #[test]
     fn the_gate_binds_kind_and_trust_domain() {

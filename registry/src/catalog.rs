@@ -1,9 +1,10 @@
 //! The catalog: a pure in-memory index of every service this registry knows — its own exports,
-//! imports from remote registries and (later) announcements from its subtree. No I/O happens
-//! here. Writers (stores, import clients) call [`Catalog::upsert`], [`Catalog::remove`] or
-//! [`Catalog::replace_source`]; readers (the Hamlet server, the admin API) read under a short
-//! lock and learn of changes through two broadcast channels: full [`CatalogEvent`]s for watchers,
-//! and the FQDNs whose Hamlet view changed for Hamlet consumers.
+//! imports from remote registries, announcements from its children and answers granted through the
+//! hierarchy. No I/O happens here. Writers (stores, import clients, the federation level) call
+//! [`Catalog::upsert`], [`Catalog::remove`] or [`Catalog::replace_source`]; readers (the Hamlet
+//! server, the parent link, the admin API) read under a short lock and learn of changes through two
+//! broadcast channels: full [`CatalogEvent`]s for watchers, and the FQDNs whose Hamlet view changed
+//! for Hamlet consumers.
 
 use std::borrow::Borrow;
 use std::collections::hash_map::RandomState;

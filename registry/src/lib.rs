@@ -1,6 +1,7 @@
 //! The xcc registry: the catalog of services, the Hamlet server that serves this cluster's
-//! exports, the managed Hamlet clients that import from remote registries, the admin API, and
-//! the stores that keep exports and imports (files here; Kubernetes in its own issue).
+//! subtree, the managed Hamlet clients that import from remote registries, the hierarchy
+//! (federation), the Cedar and bilateral checks, the admin API, and the stores that keep exports
+//! and imports (files, or Kubernetes objects). The map is docs/architecture.md.
 
 pub mod admin;
 pub mod authz;

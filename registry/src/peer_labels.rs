@@ -3,10 +3,10 @@
 //! `ServiceAnnouncement.labels` and `ServiceQueryResponse.labels`). Pure.
 //!
 //! Every path on which labels arrive from the wire — a Hamlet import, a child's announcement, a
-//! parent's answer — keeps only what [`allowed`] keeps (C6), so no path admits what another
-//! refuses: a lying peer can neither inject an arbitrary annotation into an imported record
-//! nor mark a service headless with hostnames of addresses it does not serve. A label that is
-//! not kept costs that label, never the entry.
+//! parent's answer — keeps only what [`allowed`] keeps (an allow-list, values checked), so no path
+//! admits what another refuses: a lying peer can neither inject an arbitrary annotation into an
+//! imported record nor mark a service headless with hostnames of addresses it does not serve. A
+//! label that is not kept costs that label, never the entry.
 //!
 //! Two kinds travel:
 //! - *control labels* ([`CONTROL_KEYS`]), each with its own rule (a port, an IP, a pair of
@@ -42,7 +42,8 @@ pub const CONTROL_KEYS: [&str; 6] = [
     HOSTNAMES_ANNOTATION,
 ];
 
-/// The prefix of every label that travels (XCC's pass-through annotations, S7).
+/// The prefix of every label that travels (XCC's pass-through annotations, matched with the
+/// slash).
 pub const PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
 /// Keys under [`PREFIX`] that xcc itself uses: never policy labels, whatever their value (the
@@ -332,7 +333,7 @@ mod tests {
         );
     }
 
-    /// Issue 25, point 2: policy labels travel (valid, not reserved, bounded) so a label-based
+    /// Policy labels travel (valid, not reserved, bounded) so a label-based
     /// `forbid` sees at the root what the owner wrote; nothing else rides along with them.
     #[test]
     fn policy_labels_travel_valid_unreserved_and_bounded() {
@@ -376,7 +377,7 @@ mod tests {
         );
     }
 
-    /// Issue 25, point 1: the origin pair names a clusterset name; it stays only when the
+    /// The origin pair names a clusterset name; it stays only when the
     /// receiver's check admits that name (in a tree: it is the FQDN).
     #[test]
     fn the_origin_stays_only_where_its_name_passes_the_fqdns_check() {

@@ -1,4 +1,4 @@
-//! Issue 25, point 1: a record is served only under names its sender may hold. Registries run
+//! A record is served only under names its sender may hold. Registries run
 //! in-process on loopback with real mTLS; what an importer holds is turned into the records a
 //! file-mode registry writes (`store::file::imported_record`) and into the zones
 //! `xcc dns --feed imports` builds from them (`imports_feed::services_from_records`,

@@ -194,7 +194,7 @@ fn readme_hierarchy_walkthrough_runs_as_printed() {
     xcc_certs::install_crypto_provider();
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = "A hierarchy (seed 000)";
+    let section = "A hierarchy of registries";
     let sh = blocks(&readme, section, "sh");
     assert_eq!(sh.len(), 1, "{sh:?}");
     let cedar = blocks(&readme, section, "cedar");

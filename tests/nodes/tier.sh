@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real-nodes tier (issue 32): xcc installed from deploy/ as pods on two clusters with real
+# The real-nodes tier: xcc installed from deploy/ as pods on two clusters with real
 # nodes, and requests that cross by name. No xcc host process: `xcc certs` is the only xcc
 # command run on the host (a workstation tool in deploy/README.md).
 #

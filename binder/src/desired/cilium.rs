@@ -1,11 +1,12 @@
-//! `CiliumGlobalService` materialisation (seed 004): an imported service appears as a Cilium
+//! `CiliumGlobalService` materialisation: an imported service appears as a Cilium
 //! global Service with the **origin's name and namespace** — Cilium's cluster mesh pairs global
 //! services by name and namespace and load-balances to the remote cluster's endpoints — with no
 //! selector and no local endpoints (`service.cilium.io/shared: "false"`).
 //!
-//! Pure: imported records in, desired Service / Namespace and orphan decisions out. The Service
-//! has no owner reference: its lifetime follows seed 004's orphan rule ([`orphan_decision`]),
-//! tracked by the managed label and the source-cluster annotation.
+//! Pure: imported records in, desired Service / Namespace and orphan decisions out. The Service has
+//! no owner reference: its lifetime follows the orphan rule ([`orphan_decision`]: gone with its
+//! source, unless it has local endpoints), tracked by the managed label and the source-cluster
+//! annotation.
 //!
 //! Global Services live outside the binder's namespace, where another xcc install may have
 //! made some too. Each carries the install that made it ([`INSTALL_ANNOTATION`]: the binder's
@@ -161,7 +162,7 @@ pub fn is_managed(meta: &ObjectMeta) -> bool {
 }
 
 /// The Namespace to create when the origin's namespace does not exist here, labelled as
-/// managed (it is never deleted by the binder, as in seed 004).
+/// managed (it is never deleted by the binder).
 pub fn namespace(name: &str) -> Namespace {
     Namespace {
         metadata: ObjectMeta {
@@ -186,7 +187,7 @@ pub fn is_ours(meta: &ObjectMeta, install: &str) -> bool {
 
 /// Whether the binder of `install` may write the global Service over `existing`: nothing is
 /// there, or it made it. A Service of the same name it did not make — another install's, or
-/// nobody's — is left alone (seed 004: "if svc exists → do nothing").
+/// nobody's — is left alone.
 pub fn may_write(existing: Option<&Service>, install: &str) -> bool {
     existing.is_none_or(|s| is_ours(&s.metadata, install))
 }

@@ -1,5 +1,7 @@
-//! Reference §5.7 (SB-01..SB-08) as pure tables, the fixes B1–B5 of §6.6, NEW-07, and the
-//! Cilium global service rules of seed 004.
+//! XCC v1's binder cases (Service and Endpoints per FQDN, VIP, ports, several sources merged,
+//! other FQDNs and exported records left out, long names, a source removed) as pure tables, what
+//! xcc does beyond it (only owned fields, ports per subset, a deterministic merge, valid names,
+//! EndpointSlices, uppercase FQDNs), and the Cilium global service rules.
 
 use serde_json::{Value, json};
 use xcc_proto::crd::{Endpoint, Origin, ServicePort as RecordPort, ServiceRecord};
@@ -121,7 +123,7 @@ fn sb_01_one_record() {
                     "uid": "1",
                 }],
             },
-            // B1: no selector, no targetPort, no clusterIP: only fields the binder owns.
+            // No selector, no targetPort, no clusterIP: only fields the binder owns.
             "spec": {"type": "ClusterIP", "ports": [{"port": 443, "protocol": "TCP"}]},
         })
     );
@@ -264,7 +266,7 @@ fn sb_05_and_06_other_fqdns_and_exported_records_stay_out() {
     let (_, alone) = only_group(&sb_04_records());
     assert_eq!(m, alone);
 
-    // SB-06: an exported record with the same FQDN is neither owner nor source.
+    // An exported record with the same FQDN is neither owner nor source.
     let mut exported = record(
         "test.some.domain.shared-services-cls-3",
         "3",

@@ -1,7 +1,7 @@
 //! `sync_group` on a real API server (`xcc_testkube`, our CRDs installed), as the binder's
-//! ServiceAccount with exactly `deploy/overlays/importer`'s RBAC: SB-01/SB-02/SB-08 end to end
-//! and NEW-06 — no write request after the first reconcile of an unchanged group (the API
-//! server's audit log counts writes).
+//! ServiceAccount with exactly `deploy/overlays/importer`'s RBAC: a record's Service and Endpoints,
+//! the VIP, a source removed, end to end, and no write request after the first reconcile of an
+//! unchanged group (the API server's audit log counts writes).
 
 #![allow(clippy::unwrap_used)]
 
@@ -111,7 +111,7 @@ async fn materialises_then_writes_nothing_while_unchanged() {
         "the server allocated a cluster IP"
     );
     assert_eq!(spec.ports.unwrap()[0].port, 443);
-    // SB-02: the VIP lands in the load-balancer status.
+    // The VIP lands in the load-balancer status.
     let ingress = svc.status.unwrap().load_balancer.unwrap().ingress.unwrap();
     assert_eq!(ingress[0].ip.as_deref(), Some("1.2.3.4"));
     let endpoints: Api<Endpoints> = Api::namespaced(env.admin.clone(), &env.ns);
@@ -134,7 +134,7 @@ async fn materialises_then_writes_nothing_while_unchanged() {
         1
     );
 
-    // NEW-06: reconciling the unchanged group again sends no write.
+    // Reconciling the unchanged group again sends no write.
     let since = std::time::SystemTime::now();
     for _ in 0..3 {
         let written = sync_group(&client, &env.ns, &current(&env).await)
@@ -144,7 +144,7 @@ async fn materialises_then_writes_nothing_while_unchanged() {
     }
     env.assert_no_writes_since(since);
 
-    // SB-08: one source deleted → owners and addresses shrink, nothing else.
+    // One source deleted → owners and addresses shrink, nothing else.
     let records: Api<ServiceRecord> = Api::namespaced(env.admin.clone(), &env.ns);
     records
         .delete(

@@ -1,11 +1,11 @@
-//! The running binder controller on a real API server (`xcc_testkube`, our CRDs installed), as
-//! the binder's ServiceAccount with exactly the RBAC of `deploy/overlays/importer` (Cilium mode:
-//! `overlays/cilium`), so a missing rule fails (no request may be refused): reference §5.7
-//! SB-01..SB-08 through watches and reconciles, NEW-06 (no writes at steady state across a
-//! resync and a restart; the audit log counts writes), NEW-07, port conflicts, drift repair,
-//! foreign objects, the Cilium global-service mode (seed 004), other installs' global Services, a
-//! refused orphan check and readiness. A forced relist
-//! (410 Gone) cannot be had from a real server on demand: `relist.rs`, on the fake.
+//! The running binder controller on a real API server (`xcc_testkube`, our CRDs installed), as the
+//! binder's ServiceAccount with exactly the RBAC of `deploy/overlays/importer` (Cilium mode:
+//! `overlays/cilium`), so a missing rule fails (no request may be refused): XCC v1's binder cases
+//! through watches and reconciles, no writes at steady state across a resync and a restart (the
+//! audit log counts writes), uppercase FQDNs, port conflicts, drift repair, foreign objects, the
+//! Cilium global-service mode, other installs' global Services, a refused orphan check and
+//! readiness. A forced relist (410 Gone) cannot be had from a real server on demand: `relist.rs`,
+//! on the fake.
 //!
 //! No sleeps: waits on API state wake on the watches of what they check; only in-process
 //! state (readiness, counters) is polled.
@@ -385,7 +385,7 @@ async fn sb_cases_through_the_running_controller() {
         return;
     };
 
-    // SB-01: one record → Service and Endpoints, owned by it; no load-balancer status.
+    // One record → Service and Endpoints, owned by it; no load-balancer status.
     let r1 = env
         .create_record(imported(
             "test.some.domain-abcd1234",
@@ -395,7 +395,7 @@ async fn sb_cases_through_the_running_controller() {
         ))
         .await;
     // The group's Service, EndpointSlices and Endpoints are written at once: wait for all three.
-    env.wait_for("SB-01 Endpoints", async |e| {
+    env.wait_for("Endpoints of one record", async |e| {
         e.endpoints(SVC)
             .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2"])
@@ -439,13 +439,13 @@ async fn sb_cases_through_the_running_controller() {
     })
     .await;
 
-    // SB-02: the VIP annotation → load-balancer ingress.
+    // The VIP annotation → load-balancer ingress.
     env.annotate_record(
         "test.some.domain-abcd1234",
         json!({"connectivity.tanzu.vmware.com/vip": "1.2.3.4"}),
     )
     .await;
-    env.wait_for("SB-02 VIP", async |e| {
+    env.wait_for("VIP", async |e| {
         e.service(SVC)
             .await
             .is_some_and(|s| ingress(&s) == ["1.2.3.4"])
@@ -458,13 +458,13 @@ async fn sb_cases_through_the_running_controller() {
         "connectivity.tanzu.vmware.com/vip"
     );
 
-    // SB-03: service-port 8080 with endpoints on 443.
+    // service-port 8080 with endpoints on 443.
     env.annotate_record(
         "test.some.domain-abcd1234",
         json!({"connectivity.tanzu.vmware.com/service-port": "8080"}),
     )
     .await;
-    env.wait_for("SB-03 port", async |e| {
+    env.wait_for("service port", async |e| {
         e.service(SVC)
             .await
             .is_some_and(|s| service_ports(&s) == [(8080, "TCP".to_string())])
@@ -478,7 +478,7 @@ async fn sb_cases_through_the_running_controller() {
     )
     .await;
 
-    // SB-04: a second record of the same FQDN.
+    // A second record of the same FQDN.
     let r2 = env
         .create_record(imported(
             "test.some.domain-bcde2345",
@@ -489,7 +489,7 @@ async fn sb_cases_through_the_running_controller() {
         ))
         .await;
     let both = sorted(vec![uid(&r1), uid(&r2)]);
-    env.wait_for("SB-04 four addresses", async |e| {
+    env.wait_for("four addresses", async |e| {
         e.endpoints(SVC).await.is_some_and(|ep| {
             endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
                 && sorted(owner_uids(&ep)) == both
@@ -508,7 +508,7 @@ async fn sb_cases_through_the_running_controller() {
         env.endpoints(SVC).await.unwrap(),
     );
 
-    // SB-05: another FQDN does not leak in.
+    // Another FQDN does not leak in.
     env.create_record(imported(
         "foobar.some.domain-bcde2345",
         "foobar.some.domain",
@@ -517,13 +517,13 @@ async fn sb_cases_through_the_running_controller() {
     ))
     .await;
     let foobar = names::service_name("foobar.some.domain");
-    env.wait_for("SB-05 foobar", async |e| {
+    env.wait_for("foobar", async |e| {
         e.endpoints(&foobar)
             .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.5", "10.0.0.6"])
     })
     .await;
-    // SB-06: an exported record of the same FQDN is ignored.
+    // An exported record of the same FQDN is ignored.
     env.create_record(json!({
         "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
         "metadata": {"name": "test.some.domain.shared-services-cls-3",
@@ -536,20 +536,20 @@ async fn sb_cases_through_the_running_controller() {
     assert_eq!(
         env.service(SVC).await.unwrap(),
         sb04.0,
-        "SB-05/06: Service as in SB-04"
+        "another FQDN and an exported record: Service as with two records"
     );
     assert_eq!(
         env.endpoints(SVC).await.unwrap(),
         sb04.1,
-        "SB-05/06: Endpoints as in SB-04"
+        "another FQDN and an exported record: Endpoints as with two records"
     );
 
-    // NEW-06: no write at steady state, across a resync (a forced relist: `relist.rs`).
+    // No write at steady state, across a resync (a forced relist: `relist.rs`).
     let since = SystemTime::now();
     env.resync_round().await;
     env.assert_no_writes_since(since);
 
-    // SB-07: a 62-letter first label.
+    // A 62-letter first label.
     let long = format!("{}.some.domain", "a".repeat(62));
     env.create_record(imported(
         "long-abcd1234",
@@ -560,7 +560,7 @@ async fn sb_cases_through_the_running_controller() {
     ))
     .await;
     let long_name = format!("{}-c2657973", "a".repeat(54));
-    env.wait_for("SB-07", async |e| {
+    env.wait_for("62-letter label", async |e| {
         e.endpoints(&long_name)
             .await
             .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1", "10.0.0.3"])
@@ -572,9 +572,9 @@ async fn sb_cases_through_the_running_controller() {
         long.as_str()
     );
 
-    // SB-08: deleting one source shrinks owners and addresses only.
+    // Deleting one source shrinks owners and addresses only.
     env.delete_record("test.some.domain-abcd1234").await;
-    env.wait_for("SB-08", async |e| {
+    env.wait_for("one source deleted", async |e| {
         e.endpoints(SVC).await.is_some_and(|ep| {
             endpoint_ips(&ep) == ["10.0.0.3", "10.0.0.4"] && owner_uids(&ep) == [uid(&r2)]
         }) && e

@@ -1,7 +1,7 @@
-//! The binder controller against the in-process fake API server, for what a real API server
-//! cannot be made to do on demand: every watch answered 410 Gone (a compaction) at once. NEW-06
-//! across the forced relist: each of the five watches relists, every key is reconciled again,
-//! nothing is written (the fake counts every write), and changes still flow afterwards.
+//! The binder controller against the in-process fake API server, for what a real API server cannot
+//! be made to do on demand: every watch answered 410 Gone (a compaction) at once. No writes at
+//! steady state across the forced relist: each of the five watches relists, every key is reconciled
+//! again, nothing is written (the fake counts every write), and changes still flow afterwards.
 //! Everything else runs on the real API server (`controller.rs`).
 
 #![allow(clippy::unwrap_used)]

@@ -1,9 +1,9 @@
-//! The Kubernetes feed on a real API server (`xcc_testkube`), as the DNS server's
-//! ServiceAccount with exactly the RBAC of `deploy/dns/server` (`deploy/dns/transparent` for
-//! namespace mapping), answering over real sockets: the reference's SD-01..03 end to end,
-//! readiness after the first listing, and the pod and namespace watches behind namespace
-//! mapping, and the MCS names of ClusterSetIP and headless imports (the binder's EndpointSlices).
-//! No request of the feed may be refused.
+//! The Kubernetes feed on a real API server (`xcc_testkube`), as the DNS server's ServiceAccount
+//! with exactly the RBAC of `deploy/dns/server` (`deploy/dns/transparent` for namespace mapping),
+//! answering over real sockets: an annotated Service appearing, its annotation changing and the
+//! Service deleted, end to end, readiness after the first listing, and the pod and namespace
+//! watches behind namespace mapping, and the MCS names of ClusterSetIP and headless imports (the
+//! binder's EndpointSlices). No request of the feed may be refused.
 
 #![allow(clippy::unwrap_used)]
 
@@ -103,7 +103,7 @@ async fn sd_01_to_03_end_to_end() {
     let ns = cp.namespace("sd").await;
     let services: Api<Service> = Api::namespaced(cp.client().await, &ns);
     let pp = PostParams::default();
-    // D1: an unannotated Service in the cluster is not served.
+    // An unannotated Service in the cluster is not served.
     services
         .create(&pp, &annotated_service("plain", json!({})))
         .await
@@ -130,7 +130,7 @@ async fn sd_01_to_03_end_to_end() {
         2,
         "the name and its SRV name only"
     );
-    // SD-01
+    // An annotated Service appears.
     let m = ask(
         dns.addr,
         Via::Udp,
@@ -154,7 +154,7 @@ async fn sd_01_to_03_end_to_end() {
         vec!["_https._tcp.some-service.some.domain. 5 SRV 0 100 443 some-service.some.domain."]
     );
 
-    // SD-02: the annotation changes.
+    // The annotation changes.
     services
         .patch(
             "some-service",
@@ -181,7 +181,7 @@ async fn sd_01_to_03_end_to_end() {
     .await;
     assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
 
-    // SD-03: the Service is deleted.
+    // The Service is deleted.
     services
         .delete("some-service", &DeleteParams::default())
         .await

@@ -1,4 +1,4 @@
-//! `xcc dns` over real sockets: every answer rule over UDP and TCP, the reference's DNS-01..05,
+//! `xcc dns` over real sockets: every answer rule over UDP and TCP, XCC v1's DNS cases,
 //! updates, readiness, truncation, malformed input and shutdown.
 
 #![allow(clippy::unwrap_used)]
@@ -150,10 +150,10 @@ async fn reference_dns_01_to_05() {
         assert_eq!(r.name.to_string(), owner);
         assert_eq!(r.data.to_string(), addr);
     };
-    // DNS-01
+    // A: one answer, TTL 30.
     let m = ask(h.addr, Via::Udp, "some-service.some.domain.", RecordType::A).await;
     one_a(&m, "some-service.some.domain.", "1.2.3.4");
-    // DNS-02
+    // The other name of the zone.
     let m = ask(
         h.addr,
         Via::Udp,
@@ -162,7 +162,7 @@ async fn reference_dns_01_to_05() {
     )
     .await;
     one_a(&m, "another-service.some.domain.", "2.3.4.5");
-    // DNS-03: the owner name is the query name as asked.
+    // The owner name is the query name as asked.
     let m = ask(
         h.addr,
         Via::Udp,
@@ -171,10 +171,10 @@ async fn reference_dns_01_to_05() {
     )
     .await;
     one_a(&m, "ANOTHER-SERVICE.some.domain.", "2.3.4.5");
-    // DNS-04
+    // A missing name: NXDOMAIN.
     let m = ask(h.addr, Via::Udp, "not-exists.some.domain.", RecordType::A).await;
     assert_eq!(m.metadata.response_code, ResponseCode::NXDomain);
-    // DNS-05 as NEW-08 (reference D3 fixed): NODATA.
+    // AAAA of a name with only an IPv4 address: NODATA (XCC v1 said NXDOMAIN).
     let m = ask(
         h.addr,
         Via::Udp,

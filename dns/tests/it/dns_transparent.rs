@@ -1,4 +1,4 @@
-//! Transparent resolution and namespace mapping (seed 003) over real sockets, and relaying to
+//! Transparent resolution and namespace mapping over real sockets, and relaying to
 //! an upstream resolver started by the test.
 
 #![allow(clippy::unwrap_used)]

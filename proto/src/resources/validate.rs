@@ -344,7 +344,7 @@ mod tests {
         }
     }
 
-    /// Issue 10: an export whose namespace is a path reached file names downstream.
+    /// An export whose namespace is a path reached file names downstream.
     #[test]
     fn a_namespace_must_be_a_dns1123_label() {
         assert_eq!(record("shop").validate().ok(), Some(()));

@@ -1,4 +1,6 @@
-//! Reference §5.4 (PUB-01..PUB-09) and §5.11 NEW-05 as pure tables, plus the fixes of §6.5.
+//! XCC v1's publisher cases (endpoints from ready nodes and their taints, the vip annotation,
+//! records gone with the label or the proxy, a proxy without virtualhost) as pure tables, plus
+//! what xcc does beyond it (taint effects, role labels, sorted endpoints, others' records kept).
 
 use k8s_openapi::api::core::v1::{Node, Service};
 use serde_json::{Value, json};
@@ -146,17 +148,17 @@ fn pub_03_to_06_node_eligibility() {
     let not_ready_taint = json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]);
     let cases: Vec<(&str, Vec<Node>, Vec<Endpoint>)> = vec![
         (
-            "PUB-03 two ready nodes, listed out of order",
+            "two ready nodes, listed out of order",
             vec![ready("node-02", "10.0.0.2"), ready("node-01", "10.0.0.1")],
             vec![ep("10.0.0.1", 443), ep("10.0.0.2", 443)],
         ),
         (
-            "PUB-04 only node not ready",
+            "only node not ready",
             vec![node("node-01", "10.0.0.1", false, json!([]), json!({}))],
             vec![],
         ),
         (
-            "PUB-05 ready node tainted not-ready:NoExecute",
+            "ready node tainted not-ready:NoExecute",
             vec![node(
                 "node-01",
                 "10.0.0.1",
@@ -167,7 +169,7 @@ fn pub_03_to_06_node_eligibility() {
             vec![ep("10.0.0.1", 443)],
         ),
         (
-            "PUB-06 unknown NoSchedule taint excludes, not-ready taint does not",
+            "unknown NoSchedule taint excludes, not-ready taint does not",
             vec![
                 node(
                     "node-01",
@@ -181,7 +183,7 @@ fn pub_03_to_06_node_eligibility() {
             vec![ep("10.0.0.2", 443)],
         ),
         (
-            "P5 PreferNoSchedule does not keep DaemonSet pods away",
+            "PreferNoSchedule does not keep DaemonSet pods away",
             vec![node(
                 "n",
                 "10.0.0.1",
@@ -192,7 +194,7 @@ fn pub_03_to_06_node_eligibility() {
             vec![ep("10.0.0.1", 443)],
         ),
         (
-            "P5 pid-pressure is tolerated by DaemonSets",
+            "pid-pressure is tolerated by DaemonSets",
             vec![node(
                 "n",
                 "10.0.0.1",
@@ -203,7 +205,7 @@ fn pub_03_to_06_node_eligibility() {
             vec![ep("10.0.0.1", 443)],
         ),
         (
-            "P5 control-plane and master role labels are skipped",
+            "control-plane and master role labels are skipped",
             vec![
                 node(
                     "cp",
@@ -309,7 +311,7 @@ fn pub_08_and_new_05_skips() {
         from_httpproxy(&unlabelled, None, &[], &Config::default()),
         Desired::Skip(Skip::NotExported)
     );
-    // NEW-05 / P1: no virtualhost, with and without the label: no record, no panic.
+    // No virtualhost (an included proxy), with and without the label: no record, no panic.
     for labels in [json!({EXPORT_LABEL: ""}), json!({})] {
         let included = proxy(labels, json!({}), json!({"routes": []}));
         assert!(matches!(
@@ -354,19 +356,19 @@ fn pub_07_and_09_ownership_decides_what_is_removed() {
         &[],
         &Config::default(),
     ));
-    // PUB-07: the label is removed → the proxy's records are stale.
+    // The label is removed → the proxy's records are stale.
     assert_eq!(
         stale_records("http-proxy-uid", None, [&owned]),
         vec![&owned]
     );
-    // PUB-09: the record is garbage-collected with its proxy through the controller owner ref.
+    // The record is garbage-collected with its proxy through the controller owner ref.
     let owner = &owned.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
         (owner.uid.as_str(), owner.controller),
         ("http-proxy-uid", Some(true))
     );
 
-    // P6: a record of the same name made by someone else is never removed or rewritten.
+    // A record of the same name made by someone else is never removed or rewritten.
     let mut foreign = owned.clone();
     foreign.metadata.labels = Some(BTreeMap::from([(EXPORT_LABEL.into(), String::new())]));
     assert!(stale_records("http-proxy-uid", None, [&foreign]).is_empty());

@@ -1,8 +1,8 @@
 //! `sync_source` on a real API server (`xcc_testkube`, Contour's HTTPProxy CRD and ours
 //! installed), as the publisher's ServiceAccount with exactly `deploy/overlays/exporter`'s
-//! RBAC: PUB-01/PUB-07/PUB-08 end to end, no write when nothing changed (the audit log counts
-//! writes), FQDN changes, records the publisher does not own, and PUB-09 through the real
-//! garbage collector.
+//! RBAC: a labelled proxy's record written, removed with the label, never for an unlabelled
+//! proxy; no write when nothing changed (the audit log counts writes), FQDN changes, records the
+//! publisher does not own, and the record gone with its proxy through the real garbage collector.
 
 #![allow(clippy::unwrap_used)]
 
@@ -116,7 +116,7 @@ async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
     let api: Api<ServiceRecord> = Api::namespaced(env.admin.clone(), &env.ns);
     let uid = stored_proxy(&env).await;
 
-    // PUB-01
+    // A labelled proxy gets its record.
     let outcome = sync_source(
         &client,
         &env.ns,
@@ -192,7 +192,7 @@ async fn publish_update_and_unpublish_with_no_write_when_unchanged() {
         ["new.some.domain"]
     );
 
-    // PUB-07: label removed → the record goes.
+    // Label removed → the record goes.
     let outcome = sync_source(
         &client,
         &env.ns,
@@ -228,7 +228,7 @@ async fn records_the_publisher_does_not_own_are_left_alone() {
     api.create(&PostParams::default(), &foreign).await.unwrap();
     let uid = stored_proxy(&env).await;
 
-    // P6: same name, someone else's: reported, not overwritten.
+    // Same name, someone else's: reported, not overwritten.
     let outcome = sync_source(
         &client,
         &env.ns,
@@ -243,7 +243,7 @@ async fn records_the_publisher_does_not_own_are_left_alone() {
         "192.0.2.1"
     );
 
-    // PUB-08 / XCC quirk fixed: an unlabelled proxy never deletes a record it does not own.
+    // XCC v1 quirk fixed: an unlabelled proxy never deletes a record it does not own.
     let outcome = sync_source(
         &client,
         &env.ns,
@@ -307,7 +307,7 @@ async fn pub_09_deleting_the_proxy_removes_its_record() {
     .unwrap_or(false);
     assert!(deleted, "record not garbage-collected");
     assert!(api.get_opt("test.some.domain").await.unwrap().is_none());
-    // A late reconcile of the deleted proxy (P2) is not an error.
+    // A late reconcile of the deleted proxy (NotFound) is not an error.
     let outcome = sync_source(&client, &env.ns, &uid, &Desired::Skip(Skip::NotExported))
         .await
         .unwrap();

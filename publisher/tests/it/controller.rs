@@ -1,8 +1,8 @@
 //! The publisher controller running in-process on a real API server (`xcc_testkube`, Contour's
 //! HTTPProxy CRD and ours installed), as the publisher's ServiceAccount with exactly
-//! `deploy/overlays/exporter`'s RBAC (a missing rule fails: no request may be refused):
-//! reference §5.4 PUB-* cases that need a running controller, NEW-05, Services of each type,
-//! conflicts, zero writes at steady state and across a restart (the audit log counts writes),
+//! `deploy/overlays/exporter`'s RBAC (a missing rule fails: no request may be refused): XCC v1's
+//! publisher cases that need a running controller, a proxy without virtualhost, Services of each
+//! type, conflicts, zero writes at steady state and across a restart (the audit log counts writes),
 //! and leader election. Waits wake on the watches of the objects they check, never on time.
 //! Recovery after 410 Gone needs a compaction on demand: `relist.rs`, on the fake.
 //!
@@ -328,7 +328,7 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
     let proxies: Api<HTTPProxy> = Api::namespaced(w.admin.clone(), ns);
     let records = w.records(ns);
 
-    // PUB-01: label an HTTPProxy → its record appears with the node's address on 443.
+    // Label an HTTPProxy → its record appears with the node's address on 443.
     let created = proxies
         .create(
             &PostParams::default(),
@@ -360,7 +360,7 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
         Some("xcc-publisher")
     );
 
-    // PUB-04 through a running controller: the node turns NotReady → no endpoints.
+    // Through a running controller: the node turns NotReady → no endpoints.
     w.put_node("node-1", "10.0.0.1", false).await;
     w.wait_endpoints(ns, "test.some.domain", &[]).await;
     // Ready again with a new address → the endpoints follow.
@@ -420,7 +420,7 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
         Some("removed ServiceRecord test.some.domain")
     );
 
-    // PUB-07: label removed → record gone, and a Removed Event.
+    // Label removed → record gone, and a Removed Event.
     set_label(&proxies, "test", false).await;
     w.wait_gone(ns, "new.some.domain").await;
     let note = "no longer exported; removed ServiceRecord new.some.domain";
@@ -458,7 +458,7 @@ async fn an_exported_proxy_follows_its_label_nodes_ingress_and_fqdn() {
     w.wait_endpoints(ns, "new.some.domain", &[ep("203.0.113.5", 443)])
         .await;
 
-    // PUB-09: proxy deleted → record gone.
+    // Proxy deleted → record gone.
     proxies
         .delete("test", &DeleteParams::default())
         .await
@@ -639,7 +639,7 @@ async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() 
             .resource_version,
         before.metadata.resource_version
     );
-    // PUB-08-like: the proxy loses its label; the foreign record stays.
+    // The proxy loses its label; the foreign record stays.
     let reconciles = running.ok_reconciles();
     set_label(&proxies, "test", false).await;
     poll("the unlabelled proxy reconciled", TIMEOUT, || {

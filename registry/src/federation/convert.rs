@@ -355,7 +355,7 @@ mod tests {
             (xcc_proto::names::SERVICE_PORT_ANNOTATION, "5432"),
             (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
             (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
-            // A policy label travels (issue 25); the workload selector does not.
+            // A policy label travels; the workload selector does not.
             ("connectivity.tanzu.vmware.com/team", "storage"),
         ])
     }
@@ -458,7 +458,7 @@ mod tests {
         ]);
         let stored = entry_from_announcement(&lie, Source::Child("east".into())).expect("valid");
         assert_eq!(stored.labels, labels(&[]));
-        // Issue 25: an origin naming another clusterset name than the FQDN (held by no one's
+        // An origin naming another clusterset name than the FQDN (held by no one's
         // one-owner rule) is dropped at the parent, and so from every answer it gives.
         use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
         lie.labels = labels(&[

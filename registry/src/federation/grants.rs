@@ -1,9 +1,9 @@
-//! What the owner of a service creates when a caller is granted access (`--grant-mode`):
-//! nothing, an Istio AuthorizationPolicy admitting the caller's workload identity, a Gateway API
-//! HTTPRoute exposing the service on a configured Gateway (seed 000), or a CiliumNetworkPolicy
-//! admitting the caller's cluster, namespace and service account (Cilium cluster mesh labels).
-//! Objects are named `{prefix}{hash8}` (seed 002) so names are stable, short and collision-free,
-//! and carry the service's name in a label for discoverability.
+//! What the owner of a service creates when a caller is granted access (`--grant-mode`): nothing,
+//! an Istio AuthorizationPolicy admitting the caller's workload identity, a Gateway API HTTPRoute
+//! exposing the service on a configured Gateway, or a CiliumNetworkPolicy admitting the caller's
+//! cluster, namespace and service account (Cilium cluster mesh labels). Objects are named
+//! `{prefix}{hash8}` (first 8 hex digits of a SHA-256 of their parts) so names are stable, short
+//! and collision-free, and carry the service's name in a label for discoverability.
 //!
 //! Where each field comes from:
 //! * the caller: its cluster (bound to the authenticated child session that asked) and its

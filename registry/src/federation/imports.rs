@@ -79,8 +79,9 @@ pub(crate) fn entry_of(a: &ServiceQueryResponse, parent: &str) -> ServiceEntry {
 }
 
 /// The granted services among `subs`. A question whose answer does not decide it (pending, or
-/// "unavailable" because a level above cannot be reached) keeps its entry from `remembered`
-/// (the cached answer is served, seed 000). Returns the entries and the new memory.
+/// "unavailable" because a level above cannot be reached) keeps its entry from `remembered` (a
+/// level keeps serving its cached answer while the one above is away). Returns the entries and the
+/// new memory.
 fn granted_entries(
     subs: &[(super::level::Target, String, Option<ServiceQueryResponse>)],
     remembered: &BTreeMap<Question, ServiceEntry>,

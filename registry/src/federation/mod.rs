@@ -1,4 +1,4 @@
-//! Hierarchical federation (seed 000): announcements up, queries up, answers and route
+//! Hierarchical federation: announcements up, queries up, answers and route
 //! notifications down, over `xcc.federation.v1.Federation/Connect` streams dialled by children.
 
 pub mod convert;

@@ -43,7 +43,7 @@ pub struct RemoteSpec {
     pub server_name: String,
     /// CA bundle for the server; `None` = this registry's own CA.
     pub roots: Option<Arc<rustls::RootCertStore>>,
-    /// Import filter (reference §2.5); empty = everything.
+    /// Import filter (`allowedDomains`, matched as XCC v1 does); empty = everything.
     pub allowed_domains: Vec<String>,
 }
 
@@ -313,7 +313,7 @@ fn build_channel(
             source,
         })?
         .connect_timeout(Duration::from_secs(10))
-        // Go servers enforce a 40 s minimum between client pings (reference §1.9).
+        // Go servers enforce a 40 s minimum between client pings (their keepalive policy).
         .http2_keep_alive_interval(Duration::from_secs(60))
         .keep_alive_timeout(Duration::from_secs(20))
         .keep_alive_while_idle(true);

@@ -1,6 +1,7 @@
 //! Catalog entries ⇄ Hamlet payloads. Pure functions: what the XCC v1 registry server puts in a
-//! `FederatedService` (reference §3.3.3) and how an import is read back (§3.4.3, with the
-//! canonicalisation and annotation allow-list fixes C6/C7).
+//! `FederatedService` and how an import is read back, with two fixes over XCC v1: the FQDN is
+//! canonicalised once (ASCII lowercase, no trailing dot) and only allow-listed annotations are
+//! kept.
 
 use std::collections::BTreeMap;
 
@@ -14,12 +15,12 @@ use xcc_proto::ports::{PORTS_LABEL, format_label, parse_label};
 
 use crate::catalog::{Endpoint, NamedPort, ServiceEntry};
 
-/// Annotation keys an importer accepts from a peer (C6, [`crate::peer_labels`]): everything else
+/// Annotation keys an importer accepts from a peer ([`crate::peer_labels`]): everything else
 /// is dropped.
 pub use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 pub use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION};
 pub use xcc_proto::names::{SERVICE_PORT_ANNOTATION, VIP_ANNOTATION};
-/// Prefix of the annotations that travel as FederatedService labels (S7: with the slash).
+/// Prefix of the annotations that travel as FederatedService labels (matched with the slash).
 pub const LABEL_PASSTHROUGH_PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
 /// Largest resource the server sends: 4 MiB (gRPC's default receive limit, what Go peers and
@@ -242,7 +243,7 @@ fn import_fields<'a>(
             port,
         });
     }
-    // The same allow-list as every other path labels arrive on (C6).
+    // The same allow-list as every other path labels arrive on.
     let kept = crate::peer_labels::allowed_of(labels, &eps);
     // The named ports an xcc exporter sends as a label: a bad port costs only itself, a bad
     // label only the ports (the import keeps its `service-port`).

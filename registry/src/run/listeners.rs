@@ -41,7 +41,7 @@ pub(super) async fn serve_hamlet(
     let incoming = xcc_certs::server::tls_incoming(listener, core.tls.clone(), cancel.clone());
     let router = tonic::transport::Server::builder()
         // Keep idle streams alive through middleboxes; hyper does not police client pings, so
-        // Go peers' 20 s pings are accepted (reference §1.9).
+        // Go peers' 20 s pings are accepted.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(hamlet.v1alpha1())

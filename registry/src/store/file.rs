@@ -52,8 +52,8 @@ pub const EXPORTS_DIR: &str = "exports";
 pub const REMOTES_DIR: &str = "remotes";
 pub const IMPORTS_DIR: &str = "imports";
 
-/// The imported ServiceRecord as XCC names and labels it (reference §3.4.3), with the canonical
-/// FQDN in `spec.fqdn` (C7) and the origin the exporter sent ([`imported_origin`]), as the
+/// The imported ServiceRecord as XCC names and labels it, with the canonical FQDN (lowercase, no
+/// trailing dot) in `spec.fqdn` and the origin the exporter sent ([`imported_origin`]), as the
 /// Kubernetes store writes it.
 pub fn imported_record(
     remote: &str,

@@ -150,7 +150,7 @@ pub fn namespace_name(
 
 /// Check an exported ServiceRecord and map it to the catalog entry owned by `cluster` (keyed by
 /// namespace and name). Annotations pass through under exactly `connectivity.tanzu.vmware.com/`
-/// (S7); `allowedRequesters`, else the clusters annotation, lists who may import it.
+/// (with the slash); `allowedRequesters`, else the clusters annotation, lists who may import it.
 pub fn export_entry(cluster: &str, sr: &ServiceRecord) -> Result<ServiceEntry, ExportError> {
     sr.validate()?;
     let fqdn = names::canonical_fqdn(&sr.spec.fqdn)?;

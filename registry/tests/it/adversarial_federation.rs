@@ -1,4 +1,4 @@
-//! Issue 10, the identity and authorization half, tried as an attacker would: peers holding
+//! Identity and authorization, tried as an attacker would: peers holding
 //! valid certificates from the federation's own CA that lie. Everything runs on 127.0.0.1,
 //! bounded in count and time.
 //!
@@ -508,7 +508,7 @@ forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", reso
     );
 }
 
-/// Issue 25, point 2: exactly the README's label `forbid` at the root holds for a service two
+/// Exactly the README's label `forbid` at the root holds for a service two
 /// levels away, on the root's Hamlet listener and through the hierarchy. The owner c2 marks
 /// `shop/restricted` with the policy label `connectivity.tanzu.vmware.com/tier: restricted`;
 /// the label travels up with the announcement, so the root's Cedar sees `tier=restricted`.
@@ -901,10 +901,10 @@ async fn an_xcc_v1_certificate_cannot_start_a_registry() {
     );
 }
 
-/// A damaged name-owner ledger stops the start (docs/security.md §3): the repro of issue 25
-/// point 5. The owner c2 is away, the parent restarts on an emptied ledger, and c3 would take
-/// `shop/api`; instead the parent refuses to start, saying which ledger is damaged and how.
-/// The same for a ledger cut short in a line and for garbage; the ledger is left as it was.
+/// A damaged name-owner ledger stops the start (docs/security.md §3). The owner c2 is away, the
+/// parent restarts on an emptied ledger, and c3 would take `shop/api`; instead the parent refuses
+/// to start, saying which ledger is damaged and how. The same for a ledger cut short in a line and
+/// for garbage; the ledger is left as it was.
 #[tokio::test]
 async fn a_parent_refuses_to_start_on_a_damaged_name_owner_ledger() {
     use xcc_registry::federation::level::LedgerError;

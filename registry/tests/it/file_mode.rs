@@ -1,4 +1,4 @@
-//! Registries in file mode (`--store file`): reference cases P-01..P-03 between two registries,
+//! Registries in file mode (`--store file`): XCC v1's peering cases between two registries,
 //! watched export and remote files, malformed files that lose nothing, probes and metrics.
 
 use std::collections::BTreeMap;
@@ -75,7 +75,8 @@ async fn imported_records(west_dir: &Path, west: &xcc_registry::Registry) -> Vec
         .expect("import files readable")
 }
 
-/// P-01, P-02, P-03 in one run: the exporter's annotations change, the importer's record follows.
+/// XCC v1's peering cases in one run (the imported record; the VIP travels; an unprefixed
+/// annotation does not): the exporter's annotations change, the importer's record follows.
 #[tokio::test]
 async fn p01_p02_p03_imported_record_shape() {
     let pki = Pki::new("xcc.test");
@@ -95,7 +96,7 @@ async fn p01_p02_p03_imported_record_shape() {
     );
     let (west, _wc) = start_with(file_config(pki.cluster("west"), west_dir.path())).await;
 
-    // P-01
+    // The imported record: name, labels, annotations, owner, spec.
     let records = imported_records(west_dir.path(), &west).await;
     assert_eq!(records.len(), 1);
     let r = &records[0];
@@ -137,7 +138,7 @@ async fn p01_p02_p03_imported_record_shape() {
         ("10.0.0.1", 443)
     );
 
-    // P-02 and P-03: add the VIP and an unprefixed annotation on the exporter.
+    // Add the VIP and an unprefixed annotation on the exporter.
     write(
         east_dir.path(),
         "exports/foobar.yaml",

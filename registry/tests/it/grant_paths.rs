@@ -1,4 +1,4 @@
-//! Hostile route notifications at the owner (issue 10, item 4): a notification from the parent
+//! Hostile route notifications at the owner: a notification from the parent
 //! link names the namespace and service a grant is written for, so a hostile or compromised
 //! parent could aim a grant file anywhere. Each attack goes through the same handler a parent
 //! session feeds (`Level::on_parent_message`) with file-mode grants in a temporary state

@@ -146,7 +146,7 @@ async fn go_reference_server_lock_step_and_quiet_period_sweep() {
     assert_eq!(names, ["x.some.domain", "y.some.domain"]);
 }
 
-/// NEW-04: an unreachable remote gets one connection attempt at a time, with exponentially
+/// An unreachable remote gets one connection attempt at a time, with exponentially
 /// growing gaps (test-sized floor; the production floor of 1 s is a unit test of `Backoff`).
 #[tokio::test]
 async fn unreachable_remote_backs_off_one_attempt_at_a_time() {
@@ -252,7 +252,7 @@ async fn unauthenticated_is_not_retried() {
     .await;
 }
 
-/// RC-06/RC-07/RC-09 through the real client: the filter applies on import, tightening it
+/// `allowedDomains` through the real client: the filter applies on import, tightening it
 /// removes imports, loosening it brings them back.
 #[tokio::test]
 async fn allowed_domains_filter_tighten_and_loosen() {
@@ -303,7 +303,7 @@ async fn allowed_domains_filter_tighten_and_loosen() {
         ],
     )])
     .await;
-    wait_catalog(&west.catalog, "RC-08's five", |c| {
+    wait_catalog(&west.catalog, "the five canonical names", |c| {
         imported_fqdns(c, "some-remote-registry")
             == [
                 "domain.with.dot.at.end",
@@ -327,7 +327,7 @@ async fn allowed_domains_filter_tighten_and_loosen() {
     assert!(imported_fqdns(&west.catalog, "some-remote-registry").is_empty());
 }
 
-/// HAM-01: constructing a client contacts no server.
+/// Constructing a client contacts no server.
 #[tokio::test]
 async fn constructing_a_connector_contacts_no_server() {
     let pki = Pki::new("xcc.test");
@@ -374,7 +374,7 @@ impl xcc_registry::hamlet::client::ImportSink for FlakySink {
     }
 }
 
-/// Issue 10: a store that cannot write (disk full) holds the ACK and retries with backoff on the
+/// A store that cannot write (disk full) holds the ACK and retries with backoff on the
 /// same stream — no reconnect, no second download of the snapshot, nothing ACKed before stored.
 #[tokio::test]
 async fn store_failure_holds_the_ack_and_retries_without_redownloading() {
@@ -430,7 +430,7 @@ async fn store_failure_holds_the_ack_and_retries_without_redownloading() {
     }
 }
 
-/// Issue 10: an oversized resource costs only itself — NACKed with RESOURCE_EXHAUSTED and a
+/// An oversized resource costs only itself — NACKed with RESOURCE_EXHAUSTED and a
 /// reason — and the records after it still arrive on the same stream.
 #[tokio::test]
 async fn oversized_resource_is_nacked_and_the_rest_imported() {

@@ -6,7 +6,7 @@ use xcc_certs::reload::ReloadingTls;
 use xcc_proto::federation::resourcediscovery::v1alpha1::stream_response::Operation;
 use xcc_registry::catalog::ServiceKey;
 
-/// HAM-05 and "snapshot then create/update/delete in order".
+/// Create, update and delete arrive in order, after the snapshot.
 #[tokio::test]
 async fn snapshot_then_create_update_delete_in_order() {
     let pki = Pki::new("xcc.test");
@@ -104,7 +104,7 @@ async fn plain_consumer_with_empty_nonce_acks_gets_no_marker() {
     assert_eq!(east.metrics.hamlet_acks.get(), 1);
 }
 
-/// NEW-09: a 5,000-record snapshot arrives whole (the Go server capped it at 4,096).
+/// A 5,000-record snapshot arrives whole (the Go server capped it at 4,096).
 #[tokio::test]
 async fn five_thousand_record_snapshot_is_delivered_whole() {
     let pki = Pki::new("xcc.test");
@@ -134,7 +134,7 @@ async fn five_thousand_record_snapshot_is_delivered_whole() {
     assert!(got.contains("svc-0000.xcc.test") && got.contains("svc-4999.xcc.test"));
 }
 
-/// NEW-10: a consumer that never ACKs does not delay another consumer.
+/// A consumer that never ACKs does not delay another consumer.
 #[tokio::test]
 async fn never_acking_consumer_does_not_delay_others() {
     let pki = Pki::new("xcc.test");
@@ -473,7 +473,7 @@ async fn shutdown_is_bounded_by_a_consumer_that_stopped_reading() {
     drop(reader);
 }
 
-/// Issue 10: a consumer message over the size limit ends its stream with RESOURCE_EXHAUSTED,
+/// A consumer message over the size limit ends its stream with RESOURCE_EXHAUSTED,
 /// never with a silent OK.
 #[tokio::test]
 async fn oversized_request_ends_the_stream_with_resource_exhausted() {

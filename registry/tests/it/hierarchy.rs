@@ -1,4 +1,4 @@
-//! Hierarchical federation over real mTLS on 127.0.0.1: the seed-000 tree
+//! Hierarchical federation over real mTLS on 127.0.0.1: a three-level tree
 //! (root; B with B1, B2; C with C1), its end-to-end flow and its failure modes.
 
 use std::net::SocketAddr;
@@ -112,7 +112,9 @@ async fn world() -> World {
     }
 }
 
-/// Seed 000 "Testing", steps 1–6, plus the denied caller.
+/// The whole flow, step by step: a dependency declared and admitted (1–2), discovered through
+/// the tree (3), the answer cached and imported (4), the route notification at the owner (5),
+/// the service deleted and everything revoked (6); plus the denied caller.
 #[tokio::test]
 async fn seed_end_to_end_flow() {
     let w = world().await;
@@ -326,7 +328,7 @@ fn kept_labels(hostnames: &str) -> std::collections::BTreeMap<String, String> {
         (xcc_proto::names::SERVICE_PORT_ANNOTATION, "443"),
         (xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION, "shop"),
         (xcc_proto::mapping::ORIGIN_NAME_ANNOTATION, "db"),
-        // A policy label travels too (issue 25); the workload selector does not.
+        // A policy label travels too; the workload selector does not.
         ("connectivity.tanzu.vmware.com/team", "storage"),
     ]
     .into_iter()
@@ -334,7 +336,7 @@ fn kept_labels(hostnames: &str) -> std::collections::BTreeMap<String, String> {
     .collect()
 }
 
-/// Issue 16: a headless export reached through a hierarchy grant keeps its marker and its pods'
+/// A headless export reached through a hierarchy grant keeps its marker and its pods'
 /// hostnames. b2's export is announced up (each level keeps only the allow-listed annotations),
 /// c1 imports it as web through c and the root (the resolver) — an intermediate level that only
 /// routes the answer — and an endpoint and hostname change is pushed down the same way. A
@@ -853,7 +855,7 @@ async fn node_with(
     start_with(cfg).await
 }
 
-/// Issue 14: a refusal at the root of what a grandchild sent reaches that grandchild (leaf →
+/// A refusal at the root of what a grandchild sent reaches that grandchild (leaf →
 /// mid → root over mTLS), which stores it (what `xcc admin` and the kube store show) with the
 /// failed check and the Cedar policy id: an announcement the root's policy forbids, and a
 /// question asked on behalf of a cluster the root does not let `mid` carry. When the root's

@@ -1,7 +1,10 @@
 //! `--store kube` on a real API server (`xcc_testkube`), with real registries (mTLS on
-//! loopback) as remotes: reference §5.5 RC-01..RC-13, §5.6 OD-01/OD-02 in their fixed form,
-//! NEW-01..NEW-03, exports (label removal → DELETE, imported records never exported, S7), RR in
-//! another namespace, RR deletion, zero writes at steady state, restart, leader election.
+//! loopback) as remotes: XCC v1's registry-client cases (status, names, labels and owner
+//! references of imports, `allowedDomains` filtering and its validation), its orphan sweep in a
+//! fixed form (scoped to one remote's labels and UID, after a snapshot marker or a quiet period),
+//! a restart that reconnects, a remote exporting nothing, exports (label removal → DELETE,
+//! imported records never exported, annotations passed with the exact prefix), RR in another
+//! namespace, RR deletion, zero writes at steady state, restart, leader election.
 //!
 //! The registry under test runs as the ServiceAccount `xcc-registry` bound exactly to the RBAC
 //! rendered from `deploy/base` (`deploy/overlays/grants-istio` for the grant test), with a token
@@ -485,7 +488,7 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     out
 }
 
-// ----- RC-01..RC-05, RC-10, zero writes at steady state -----
+// ----- status, names, labels, owner refs, a 63-letter label, zero writes at steady state -----
 
 #[tokio::test]
 async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes() {
@@ -507,7 +510,7 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
     lab.wait_names(imported_names(&["some-service.some.domain", &long]))
         .await;
     let status = lab.wait_synced(RR).await;
-    // RC-01, RC-02 (plus our Connected/Synced conditions and counters).
+    // `Valid=True` and `observedGeneration` (plus our Connected/Synced conditions and counters).
     assert_eq!(condition_types(&status), ["Valid", "Connected", "Synced"]);
     assert_eq!(
         condition(&status, "Valid").map(|c| c.0),
@@ -523,7 +526,7 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
         s["importedRecords"] == json!(2)
     })
     .await;
-    // RC-03..RC-05: name, labels, annotations, owner references, spec.
+    // The imported record: name, labels, annotations, owner references, spec.
     let r = lab
         .sr(&format!("some-service.some.domain-{H}"))
         .await
@@ -576,7 +579,7 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
     lab.assert_not_forbidden();
 }
 
-// ----- RC-06..RC-09: allowedDomains -----
+// ----- allowedDomains: empty, tightened, mixed case and trailing dots, emptied again -----
 
 #[tokio::test]
 async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
@@ -606,14 +609,14 @@ async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
         "domain.with.mixed.case",
         "yet.another.domain",
     ]);
-    // RC-06
+    // An empty filter imports all seven.
     let records = lab.wait_names(seven.clone()).await;
-    // C7: the canonical FQDN is stored.
+    // The canonical FQDN (lowercase, no trailing dot) is stored.
     assert_eq!(
         records[&format!("domain.with.mixed.case-{H}")]["spec"]["fqdn"],
         "domain.with.mixed.case"
     );
-    // RC-07
+    // Tightened to `some.domain`: only its two names stay.
     let g = lab.set_domains(RR, &["some.domain"]).await;
     lab.wait_names(imported_names(&[
         "some-service.some.domain",
@@ -624,7 +627,7 @@ async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
         s["observedGeneration"] == json!(g)
     })
     .await;
-    // RC-08
+    // Entries with a trailing dot or mixed case match the canonical names: five.
     lab.set_domains(
         RR,
         &[
@@ -643,7 +646,7 @@ async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
         "domain.with.mixed.case",
     ]))
     .await;
-    // RC-09
+    // Emptied again: all seven come back.
     let g = lab.set_domains(RR, &[]).await;
     lab.wait_names(seven).await;
     lab.wait_rr(&lab.ns, RR, "observedGeneration", |s| {
@@ -653,7 +656,7 @@ async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
     lab.assert_not_forbidden();
 }
 
-// ----- RC-11 / OD-01 (fixed form), NEW-02, NEW-03 -----
+// ----- stale imports swept, scoped to one remote; a remote exporting nothing -----
 
 /// Pre-existing records: our stale and live imports (labels + UID), another RemoteRegistry's
 /// import, an exported record and an unlabelled record. After the sweep (marker or quiet
@@ -759,7 +762,7 @@ async fn od_01_new_02_stale_imports_removed_after_the_quiet_period_against_a_go_
     .await;
 }
 
-/// NEW-02 with two live RemoteRegistries: A's sweep removes A's stale import only.
+/// Two live RemoteRegistries: A's sweep removes A's stale import only.
 #[tokio::test]
 async fn new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
     let Some(lab) = Lab::new("new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone").await
@@ -816,7 +819,7 @@ async fn new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
     lab.assert_not_forbidden();
 }
 
-/// NEW-03: a remote that exports nothing still gets its stale import removed.
+/// A remote that exports nothing still gets its stale import removed.
 #[tokio::test]
 async fn new_03_remote_exporting_nothing_stale_import_removed() {
     let Some(lab) = Lab::new("new_03_remote_exporting_nothing_stale_import_removed").await else {
@@ -842,7 +845,7 @@ async fn new_03_remote_exporting_nothing_stale_import_removed() {
     lab.assert_not_forbidden();
 }
 
-/// OD-02 (fixed form): records received on a connection that never completes a snapshot
+/// Records received on a connection that never completes a snapshot
 /// (a plain Hamlet server, quiet period far away) delete nothing; after a reset (redial) to a
 /// server that completes its snapshot, the stale record is removed and the live one kept.
 #[tokio::test]
@@ -915,7 +918,7 @@ async fn od_02_no_sweep_before_a_complete_snapshot_then_only_the_stale_record_go
     lab.assert_not_forbidden();
 }
 
-// ----- RC-12, RC-13: invalid allowedDomains -----
+// ----- invalid allowedDomains: `Valid=False`, reason InvalidDomain -----
 
 #[tokio::test]
 async fn rc_12_invalid_domains_nothing_imported_and_reported() {
@@ -982,7 +985,7 @@ async fn rc_13_c4_update_to_invalid_domains_stops_the_client_and_removes_imports
     lab.assert_not_forbidden();
 }
 
-// ----- NEW-01: restart -----
+// ----- restart: an already observed RemoteRegistry reconnects -----
 
 #[tokio::test]
 async fn new_01_restart_with_an_observed_rr_reconnects_and_resyncs_without_duplicates() {
@@ -1235,7 +1238,7 @@ async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported
     let first = consumer.next_acked().await;
     assert_eq!(first.fqdn.as_deref(), Some("web.shop.example.org"));
 
-    // The label comes off: consumers get a DELETE (S1).
+    // The label comes off: consumers get a DELETE.
     let srs = lab.srs(&shop);
     srs.patch(
         "web.shop.example.org",
@@ -2051,7 +2054,7 @@ async fn policy_configmap_is_read_before_ready_and_followed() {
     lab.assert_not_forbidden();
 }
 
-/// C9: a RemoteRegistry deleted and re-created under the same name (new UID): its imports come
+/// A RemoteRegistry deleted and re-created under the same name (new UID): its imports come
 /// back owned by the new UID.
 #[tokio::test]
 async fn c9_recreated_rr_owns_its_imports_again() {
@@ -2085,7 +2088,7 @@ async fn c9_recreated_rr_owns_its_imports_again() {
     lab.assert_not_forbidden();
 }
 
-/// S5: the same FQDN exported from two namespaces is two catalog entries; Hamlet serves one
+/// The same FQDN exported from two namespaces is two catalog entries; Hamlet serves one
 /// (reported as a conflict) and falls over to the other when it goes, so the name stays served.
 #[tokio::test]
 async fn s5_duplicate_fqdn_across_namespaces_stays_served_until_both_go() {
@@ -2363,7 +2366,7 @@ mod fake {
         .await;
     }
 
-    /// C9: the UID changes in one step (as after a relist that missed the deletion): the
+    /// The UID changes in one step (as after a relist that missed the deletion): the
     /// record is re-pointed at the new owner in place, not deleted and re-created.
     #[tokio::test]
     async fn c9_rr_uid_changing_in_one_step_repoints_the_import_in_place() {

@@ -281,7 +281,7 @@ fn end_of_snapshot_keeps_exactly_what_the_session_announced() {
     assert!(b.catalog().get(&key("forgotten")).is_none());
 }
 
-/// Issue 10, row 1: with c2 away, c3 declares `[c3, c2]` and announces `(c2, shop, api)`. The
+/// With c2 away, c3 declares `[c3, c2]` and announces `(c2, shop, api)`. The
 /// parent never configured c3 to carry c2, so c2 stays out of c3's subtree, the announcement is
 /// refused (that entry only) and the real c2 attaches afterwards. A never-seen c9 fares the same.
 #[test]
@@ -345,7 +345,7 @@ fn a_child_carries_only_what_its_parent_permits() {
     assert!(root.check_claim("b", "b2").is_ok());
 }
 
-/// Issue 10, row 2: `a9` announcing `shop/api` (the same FQDN, or the same namespace/name under
+/// `a9` announcing `shop/api` (the same FQDN, or the same namespace/name under
 /// another FQDN) does not take the name from its first owner, whatever the sort order; the
 /// refused announcer is told, the owner gets a notice and both are recorded for explain. The
 /// owner keeps the name while it is away.
@@ -1194,7 +1194,7 @@ impl OwnerStore for MemOwners {
     }
 }
 
-/// Issue 25 point 4: a ledger read back is held (an owner long away is free after the hold),
+/// A ledger read back is held (an owner long away is free after the hold),
 /// and what changes is appended to the log, not rewritten.
 #[tokio::test]
 async fn held_names_expire_and_the_ledger_is_appended_to() {

@@ -706,7 +706,7 @@ mod tests {
         let records: Vec<ServiceRecord> = resources::parse_documents(&text, "x").expect("parse");
         assert_eq!(records.len(), 1);
         let r = &records[0];
-        // P-01's expected object, in file form.
+        // XCC v1's imported object (name, labels, annotations, owner), in file form.
         assert_eq!(
             r.metadata.name.as_deref(),
             Some("foobar.some.domain-6068d556")

@@ -5,10 +5,10 @@
 //! * **Exports** (every replica, active-active): a watch on ServiceRecords carrying the export
 //!   label and not the imported label, in all namespaces, applied to the catalog one event at a
 //!   time (`Source::Local`, keyed by cluster, namespace and name). Events of one watch arrive in
-//!   order and are applied in that order, so a key's updates and its removal never swap (S2).
-//!   Removing the export label is a removal (the API server reports an object leaving a label
-//!   selector as DELETED; S1), so Hamlet consumers get a DELETE. Two exported records with the
-//!   same FQDN in different namespaces (S5) are both kept in the catalog; Hamlet serves one of
+//!   order and are applied in that order, so a key's updates and its removal never swap (no deleted
+//!   service comes back). Removing the export label is a removal (the API server reports an object
+//!   leaving a label selector as DELETED), so Hamlet consumers get a DELETE. Two exported records
+//!   with the same FQDN in different namespaces are both kept in the catalog; Hamlet serves one of
 //!   them per FQDN (the catalog's rule: the first by namespace and name, reported as a conflict)
 //!   and falls over to the other when it goes, so consumers see an UPDATE rather than a DELETE
 //!   while any source remains. A record the registry cannot map keeps its last good entry. The
@@ -16,13 +16,14 @@
 //!   configured; watched on every replica, see [`crate::authz_configmap`]) was read.
 //! * **Imports** (only while this replica holds the Lease `xcc-registry`): a watch on
 //!   RemoteRegistries. Those in the registry's namespace are validated and handed to the managed
-//!   clients (peers) or the parent link (`role: Parent`), deciding from the running clients —
-//!   never from `observedGeneration` (C1, NEW-01). An invalid spec stops that registry's client
-//!   and removes its imports (C4). Registries in other namespaces are only reported (C5). Every
-//!   RemoteRegistry's status is written through the status subresource when it differs from
-//!   what is stored; a `role: Parent` one also reports each of its imports (`status.imports`:
-//!   granted, denied and why, not found, unavailable) and is `Synced` once the parent link is up
-//!   and every import has an answer. Imports are written by [`KubeImportSink`].
+//!   clients (peers) or the parent link (`role: Parent`), deciding from the running clients — never
+//!   from `observedGeneration`, so a restart reconnects every one. An invalid spec stops that
+//!   registry's client and removes its imports. Registries in other namespaces are only reported
+//!   (an owner reference across namespaces is invalid). Every RemoteRegistry's status is written
+//!   through the status subresource when it differs from what is stored; a `role: Parent` one also
+//!   reports each of its imports (`status.imports`: granted, denied and why, not found,
+//!   unavailable) and is `Synced` once the parent link is up and every import has an answer.
+//!   Imports are written by [`KubeImportSink`].
 //! * **Refusals** (only while leading: the leader runs the parent link): an exported record
 //!   whose announcement the parent refuses gets `Announced=False` (the failed check, the Cedar
 //!   policy ids) and a Warning Event, turned back when the refusal no longer stands; see
@@ -562,7 +563,7 @@ impl Controller {
         }
         let (running, running_parent) = self.parts.remotes.running().await;
         // A RemoteRegistry re-created under the same name (new UID) restarts its client, so its
-        // imports are written again with the new owner reference (C9).
+        // imports are written again with the new owner reference.
         let recreated: BTreeSet<String> = wanted
             .iter()
             .filter(|(n, uid)| self.handled.get(*n).is_some_and(|old| old != *uid))
@@ -612,7 +613,7 @@ impl Controller {
         let (running, running_parent) = self.parts.remotes.running().await;
         // Owners first, so the sink can write as soon as a client starts; then start clients
         // from the imports already stored (so a restart resyncs without deleting and
-        // re-creating anything, NEW-01).
+        // re-creating anything).
         for (name, uid) in &wanted {
             let owner = Owner {
                 name: name.clone(),

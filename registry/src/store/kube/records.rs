@@ -1,7 +1,8 @@
 //! Pure logic of the Kubernetes store's ServiceRecords: which records are exported, what the
-//! imported record of a remote's import looks like (reference §3.4.3 with C6, C7, C9), whether a
-//! stored record already matches it, and what a persist of a remote's complete import set has to
-//! write and delete. No I/O here; [`super::sink`] does the API calls.
+//! imported record of a remote's import looks like (XCC v1's import, with only allow-listed
+//! annotations, the canonical FQDN and owner references kept right), whether a stored record
+//! already matches it, and what a persist of a remote's complete import set has to write and
+//! delete. No I/O here; [`super::sink`] does the API calls.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -54,7 +55,7 @@ impl Owner {
     }
 }
 
-/// The annotations an imported record may carry (C6): the control keys every path in keeps
+/// The annotations an imported record may carry: the control keys every path in keeps
 /// ([`crate::peer_labels`], which already validated the values). Policy labels are not written
 /// on imported records: no policy at the importer decides about its imports.
 const IMPORTED_ANNOTATIONS: [&str; 6] = crate::peer_labels::CONTROL_KEYS;
@@ -67,9 +68,10 @@ fn allowed_annotations(all: Option<&BTreeMap<String, String>>) -> BTreeMap<Strin
         .collect()
 }
 
-/// The imported record of `imported` from `owner`, in `namespace` (reference §3.4.3): name =
-/// canonical FQDN + `-` + hash of the RemoteRegistry name, the imported and remote-registry
-/// labels, the allow-listed annotations, the owner reference, and the canonical FQDN (C7).
+/// The imported record of `imported` from `owner`, in `namespace` (as XCC v1 names it): name =
+/// canonical FQDN + `-` + hash of the RemoteRegistry name, the imported and remote-registry labels,
+/// the allow-listed annotations, the owner reference, and the canonical FQDN (lowercase, no
+/// trailing dot).
 pub fn imported_record(
     owner: &Owner,
     namespace: &str,
@@ -103,7 +105,7 @@ pub fn imported_record(
 
 /// Whether a record is an import of the RemoteRegistry `remote`: both labels, whatever its
 /// owner reference says (a RemoteRegistry re-created under the same name takes its records
-/// back and fixes the owner reference, C9).
+/// back and fixes the owner reference).
 pub fn is_import_of(sr: &ServiceRecord, remote: &str) -> bool {
     let labels = sr.metadata.labels.as_ref();
     labels.is_some_and(|l| {
@@ -121,7 +123,8 @@ pub fn owned_by(sr: &ServiceRecord, owner: &Owner) -> bool {
         .any(|o| o.uid == owner.uid && o.kind == REMOTE_REGISTRY_KIND && o.name == owner.name)
 }
 
-/// Records this registry may delete for `owner`: its labels AND its owner UID (O1, NEW-02).
+/// Records this registry may delete for `owner`: its labels AND its owner UID (never another
+/// remote's imports, an exported record or one someone else made).
 pub fn deletable(sr: &ServiceRecord, owner: &Owner) -> bool {
     is_import_of(sr, &owner.name) && owned_by(sr, owner)
 }

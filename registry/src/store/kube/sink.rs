@@ -3,9 +3,9 @@
 //! `persist` receives a remote's complete import set; it server-side applies the records that
 //! are missing or differ, deletes this remote's records that are no longer imported, and returns
 //! only after every write succeeded, so the client ACKs durable imports only. Deletions select
-//! the imported and remote-registry labels AND the RemoteRegistry's UID (O1, NEW-02): another
+//! the imported and remote-registry labels AND the RemoteRegistry's UID: another
 //! remote's imports, exported records and records of other owners are never touched. A record
-//! of the wanted name that the registry does not own is reported, never taken over (C9).
+//! of the wanted name that the registry does not own is reported, never taken over.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
