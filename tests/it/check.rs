@@ -87,6 +87,16 @@ fn state(dir: &Path, remotes: &[(&str, SocketAddr, &str)]) -> PathBuf {
 
 /// `xcc check -o json` with `args`: the exit code and the checks by id.
 async fn check(tls: &TlsFiles, state: &Path, args: &[&str]) -> (i32, Vec<Value>) {
+    check_env(tls, state, args, &[]).await
+}
+
+/// [`check`] with extra environment variables.
+async fn check_env(
+    tls: &TlsFiles,
+    state: &Path,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> (i32, Vec<Value>) {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_xcc"))
         .arg("check")
         .arg("--tls-ca")
@@ -102,6 +112,7 @@ async fn check(tls: &TlsFiles, state: &Path, args: &[&str]) -> (i32, Vec<Value>)
         .env_remove("XCC_LOG")
         .env_remove("XCC_STORE")
         .env_remove("XCC_TLS_DIR")
+        .envs(env.iter().copied())
         .output()
         .await
         .unwrap();
@@ -392,4 +403,122 @@ async fn dns_answers_the_zone_or_the_check_fails() {
         format!("{served} answers the xcc.test zone")
     );
     assert_eq!(code, 0, "{checks:#?}");
+}
+
+// ----- kube store, on a real API server -----
+
+const NS: &str = "cross-cluster-connectivity";
+
+/// `xcc check --store kube` as the registry's ServiceAccount (deploy/base's RBAC): without the
+/// CRDs, with them, with its RoleBinding gone, and with a RemoteRegistry nobody serves.
+#[tokio::test]
+async fn kube_store_checks_crds_rbac_and_remotes_as_the_registry() {
+    let Some(cp) = xcc_testkube::ControlPlane::start("check-kube") else {
+        return;
+    };
+    cp.apply(&[serde_json::json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}
+    })])
+    .await;
+    let id = cp.identity(NS, "base", "xcc-registry").await;
+    let pki = Pki::new();
+    let tls = pki.issue(&pki.a, "west", None);
+    let work = tempfile::tempdir().unwrap();
+    let kube = |extra: &'static [&'static str]| {
+        let (tls, kubeconfig, state) = (
+            tls.clone(),
+            id.kubeconfig.clone(),
+            work.path().to_path_buf(),
+        );
+        async move {
+            let mut args = vec!["--store", "kube", "--namespace", NS];
+            args.extend_from_slice(extra);
+            check_env(
+                &tls,
+                &state,
+                &args,
+                &[("KUBECONFIG", kubeconfig.as_os_str())],
+            )
+            .await
+        }
+    };
+
+    let (code, checks) = kube(&[]).await;
+    assert_eq!(code, 1);
+    assert_eq!(
+        statuses(&checks),
+        [
+            "certificate=ok",
+            "certificate expiry=ok",
+            "crds=fail",
+            "rbac=ok"
+        ],
+        "{checks:#?}"
+    );
+    let crds = by_id(&checks, "crds");
+    assert!(
+        crds["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("not served: connectivity.tanzu.vmware.com/v1alpha1 servicerecords"),
+        "{crds}"
+    );
+    assert_eq!(
+        crds["hint"],
+        "install the CRDs: kubectl apply -k deploy/crds"
+    );
+
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+    cp.apply(&[serde_json::json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+        "kind": "RemoteRegistry",
+        "metadata": {"name": "east", "namespace": NS},
+        "spec": {"address": "127.0.0.1:1", "tlsConfig": {"serverCA": "", "serverName": "east.xcc.test"}}
+    })])
+    .await;
+    let (code, checks) = kube(&[]).await;
+    assert_eq!(
+        statuses(&checks),
+        [
+            "certificate=ok",
+            "certificate expiry=ok",
+            "crds=ok",
+            "rbac=ok",
+            "sync east=warn",
+            "remote east=fail"
+        ],
+        "{checks:#?}"
+    );
+    assert_eq!(code, 1);
+    assert!(
+        by_id(&checks, "rbac")["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("permissions of xcc-registry in deploy/base are granted")
+    );
+
+    // The Role's binding removed: every namespaced permission is reported missing.
+    let client = cp.client().await;
+    let bindings: kube::Api<k8s_openapi::api::rbac::v1::RoleBinding> =
+        kube::Api::namespaced(client, NS);
+    bindings
+        .delete("xcc-registry", &Default::default())
+        .await
+        .unwrap();
+    let (code, checks) = kube(&[]).await;
+    assert_eq!(code, 1);
+    let rbac = by_id(&checks, "rbac");
+    assert_eq!(rbac["status"], "fail");
+    let detail = rbac["detail"].as_str().unwrap();
+    assert!(detail.starts_with("xcc-registry may not: "), "{detail}");
+    assert!(
+        detail.contains("patch core/configmaps xcc-name-owners"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("create connectivity.tanzu.vmware.com/servicerecords;"),
+        "{detail}"
+    );
+    // The ClusterRole's permissions are still bound.
+    assert!(!detail.contains("(all namespaces)"), "{detail}");
 }
