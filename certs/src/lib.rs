@@ -15,6 +15,7 @@
 //! not a process-wide default provider has been installed; binaries still call [`install_crypto_provider`]
 //! once in `main` for any other rustls user in the process.
 
+pub mod bundle;
 pub mod client;
 mod error;
 pub mod identity;

@@ -352,6 +352,16 @@ pub fn write_issued(dir: &Path, ca: &Ca, cert: &IssuedCert) -> Result<TlsFiles, 
     Ok(files)
 }
 
+/// Writes `dir/tls.key` and `dir/tls.crt` only, keeping the CA bundle `dir/ca.crt` as it is:
+/// how a CA rotation reissues a leaf whose bundle already holds both CAs.
+pub fn write_leaf(dir: &Path, cert: &IssuedCert) -> Result<TlsFiles, CertError> {
+    create_dir(dir)?;
+    let files = TlsFiles::in_dir(dir);
+    write_atomic(&files.key, cert.key_pem.as_bytes(), KEY_MODE)?;
+    write_atomic(&files.cert, cert.cert_pem.as_bytes(), PUBLIC_MODE)?;
+    Ok(files)
+}
+
 fn common_name(cn: &str) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, cn);

@@ -13,5 +13,6 @@ mod mcs_two_clusters;
 mod monitoring;
 mod names;
 mod readme;
+mod rotation;
 mod tree_processes;
 mod two_clusters;
