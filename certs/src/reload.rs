@@ -169,6 +169,8 @@ struct Inner {
     /// The last expiry state logged, with the generation it was about: each state of each
     /// generation is reported once, not on every poll.
     expiry_reported: Mutex<Option<(u64, Expiry)>>,
+    /// The same for the earliest-expiring CA of the bundle.
+    ca_expiry_reported: Mutex<Option<(u64, Expiry)>>,
 }
 
 /// What the last failed reload saw: the contents (if they could be read) and the error text.
@@ -215,6 +217,8 @@ impl Builders {
 pub(crate) struct Metrics {
     reloads: Family<[(&'static str, &'static str); 1], Counter>,
     expiry: Gauge,
+    /// `notAfter` of each CA of the bundle in service, by subject and serial.
+    ca_expiry: Family<Vec<(String, String)>, Gauge>,
     handshake_failures: Family<[(&'static str, &'static str); 1], Counter>,
 }
 
@@ -223,6 +227,7 @@ impl Metrics {
         let metrics = Self {
             reloads: Family::default(),
             expiry: Gauge::default(),
+            ca_expiry: Family::default(),
             handshake_failures: Family::default(),
         };
         // Create every series up front so dashboards see explicit zeros.
@@ -237,12 +242,51 @@ impl Metrics {
         metrics
     }
 
+    /// One `xcc_ca_certificate_expiry_timestamp_seconds` series per CA of `material`'s bundle
+    /// (the previous bundle's series go).
+    fn set_ca_expiry(&self, material: &TlsMaterial) {
+        self.ca_expiry.clear();
+        for ca in ca_validity(&material.ca_certs) {
+            self.ca_expiry
+                .get_or_create(&vec![
+                    ("subject".to_string(), ca.subject),
+                    ("serial".to_string(), ca.serial),
+                ])
+                .set(ca.not_after.unix_timestamp());
+        }
+    }
+
     /// Counts a failed server-side handshake; `reason` is one of [`HANDSHAKE_FAILURE_REASONS`].
     pub(crate) fn handshake_failed(&self, reason: &'static str) {
         self.handshake_failures
             .get_or_create(&[("reason", reason)])
             .inc();
     }
+}
+
+/// One CA of a bundle: who it is and how long it is valid.
+pub(crate) struct CaValidity {
+    pub subject: String,
+    pub serial: String,
+    pub not_before: time::OffsetDateTime,
+    pub not_after: time::OffsetDateTime,
+}
+
+/// The validity of each CA of a bundle (certificates that do not parse are left out: the
+/// bundle was verified when it was loaded).
+pub(crate) fn ca_validity(certs: &[CertificateDer<'static>]) -> Vec<CaValidity> {
+    certs
+        .iter()
+        .filter_map(|der| {
+            let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+            Some(CaValidity {
+                subject: cert.subject().to_string(),
+                serial: cert.raw_serial_as_string().replace(':', ""),
+                not_before: cert.validity().not_before.to_datetime(),
+                not_after: cert.validity().not_after.to_datetime(),
+            })
+        })
+        .collect()
 }
 
 /// Label values of `xcc_tls_handshake_failures_total`: TLS error, timeout, or a verified certificate that
@@ -259,6 +303,7 @@ impl ReloadingTls {
         let material = build_material(&files, &builders, contents, 1)?;
         let metrics = Metrics::new();
         metrics.expiry.set(material.not_after.unix_timestamp());
+        metrics.set_ca_expiry(&material);
         tracing::info!(
             identity = %material.identity,
             not_after = %material.not_after,
@@ -274,6 +319,7 @@ impl ReloadingTls {
                 builders,
                 metrics,
                 expiry_reported: Mutex::new(None),
+                ca_expiry_reported: Mutex::new(None),
             }),
         };
         tls.check_expiry(time::OffsetDateTime::now_utc());
@@ -285,6 +331,7 @@ impl ReloadingTls {
     /// poll of the watcher, so a certificate that expires while in service is reported too.
     /// Returns the state when it was logged now.
     pub fn check_expiry(&self, now: time::OffsetDateTime) -> Option<Expiry> {
+        self.check_ca_expiry(now);
         let material = self.current();
         let state = expiry_at(material.not_before, material.not_after, now);
         let mut reported = self
@@ -313,6 +360,47 @@ impl ReloadingTls {
                 not_after = %material.not_after,
                 %cert,
                 "the serving certificate has expired; peers refuse it until it is renewed"
+            );
+        }
+        Some(state)
+    }
+
+    /// Logs the earliest-expiring CA of the bundle when it is close to its expiry (a warning)
+    /// or past it (an error), once per state and generation: every certificate it issued stops
+    /// verifying then, whatever the leaves' own dates say. Returns the state when it was logged.
+    pub fn check_ca_expiry(&self, now: time::OffsetDateTime) -> Option<Expiry> {
+        let material = self.current();
+        let first = ca_validity(&material.ca_certs)
+            .into_iter()
+            .min_by_key(|c| c.not_after)?;
+        let state = expiry_at(first.not_before, first.not_after, now);
+        let mut reported = self
+            .inner
+            .ca_expiry_reported
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let this = (material.generation, state);
+        if state == Expiry::Valid || *reported == Some(this) {
+            return None;
+        }
+        *reported = Some(this);
+        let ca = display(&self.inner.files.ca);
+        if state == Expiry::Soon {
+            tracing::warn!(
+                subject = %first.subject,
+                serial = %first.serial,
+                not_after = %first.not_after,
+                hours_left = (first.not_after - now).whole_hours(),
+                %ca,
+                "a CA of the bundle expires soon: rotate it (docs/operations.md, Rotating the CA) before every certificate it issued stops verifying"
+            );
+        } else {
+            tracing::error!(
+                subject = %first.subject,
+                serial = %first.serial,
+                not_after = %first.not_after,
+                %ca,
+                "a CA of the bundle has expired: certificates it issued no longer verify"
             );
         }
         Some(state)
@@ -397,6 +485,7 @@ impl ReloadingTls {
                     .metrics
                     .expiry
                     .set(material.not_after.unix_timestamp());
+                inner.metrics.set_ca_expiry(&material);
                 tracing::info!(
                     identity = %material.identity,
                     not_after = %material.not_after,
@@ -549,6 +638,11 @@ impl ReloadingTls {
             "xcc_certificate_expiry_timestamp_seconds",
             "Expiry (notAfter) of the certificate in service, Unix seconds",
             metrics.expiry.clone(),
+        );
+        registry.register(
+            "xcc_ca_certificate_expiry_timestamp_seconds",
+            "Expiry (notAfter) of each CA of the bundle in service, by subject and serial, Unix seconds",
+            metrics.ca_expiry.clone(),
         );
         registry.register(
             "xcc_tls_handshake_failures",
@@ -790,6 +884,54 @@ mod tests {
         ));
         assert_eq!(errors(&tls), 4);
         assert_eq!(tls.current().generation, 1);
+    }
+
+    /// Each CA of the bundle has its expiry series; the earliest one is warned about once per
+    /// state as its end comes near, then reported expired.
+    #[test]
+    fn each_ca_of_the_bundle_is_watched_for_expiry() {
+        let dir = tempfile::TempDir::new().expect("temp dir");
+        let (old, new) = (
+            Ca::generate("xcc.test").expect("CA"),
+            Ca::generate("xcc.test").expect("CA"),
+        );
+        let issued = old.issue(&IssueRequest::cluster("west")).expect("issue");
+        let files = write_issued(dir.path(), &old, &issued).expect("write");
+        std::fs::write(&files.ca, format!("{}{}", old.cert_pem(), new.cert_pem())).expect("write");
+        let tls = ReloadingTls::load(files).expect("load");
+
+        let mut registry = Registry::default();
+        tls.register_metrics(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("xcc_ca_certificate_expiry_timestamp_seconds{"))
+            .collect();
+        assert_eq!(series.len(), 2, "{text}");
+        let cas = ca_validity(&tls.current().ca_certs);
+        // The family's order is its own: find each CA's series by its serial.
+        for ca in &cas {
+            let line = series
+                .iter()
+                .find(|l| l.contains(&format!("serial=\"{}\"", ca.serial)))
+                .unwrap_or_else(|| panic!("no series for {}: {text}", ca.serial));
+            assert!(
+                line.ends_with(&format!(" {}", ca.not_after.unix_timestamp())),
+                "{line}"
+            );
+        }
+
+        let first = cas.iter().map(|c| c.not_after).min().expect("a CA");
+        let day = time::Duration::days(1);
+        assert_eq!(
+            tls.check_ca_expiry(first - day * 400),
+            None,
+            "valid: nothing said"
+        );
+        assert_eq!(tls.check_ca_expiry(first - day), Some(Expiry::Soon));
+        assert_eq!(tls.check_ca_expiry(first - day), None, "said once");
+        assert_eq!(tls.check_ca_expiry(first), Some(Expiry::Expired));
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub fn certificate(
         Err(e) => {
             out.push(Check::fail("certificate", e.to_string(), load_hint(&e)));
             out.push(Check::skip("certificate expiry", "no certificate loaded"));
+            out.push(Check::skip("ca expiry", "no certificate loaded"));
             return None;
         }
     };
@@ -80,7 +81,51 @@ pub fn certificate(
     }
     let m = tls.current();
     out.push(expiry_check(m.not_after, now));
+    out.push(ca_expiry_check(files, now));
     Some(tls)
+}
+
+/// `ca expiry`: the earliest-expiring CA of the bundle, a warning under [`EXPIRY_WARNING`]
+/// (every certificate it issued stops verifying when it expires).
+pub fn ca_expiry_check(files: &TlsFiles, now: time::OffsetDateTime) -> Check {
+    let entries = std::fs::read(&files.ca)
+        .map_err(|e| e.to_string())
+        .and_then(|pem| {
+            xcc_certs::bundle::entries(&pem, &files.ca.display().to_string())
+                .map_err(|e| e.to_string())
+        });
+    let first = match entries {
+        Ok(e) => e.into_iter().min_by_key(|c| c.not_after),
+        Err(e) => return Check::fail("ca expiry", e, load_hint_io()),
+    };
+    let Some(ca) = first else {
+        return Check::fail("ca expiry", "the bundle holds no CA", load_hint_io());
+    };
+    let left = ca.not_after - now;
+    let days = left.whole_days();
+    let who = format!("{} (serial {})", ca.subject, ca.serial);
+    if left <= time::Duration::ZERO {
+        Check::fail(
+            "ca expiry",
+            format!("{who} expired at {}", ca.not_after),
+            "rotate the CA (docs/operations.md, Rotating the CA): certificates it issued no longer verify",
+        )
+    } else if left < time::Duration::try_from(EXPIRY_WARNING).unwrap_or(time::Duration::MAX) {
+        Check::warn(
+            "ca expiry",
+            format!("{who} expires in {days} days ({})", ca.not_after),
+            "rotate the CA before then (docs/operations.md, Rotating the CA)",
+        )
+    } else {
+        Check::ok(
+            "ca expiry",
+            format!("the first CA of the bundle to expire, {who}, is valid for {days} more days"),
+        )
+    }
+}
+
+fn load_hint_io() -> &'static str {
+    "check --tls-ca (or ca.crt in --tls-dir): a PEM bundle of CA certificates"
 }
 
 /// `certificate expiry`: a warning under [`EXPIRY_WARNING`].

@@ -163,6 +163,7 @@ async fn a_healthy_install_passes_every_check() {
         [
             "certificate=ok",
             "certificate expiry=ok",
+            "ca expiry=ok",
             "state directory=ok",
             "files=ok",
             "remote east=ok"
@@ -207,6 +208,7 @@ async fn each_broken_precondition_names_its_check_and_fix() {
         [
             "certificate=fail",
             "certificate expiry=ok",
+            "ca expiry=ok",
             "state directory=ok",
             "files=ok",
             "remote a-closed=fail",
@@ -306,6 +308,7 @@ async fn files_and_certificates_that_are_wrong_on_disk() {
         [
             "certificate=ok",
             "certificate expiry=warn",
+            "ca expiry=ok",
             "state directory=ok",
             "files=fail"
         ],
@@ -339,6 +342,7 @@ async fn files_and_certificates_that_are_wrong_on_disk() {
         [
             "certificate=fail",
             "certificate expiry=skip",
+            "ca expiry=skip",
             "state directory=fail"
         ],
         "{checks:#?}"
@@ -450,6 +454,7 @@ async fn kube_store_checks_crds_rbac_and_remotes_as_the_registry() {
         [
             "certificate=ok",
             "certificate expiry=ok",
+            "ca expiry=ok",
             "crds=fail",
             "rbac=ok"
         ],
@@ -482,6 +487,7 @@ async fn kube_store_checks_crds_rbac_and_remotes_as_the_registry() {
         [
             "certificate=ok",
             "certificate expiry=ok",
+            "ca expiry=ok",
             "crds=ok",
             "rbac=ok",
             "sync east=warn",

@@ -99,7 +99,7 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
     };
     assert_success("promtool check rules", &check);
     assert!(
-        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 10 rules found"),
+        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 11 rules found"),
         "{}",
         String::from_utf8_lossy(&check.stdout)
     );
@@ -125,7 +125,7 @@ fn every_alert_has_a_unit_test() {
         .filter(|t| !t["exp_alerts"].as_array().unwrap().is_empty())
         .map(|t| t["alertname"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(alerts.len(), 10);
+    assert_eq!(alerts.len(), 11);
     assert_eq!(
         tested, alerts,
         "alerts never seen firing in rules.test.yaml"
@@ -501,7 +501,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
     prom.until_value(&format!("xcc_peer_acks_total{exp} >= bool 4"), "1")
         .await;
 
-    // The rule file loaded into a real Prometheus: 10 alerting rules, none unhealthy.
+    // The rule file loaded into a real Prometheus: 11 alerting rules, none unhealthy.
     let rules = prom.get("/api/v1/rules?type=alert").await.unwrap();
     let rules: Vec<&Value> = rules["data"]["groups"]
         .as_array()
@@ -509,7 +509,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(rules.len(), 10);
+    assert_eq!(rules.len(), 11);
     for r in rules {
         assert_eq!(r["health"], "ok", "{r}");
     }

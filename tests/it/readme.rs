@@ -180,7 +180,7 @@ fn readme_file_mode_walkthrough_runs_as_printed() {
         ),
         "{out}"
     );
-    assert!(out.contains("5 checks: 0 failed, 0 warnings"), "{out}");
+    assert!(out.contains("6 checks: 0 failed, 0 warnings"), "{out}");
     for (port, name, expect) in digs {
         assert_eq!(dig(port, &name), [expect], "dig {name}");
     }
