@@ -271,9 +271,11 @@ fn error<'a>(
 /// A Service, Endpoints or EndpointSlice of the same name that the binder does not manage is
 /// never taken over: every object of the group is read and checked before anything is written,
 /// so the sync stops with [`ApplyError::NotManaged`] without a write. The objects are then
-/// written concurrently (their owners are the records, not one another), so a new group costs
-/// two round trips rather than one per object. Lists the Service's EndpointSlices to find stale ones; a controller with a watch cache of
-/// them uses [`sync_group_known`] instead.
+/// written concurrently (their owners are the records, not one another), except that a Service
+/// being created is written before its EndpointSlices and Endpoints (for kube-proxy, see
+/// there), so a new group costs one round trip more than a changed one, rather than one per
+/// object. Lists the Service's EndpointSlices to find stale ones; a controller with a watch
+/// cache of them uses [`sync_group_known`] instead.
 pub async fn sync_group(
     client: &Client,
     namespace: &str,
@@ -349,7 +351,19 @@ pub async fn sync_group_known<'a>(
         return Err(not_managed("Endpoints", namespace, &service_name));
     }
 
-    // The objects do not depend on one another (the owners are the records): written at once.
+    // A Service that does not exist yet (or is made again, see below) is written before its
+    // EndpointSlices: kube-proxy programs a Service's cluster IP on the first sync after it
+    // sees the Service, with a REJECT rule while it knows no endpoints, so a connection made in
+    // the moment before the slices' sync is refused at once and retried. Written together, the
+    // slice's watch event may start a sync that cannot program the Service, and kube-proxy's
+    // next one can be held back by its minSyncPeriod (1 s by default): a connection to the
+    // cluster IP then leaves the node unrewritten and conntrack pins every retransmission of it
+    // to that (docs/benchmarks.md, "Real nodes"). xcc dns answers only once the slices exist.
+    let service_first = service
+        .as_ref()
+        .is_none_or(|c| headless(c) != headless(&m.service));
+    // Otherwise the objects do not depend on one another (the owners are the records): written
+    // at once.
     let service_writes = async {
         let mut applied = vec![];
         let existed = service.is_some();
@@ -424,8 +438,13 @@ pub async fn sync_group_known<'a>(
             .map_err(error("apply", "Endpoints", namespace, &service_name))?;
         Ok::<_, SyncError>(true)
     };
-    let ((service_applied, service_existed), slices_applied, endpoints_applied) =
-        futures::try_join!(service_writes, slice_writes, endpoints_write)?;
+    let ((service_applied, service_existed), slices_applied, endpoints_applied) = if service_first {
+        let service = service_writes.await?;
+        let (slices, endpoints) = futures::try_join!(slice_writes, endpoints_write)?;
+        (service, slices, endpoints)
+    } else {
+        futures::try_join!(service_writes, slice_writes, endpoints_write)?
+    };
 
     // Reported in a fixed order: Service, EndpointSlices, Endpoints.
     let mut written = Written::default();
