@@ -352,13 +352,14 @@ pub async fn sync_group_known<'a>(
     }
 
     // A Service that does not exist yet (or is made again, see below) is written before its
-    // EndpointSlices: kube-proxy programs a Service's cluster IP on the first sync after it
-    // sees the Service, with a REJECT rule while it knows no endpoints, so a connection made in
-    // the moment before the slices' sync is refused at once and retried. Written together, the
-    // slice's watch event may start a sync that cannot program the Service, and kube-proxy's
-    // next one can be held back by its minSyncPeriod (1 s by default): a connection to the
-    // cluster IP then leaves the node unrewritten and conntrack pins every retransmission of it
-    // to that (docs/benchmarks.md, "Real nodes"). xcc dns answers only once the slices exist.
+    // EndpointSlices, so that the node's kube-proxy hears of the Service first. A sync of it
+    // before the slices' gives the cluster IP a REJECT rule: a connection made then has its SYN
+    // rejected, and TCP's retransmission a second later goes through. Written together, the
+    // slice's watch event may start a sync that cannot program the Service, and the next one
+    // can be held back by kube-proxy's minSyncPeriod (1 s by default): a connection made then
+    // leaves the node with the cluster IP unrewritten, and conntrack sends every retransmission
+    // of it the same way, until the client gives up (docs/benchmarks.md, "Real nodes"). xcc
+    // dns answers only once the slices exist.
     let service_first = service
         .as_ref()
         .is_none_or(|c| headless(c) != headless(&m.service));

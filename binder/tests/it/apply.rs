@@ -260,9 +260,10 @@ async fn slices_the_group_no_longer_needs_are_deleted() {
 }
 
 /// A new group's Service is written before its EndpointSlice, so that the node's kube-proxy
-/// knows the Service (and rejects connections to its cluster IP while it has no endpoints)
-/// before xcc dns answers the name, which it does only once the slice exists: the API server
-/// received the slice's write after it had answered the Service's.
+/// hears of the Service before xcc dns answers the name (only once the slice exists), and
+/// rejects connections to the cluster IP until it has the endpoints rather than letting them
+/// leave unrewritten: the API server received the slice's write after it had answered the
+/// Service's.
 #[tokio::test]
 async fn a_new_service_is_stored_before_its_slice() {
     let Some(env) = env("a_new_service_is_stored_before_its_slice").await else {
