@@ -271,9 +271,11 @@ fn error<'a>(
 /// A Service, Endpoints or EndpointSlice of the same name that the binder does not manage is
 /// never taken over: every object of the group is read and checked before anything is written,
 /// so the sync stops with [`ApplyError::NotManaged`] without a write. The objects are then
-/// written concurrently (their owners are the records, not one another), so a new group costs
-/// two round trips rather than one per object. Lists the Service's EndpointSlices to find stale ones; a controller with a watch cache of
-/// them uses [`sync_group_known`] instead.
+/// written concurrently (their owners are the records, not one another), except that a Service
+/// being created is written before its EndpointSlices and Endpoints (for kube-proxy, see
+/// there), so a new group costs one round trip more than a changed one, rather than one per
+/// object. Lists the Service's EndpointSlices to find stale ones; a controller with a watch
+/// cache of them uses [`sync_group_known`] instead.
 pub async fn sync_group(
     client: &Client,
     namespace: &str,
@@ -349,7 +351,20 @@ pub async fn sync_group_known<'a>(
         return Err(not_managed("Endpoints", namespace, &service_name));
     }
 
-    // The objects do not depend on one another (the owners are the records): written at once.
+    // A Service that does not exist yet (or is made again, see below) is written before its
+    // EndpointSlices, so that the node's kube-proxy hears of the Service first. A sync of it
+    // before the slices' gives the cluster IP a REJECT rule: a connection made then has its SYN
+    // rejected, and TCP's retransmission a second later goes through. Written together, the
+    // slice's watch event may start a sync that cannot program the Service, and the next one
+    // can be held back by kube-proxy's minSyncPeriod (1 s by default): a connection made then
+    // leaves the node with the cluster IP unrewritten, and conntrack sends every retransmission
+    // of it the same way, until the client gives up (docs/benchmarks.md, "Real nodes"). xcc
+    // dns answers only once the slices exist.
+    let service_first = service
+        .as_ref()
+        .is_none_or(|c| headless(c) != headless(&m.service));
+    // Otherwise the objects do not depend on one another (the owners are the records): written
+    // at once.
     let service_writes = async {
         let mut applied = vec![];
         let existed = service.is_some();
@@ -424,8 +439,13 @@ pub async fn sync_group_known<'a>(
             .map_err(error("apply", "Endpoints", namespace, &service_name))?;
         Ok::<_, SyncError>(true)
     };
-    let ((service_applied, service_existed), slices_applied, endpoints_applied) =
-        futures::try_join!(service_writes, slice_writes, endpoints_write)?;
+    let ((service_applied, service_existed), slices_applied, endpoints_applied) = if service_first {
+        let service = service_writes.await?;
+        let (slices, endpoints) = futures::try_join!(slice_writes, endpoints_write)?;
+        (service, slices, endpoints)
+    } else {
+        futures::try_join!(service_writes, slice_writes, endpoints_write)?
+    };
 
     // Reported in a fixed order: Service, EndpointSlices, Endpoints.
     let mut written = Written::default();

@@ -671,6 +671,18 @@ pub struct Request {
     pub code: i64,
     /// When the API server received it.
     pub received: Option<std::time::SystemTime>,
+    /// When the API server had answered it (the event's `stageTimestamp`, at
+    /// `ResponseComplete`).
+    pub completed: Option<std::time::SystemTime>,
+}
+
+/// An audit event's RFC 3339 timestamp.
+fn timestamp(v: &Value) -> Option<std::time::SystemTime> {
+    v.as_str().and_then(|t| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+            .ok()
+            .map(Into::into)
+    })
 }
 
 impl Request {
@@ -688,11 +700,8 @@ impl Request {
             namespace: text(&o["namespace"]),
             name: text(&o["name"]),
             code: e["responseStatus"]["code"].as_i64().unwrap_or_default(),
-            received: e["requestReceivedTimestamp"].as_str().and_then(|t| {
-                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
-                    .ok()
-                    .map(Into::into)
-            }),
+            received: timestamp(&e["requestReceivedTimestamp"]),
+            completed: timestamp(&e["stageTimestamp"]),
         }
     }
 

@@ -26,6 +26,10 @@
 #   XCC_NODES_KEEP=1    leave the work directory (logs) behind; clusters are always torn down
 #   XCC_NODES_POD_CIDRS the two pod CIDRs (default "10.244.41.0/24 10.244.42.0/24")
 #   XCC_NODES_BENCH=N   also measure N exports and N pod replacements (docs/benchmarks.md)
+#   XCC_NODES_TRACE=DIR with XCC_NODES_BENCH: keep a packet capture, conntrack's events,
+#                       kube-proxy's log and iptables-save of west's node during the exports
+#   TMPDIR              where the work directory (clusters, nodes, containerd) goes (default
+#                       /tmp); the kubelets evict pods when its filesystem has under 1% free
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 HERE="$REPO/tests/nodes"
@@ -62,7 +66,7 @@ fi
 [ -n "$XCC_BIN" ] && [ -x "$XCC_BIN" ] || unavailable "no xcc binary for \`xcc certs\` (XCC_BIN)"
 read -r CIDR_EAST CIDR_WEST <<<"${XCC_NODES_POD_CIDRS:-10.244.41.0/24 10.244.42.0/24}"
 
-W=$(mktemp -d /tmp/xcc-nodes.XXXXXX)
+W=$(mktemp -d "${TMPDIR:-/tmp}/xcc-nodes.XXXXXX")
 mkdir -p "$W/bin"
 ln -s "$XCC_BIN" "$W/bin/xcc"
 ln -s "$REPO/deploy" "$W/deploy"
@@ -550,42 +554,95 @@ pods_as_deployed n-west west
 # Measured in the client pod against /proc/uptime (one kernel, so the host's clock too; 10 ms
 # steps: busybox's date has no sub-second format): from just before `kubectl label` to the
 # first A answer of xcc dns (which comes only once west's Service and a ready slice exist:
-# xcc's share) and to the first page (kube-proxy's programming on top).
+# xcc's share), and from there to the first page (west's kube-proxy programming the new
+# cluster IP, and the client's retry).
+#
+# The client's request loop (busybox sh in the client pod; $1 the URL, $2 the page wanted or
+# empty for any): one `wget` after another, 10 ms apart, each given 300 ms (busybox's
+# `timeout` counts whole seconds, so a killer in the background), as a client that retries
+# should do. A connection sent to a new cluster IP before the node's kube-proxy has
+# programmed it (kube-proxy syncs at most once per minSyncPeriod, 1 s by default, after a
+# burst of 2) leaves the node unrewritten, and conntrack then sends every retransmission of
+# that connection the same way even once the rules are in: only a new connection gets
+# through (with `timeout 2`, as before, such a try cost 2 s). One rejected (kube-proxy has the
+# Service, not yet its endpoints) would wait for TCP's retransmission a second later. Prints
+# "page <uptime when the try that succeeded began> <uptime at its page> <tries> <tries that
+# timed out>".
+fetch_loop='n=0; slow=0
+  while :; do
+    n=$((n + 1)); s=$(cut -d" " -f1 /proc/uptime)
+    rm -f /tmp/page
+    wget -qO /tmp/page "$1" 2>/dev/null & w=$!
+    ( usleep 300000; kill $w 2>/dev/null ) & k=$!
+    wait $w; rc=$?
+    kill $k 2>/dev/null; wait $k 2>/dev/null
+    if [ $rc = 0 ] && { [ -z "$2" ] || [ "$(cat /tmp/page)" = "$2" ]; }; then break; fi
+    if [ $rc = 143 ]; then slow=$((slow + 1)); fi
+    usleep 10000
+  done
+  echo "page $s $(cut -d" " -f1 /proc/uptime) $n $slow"'
 if [ -n "${XCC_NODES_BENCH:-}" ]; then
   say "bench: $XCC_NODES_BENCH exports"
   uptime_s() { cut -d' ' -f1 /proc/uptime; }
   : >"$W/bench.txt"
+  # XCC_NODES_TRACE=DIR: what happens on west's node during the exports, kept in DIR (a packet
+  # capture, conntrack's events, iptables-save, kube-proxy's log: its syncs show from --v=4).
+  if [ -n "${XCC_NODES_TRACE:-}" ]; then
+    mkdir -p "$XCC_NODES_TRACE"
+    west_ns=knode$(. "$W/n-west/state"; echo "$IDX")
+    nsenter --net=/run/netns/$west_ns tcpdump -i any -n -tt -U -w "$XCC_NODES_TRACE/west.pcap" \
+      'tcp port 80 or tcp port 8080 or icmp or udp port 53' >"$XCC_NODES_TRACE/tcpdump.log" 2>&1 &
+    RELAYS+=($!)
+    nsenter --net=/run/netns/$west_ns conntrack -E -p tcp -o timestamp,id >"$XCC_NODES_TRACE/conntrack.log" 2>&1 &
+    RELAYS+=($!)
+    echo "epoch $(date +%s.%N) uptime $(uptime_s)" >"$XCC_NODES_TRACE/clock"
+  fi
   for i in $(seq 1 "$XCC_NODES_BENCH"); do
     kubectl --context east -n shop create service nodeport b$i --tcp=80:8080 >/dev/null
     kubectl --context east -n shop patch service b$i --type=merge -p '{"spec":{"selector":{"app":"web"}}}' >/dev/null
     rm -f "$W/bench-$i.out"
     kubectl --context west exec client -- sh -c '
       echo go
-      until nslookup "$1" "$2" 2>/dev/null | grep "^Address: [0-9]" >/dev/null; do usleep 10000; done
-      d=$(cut -d" " -f1 /proc/uptime)
-      until timeout 2 wget -qO- "http://$1/" >/dev/null 2>&1; do usleep 10000; done
-      echo "$d $(cut -d" " -f1 /proc/uptime)"' sh "b$i.shop.svc.clusterset.local" "$DNS_IP" >"$W/bench-$i.out" 2>&1 &
+      until nslookup "$3" "$4" 2>/dev/null | grep "^Address: [0-9]" >/dev/null; do usleep 10000; done
+      echo "named $(cut -d" " -f1 /proc/uptime)"
+      '"$fetch_loop" sh "http://b$i.shop.svc.clusterset.local/" "" "b$i.shop.svc.clusterset.local" "$DNS_IP" \
+      >"$W/bench-$i.out" 2>&1 &
     bench_exec=$!
     bench_started() { grep -x go "$W/bench-$i.out"; }
     eventually 30 bench_started || die "bench: the client's loop did not start"
     t=$(uptime_s)
     kubectl --context east -n shop label service b$i connectivity.tanzu.vmware.com/export= >/dev/null
     wait $bench_exec || die "bench: export b$i never answered"
-    tail -1 "$W/bench-$i.out" | awk -v t="$t" '{ printf "%d %d\n", ($1 - t) * 1000, ($2 - t) * 1000 }' >>"$W/bench.txt"
+    # export->name, export->page, name->page (ms), tries, tries timed out
+    awk -v t="$t" '$1 == "named" { d = $2 } $1 == "page" { e = $3; n = $4; o = $5 }
+      END { printf "%d %d %d %d %d\n", (d - t) * 1000, (e - t) * 1000, (e - d) * 1000, n, o }' \
+      "$W/bench-$i.out" >>"$W/bench.txt"
   done
   stats() { # column: p50 p99 max of that column of bench.txt, in ms
     sort -n -k"$1" "$W/bench.txt" | awk -v c="$1" '{ v[NR] = $c } END {
       p50 = v[int((NR + 1) / 2)]; i99 = int(NR * 0.99 + 0.999); if (i99 > NR) i99 = NR
       printf "p50 %d ms, p99 %d ms, max %d ms (n=%d)", p50, v[i99], v[NR], NR }'
   }
-  say "bench: export -> name answers (xcc's share): $(stats 1)"
-  say "bench: export -> first page in west:        $(stats 2)"
+  tries() { # tries (column), timed out (column): totals over the samples
+    awk -v n="$1" -v s="$2" '{ t += $n; o += $s; if ($s > 0) k++ } END {
+      printf "%d tries in all, %d timed out (in %d samples)", t, o, k }' "$W/bench.txt"
+  }
+  say "bench: export -> name answers (xcc's share):          $(stats 1)"
+  say "bench: name answers -> first page (west's kube-proxy): $(stats 3)"
+  say "bench: export -> first page in west:                  $(stats 2)"
+  say "bench: client: $(tries 4 5)"
   # kube-proxy's own account of its rule syncs on west's node (its metrics, in the node's netns).
   "$KUBE_SHARED/node" exec "$W/n-west" curl -fsS http://127.0.0.1:10249/metrics 2>/dev/null |
     awk '/^kubeproxy_sync_proxy_rules_duration_seconds_(sum|count) / { v[$1] = $2 }
       END { c = v["kubeproxy_sync_proxy_rules_duration_seconds_count"]
             if (c > 0) printf "nodes tier: bench: west kube-proxy: %d rule syncs, mean %.0f ms each\n",
               c, 1000 * v["kubeproxy_sync_proxy_rules_duration_seconds_sum"] / c }' || true
+  if [ -n "${XCC_NODES_TRACE:-}" ]; then
+    cp "$W"/bench-*.out "$W/n-west/kube-proxy.log" "$XCC_NODES_TRACE/"
+    kubectl --context west -n cross-cluster-connectivity logs deployment/xcc-binder --timestamps \
+      >"$XCC_NODES_TRACE/xcc-binder.log" 2>&1
+    nsenter --net=/run/netns/$west_ns iptables-save >"$XCC_NODES_TRACE/iptables-save" 2>&1
+  fi
   for i in $(seq 1 "$XCC_NODES_BENCH"); do
     kubectl --context east -n shop delete service b$i --wait=false >/dev/null
   done
@@ -601,8 +658,7 @@ if [ -n "${XCC_NODES_BENCH:-}" ]; then
       rm -f "$W/bench-pod-$svc.out"
       kubectl --context west exec client -- sh -c '
         echo go
-        until [ "$(timeout 2 wget -qO- "http://$2.shop.svc.clusterset.local/" 2>/dev/null)" = "east $1" ]; do usleep 10000; done
-        cut -d" " -f1 /proc/uptime' sh web-$i $svc >"$W/bench-pod-$svc.out" 2>&1 &
+        '"$fetch_loop" sh "http://$svc.shop.svc.clusterset.local/" "east web-$i" >"$W/bench-pod-$svc.out" 2>&1 &
       eval "exec_$svc=\$!"
     done
     pod_loops_started() { grep -x go "$W/bench-pod-web2.out" && grep -x go "$W/bench-pod-api.out"; }
@@ -614,9 +670,9 @@ if [ -n "${XCC_NODES_BENCH:-}" ]; then
     ready=$(kubectl --context east -n shop wait --for=condition=Ready pod/web-$i --timeout=60s >/dev/null && uptime_s)
     wait "$exec_web2" || die "bench: web-$i never answered through web2"
     wait "$exec_api" || die "bench: web-$i never answered through api"
-    printf '%s %s\n' "$(tail -1 "$W/bench-pod-web2.out")" "$(tail -1 "$W/bench-pod-api.out")" |
-      awk -v t="$t" -v ready="$ready" '{ printf "%d %d %d %d\n", ($1 - t) * 1000, ($1 - ready) * 1000,
-        ($2 - t) * 1000, ($2 - ready) * 1000 }' >>"$W/bench-pods.txt"
+    printf '%s %s\n' "$(grep '^page ' "$W/bench-pod-web2.out")" "$(grep '^page ' "$W/bench-pod-api.out")" |
+      awk -v t="$t" -v ready="$ready" '{ printf "%d %d %d %d %d %d %d %d\n", ($3 - t) * 1000,
+        ($3 - ready) * 1000, ($8 - t) * 1000, ($8 - ready) * 1000, $4, $5, $9, $10 }' >>"$W/bench-pods.txt"
     prev=web-$i
   done
   cp "$W/bench-pods.txt" "$W/bench.txt"
@@ -624,6 +680,7 @@ if [ -n "${XCC_NODES_BENCH:-}" ]; then
   say "bench: ... of which new pod Ready -> first page:                   $(stats 2)"
   say "bench: pod replaced -> first page from the new pod, MCS export:      $(stats 3)"
   say "bench: ... of which new pod Ready -> first page:                   $(stats 4)"
+  say "bench: client, NodePort export: $(tries 5 6); MCS export: $(tries 7 8)"
 fi
 
 # ---- 0 restarts over the whole tier -------------------------------------------------------

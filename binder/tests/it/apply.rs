@@ -258,3 +258,55 @@ async fn slices_the_group_no_longer_needs_are_deleted() {
     assert_eq!(after[0].address_type, "IPv6");
     assert_eq!(env.cp.forbidden(&env.user), Vec::<String>::new());
 }
+
+/// A new group's Service is written before its EndpointSlice, so that the node's kube-proxy
+/// hears of the Service before xcc dns answers the name (only once the slice exists), and
+/// rejects connections to the cluster IP until it has the endpoints rather than letting them
+/// leave unrewritten: the API server received the slice's write after it had answered the
+/// Service's.
+#[tokio::test]
+async fn a_new_service_is_stored_before_its_slice() {
+    let Some(env) = env("a_new_service_is_stored_before_its_slice").await else {
+        return;
+    };
+    create(
+        &env,
+        "test.some.domain-abcd1234",
+        json!({"connectivity.tanzu.vmware.com/service-port": "443"}),
+        json!([{"address": "10.0.0.1", "port": 443}]),
+    )
+    .await;
+    let since = std::time::SystemTime::now();
+    let written = sync_group(&env.client, &env.ns, &current(&env).await)
+        .await
+        .unwrap();
+    let kinds: Vec<&str> = written
+        .created
+        .iter()
+        .map(|c| c.split('/').next().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        ["Service", "EndpointSlice", "Endpoints"],
+        "{written:?}"
+    );
+    env.cp.audit_flushed(&env.client, &env.user, &env.ns).await;
+    let writes: Vec<_> = env
+        .cp
+        .writes(&env.user)
+        .into_iter()
+        .filter(|w| w.received.is_some_and(|t| t >= since))
+        .collect();
+    let one = |resource: &str| {
+        let of: Vec<_> = writes.iter().filter(|w| w.resource == resource).collect();
+        assert_eq!(of.len(), 1, "{resource}: {writes:?}");
+        of[0].clone()
+    };
+    let service = one("services");
+    let slice = one("endpointslices");
+    assert_eq!((service.code, slice.code), (201, 201), "{writes:?}");
+    assert!(
+        slice.received.unwrap() >= service.completed.unwrap(),
+        "the slice was written before the Service was stored: {service:?} {slice:?}"
+    );
+}
