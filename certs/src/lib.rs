@@ -17,6 +17,7 @@
 
 pub mod client;
 mod error;
+pub mod explain;
 pub mod identity;
 pub mod pki;
 pub mod reload;
@@ -31,6 +32,7 @@ pub use pki::{Ca, IssueRequest, IssuedCert, init_ca_dir, load_ca_dir, write_issu
 pub use reload::{ReloadingTls, TlsFiles, TlsMaterial};
 pub use server::{
     ConnInfo, ConnectionCloser, PeerInfo, TlsConn, connection_closer, peer_info, tls_incoming,
+    tls_incoming_for,
 };
 
 /// Installs rustls' `ring` crypto provider as the process-wide default.

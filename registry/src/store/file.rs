@@ -119,8 +119,8 @@ impl Stamp {
     /// Whether the last thing done to the file came after its last write: its inode changed
     /// (ctime) later than its data (mtime). Every write and truncation sets both to the same
     /// instant, so a file being written in place always reads `ctime == mtime`; `ctime > mtime`
-    /// means it was renamed into place (or had its times set, as `tar`, `kubectl cp`, `cp -p`
-    /// and `rsync` do) after its writer finished it. A file renamed in the same timestamp tick
+    /// means it was renamed into place (or had its times set, as `tar`, `cp -p` and `rsync`
+    /// do) after its writer finished it. A file renamed in the same timestamp tick
     /// as its last write reads `ctime == mtime` and is treated as possibly unfinished.
     fn renamed_after_write(&self) -> bool {
         #[cfg(unix)]
