@@ -871,8 +871,8 @@ async fn send_charged(
 pub fn call_error(e: anyhow::Error, addr: &str) -> anyhow::Error {
     match e.downcast_ref::<tonic::Status>() {
         Some(status) => match crate::dial_errors::status_words(status, addr, "the admin API") {
-            (text, true) => anyhow::anyhow!("admin API at {addr}: {text}"),
-            (_, false) => e,
+            (text, Some(_)) => anyhow::anyhow!("admin API at {addr}: {text}"),
+            (_, None) => e,
         },
         None => e,
     }

@@ -145,15 +145,15 @@ async fn reconnect<S, F>(
         }
         let delay = delays.next_delay();
         stats.set_state(PeerState::Backoff);
-        if !loud {
-            info!(parent, %error, ?delay, "parent link down; reconnecting after backoff");
-        } else if let Some(held) = repeats.check(&error) {
-            warn!(
+        match loud.map(|key| repeats.check(&key)) {
+            None => info!(parent, %error, ?delay, "parent link down; reconnecting after backoff"),
+            Some(Some(held)) => warn!(
                 parent,
                 ?delay,
                 "parent link down: {error}{}; reconnecting after backoff",
                 repeats_suffix(held)
-            );
+            ),
+            Some(None) => {} // Counted; reported with the next line about it.
         }
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -173,8 +173,9 @@ struct End {
     /// Ended to be resent from scratch (a queue overflowed, the parent's policies changed):
     /// reconnect at once after a [`STABLE_SESSION`].
     reset: bool,
-    /// A TLS or wrong-port failure: logged at WARN (identical ones once a minute).
-    loud: bool,
+    /// A TLS or wrong-port failure: logged at WARN, repeats (counted under this key) once a
+    /// minute.
+    loud: Option<String>,
 }
 
 impl End {
@@ -184,7 +185,7 @@ impl End {
             error: error.into(),
             fatal,
             reset: false,
-            loud: false,
+            loud: None,
         }
     }
 }

@@ -206,8 +206,9 @@ enum End {
     Retry {
         error: String,
         healthy: bool,
-        /// A TLS or wrong-port failure: logged at WARN (identical ones once a minute).
-        loud: bool,
+        /// A TLS or wrong-port failure: logged at WARN, repeats (counted under this key) once a
+        /// minute.
+        loud: Option<String>,
     },
     /// Do not retry until the spec changes.
     Fatal(String),
@@ -280,10 +281,14 @@ async fn run(
                     stats.set_error(error.clone());
                     stats.reconnects.fetch_add(1, Ordering::Relaxed);
                     ctx.metrics.client_reconnects.inc();
-                    if !loud {
-                        info!(remote = %spec.name, %error, ?delay, "import stream ended; reconnecting after backoff");
-                    } else if let Some(held) = repeats.check(&error) {
-                        warn!(remote = %spec.name, ?delay, "cannot import: {error}{}; reconnecting after backoff", repeats_suffix(held));
+                    match loud.map(|key| repeats.check(&key)) {
+                        None => {
+                            info!(remote = %spec.name, %error, ?delay, "import stream ended; reconnecting after backoff")
+                        }
+                        Some(Some(held)) => {
+                            warn!(remote = %spec.name, ?delay, "cannot import: {error}{}; reconnecting after backoff", repeats_suffix(held))
+                        }
+                        Some(None) => {} // Counted; reported with the next line about it.
                     }
                     tokio::select! {
                         _ = cancel.cancelled() => { stats.set_state(PeerState::Stopped); flush(&ctx, &spec).await; return; }
@@ -452,7 +457,7 @@ async fn stream_once(
                 return End::Retry {
                     error: "remote closed the stream".into(),
                     healthy,
-                    loud: false,
+                    loud: None,
                 };
             }
             Err(status) => return end_for(spec, status, healthy),
@@ -549,7 +554,7 @@ async fn stream_once(
             return End::Retry {
                 error: "request stream closed".into(),
                 healthy,
-                loud: false,
+                loud: None,
             };
         }
         if !changed.is_empty() {
@@ -695,8 +700,8 @@ fn end_for(spec: &RemoteSpec, status: tonic::Status, healthy: bool) -> End {
     };
     let peer = format!("remote {} ({})", spec.name, spec.address);
     let (error, loud) = match crate::dial_errors::status_words(&status, &peer, "the Hamlet API") {
-        (words, true) => (words, true),
-        (_, false) => (format!("{code:?}: {}", status.message()), false),
+        (words, Some(key)) => (words, Some(key)),
+        (_, None) => (format!("{code:?}: {}", status.message()), None),
     };
     match status.code() {
         Code::Unauthenticated => End::Fatal(error),
