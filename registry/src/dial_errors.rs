@@ -15,10 +15,13 @@ pub fn status_words(status: &tonic::Status, peer: &str, service: &str) -> (Strin
         return (text, Some(format!("{:?}", cause(&tls))));
     }
     if status.code() == tonic::Code::Unimplemented {
+        let said = match status.message() {
+            "" => String::new(),
+            m => format!(" ({m})"),
+        };
         return (
             format!(
-                "{peer} answers gRPC over TLS but does not offer {service} ({}): is it another xcc port (Hamlet/federation --listen, admin --admin-listen)?",
-                status.message()
+                "{peer} answers gRPC over TLS but does not offer {service}{said}: is it another xcc port (Hamlet/federation --listen, admin --admin-listen)?"
             ),
             Some("unimplemented".to_owned()),
         );

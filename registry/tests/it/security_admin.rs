@@ -513,6 +513,31 @@ async fn tls_refusals_are_explained_on_both_sides_once() {
         "{err}"
     );
 
+    // The admin CLI pointed at a plaintext port (metrics, say): it says so.
+    let plain_port = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let plain_addr = plain_port.local_addr().expect("addr");
+    let http = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (mut tcp, _) = plain_port.accept().await.expect("accept");
+        let mut buf = [0u8; 512];
+        let _ = tcp.read(&mut buf).await;
+        let _ = tcp
+            .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .await;
+    });
+    let err = admin_error(admin.clone(), plain_addr, "localhost")
+        .await
+        .expect("not TLS");
+    assert!(
+        err.starts_with(&format!(
+            "admin API at {plain_addr}: server {plain_addr} (verified as localhost) does not answer TLS: is it a plaintext port"
+        )),
+        "{err}"
+    );
+    http.await.expect("plain server");
+
     // Plaintext HTTP at the TLS port: east says what arrived.
     {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
