@@ -141,6 +141,13 @@ impl ResolveArgs {
 }
 
 pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
+    let addr = args.addr.clone();
+    call(args)
+        .await
+        .map_err(|e| xcc_registry::admin::call_error(e, &addr))
+}
+
+async fn call(args: AdminArgs) -> anyhow::Result<()> {
     let tls = xcc_certs::reload::ReloadingTls::load(args.tls.files()?)?;
     let mut client = xcc_registry::admin::connect(tls, &args.addr, args.server_name).await?;
     match args.command {

@@ -851,12 +851,19 @@ fn write_exports(state_dir: &Path, services: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Atomically replace `exports/hot.yaml` (temporary file outside the watched directory, then
-/// rename). Returns the instant just before the rename.
+/// Atomically replace `exports/hot.yaml` (temporary file outside the watched directory, its
+/// mtime set a second back as `tar` or `cp -p` would, then rename): the registry sees a file
+/// renamed into place after it was finished and applies the change at once, without the file
+/// store's settle time. Returns the instant just before the rename.
 fn write_hot(state_dir: &Path, seq: u32) -> anyhow::Result<Instant> {
     let text = resources::to_yaml_documents(&[hot_record(seq)])?;
     let tmp = state_dir.join("tmp").join("hot.yaml");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::File::options()
+        .write(true)
+        .open(&tmp)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now() - Duration::from_secs(1)))
+        .with_context(|| format!("setting the mtime of {}", tmp.display()))?;
     let dest = state_dir.join("exports").join("hot.yaml");
     let t0 = Instant::now();
     std::fs::rename(&tmp, &dest).with_context(|| format!("renaming onto {}", dest.display()))?;
@@ -1263,7 +1270,7 @@ fn render(r: &Report) -> String {
     out.push_str(&targets_table(&r.targets));
     let _ = writeln!(
         out,
-        "\nprocess: child `xcc registry --store file`; an update renames a new exports/hot.yaml into place, so its fan-out includes the file watcher and the export re-read.\n\
+        "\nprocess: child `xcc registry --store file`; an update renames a finished exports/hot.yaml into place (mtime set back, so it applies at once), so its fan-out includes the file watcher and the export re-read.\n\
          inprocess: Registry::start in the bench process (memory store); an update is one Catalog::upsert.\n\
          Consumers run in the bench process (own TLS connection each, every response ACKed) and share the CPU with the server.\n\
          RSS IDLE: after loading, no consumer; RSS N-IDLE: N synced idle consumers; RSS PEAK: VmHWM at the end of the cell.\n\

@@ -21,6 +21,7 @@ use tokio_rustls::client::TlsStream;
 
 use crate::ALPN_H2;
 use crate::error::CertError;
+use crate::explain::{Explained, Side};
 use crate::identity::{Identity, parse_identity};
 use crate::reload::{ReloadingTls, parse_certs, root_store};
 use crate::server::HANDSHAKE_TIMEOUT;
@@ -96,12 +97,19 @@ impl TlsConnector {
             tracing::debug!(%uri, error = %e, "cannot set TCP_NODELAY");
         }
         let connector = tokio_rustls::TlsConnector::from(self.config());
+        let peer = || format!("{host}:{port} (verified as {})", self.server_name.to_str());
         let stream = tokio::time::timeout(
             HANDSHAKE_TIMEOUT,
             connector.connect(self.server_name.clone(), tcp),
         )
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "TLS handshake timed out"))??;
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{}: TLS handshake timed out", peer()),
+            )
+        })?
+        .map_err(|e| explain_handshake_error(e, &peer()))?;
         let conn = stream.get_ref().1;
         if conn.alpn_protocol() != Some(ALPN_H2) {
             return Err(io::Error::new(
@@ -124,6 +132,22 @@ impl TlsConnector {
         tracing::debug!(%uri, server = %identity, "TLS connection established");
         self.lock().last_peer = Some(identity);
         Ok(TokioIo::new(stream))
+    }
+}
+
+/// A failed handshake as one sentence (see [`crate::explain`]), its kind kept; the rustls error
+/// stays reachable as the source.
+fn explain_handshake_error(e: io::Error, peer: &str) -> io::Error {
+    let kind = e.kind();
+    match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        Some(tls) => io::Error::new(kind, Explained::new(tls.clone(), Side::Client, peer)),
+        None if kind == io::ErrorKind::UnexpectedEof => io::Error::new(
+            kind,
+            format!(
+                "server {peer} closed the connection during the TLS handshake (not an xcc TLS port, or it refused us: see its log)"
+            ),
+        ),
+        None => e,
     }
 }
 

@@ -18,6 +18,7 @@
 pub mod bundle;
 pub mod client;
 mod error;
+pub mod explain;
 pub mod identity;
 pub mod pki;
 pub mod reload;
@@ -32,6 +33,7 @@ pub use pki::{Ca, IssueRequest, IssuedCert, init_ca_dir, load_ca_dir, write_issu
 pub use reload::{ReloadingTls, TlsFiles, TlsMaterial};
 pub use server::{
     ConnInfo, ConnectionCloser, PeerInfo, TlsConn, connection_closer, peer_info, tls_incoming,
+    tls_incoming_for,
 };
 
 /// Installs rustls' `ring` crypto provider as the process-wide default.

@@ -28,6 +28,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
+use crate::explain::{Repeats, Side, cause, explain, find_tls_error, repeats_suffix};
 use crate::identity::{Identity, parse_identity};
 use crate::reload::ReloadingTls;
 
@@ -233,7 +234,7 @@ pub fn connection_closer<T>(req: &tonic::Request<T>) -> Option<&ConnectionCloser
 /// [`Identity`].
 ///
 /// Handshakes run concurrently as separate tasks, each limited to [`HANDSHAKE_TIMEOUT`], so a slow or
-/// failing peer never delays others (up to 1024 handshakes in flight; beyond that accepting pauses). Failed handshakes are logged at debug level with the peer address and
+/// failing peer never delays others (up to 1024 handshakes in flight; beyond that accepting pauses). Failed handshakes are logged (see [`tls_incoming_for`]) and
 /// counted in `xcc_tls_handshake_failures_total`; they are not yielded. Errors from `accept` itself are
 /// yielded (transient ones, such as a connection reset before it was accepted, are skipped). The stream
 /// ends when `cancel` fires; in-flight handshakes are then abandoned and the listener is closed.
@@ -242,11 +243,30 @@ pub fn tls_incoming(
     tls: ReloadingTls,
     cancel: CancellationToken,
 ) -> impl Stream<Item = Result<TlsConn, io::Error>> + Send + 'static {
+    tls_incoming_for("TLS listener", listener, tls, cancel)
+}
+
+/// [`tls_incoming`] for the listener called `what` (e.g. "admin listener"), the name its
+/// handshake failures are logged with.
+///
+/// A handshake that fails for a TLS reason (a certificate refused by either side, plaintext sent
+/// to this port) is logged at WARN as one sentence saying who refused whom, why and what to
+/// change ([`crate::explain`]); identical failures from the same address are counted and logged
+/// again at most once a minute with their count. A connection closed before it said anything (a
+/// TCP probe) and a handshake timeout stay at debug level.
+pub fn tls_incoming_for(
+    what: &'static str,
+    listener: TcpListener,
+    tls: ReloadingTls,
+    cancel: CancellationToken,
+) -> impl Stream<Item = Result<TlsConn, io::Error>> + Send + 'static {
     let state = Incoming {
+        what,
         listener,
         tls,
         cancel,
         handshakes: JoinSet::new(),
+        repeats: Arc::default(),
     };
     futures::stream::unfold(state, |mut st| async move {
         let item = st.next().await?;
@@ -255,6 +275,9 @@ pub fn tls_incoming(
 }
 
 struct Incoming {
+    what: &'static str,
+    /// Handshake failures already logged, shared by the handshake tasks.
+    repeats: Arc<Repeats>,
     listener: TcpListener,
     tls: ReloadingTls,
     cancel: CancellationToken,
@@ -269,7 +292,12 @@ impl Incoming {
                 _ = self.cancel.cancelled() => return None,
                 accepted = self.listener.accept(), if self.handshakes.len() < MAX_PENDING_HANDSHAKES => match accepted {
                     Ok((tcp, remote_addr)) => {
-                        self.handshakes.spawn(handshake(tcp, remote_addr, self.tls.clone()));
+                        self.handshakes.spawn(handshake(
+                            tcp,
+                            remote_addr,
+                            self.tls.clone(),
+                            Failures { what: self.what, repeats: self.repeats.clone() },
+                        ));
                     }
                     Err(e) if is_transient(&e) => {
                         tracing::debug!(error = %e, "transient accept error");
@@ -304,7 +332,41 @@ fn is_transient(e: &io::Error) -> bool {
     )
 }
 
-async fn handshake(tcp: TcpStream, remote_addr: SocketAddr, tls: ReloadingTls) -> Option<TlsConn> {
+/// Where a listener's handshake failures are reported.
+struct Failures {
+    what: &'static str,
+    repeats: Arc<Repeats>,
+}
+
+impl Failures {
+    /// Log a failed handshake: explained at WARN (once per minute per address and cause) when
+    /// TLS says why, at debug otherwise (a probe that connects and closes, a reset).
+    fn report(&self, remote_addr: SocketAddr, e: &io::Error) {
+        match find_tls_error(e) {
+            Some(tls_error) => {
+                let key = format!("{}|{:?}", remote_addr.ip(), cause(&tls_error));
+                if let Some(held) = self.repeats.check(&key) {
+                    tracing::warn!(
+                        listener = self.what,
+                        "{}{}",
+                        explain(&tls_error, Side::Server, &remote_addr.to_string()),
+                        repeats_suffix(held)
+                    );
+                }
+            }
+            None => {
+                tracing::debug!(listener = self.what, peer = %remote_addr, error = %e, "TLS handshake failed");
+            }
+        }
+    }
+}
+
+async fn handshake(
+    tcp: TcpStream,
+    remote_addr: SocketAddr,
+    tls: ReloadingTls,
+    failures: Failures,
+) -> Option<TlsConn> {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(peer = %remote_addr, error = %e, "cannot set TCP_NODELAY");
     }
@@ -312,7 +374,7 @@ async fn handshake(tcp: TcpStream, remote_addr: SocketAddr, tls: ReloadingTls) -
     let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) => {
-            tracing::debug!(peer = %remote_addr, error = %e, "TLS handshake failed");
+            failures.report(remote_addr, &e);
             tls.metrics().handshake_failed("tls");
             return None;
         }

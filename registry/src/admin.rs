@@ -3,6 +3,7 @@
 //! from a certificate with an admin identity.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use futures::{Stream, StreamExt as _};
@@ -72,19 +73,98 @@ impl AdminService {
                     policy_permits: d.policy_permits,
                     name_clashes: self.clashes_on(&entry.fqdn),
                 },
-                None => api::Decision {
-                    found: false,
-                    condition: api::Condition::NotFound as i32,
-                    reason: format!("{target} is not in the subtree of {}", self.level.cluster()),
-                    resolver_cluster: self.level.cluster().to_string(),
-                    name_clashes: match &target {
-                        Target::Fqdn(f) => self.clashes_on(f),
-                        Target::Name { .. } => vec![],
-                    },
-                    ..Default::default()
+                None if requester == self.level.cluster() => match self.explain_import(&target) {
+                    Some(d) => d,
+                    None => self.not_found(&target),
                 },
+                None => self.not_found(&target),
             },
         )
+    }
+
+    /// Not in the subtree (nor, for this registry itself, imported).
+    fn not_found(&self, target: &Target) -> api::Decision {
+        api::Decision {
+            found: false,
+            condition: api::Condition::NotFound as i32,
+            reason: format!("{target} is not in the subtree of {}", self.level.cluster()),
+            resolver_cluster: self.level.cluster().to_string(),
+            name_clashes: match target {
+                Target::Fqdn(f) => self.clashes_on(f),
+                Target::Name { .. } => vec![],
+            },
+            ..Default::default()
+        }
+    }
+
+    /// A record this registry imported (not in its subtree, so `Level::explain` does not know
+    /// it): where it came from, over which link, and who decided. The checks that admitted it
+    /// (allowed requesters, the Cedar policies) ran at the registry that sent it; this registry
+    /// only filtered it by the RemoteRegistry's allowed domains.
+    fn explain_import(&self, target: &Target) -> Option<api::Decision> {
+        let mut found: Vec<Arc<crate::catalog::ServiceEntry>> = match target {
+            Target::Fqdn(f) => self.catalog.by_fqdn(f),
+            Target::Name { namespace, name } => self.catalog.by_name(namespace, name),
+        };
+        found.retain(|e| {
+            matches!(
+                e.source,
+                crate::catalog::Source::Remote(_) | crate::catalog::Source::Hierarchy(_)
+            )
+        });
+        found.sort_by_key(|e| e.key.clone());
+        let entry = found.into_iter().next()?;
+        let me = self.level.cluster();
+        let (link, sender, how) = match &entry.source {
+            crate::catalog::Source::Remote(remote) => (
+                format!("RemoteRegistry {remote}"),
+                remote.clone(),
+                format!(
+                    "{remote}'s Hamlet server sent it to {me} (the service's allowed requesters admit {me} and {remote}'s policies permit it: checked there, see `xcc admin explain` on {remote}), and it is within the allowedDomains of RemoteRegistry {remote}"
+                ),
+            ),
+            crate::catalog::Source::Hierarchy(parent) => (
+                format!("parent link {parent}"),
+                parent.clone(),
+                format!(
+                    "granted through the hierarchy: the resolving level checked the bilateral rule (allowed requesters, {me}'s request, the policies) and answered through the parent {parent} (see `xcc admin routes`)"
+                ),
+            ),
+            _ => return None,
+        };
+        let peer = self
+            .peers
+            .list()
+            .into_iter()
+            .find(|p| p.name == sender)
+            .map(|p| {
+                let identity = p.identity();
+                format!(
+                    "{}, {:?}{}",
+                    p.address,
+                    p.state(),
+                    if identity.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", server identity {identity}")
+                    }
+                )
+            })
+            .unwrap_or_else(|| "not connected now".to_owned());
+        Some(api::Decision {
+            found: true,
+            allowed: true,
+            condition: api::Condition::Granted as i32,
+            reason: format!("imported from {} via {link} ({peer}): {how}", entry.source),
+            policies: vec![],
+            owner_cluster: entry.key.cluster.to_string(),
+            resolver_cluster: sender,
+            service: Some(to_api(&entry)),
+            callee_admits: entry.admits(me),
+            caller_requested: true,
+            policy_permits: true,
+            name_clashes: self.clashes_on(&entry.fqdn),
+        })
     }
 
     /// Refused claims on `fqdn` seen at this registry, for `explain`.
@@ -785,6 +865,19 @@ async fn send_charged(
 
 /// Connect an admin client to `addr` (`host:port`) with the caller's certificate (which must
 /// carry an admin identity). `server_name` defaults to the host part of `addr`.
+/// An admin call's error as the CLI prints it: a TLS failure or a server without the admin API
+/// (the Hamlet port, say) as one sentence with the fix ([`crate::dial_errors`]); anything else as
+/// it came.
+pub fn call_error(e: anyhow::Error, addr: &str) -> anyhow::Error {
+    match e.downcast_ref::<tonic::Status>() {
+        Some(status) => match crate::dial_errors::status_words(status, addr, "the admin API") {
+            (text, Some(_)) => anyhow::anyhow!("admin API at {addr}: {text}"),
+            (_, None) => e,
+        },
+        None => e,
+    }
+}
+
 pub async fn connect(
     tls: xcc_certs::reload::ReloadingTls,
     addr: &str,
@@ -801,6 +894,15 @@ pub async fn connect(
         .connect_timeout(std::time::Duration::from_secs(10))
         .connect_with_connector(connector)
         .await
-        .with_context(|| format!("connecting to the admin API at {addr}"))?;
+        .map_err(|e| {
+            // A TLS failure is one sentence naming who refused whom; anything else keeps
+            // tonic's chain.
+            match xcc_certs::explain::explain_chain(&e, xcc_certs::explain::Side::Client, addr) {
+                Some(text) => anyhow::anyhow!("admin API at {addr}: {text}"),
+                None => {
+                    anyhow::Error::new(e).context(format!("connecting to the admin API at {addr}"))
+                }
+            }
+        })?;
     Ok(api::admin_client::AdminClient::new(channel))
 }

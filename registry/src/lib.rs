@@ -8,6 +8,7 @@ pub mod authz;
 pub mod authz_configmap;
 pub mod budget;
 pub mod catalog;
+pub mod dial_errors;
 pub mod federation;
 pub mod files;
 pub mod hamlet;

@@ -69,6 +69,16 @@ async fn connector_with_explicit_roots_and_ip_server_name() {
             rustls::CertificateError::UnknownIssuer
         ))
     );
+    // And says so in words: who refused whom, why, and what to give it.
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "refused server {}:{} (verified as {SERVER_NAME}): its certificate is not issued by a CA we trust (unknown CA",
+            server.addr.ip(),
+            server.addr.port()
+        )),
+        "{text}"
+    );
     assert_eq!(wrong_roots.last_peer(), None);
 }
 

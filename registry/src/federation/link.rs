@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 use tracing::{info, warn};
+use xcc_certs::explain::repeats_suffix;
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::level::Level;
@@ -87,8 +88,9 @@ pub async fn run(
             return;
         }
     };
+    let peer = format!("parent {} ({})", spec.name, spec.address);
     reconnect(&spec.name, backoff, &stats, &cancel, || async {
-        let end = session(&level, channel.clone(), &connector, &stats).await;
+        let end = session(&level, channel.clone(), &connector, &stats, &peer).await;
         level.parent_disconnected();
         end
     })
@@ -110,6 +112,7 @@ async fn reconnect<S, F>(
     F: Future<Output = End>,
 {
     let mut delays = backoff.jittered();
+    let repeats = xcc_certs::explain::Repeats::default();
     loop {
         stats.set_state(PeerState::Connecting);
         let started = tokio::time::Instant::now();
@@ -118,6 +121,7 @@ async fn reconnect<S, F>(
             error,
             fatal,
             reset,
+            loud,
         } = tokio::select! {
             _ = cancel.cancelled() => break,
             r = session() => r,
@@ -141,7 +145,16 @@ async fn reconnect<S, F>(
         }
         let delay = delays.next_delay();
         stats.set_state(PeerState::Backoff);
-        info!(parent, %error, ?delay, "parent link down; reconnecting after backoff");
+        match loud.map(|key| repeats.check(&key)) {
+            None => info!(parent, %error, ?delay, "parent link down; reconnecting after backoff"),
+            Some(Some(held)) => warn!(
+                parent,
+                ?delay,
+                "parent link down: {error}{}; reconnecting after backoff",
+                repeats_suffix(held)
+            ),
+            Some(None) => {} // Counted; reported with the next line about it.
+        }
         tokio::select! {
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep(delay) => {}
@@ -160,6 +173,9 @@ struct End {
     /// Ended to be resent from scratch (a queue overflowed, the parent's policies changed):
     /// reconnect at once after a [`STABLE_SESSION`].
     reset: bool,
+    /// A TLS or wrong-port failure: logged at WARN, repeats (counted under this key) once a
+    /// minute.
+    loud: Option<String>,
 }
 
 impl End {
@@ -169,6 +185,7 @@ impl End {
             error: error.into(),
             fatal,
             reset: false,
+            loud: None,
         }
     }
 }
@@ -179,6 +196,7 @@ async fn session(
     channel: tonic::transport::Channel,
     connector: &xcc_certs::client::TlsConnector,
     stats: &crate::peers::PeerStats,
+    peer: &str,
 ) -> End {
     // Room for control messages (membership, queries, route acknowledgements) on the way up,
     // bounded in messages and bytes (`Level::queue_limits`); overflowing it resets the session.
@@ -197,7 +215,11 @@ async fn session(
             // As with Hamlet: only Unauthenticated is final; a refused membership (cycle, a
             // cluster claimed twice) may be fixed on the other side, so keep retrying with backoff.
             let fatal = s.code() == tonic::Code::Unauthenticated;
-            return End::new(false, format!("{:?}: {}", s.code(), s.message()), fatal);
+            let (error, loud) = crate::dial_errors::status_words(&s, peer, "the federation API");
+            return End {
+                loud,
+                ..End::new(false, error, fatal)
+            };
         }
     };
     if let Some(id) = connector.last_peer() {

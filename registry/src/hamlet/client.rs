@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
+use xcc_certs::explain::{Repeats, repeats_suffix};
 use xcc_controller::tasks::{Spawner, TaskHandle};
 use xcc_proto::federation::resourcediscovery::v1alpha1 as rd1;
 use xcc_proto::google::rpc::Status as RpcStatus;
@@ -205,6 +206,9 @@ enum End {
     Retry {
         error: String,
         healthy: bool,
+        /// A TLS or wrong-port failure: logged at WARN, repeats (counted under this key) once a
+        /// minute.
+        loud: Option<String>,
     },
     /// Do not retry until the spec changes.
     Fatal(String),
@@ -237,6 +241,7 @@ async fn run(
             }
         };
         let mut delays = ctx.config.backoff.jittered();
+        let repeats = Repeats::default();
         loop {
             stats.set_state(PeerState::Connecting);
             let end = tokio::select! {
@@ -263,7 +268,11 @@ async fn run(
                         r = spec_rx.changed() => { if r.is_err() { return } continue 'spec; }
                     }
                 }
-                End::Retry { error, healthy } => {
+                End::Retry {
+                    error,
+                    healthy,
+                    loud,
+                } => {
                     if healthy {
                         delays = ctx.config.backoff.jittered();
                     }
@@ -272,7 +281,15 @@ async fn run(
                     stats.set_error(error.clone());
                     stats.reconnects.fetch_add(1, Ordering::Relaxed);
                     ctx.metrics.client_reconnects.inc();
-                    info!(remote = %spec.name, %error, ?delay, "import stream ended; reconnecting after backoff");
+                    match loud.map(|key| repeats.check(&key)) {
+                        None => {
+                            info!(remote = %spec.name, %error, ?delay, "import stream ended; reconnecting after backoff")
+                        }
+                        Some(Some(held)) => {
+                            warn!(remote = %spec.name, ?delay, "cannot import: {error}{}; reconnecting after backoff", repeats_suffix(held))
+                        }
+                        Some(None) => {} // Counted; reported with the next line about it.
+                    }
                     tokio::select! {
                         _ = cancel.cancelled() => { stats.set_state(PeerState::Stopped); flush(&ctx, &spec).await; return; }
                         r = spec_rx.changed() => { if r.is_err() { return } continue 'spec; }
@@ -400,7 +417,7 @@ async fn stream_once(
         );
     let response = match client.establish_stream(request).await {
         Ok(r) => r,
-        Err(status) => return end_for(status, false),
+        Err(status) => return end_for(spec, status, false),
     };
     let marker = response
         .metadata()
@@ -440,9 +457,10 @@ async fn stream_once(
                 return End::Retry {
                     error: "remote closed the stream".into(),
                     healthy,
+                    loud: None,
                 };
             }
-            Err(status) => return end_for(status, healthy),
+            Err(status) => return end_for(spec, status, healthy),
         };
         while batch.len() < ctx.config.max_batch {
             match stream.message().now_or_never() {
@@ -536,6 +554,7 @@ async fn stream_once(
             return End::Retry {
                 error: "request stream closed".into(),
                 healthy,
+                loud: None,
             };
         }
         if !changed.is_empty() {
@@ -673,16 +692,24 @@ async fn sweep(
     }
 }
 
-fn end_for(status: tonic::Status, healthy: bool) -> End {
+fn end_for(spec: &RemoteSpec, status: tonic::Status, healthy: bool) -> End {
     // tonic reports a message over the decoding limit as OUT_OF_RANGE; it is a size limit.
     let code = match status.code() {
         Code::OutOfRange if status.message().contains("too large") => Code::ResourceExhausted,
         c => c,
     };
-    let error = format!("{code:?}: {}", status.message());
+    let peer = format!("remote {} ({})", spec.name, spec.address);
+    let (error, loud) = match crate::dial_errors::status_words(&status, &peer, "the Hamlet API") {
+        (words, Some(key)) => (words, Some(key)),
+        (_, None) => (format!("{code:?}: {}", status.message()), None),
+    };
     match status.code() {
         Code::Unauthenticated => End::Fatal(error),
-        _ => End::Retry { error, healthy },
+        _ => End::Retry {
+            error,
+            healthy,
+            loud,
+        },
     }
 }
 

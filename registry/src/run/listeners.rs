@@ -38,7 +38,12 @@ pub(super) async fn serve_hamlet(
         .set_serving::<DiscoveryServiceServer<V1alpha1>>()
         .await;
     let reflection = reflection()?;
-    let incoming = xcc_certs::server::tls_incoming(listener, core.tls.clone(), cancel.clone());
+    let incoming = xcc_certs::server::tls_incoming_for(
+        "Hamlet/federation listener",
+        listener,
+        core.tls.clone(),
+        cancel.clone(),
+    );
     let router = tonic::transport::Server::builder()
         // Keep idle streams alive through middleboxes; hyper does not police client pings, so
         // Go peers' 20 s pings are accepted.
@@ -75,7 +80,12 @@ pub(super) async fn serve_admin(
         cancel.clone(),
         config.federation.query_timeout,
     );
-    let incoming = xcc_certs::server::tls_incoming(listener, core.tls.clone(), cancel.clone());
+    let incoming = xcc_certs::server::tls_incoming_for(
+        "admin listener",
+        listener,
+        core.tls.clone(),
+        cancel.clone(),
+    );
     let router = tonic::transport::Server::builder()
         .add_service(admin.into_server())
         .add_service(health)

@@ -101,6 +101,15 @@ impl Registry {
         cancel: CancellationToken,
     ) -> Result<Self, StartError> {
         xcc_certs::install_crypto_provider();
+        // Before anything writes below it (grants, name owners, imports all create their files).
+        if let StoreConfig::File { state_dir, .. } = &config.store
+            && !state_dir.is_dir()
+        {
+            tracing::warn!(
+                state_dir = %state_dir.display(),
+                "--state-dir did not exist; created it empty (no exports, no remotes): check the path if this registry had state"
+            );
+        }
         let runtime = Runtime::new(cancel).with_grace(config.shutdown_grace);
         let spawner = runtime.spawner();
         let (tls, trust_domain) = load_identity(&config)?;

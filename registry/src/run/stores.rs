@@ -144,12 +144,6 @@ async fn start_files(
 ) -> Result<(), StartError> {
     let exports_dir = state_dir.join(file::EXPORTS_DIR);
     let remotes_dir = state_dir.join(file::REMOTES_DIR);
-    if !state_dir.is_dir() {
-        warn!(
-            state_dir = %state_dir.display(),
-            "--state-dir did not exist; created it empty (no exports, no remotes): check the path if this registry had state"
-        );
-    }
     for d in [&exports_dir, &remotes_dir] {
         std::fs::create_dir_all(d).map_err(|source| state_dir_error(d, source))?;
     }

@@ -20,7 +20,9 @@
 //! only once the file has read the same for [`SETTLE`]. An in-place rewrite (`cat > f`, which
 //! empties the file first), a write caught half-way, an editor's rename over the file, a
 //! `kubectl cp` (unlink, then create) or a ConfigMap volume's symlink swap therefore never remove
-//! anything for a moment; a change that only adds is applied at once.
+//! anything for a moment; a change that only adds is applied at once, and so is any change to a
+//! file that was renamed into place after it was finished ([`Stamp::renamed_after_write`]:
+//! nothing distinguishes a half-written file by its content, but its times do).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash as _, Hasher as _};
@@ -91,6 +93,9 @@ struct Stamp {
     mtime: Option<SystemTime>,
     #[cfg(unix)]
     ctime: (i64, i64),
+    /// `mtime` as the inode holds it, to compare with `ctime` ([`Stamp::renamed_after_write`]).
+    #[cfg(unix)]
+    mtime_unix: (i64, i64),
     #[cfg(unix)]
     inode: (u64, u64),
 }
@@ -105,7 +110,26 @@ impl Stamp {
             #[cfg(unix)]
             ctime: (meta.ctime(), meta.ctime_nsec()),
             #[cfg(unix)]
+            mtime_unix: (meta.mtime(), meta.mtime_nsec()),
+            #[cfg(unix)]
             inode: (meta.dev(), meta.ino()),
+        }
+    }
+
+    /// Whether the last thing done to the file came after its last write: its inode changed
+    /// (ctime) later than its data (mtime). Every write and truncation sets both to the same
+    /// instant, so a file being written in place always reads `ctime == mtime`; `ctime > mtime`
+    /// means it was renamed into place (or had its times set, as `tar`, `cp -p` and `rsync`
+    /// do) after its writer finished it. A file renamed in the same timestamp tick
+    /// as its last write reads `ctime == mtime` and is treated as possibly unfinished.
+    fn renamed_after_write(&self) -> bool {
+        #[cfg(unix)]
+        {
+            self.ctime > self.mtime_unix
+        }
+        #[cfg(not(unix))]
+        {
+            false
         }
     }
 
@@ -476,6 +500,7 @@ impl<T: Named + Clone + PartialEq> YamlDir<T> {
         validate: &dyn Fn(&T) -> Result<(), E>,
     ) -> bool {
         let stamp = Stamp::of(meta);
+        let before_read = stamp;
         let rejected = self.errors.contains_key(&path) || self.unsettled.contains_key(&path);
         if !rejected
             && let Some(f) = self.files.get(&path)
@@ -531,10 +556,13 @@ impl<T: Named + Clone + PartialEq> YamlDir<T> {
             return false;
         }
         self.empty.remove(&path);
-        // Only adding (every item it held is still there, unchanged) is applied at once;
-        // anything else waits until the file has read the same for `settle`.
+        // Only adding (every item it held is still there, unchanged) is applied at once, and so
+        // is a file that is complete: renamed into place after its last write, and not written
+        // to while it was read (a write in between would have changed the stamp, and set
+        // mtime = ctime). Anything else waits until the file has read the same for `settle`.
         let adds_only = matches!(&parsed, Ok(items) if held.iter().all(|h| items.contains(h)));
-        if adds_only {
+        let complete = stamp == before_read && stamp.renamed_after_write();
+        if adds_only || complete {
             self.unsettled.remove(&path);
         } else if !self.settled(&path, Some(bytes_hash(&bytes))) {
             return false;
@@ -1214,11 +1242,10 @@ spec:
         // Only adding: applied at once.
         std::fs::write(&a, &both).expect("write");
         assert_eq!(step("written with one more", &mut yd), 2);
-        // An editor's temporary file renamed over it, back to one record: waits.
-        let tmp = exports.join(".a.yaml.swp");
-        std::fs::write(&tmp, &one).expect("tmp");
-        std::fs::rename(&tmp, &a).expect("mv");
-        assert_eq!(step("saved with one less", &mut yd), 2);
+        // Rewritten in place, back to one record: waits (a write sets mtime = ctime, so it is
+        // never taken for a finished file; a rename is `a_file_renamed_into_place_...`).
+        std::fs::write(&a, &one).expect("rewrite");
+        assert_eq!(step("rewritten with one less", &mut yd), 2);
         assert!(yd.next_due().is_some());
 
         // Settled: the rewrite applies, and so does a deletion.
@@ -1229,6 +1256,58 @@ spec:
         events.record(std::slice::from_ref(&a));
         assert!(sync_exports(&catalog, "east", &mut yd));
         assert!(catalog.is_empty());
+    }
+
+    /// A file renamed into place after it was finished (its mtime older than the rename, as
+    /// after `mv` of a saved file, `tar`, `cp -p`) is complete: a change that takes something
+    /// away applies at once, without the settle time. Written in place afterwards (even
+    /// half-way), it waits again.
+    #[test]
+    fn a_file_renamed_into_place_after_it_was_written_applies_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exports = dir.path().join(EXPORTS_DIR);
+        std::fs::create_dir_all(&exports).expect("mkdir");
+        let a = exports.join("a.yaml");
+        let both = format!(
+            "{}---\n{}",
+            record("one", "10.0.0.1"),
+            record("two", "10.0.0.2")
+        );
+        std::fs::write(&a, &both).expect("write");
+        let catalog = Catalog::new();
+        let events = DirEvents::default();
+        events.watch(&exports);
+        let mut yd = YamlDir::new(exports.clone())
+            .with_events(events.clone())
+            .with_settle(Duration::from_secs(3600));
+        assert!(sync_exports(&catalog, "east", &mut yd));
+        let refresh = |yd: &mut YamlDir<ServiceRecord>| {
+            events.record(std::slice::from_ref(&a));
+            sync_exports(&catalog, "east", yd);
+            addresses(&catalog)
+        };
+        let pair = |n: &str, ip: &str| (n.to_string(), ip.to_string());
+
+        // Finished in a temporary file (its mtime a second back, so the rename is surely in a
+        // later timestamp tick), then renamed over the file: one record changed, one removed.
+        let tmp = dir.path().join("a.yaml.tmp");
+        std::fs::write(&tmp, record("one", "10.0.0.9")).expect("tmp");
+        std::fs::File::options()
+            .write(true)
+            .open(&tmp)
+            .and_then(|f| f.set_modified(SystemTime::now() - Duration::from_secs(1)))
+            .expect("set mtime");
+        std::fs::rename(&tmp, &a).expect("mv");
+        assert_eq!(refresh(&mut yd), vec![pair("one", "10.0.0.9")]);
+        assert!(yd.next_due().is_none());
+
+        // Written in place after that: half of it, then all of another change: both wait.
+        let next = record("one", "10.0.0.7");
+        std::fs::write(&a, &next[..next.len() - 4]).expect("half");
+        assert_eq!(refresh(&mut yd), vec![pair("one", "10.0.0.9")]);
+        std::fs::write(&a, &next).expect("in place");
+        assert_eq!(refresh(&mut yd), vec![pair("one", "10.0.0.9")]);
+        assert!(yd.next_due().is_some());
     }
 
     /// A ConfigMap volume's update swaps the `..data` symlink; the watcher reports only that

@@ -618,6 +618,90 @@ async fn no_writer_pattern_removes_anything_for_a_moment() {
     .await;
 }
 
+/// A `--state-dir` that does not exist is created, with a WARN saying so (a typo in the path
+/// would otherwise run an empty registry without a word); an existing one is not reported.
+#[tokio::test]
+async fn a_missing_state_dir_is_created_with_a_warning() {
+    let logs = Captured::default();
+    let _guard = logs.start();
+    let pki = Pki::new("xcc.test");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("typo/state");
+    let needle = "--state-dir did not exist; created it empty (no exports, no remotes)";
+    let (east, cancel) = start_with(file_config(pki.cluster("east"), &state)).await;
+    assert!(state.join("exports").is_dir() && state.join("remotes").is_dir());
+    let warned = logs.warnings(needle);
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(warned[0].contains("typo/state"), "{warned:?}");
+    let existing = dir.path().join("west");
+    std::fs::create_dir_all(&existing).expect("mkdir");
+    let (_west, _wc) = start_with(file_config(pki.cluster("west"), &existing)).await;
+    assert_eq!(
+        logs.warnings(needle).len(),
+        1,
+        "an existing --state-dir is not reported"
+    );
+    drop((east, cancel));
+}
+
+/// `xcc admin explain` on a record the registry imported says where it came from (the remote,
+/// its address, the server's identity) and who decided (the exporter's checks), instead of
+/// "not in the subtree"; a name it holds neither way is still NOT_FOUND.
+#[tokio::test]
+async fn admin_explain_knows_imports() {
+    use xcc_proto::xcc::admin::v1 as api;
+    let pki = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    write(
+        east_dir.path(),
+        "exports/foobar.yaml",
+        &exported_sr("    connectivity.tanzu.vmware.com/service-port: \"443\""),
+    );
+    let (east, _ec) = start_with(file_config(pki.cluster("east"), east_dir.path())).await;
+    write(
+        west_dir.path(),
+        "remotes/shared-services-cls.yaml",
+        &remote_rr(east.hamlet_addr),
+    );
+    let (west, _wc) = start_with(file_config(pki.cluster("west"), west_dir.path())).await;
+    imported_records(west_dir.path(), &west).await;
+    let tls = xcc_certs::reload::ReloadingTls::load(pki.admin("alice")).expect("admin TLS");
+    let mut admin =
+        xcc_registry::admin::connect(tls, &west.admin_addr.to_string(), Some("localhost".into()))
+            .await
+            .expect("admin API");
+    let ask = |fqdn: &str| api::ResolveRequest {
+        fqdn: fqdn.into(),
+        ..Default::default()
+    };
+    let d = admin
+        .explain(ask("foobar.some.domain"))
+        .await
+        .expect("explain")
+        .into_inner();
+    assert!(d.found && d.allowed, "{d:?}");
+    assert_eq!(d.condition, api::Condition::Granted as i32);
+    // A flat import is keyed by the remote it came through.
+    assert_eq!(d.owner_cluster, "shared-services-cls");
+    assert_eq!(d.resolver_cluster, "shared-services-cls");
+    assert!(
+        d.reason.starts_with(&format!(
+            "imported from remote/shared-services-cls via RemoteRegistry shared-services-cls ({}, Connected, server identity east): shared-services-cls's Hamlet server sent it to west",
+            east.hamlet_addr
+        )),
+        "{}",
+        d.reason
+    );
+    let d = admin
+        .explain(ask("nothing.some.domain"))
+        .await
+        .expect("explain")
+        .into_inner();
+    assert!(!d.found && !d.allowed, "{d:?}");
+    assert_eq!(d.condition, api::Condition::NotFound as i32);
+}
+
 /// Per-peer metrics on both ends of an import: west's link to east and east's consumer west,
 /// each labelled with the direction the records flow.
 #[tokio::test]

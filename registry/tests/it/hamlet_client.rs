@@ -476,3 +476,50 @@ async fn oversized_resource_is_nacked_and_the_rest_imported() {
         "the stream survived"
     );
 }
+
+/// An importer whose CA did not issue the exporter's certificate says so at WARN, once for a
+/// storm of retries (the repeats are counted, not printed), and `peers` shows the same sentence
+/// instead of "Unknown: transport error"; the exporter logs that its certificate was refused.
+#[tokio::test]
+async fn a_remote_from_another_ca_is_explained_once_per_storm() {
+    let logs = Captured::default();
+    let _guard = logs.start();
+    let (ours, theirs) = (Pki::new("xcc.test"), Pki::new("other.test"));
+    let (east, _ec) = start(theirs.cluster("east")).await;
+    let mut cfg = xcc_registry::RegistryConfig::loopback(ours.cluster("west"));
+    cfg.client.backoff = Backoff {
+        min: Duration::from_millis(10),
+        max: Duration::from_millis(20),
+    };
+    let (west, _wc) = start_with(cfg).await;
+    west.set_remotes(vec![remote("east", east.hamlet_addr, &[])])
+        .await;
+    wait_peer(&west, "east", "three failed attempts", |p| {
+        p.reconnects.load(Ordering::Relaxed) >= 3
+    })
+    .await;
+    let refused = format!(
+        "refused server 127.0.0.1:{} (verified as localhost): its certificate is not issued by a CA we trust (unknown CA",
+        east.hamlet_addr.port()
+    );
+    let peer = west
+        .peers
+        .list()
+        .into_iter()
+        .find(|p| p.name == "east")
+        .expect("peer");
+    assert!(
+        peer.last_error().starts_with(&refused),
+        "{}",
+        peer.last_error()
+    );
+    let warned = logs.warnings(&format!("cannot import: {refused}"));
+    assert_eq!(warned.len(), 1, "one line for the storm: {warned:?}");
+    assert!(warned[0].contains("remote=east"), "{warned:?}");
+    let east_side = logs.warnings("refused our certificate: it does not trust the CA");
+    assert_eq!(east_side.len(), 1, "{east_side:?}");
+    assert!(
+        east_side[0].contains("listener=\"Hamlet/federation listener\""),
+        "{east_side:?}"
+    );
+}

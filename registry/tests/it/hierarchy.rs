@@ -1002,3 +1002,39 @@ forbid (principal, action == Xcc::Action::"announce", resource) when { resource.
     .await;
     drop((root, mid, leaf, leaf2, policies));
 }
+
+/// A child whose CA did not issue its parent's certificate says so at WARN, once for its
+/// retries, with the parent's name and address; the parent's log says its certificate was
+/// refused; `peers` shows the sentence.
+#[tokio::test]
+async fn a_parent_from_another_ca_is_explained_once() {
+    let logs = Captured::default();
+    let _guard = logs.start();
+    let (ours, theirs) = (Pki::new("xcc.test"), Pki::new("other.test"));
+    let (root, _rc) = node(&theirs, "root", None, None).await;
+    let (leaf, _lc) = node(&ours, "leaf", Some(root.hamlet_addr), None).await;
+    wait_peer(&leaf, "parent", "three failed attempts", |p| {
+        p.reconnects.load(std::sync::atomic::Ordering::Relaxed) >= 3
+    })
+    .await;
+    let refused = format!(
+        "refused server 127.0.0.1:{} (verified as localhost): its certificate is not issued by a CA we trust (unknown CA",
+        root.hamlet_addr.port()
+    );
+    let peer = leaf
+        .peers
+        .list()
+        .into_iter()
+        .find(|p| p.name == "parent")
+        .expect("peer");
+    assert!(
+        peer.last_error().starts_with(&refused),
+        "{}",
+        peer.last_error()
+    );
+    let warned = logs.warnings(&format!("parent link down: {refused}"));
+    assert_eq!(warned.len(), 1, "one line for the retries: {warned:?}");
+    assert!(warned[0].contains("parent=\"parent\""), "{warned:?}");
+    let root_side = logs.warnings("refused our certificate: it does not trust the CA");
+    assert_eq!(root_side.len(), 1, "{root_side:?}");
+}

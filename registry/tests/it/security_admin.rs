@@ -3,7 +3,7 @@
 
 use crate::common::*;
 use xcc_certs::pki::IssueRequest;
-use xcc_certs::reload::ReloadingTls;
+use xcc_certs::reload::{ReloadingTls, TlsFiles};
 use xcc_proto::xcc::admin::v1 as api;
 
 /// A raw TLS client: trusts `ca`, presents `client` (chain and key PEM files) if given, and
@@ -396,4 +396,166 @@ async fn the_admin_listing_pages_a_catalog_larger_than_a_message() {
         err.message(),
         "page_token is not one this server handed out"
     );
+}
+
+/// An admin client with `files`, its error (or none) as the CLI prints it.
+async fn admin_error(
+    files: TlsFiles,
+    addr: std::net::SocketAddr,
+    server_name: &str,
+) -> Option<String> {
+    let tls = ReloadingTls::load(files).expect("client TLS");
+    let addr = addr.to_string();
+    let result = async {
+        let mut client =
+            xcc_registry::admin::connect(tls, &addr, Some(server_name.to_owned())).await?;
+        client.list_peers(api::ListPeersRequest {}).await?;
+        anyhow::Ok(())
+    }
+    .await;
+    result
+        .err()
+        .map(|e| format!("{:#}", xcc_registry::admin::call_error(e, &addr)))
+}
+
+/// Each refusal is explained on both ends: the client's error names who refused whom and the
+/// fix, the server logs one WARN sentence for it, and a storm of identical refusals from one
+/// address is one line (counted), not one per attempt. A client at the Hamlet port, and
+/// plaintext at a TLS port, are named as such.
+#[tokio::test]
+async fn tls_refusals_are_explained_on_both_sides_once() {
+    let logs = Captured::default();
+    let _guard = logs.start();
+    let pki = Pki::new("xcc.test");
+    let (east, _c) = start(pki.cluster("east")).await;
+    let admin = pki.admin("alice");
+
+    // An admin certificate from another PKI (its client trusts east's CA too): east refuses it.
+    let other = Pki::new("other.test");
+    let foreign = other.admin("mallory");
+    let both = pki.dir.path().join("both-cas.crt");
+    let bundle = [
+        std::fs::read(&admin.ca).expect("ca"),
+        std::fs::read(&foreign.ca).expect("ca"),
+    ]
+    .concat();
+    std::fs::write(&both, bundle).expect("bundle");
+    let foreign = TlsFiles {
+        ca: both,
+        ..foreign
+    };
+    let addr = east.admin_addr;
+    for attempt in 0..3 {
+        let err = admin_error(foreign.clone(), addr, "localhost").await;
+        let err = err.expect("refused");
+        assert!(
+            err.starts_with(&format!(
+                "admin API at {addr}: server {addr} refused our certificate: it does not trust the CA that issued it (unknown CA"
+            )),
+            "attempt {attempt}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    let refused = logs.warnings("its certificate is not issued by a CA in our ca.crt");
+    assert_eq!(refused.len(), 1, "one line for three refusals: {refused:?}");
+    assert!(
+        refused[0].contains("listener=\"admin listener\"")
+            && refused[0].contains("refused client 127.0.0.1:"),
+        "{refused:?}"
+    );
+
+    // A client of another PKI altogether: it refuses east's certificate (and says so), and east
+    // logs that its own certificate was refused.
+    let err = admin_error(other.admin("bob"), addr, "localhost")
+        .await
+        .expect("refused");
+    assert!(
+        err.contains("refused server 127.0.0.1:")
+            && err.contains("its certificate is not issued by a CA we trust (unknown CA"),
+        "{err}"
+    );
+    // East reads the client's alert after the client has returned its error, and nothing but
+    // the log line shows it did: re-check (bounded, yielding to east's tasks) until it is there.
+    let theirs = "refused our certificate: it does not trust the CA that issued it";
+    for _ in 0..500 {
+        if !logs.warnings(theirs).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let theirs = logs.warnings(theirs);
+    assert!(
+        theirs.len() == 1
+            && theirs[0].contains("client 127.0.0.1:")
+            && theirs[0].contains("listener=\"admin listener\""),
+        "east logs that its certificate was refused: {theirs:?}"
+    );
+
+    // The name on east's certificate is not the one asked for.
+    let err = admin_error(admin.clone(), addr, "west.example.org")
+        .await
+        .expect("refused");
+    assert!(
+        err.contains("(verified as west.example.org)")
+            && err.contains("its certificate does not carry the name we asked for (name mismatch)"),
+        "{err}"
+    );
+
+    // The admin CLI pointed at the Hamlet port.
+    let err = admin_error(admin.clone(), east.hamlet_addr, "localhost")
+        .await
+        .expect("not the admin API");
+    assert!(
+        err.starts_with(&format!(
+            "admin API at {0}: {0} answers gRPC over TLS but does not offer the admin API",
+            east.hamlet_addr
+        )),
+        "{err}"
+    );
+
+    // The admin CLI pointed at a plaintext port (metrics, say): it says so.
+    let plain_port = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let plain_addr = plain_port.local_addr().expect("addr");
+    let http = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let (mut tcp, _) = plain_port.accept().await.expect("accept");
+        let mut buf = [0u8; 512];
+        let _ = tcp.read(&mut buf).await;
+        let _ = tcp
+            .write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .await;
+    });
+    let err = admin_error(admin.clone(), plain_addr, "localhost")
+        .await
+        .expect("not TLS");
+    assert!(
+        err.starts_with(&format!(
+            "admin API at {plain_addr}: server {plain_addr} (verified as localhost) does not answer TLS: is it a plaintext port"
+        )),
+        "{err}"
+    );
+    http.await.expect("plain server");
+
+    // Plaintext HTTP at the TLS port: east says what arrived.
+    {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut tcp = tokio::net::TcpStream::connect(east.hamlet_addr)
+            .await
+            .expect("tcp");
+        tcp.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = vec![];
+        let _ = tcp.read_to_end(&mut buf).await;
+    }
+    let plain = logs.warnings("does not speak TLS: plaintext");
+    assert!(
+        plain.len() == 1 && plain[0].contains("listener=\"Hamlet/federation listener\""),
+        "{plain:?}"
+    );
+
+    // And a good client is not reported.
+    assert_eq!(admin_error(admin, addr, "localhost").await, None);
 }

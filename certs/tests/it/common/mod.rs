@@ -183,8 +183,12 @@ pub async fn client_error(addr: SocketAddr, config: Arc<ClientConfig>) -> io::Er
 
 /// The rustls error inside an I/O error from tokio-rustls.
 pub fn rustls_error(e: &io::Error) -> Option<&rustls::Error> {
-    e.get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    let inner = e.get_ref()?;
+    inner.downcast_ref::<rustls::Error>().or_else(|| {
+        inner
+            .downcast_ref::<xcc_certs::explain::Explained>()
+            .map(|x| x.tls_error())
+    })
 }
 
 /// The certificate the server presented on a client connection.

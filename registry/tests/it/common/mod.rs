@@ -452,3 +452,39 @@ pub async fn wait_level(reg: &Registry, what: &str, cond: impl Fn(&Registry) -> 
         .await
         .unwrap_or_else(|_| panic!("timed out on {}: {what}", reg.cluster));
 }
+
+/// Logs written while the guard lives (this thread only: `#[tokio::test]` runs the registry's
+/// tasks on it).
+#[derive(Clone, Default)]
+pub struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    pub fn start(&self) -> tracing::subscriber::DefaultGuard {
+        let me = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || me.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    /// The WARN lines that contain `needle`.
+    pub fn warnings(&self, needle: &str) -> Vec<String> {
+        let text = String::from_utf8_lossy(&self.0.lock().expect("log buffer")).to_string();
+        text.lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+}
