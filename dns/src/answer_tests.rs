@@ -126,7 +126,7 @@ fn soa_line(apex: &str, ttl: u32) -> String {
 }
 
 #[test]
-fn dns_01_and_02_a_records_with_the_configured_ttl() {
+fn a_records_with_the_configured_ttl() {
     let snap = snapshot();
     for (name, addr) in [
         ("some-service.some.domain.", "1.2.3.4"),
@@ -156,7 +156,7 @@ fn dns_01_and_02_a_records_with_the_configured_ttl() {
 }
 
 #[test]
-fn dns_03_mixed_case_is_found_and_echoed_as_asked() {
+fn mixed_case_is_found_and_echoed_as_asked() {
     let snap = snapshot();
     let r = ask(&snap, "ANOTHER-SERVICE.some.domain.", RecordType::A);
     assert_eq!(
@@ -168,7 +168,7 @@ fn dns_03_mixed_case_is_found_and_echoed_as_asked() {
 }
 
 #[test]
-fn dns_04_missing_name_is_nxdomain_with_the_soa() {
+fn missing_name_is_nxdomain_with_the_soa() {
     let r = ask(&snapshot(), "not-exists.some.domain.", RecordType::A);
     assert_eq!(r.rcode, ResponseCode::NXDomain);
     assert!(r.authoritative);
@@ -177,7 +177,7 @@ fn dns_04_missing_name_is_nxdomain_with_the_soa() {
 }
 
 #[test]
-fn dns_05_new_08_aaaa_on_an_ipv4_only_name_is_nodata() {
+fn aaaa_on_an_ipv4_only_name_is_nodata() {
     // XCC v1 answered NXDOMAIN; NODATA is NOERROR, no answers, SOA in authority.
     let r = ask(&snapshot(), "some-service.some.domain.", RecordType::AAAA);
     assert_eq!(r.rcode, ResponseCode::NoError);
@@ -342,7 +342,7 @@ fn resolve(snap: &Snapshot, name: &str, from: &str, s: &Settings) -> String {
 }
 
 #[test]
-fn seed_003_resolution_table() {
+fn namespace_mapping_resolution_table() {
     let snap = snapshot();
     let t = transparent();
     // (asked from, name, expected): `foo` is mapped to clusterset namespace `bar`, `baz` is not.

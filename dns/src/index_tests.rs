@@ -44,7 +44,7 @@ fn index() -> DnsIndex {
 }
 
 #[test]
-fn dc_01_apply_then_lookup_by_name_and_key() {
+fn apply_then_lookup_by_name_and_key() {
     let mut i = index();
     assert_eq!(lookup(&i, "a.b.c"), None);
     assert!(i.service(&key("12345-abc")).is_none());
@@ -61,7 +61,7 @@ fn dc_01_apply_then_lookup_by_name_and_key() {
 }
 
 #[test]
-fn dc_02_same_name_from_another_service_goes_to_the_lowest_key() {
+fn same_name_from_another_service_goes_to_the_lowest_key() {
     // XCC v1: last writer wins. Here the lowest namespace/name owns the name whatever
     // the order, and the other Service is reported as a conflict.
     let mut i = index();
@@ -78,7 +78,7 @@ fn dc_02_same_name_from_another_service_goes_to_the_lowest_key() {
 }
 
 #[test]
-fn dc_03_a_service_moving_to_another_name_leaves_the_old_one() {
+fn a_service_moving_to_another_name_leaves_the_old_one() {
     let mut i = index();
     i.apply_service(svc("12345-abc", Some("a.b.c"), "1.2.3.4"));
     i.publish(101);
@@ -92,7 +92,7 @@ fn dc_03_a_service_moving_to_another_name_leaves_the_old_one() {
 }
 
 #[test]
-fn dc_03_quirk_fixed_moving_away_does_not_delete_another_owners_name() {
+fn moving_away_does_not_delete_another_owners_name() {
     // Reference quirk: a Service leaving a name deleted it even if another Service held it.
     let mut i = index();
     i.apply_service(svc("a", Some("a.b.c"), "1.1.1.1"));
@@ -103,7 +103,7 @@ fn dc_03_quirk_fixed_moving_away_does_not_delete_another_owners_name() {
 }
 
 #[test]
-fn dc_04_removing_the_annotation_removes_the_name() {
+fn removing_the_annotation_removes_the_name() {
     let mut i = index();
     i.apply_service(svc("12345-abc-old", Some("a.b.c"), "1.2.3.4"));
     i.publish(101);
@@ -114,7 +114,7 @@ fn dc_04_removing_the_annotation_removes_the_name() {
 }
 
 #[test]
-fn dc_05_and_07_deleting_what_is_absent_is_fine_and_publishes_nothing() {
+fn deleting_what_is_absent_is_fine_and_publishes_nothing() {
     let mut i = index();
     let rx = i.subscribe();
     i.delete_service(&key("12345-abc-foo"));
@@ -124,7 +124,7 @@ fn dc_05_and_07_deleting_what_is_absent_is_fine_and_publishes_nothing() {
 }
 
 #[test]
-fn dc_06_delete_by_key() {
+fn delete_by_key() {
     let mut i = index();
     i.apply_service(svc("12345-abc-old", Some("a.b.c"), "1.2.3.4"));
     i.publish(101);
@@ -135,7 +135,7 @@ fn dc_06_delete_by_key() {
 }
 
 #[test]
-fn dc_08_ready_only_after_every_required_source_listed() {
+fn ready_only_after_every_required_source_listed() {
     let mut i = DnsIndex::new(
         vec!["b.c".into()],
         [
@@ -160,7 +160,7 @@ fn dc_08_ready_only_after_every_required_source_listed() {
 }
 
 #[test]
-fn sd_01_to_03_through_the_shared_feed() {
+fn services_through_the_shared_feed() {
     let mut idx = DnsIndex::new(vec!["some.domain".into()], [FeedSource::Services]);
     idx.reset_services([]);
     let feed = DnsFeed::new(idx);

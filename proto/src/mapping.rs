@@ -163,7 +163,7 @@ mod tests {
     }
 
     /// Seed 003: `foo` annotated `bar`, `baz` unannotated, `qux` unknown to the mapping.
-    fn seed_mapping() -> NamespaceMapping {
+    fn example_mapping() -> NamespaceMapping {
         let mut m = NamespaceMapping::new();
         m.apply("foo", &annotated("bar")).unwrap();
         m.apply("baz", &BTreeMap::new()).unwrap();
@@ -171,8 +171,8 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_forward_table() {
-        let m = seed_mapping();
+    fn namespace_mapping_forward_table() {
+        let m = example_mapping();
         let table = [
             ("foo", "bar"),
             ("baz", "baz"),
@@ -188,8 +188,8 @@ mod tests {
     }
 
     #[test]
-    fn seed_003_inverse_table() {
-        let mut m = seed_mapping();
+    fn namespace_mapping_inverse_table() {
+        let mut m = example_mapping();
         // `bar` is not a known namespace: imports for `bar` land in `foo` (mapped) and in `bar`
         // (namespace sameness; the binder skips it if it does not exist).
         assert_eq!(m.local_namespaces("bar"), vec!["bar", "foo"]);
@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn updates_and_removal_change_the_mapping() {
-        let mut m = seed_mapping();
+        let mut m = example_mapping();
         m.apply("foo", &BTreeMap::new()).unwrap();
         assert_eq!(m.clusterset_namespace("foo"), "foo");
         assert_eq!(m.local_namespaces("bar"), vec!["bar"]);

@@ -88,8 +88,8 @@ fn annotated_service(name: &str, annotations: serde_json::Value) -> Service {
 }
 
 #[tokio::test]
-async fn sd_01_to_03_end_to_end() {
-    let Some(cp) = xcc_testkube::shared("sd_01_to_03_end_to_end") else {
+async fn annotated_services_answer_end_to_end() {
+    let Some(cp) = xcc_testkube::shared("annotated_services_answer_end_to_end") else {
         return;
     };
     let (id, dns, cancel) = stack(

@@ -130,7 +130,7 @@ async fn every_answer_rule_over_udp_and_tcp() {
 }
 
 #[tokio::test]
-async fn reference_dns_01_to_05() {
+async fn fqdn_names_answer_a_nxdomain_and_nodata_over_udp_and_tcp() {
     let feed = ready_feed(
         &["some.domain"],
         vec![

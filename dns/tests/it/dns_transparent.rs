@@ -81,7 +81,7 @@ async fn stub_upstream() -> (SocketAddr, mpsc::UnboundedReceiver<Vec<u8>>) {
 
 /// Zones `xcc.test` and `clusterset.local`; `web` exported in clusterset namespaces `bar` and
 /// `baz`; a pod in `foo` (annotated `bar`) and one in `baz` (unannotated).
-fn seed_feed() -> DnsFeed {
+fn example_feed() -> DnsFeed {
     let index = DnsIndex::new(
         vec!["xcc.test".into(), "clusterset.local".into()],
         [
@@ -132,9 +132,9 @@ async fn resolve(server: SocketAddr, via: Via, from: &str, name: &str) -> String
 }
 
 #[tokio::test]
-async fn seed_003_table_for_mapped_and_unmapped_namespaces() {
+async fn namespace_mapping_table_for_mapped_and_unmapped_namespaces() {
     let (upstream, mut received) = stub_upstream().await;
-    let h = start(seed_feed(), transparent_config(upstream)).await;
+    let h = start(example_feed(), transparent_config(upstream)).await;
     let up = UPSTREAM_ANSWER.to_string();
     let table = [
         // Pods in `foo` (mapped to clusterset namespace `bar`).
@@ -187,7 +187,7 @@ async fn seed_003_table_for_mapped_and_unmapped_namespaces() {
 #[tokio::test]
 async fn forwarded_queries_travel_unchanged_both_ways() {
     let (upstream, mut received) = stub_upstream().await;
-    let h = start(seed_feed(), transparent_config(upstream)).await;
+    let h = start(example_feed(), transparent_config(upstream)).await;
     let mut q = query(0x4321, "MiXeD.Example.COM.", RecordType::A);
     q.metadata.recursion_desired = true;
     let sent = q.to_vec().unwrap();
@@ -220,7 +220,7 @@ async fn an_unreachable_upstream_gives_servfail() {
         let s = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         s.local_addr().unwrap()
     };
-    let h = start(seed_feed(), transparent_config(closed)).await;
+    let h = start(example_feed(), transparent_config(closed)).await;
     for via in [Via::Udp, Via::Tcp] {
         let m = ask_from(h.addr, via, POD_FOO, "example.com.", RecordType::A).await;
         assert_eq!(m.metadata.response_code, ResponseCode::ServFail, "{via:?}");
@@ -239,7 +239,7 @@ async fn a_silent_upstream_times_out_into_servfail() {
         forward_timeout: Duration::from_millis(200),
         ..transparent_config(silent.local_addr().unwrap())
     };
-    let h = start(seed_feed(), config).await;
+    let h = start(example_feed(), config).await;
     let m = ask_from(h.addr, Via::Udp, POD_FOO, "example.com.", RecordType::A).await;
     assert_eq!(m.metadata.response_code, ResponseCode::ServFail);
     drop(silent);
@@ -248,7 +248,7 @@ async fn a_silent_upstream_times_out_into_servfail() {
 #[tokio::test]
 async fn transparent_srv_and_nodata() {
     let (upstream, _received) = stub_upstream().await;
-    let h = start(seed_feed(), transparent_config(upstream)).await;
+    let h = start(example_feed(), transparent_config(upstream)).await;
     for via in [Via::Udp, Via::Tcp] {
         let m = ask_from(h.addr, via, POD_FOO, "_http._tcp.web.", RecordType::SRV).await;
         assert_eq!(
@@ -268,7 +268,7 @@ async fn transparent_srv_and_nodata() {
 #[tokio::test]
 async fn namespace_changes_apply_to_the_next_query() {
     let (upstream, _received) = stub_upstream().await;
-    let feed = seed_feed();
+    let feed = example_feed();
     let h = start(feed.clone(), transparent_config(upstream)).await;
     assert_eq!(resolve(h.addr, Via::Udp, POD_FOO, "web.").await, "10.1.0.1");
     // Remove the mapping annotation from `foo`: its pods now resolve in clusterset `foo`, which

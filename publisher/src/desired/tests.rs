@@ -76,7 +76,7 @@ fn endpoints_for(nodes: &[Node]) -> Vec<Endpoint> {
 }
 
 #[test]
-fn pub_01_one_ready_node() {
+fn one_ready_node() {
     let record = published(from_httpproxy(
         &exported_proxy(),
         None,
@@ -114,7 +114,7 @@ fn pub_01_one_ready_node() {
 }
 
 #[test]
-fn pub_02_vip_annotation_passes_through_and_unprefixed_ones_do_not() {
+fn vip_annotation_passes_through_and_unprefixed_ones_do_not() {
     let p = proxy(
         json!({EXPORT_LABEL: ""}),
         json!({
@@ -144,7 +144,7 @@ fn pub_02_vip_annotation_passes_through_and_unprefixed_ones_do_not() {
 }
 
 #[test]
-fn pub_03_to_06_node_eligibility() {
+fn node_eligibility() {
     let not_ready_taint = json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoExecute"}]);
     let cases: Vec<(&str, Vec<Node>, Vec<Endpoint>)> = vec![
         (
@@ -301,7 +301,7 @@ fn load_balancer_ingress_of_the_envoy_service_wins_and_the_port_is_configurable(
 }
 
 #[test]
-fn pub_08_and_new_05_skips() {
+fn proxies_that_are_skipped() {
     let unlabelled = proxy(
         json!({}),
         json!({}),
@@ -349,7 +349,7 @@ fn fqdn_is_canonicalised_for_name_and_spec() {
 }
 
 #[test]
-fn pub_07_and_09_ownership_decides_what_is_removed() {
+fn ownership_decides_what_is_removed() {
     let owned = published(from_httpproxy(
         &exported_proxy(),
         None,

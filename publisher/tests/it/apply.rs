@@ -258,8 +258,8 @@ async fn records_the_publisher_does_not_own_are_left_alone() {
 }
 
 #[tokio::test]
-async fn pub_09_deleting_the_proxy_removes_its_record() {
-    let Some(env) = env("pub_09_deleting_the_proxy_removes_its_record").await else {
+async fn deleting_the_proxy_removes_its_record() {
+    let Some(env) = env("deleting_the_proxy_removes_its_record").await else {
         return;
     };
     let client = env.client.clone();

@@ -652,11 +652,10 @@ async fn a_record_owned_by_someone_else_is_left_alone_with_one_conflict_event() 
 }
 
 #[tokio::test]
-async fn new_05_a_proxy_without_virtualhost_does_nothing_and_the_controller_keeps_running() {
-    let Some(w) = World::new(
-        "new_05_a_proxy_without_virtualhost_does_nothing_and_the_controller_keeps_running",
-    )
-    .await
+async fn a_proxy_without_virtualhost_does_nothing_and_the_controller_keeps_running() {
+    let Some(w) =
+        World::new("a_proxy_without_virtualhost_does_nothing_and_the_controller_keeps_running")
+            .await
     else {
         return;
     };

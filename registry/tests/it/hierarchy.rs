@@ -116,7 +116,7 @@ async fn world() -> World {
 /// the tree (3), the answer cached and imported (4), the route notification at the owner (5),
 /// the service deleted and everything revoked (6); plus the denied caller.
 #[tokio::test]
-async fn seed_end_to_end_flow() {
+async fn hierarchy_end_to_end_flow() {
     let w = world().await;
     // 1–2: web in B1 depends on api; api in B2 allows web (from B1).
     w.b2.0

@@ -491,10 +491,8 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
 // ----- status, names, labels, owner refs, a 63-letter label, zero writes at steady state -----
 
 #[tokio::test]
-async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes() {
-    let Some(lab) =
-        Lab::new("rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes").await
-    else {
+async fn valid_rr_imports_named_labelled_owned_then_no_writes() {
+    let Some(lab) = Lab::new("valid_rr_imports_named_labelled_owned_then_no_writes").await else {
         return;
     };
     let pki = Pki::new("xcc.test");
@@ -582,8 +580,8 @@ async fn rc_01_to_05_and_10_valid_rr_imports_named_labelled_owned_then_no_writes
 // ----- allowedDomains: empty, tightened, mixed case and trailing dots, emptied again -----
 
 #[tokio::test]
-async fn rc_06_to_09_allowed_domains_tighten_and_loosen() {
-    let Some(lab) = Lab::new("rc_06_to_09_allowed_domains_tighten_and_loosen").await else {
+async fn allowed_domains_tighten_and_loosen() {
+    let Some(lab) = Lab::new("allowed_domains_tighten_and_loosen").await else {
         return;
     };
     let pki = Pki::new("xcc.test");
@@ -745,18 +743,18 @@ async fn stale_imports_removed_scoped(test: &str, marker: bool) {
 }
 
 #[tokio::test]
-async fn rc_11_od_01_stale_imports_removed_after_the_marker_scoped_to_labels_and_uid() {
+async fn stale_imports_removed_after_the_marker_scoped_to_labels_and_uid() {
     stale_imports_removed_scoped(
-        "rc_11_od_01_stale_imports_removed_after_the_marker_scoped_to_labels_and_uid",
+        "stale_imports_removed_after_the_marker_scoped_to_labels_and_uid",
         true,
     )
     .await;
 }
 
 #[tokio::test]
-async fn od_01_new_02_stale_imports_removed_after_the_quiet_period_against_a_go_server() {
+async fn stale_imports_removed_after_the_quiet_period_against_a_go_server() {
     stale_imports_removed_scoped(
-        "od_01_new_02_stale_imports_removed_after_the_quiet_period_against_a_go_server",
+        "stale_imports_removed_after_the_quiet_period_against_a_go_server",
         false,
     )
     .await;
@@ -764,9 +762,8 @@ async fn od_01_new_02_stale_imports_removed_after_the_quiet_period_against_a_go_
 
 /// Two live RemoteRegistries: A's sweep removes A's stale import only.
 #[tokio::test]
-async fn new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
-    let Some(lab) = Lab::new("new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone").await
-    else {
+async fn two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
+    let Some(lab) = Lab::new("two_rrs_sweep_leaves_the_other_registrys_imports_alone").await else {
         return;
     };
     let ns = lab.ns.as_str();
@@ -821,8 +818,8 @@ async fn new_02_two_rrs_sweep_leaves_the_other_registrys_imports_alone() {
 
 /// A remote that exports nothing still gets its stale import removed.
 #[tokio::test]
-async fn new_03_remote_exporting_nothing_stale_import_removed() {
-    let Some(lab) = Lab::new("new_03_remote_exporting_nothing_stale_import_removed").await else {
+async fn remote_exporting_nothing_stale_import_removed() {
+    let Some(lab) = Lab::new("remote_exporting_nothing_stale_import_removed").await else {
         return;
     };
     let pki = Pki::new("xcc.test");
@@ -849,9 +846,9 @@ async fn new_03_remote_exporting_nothing_stale_import_removed() {
 /// (a plain Hamlet server, quiet period far away) delete nothing; after a reset (redial) to a
 /// server that completes its snapshot, the stale record is removed and the live one kept.
 #[tokio::test]
-async fn od_02_no_sweep_before_a_complete_snapshot_then_only_the_stale_record_goes() {
+async fn no_sweep_before_a_complete_snapshot_then_only_the_stale_record_goes() {
     let Some(lab) =
-        Lab::new("od_02_no_sweep_before_a_complete_snapshot_then_only_the_stale_record_goes").await
+        Lab::new("no_sweep_before_a_complete_snapshot_then_only_the_stale_record_goes").await
     else {
         return;
     };
@@ -921,8 +918,8 @@ async fn od_02_no_sweep_before_a_complete_snapshot_then_only_the_stale_record_go
 // ----- invalid allowedDomains: `Valid=False`, reason InvalidDomain -----
 
 #[tokio::test]
-async fn rc_12_invalid_domains_nothing_imported_and_reported() {
-    let Some(lab) = Lab::new("rc_12_invalid_domains_nothing_imported_and_reported").await else {
+async fn invalid_domains_nothing_imported_and_reported() {
+    let Some(lab) = Lab::new("invalid_domains_nothing_imported_and_reported").await else {
         return;
     };
     let pki = Pki::new("xcc.test");
@@ -952,9 +949,9 @@ async fn rc_12_invalid_domains_nothing_imported_and_reported() {
 }
 
 #[tokio::test]
-async fn rc_13_c4_update_to_invalid_domains_stops_the_client_and_removes_imports() {
+async fn update_to_invalid_domains_stops_the_client_and_removes_imports() {
     let Some(lab) =
-        Lab::new("rc_13_c4_update_to_invalid_domains_stops_the_client_and_removes_imports").await
+        Lab::new("update_to_invalid_domains_stops_the_client_and_removes_imports").await
     else {
         return;
     };
@@ -988,10 +985,9 @@ async fn rc_13_c4_update_to_invalid_domains_stops_the_client_and_removes_imports
 // ----- restart: an already observed RemoteRegistry reconnects -----
 
 #[tokio::test]
-async fn new_01_restart_with_an_observed_rr_reconnects_and_resyncs_without_duplicates() {
+async fn restart_with_an_observed_rr_reconnects_and_resyncs_without_duplicates() {
     let Some(lab) =
-        Lab::new("new_01_restart_with_an_observed_rr_reconnects_and_resyncs_without_duplicates")
-            .await
+        Lab::new("restart_with_an_observed_rr_reconnects_and_resyncs_without_duplicates").await
     else {
         return;
     };
@@ -1045,8 +1041,8 @@ async fn new_01_restart_with_an_observed_rr_reconnects_and_resyncs_without_dupli
 // ----- RR lifecycle -----
 
 #[tokio::test]
-async fn c5_rr_in_another_namespace_is_reported_and_not_handled() {
-    let Some(lab) = Lab::new("c5_rr_in_another_namespace_is_reported_and_not_handled").await else {
+async fn rr_in_another_namespace_is_reported_and_not_handled() {
+    let Some(lab) = Lab::new("rr_in_another_namespace_is_reported_and_not_handled").await else {
         return;
     };
     let pki = Pki::new("xcc.test");
@@ -1109,9 +1105,8 @@ async fn rr_deleted_its_imports_are_removed_and_the_client_stops() {
 }
 
 #[tokio::test]
-async fn c9_foreign_record_of_the_same_name_is_reported_never_taken_over() {
-    let Some(lab) =
-        Lab::new("c9_foreign_record_of_the_same_name_is_reported_never_taken_over").await
+async fn foreign_record_of_the_same_name_is_reported_never_taken_over() {
+    let Some(lab) = Lab::new("foreign_record_of_the_same_name_is_reported_never_taken_over").await
     else {
         return;
     };
@@ -2057,8 +2052,8 @@ async fn policy_configmap_is_read_before_ready_and_followed() {
 /// A RemoteRegistry deleted and re-created under the same name (new UID): its imports come
 /// back owned by the new UID.
 #[tokio::test]
-async fn c9_recreated_rr_owns_its_imports_again() {
-    let Some(lab) = Lab::new("c9_recreated_rr_owns_its_imports_again").await else {
+async fn recreated_rr_owns_its_imports_again() {
+    let Some(lab) = Lab::new("recreated_rr_owns_its_imports_again").await else {
         return;
     };
     let pki = Pki::new("xcc.test");
@@ -2091,9 +2086,8 @@ async fn c9_recreated_rr_owns_its_imports_again() {
 /// The same FQDN exported from two namespaces is two catalog entries; Hamlet serves one
 /// (reported as a conflict) and falls over to the other when it goes, so the name stays served.
 #[tokio::test]
-async fn s5_duplicate_fqdn_across_namespaces_stays_served_until_both_go() {
-    let Some(lab) =
-        Lab::new("s5_duplicate_fqdn_across_namespaces_stays_served_until_both_go").await
+async fn duplicate_fqdn_across_namespaces_stays_served_until_both_go() {
+    let Some(lab) = Lab::new("duplicate_fqdn_across_namespaces_stays_served_until_both_go").await
     else {
         return;
     };
@@ -2369,7 +2363,7 @@ mod fake {
     /// The UID changes in one step (as after a relist that missed the deletion): the
     /// record is re-pointed at the new owner in place, not deleted and re-created.
     #[tokio::test]
-    async fn c9_rr_uid_changing_in_one_step_repoints_the_import_in_place() {
+    async fn rr_uid_changing_in_one_step_repoints_the_import_in_place() {
         let pki = Pki::new("xcc.test");
         let (east, _ec) = east(&pki, &["a.some.domain"]).await;
         let api = server().await;
