@@ -9,6 +9,7 @@
 pub mod backoff;
 pub mod cluster_id;
 pub mod leader;
+pub mod plumbing;
 pub mod probes;
 pub mod queue;
 pub mod runtime;

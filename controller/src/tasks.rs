@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt as _;
@@ -21,6 +21,8 @@ use tokio::task::{AbortHandle, JoinHandle};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
+
+use crate::plumbing::lock;
 
 /// Why the process stopped: the task named, and what happened to it.
 #[derive(Debug, thiserror::Error)]
@@ -275,10 +277,6 @@ impl Drop for Tasks {
     fn drop(&mut self) {
         self.spawner.cancel.cancel();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {

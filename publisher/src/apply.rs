@@ -13,6 +13,8 @@ use xcc_proto::mcs::ServiceExport;
 use xcc_proto::names::{EXPORT_LABEL, LABEL_PREFIX};
 
 use crate::desired::{Desired, Skip, may_write, records_of_source, stale_records};
+// A 409 on a delete with a uid precondition means the name now belongs to another object.
+use xcc_controller::plumbing::{is_conflict as precondition_failed, is_not_found as not_found};
 
 /// Field manager of every publisher write (server-side apply).
 pub const FIELD_MANAGER: &str = "xcc-publisher";
@@ -88,15 +90,6 @@ fn kube_error(
         name,
         source,
     }
-}
-
-fn not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-/// 409 on a delete with a uid precondition: the name now belongs to another object.
-fn precondition_failed(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 /// Delete the record `name` only if it is still the object with `uid`. True when it was deleted

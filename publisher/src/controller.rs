@@ -29,8 +29,10 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
+use xcc_controller::plumbing::{is_not_found, lock};
 
 use anyhow::Context as _;
 use futures::{Stream, StreamExt};
@@ -308,10 +310,6 @@ struct Shared {
     initial: Mutex<Option<HashSet<SourceKey>>>,
     health: Health,
     reconciles: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {
@@ -827,10 +825,6 @@ fn node_fingerprint(nodes: &[Node]) -> BTreeMap<String, (bool, bool, Vec<String>
             )
         })
         .collect()
-}
-
-fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
 /// Whether `projectcontour.io/v1` serves `httpproxies`.

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
+use xcc_controller::plumbing::lock;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PeerKind {
@@ -51,10 +52,6 @@ pub struct PeerStats {
     pub nacks: AtomicU64,
     pub reconnects: AtomicU64,
     changes: tokio::sync::watch::Sender<u64>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl PeerStats {

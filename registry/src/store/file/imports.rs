@@ -30,7 +30,7 @@ use std::io::Read as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use futures::FutureExt;
@@ -47,6 +47,7 @@ use crate::hamlet::client::ImportSink;
 use crate::hamlet::convert::Imported;
 use crate::remotes::PersistedImports;
 use crate::store::model::imported_cluster;
+use xcc_controller::plumbing::lock;
 
 /// The journal file is extended in steps of this many bytes, written as zeros and flushed with
 /// the new size: the appends that fill them then flush only their own blocks.
@@ -205,10 +206,6 @@ async fn flush_journal(journal: Arc<Mutex<Journal>>, sync: Syncer) -> anyhow::Re
     .await
     .context("journal flush task failed")?
     .context("fdatasync of an import journal")
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl FileImportSink {

@@ -26,6 +26,7 @@ use crate::catalog::Endpoint;
 use crate::hamlet::client::ImportSink;
 use crate::hamlet::convert::Imported;
 use crate::store::model::ImportedRecordError;
+use xcc_controller::plumbing::{is_conflict as conflict, is_not_found as not_found};
 
 /// Field manager of every registry write.
 pub const FIELD_MANAGER: &str = "xcc-registry";
@@ -174,14 +175,6 @@ impl Cache {
 
 /// Applies in flight at once while persisting a large import set.
 const APPLY_CONCURRENCY: usize = 16;
-
-fn not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-fn conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
-}
 
 impl KubeImportSink {
     pub fn new(
