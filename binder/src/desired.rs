@@ -18,9 +18,11 @@
 //!   (valid, unlike XCC v1's empty subset), labelled so the mirroring controller skips it.
 //!
 //! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. When
-//! the records of a group disagree on ports, the record with the lowest UID wins, the others'
-//! endpoints are left out and the outcome carries a [`Conflict`] (B3: deterministic, reported);
-//! so are records of the other type (headless or not) than the winner's (MCS `TypeConflict`).
+//! the records of a group disagree on ports, the oldest export wins (KEP-1645; by the export
+//! time the record carries, then the source cluster's name: [`oldest_first`], the same verdict
+//! in every cluster and the one the exporters' ServiceExports report), the others' endpoints are
+//! left out and the outcome carries a [`Conflict`] (B3: deterministic, reported); so are
+//! records of the other type (headless or not) than the winner's (MCS `TypeConflict`).
 //! Only fields the binder owns are set, so server-side apply compares exactly those (B1).
 //!
 //! [`cilium`] computes the `CiliumGlobalService` materialisation (seed 004).
@@ -43,7 +45,7 @@ use xcc_proto::crd::{
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::mcs::{
-    MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, record_hostnames,
+    MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, oldest_first, record_hostnames,
 };
 use xcc_proto::names::{
     self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
@@ -178,7 +180,7 @@ pub fn resolved_ports(record: &ServiceRecord) -> Result<Vec<Port>, PortError> {
 
 /// The imported records among `records`, grouped per namespace and canonical FQDN (C7: `Foo.X.`
 /// and `foo.x` share a group). Exported records and records whose FQDN is not a DNS name are
-/// left out. Within a group, records are sorted by UID.
+/// left out. Within a group, records are sorted oldest export first ([`oldest_first`]).
 pub fn group_imported<'a>(
     records: impl IntoIterator<Item = &'a ServiceRecord>,
 ) -> BTreeMap<GroupKey, Vec<&'a ServiceRecord>> {
@@ -202,11 +204,7 @@ pub fn group_imported<'a>(
             .push(record);
     }
     for group in groups.values_mut() {
-        group.sort_by(|a, b| {
-            uid(a)
-                .cmp(uid(b))
-                .then(a.metadata.name.cmp(&b.metadata.name))
-        });
+        group.sort_by(|a, b| oldest_first(a, b));
     }
     groups
 }
@@ -219,12 +217,12 @@ fn name(record: &ServiceRecord) -> &str {
     record.metadata.name.as_deref().unwrap_or("")
 }
 
-/// Sources of one FQDN disagree on ports; the lowest-UID source won.
+/// Sources of one FQDN disagree on ports or type; the oldest export ([`oldest_first`]) won.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
     /// Name of the record whose ports were used.
     pub winner: String,
-    /// Records left out, with why, sorted by UID.
+    /// Records left out, with why, oldest export first.
     pub losers: Vec<(String, String)>,
 }
 
@@ -315,13 +313,14 @@ pub(crate) fn non_empty(name: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
-/// The objects for one group (records sorted by UID, as [`group_imported`] returns them).
+/// The objects for one group (in any order: they are sorted oldest export first,
+/// [`oldest_first`]).
 pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materialized, Skip> {
     if sources.is_empty() {
         return Err(Skip::Empty);
     }
     let mut sources: Vec<&ServiceRecord> = sources.to_vec();
-    sources.sort_by(|a, b| uid(a).cmp(uid(b)).then(name(a).cmp(name(b))));
+    sources.sort_by(|a, b| oldest_first(a, b));
     let resolved: Vec<(&ServiceRecord, Result<Vec<Port>, PortError>)> =
         sources.iter().map(|r| (*r, resolved_ports(r))).collect();
     let Some((winner, ports)) = resolved

@@ -2,8 +2,9 @@
 //! here, a `ServiceImport` named like its origin in the origin's namespace (namespace
 //! sameness), beside the Service and EndpointSlices the binder already writes ([`desired`]):
 //! - `spec.type: ClusterSetIP`, or `Headless` when that record is a headless export
-//!   ([`xcc_proto::mcs::HEADLESS_ANNOTATION`]), `spec.ports` from the lowest-UID record with
-//!   usable ports (as the Service's), `spec.ips` (ClusterSetIP only): the cluster IPs of the
+//!   ([`xcc_proto::mcs::HEADLESS_ANNOTATION`]) — of the oldest export
+//!   ([`xcc_proto::mcs::oldest_first`]) with usable ports, the verdict every cluster reaches —,
+//!   `spec.ports` from it (as the Service's), `spec.ips` (ClusterSetIP only): the cluster IPs of the
 //!   binder's Service for the FQDN — what `xcc dns` answers for
 //!   `<name>.<namespace>.svc.clusterset.local` (none until the API server allocated them);
 //!   `spec.ipFamilies`: the family of each of those IPs, in their order (of a Headless import:

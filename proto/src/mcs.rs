@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::{CustomResource, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -89,6 +90,143 @@ pub const HEADLESS_TRUE: &str = "true";
 /// [`parse_hostnames`]). The MCS DNS name of such an endpoint is
 /// `<hostname>.<cluster>.<service>.<namespace>.svc.clusterset.local`.
 pub const HOSTNAMES_ANNOTATION: &str = "connectivity.tanzu.vmware.com/hostnames";
+
+/// Record annotation (travels over Hamlet as a FederatedService label): when the export of the
+/// service began — the `creationTimestamp` of the ServiceExport that exports it — in RFC 3339,
+/// UTC, to the second (`2026-11-29T07:16:06Z`, [`format_exported_at`]). KEP-1645 resolves
+/// conflicts between the exports of one name by age, the oldest winning; carrying the time with
+/// the record lets every cluster, exporters and importers, reach the same verdict
+/// ([`oldest_first`]). A record without it (an XCC label export, a plain Hamlet peer's) ranks
+/// after every record with it.
+pub const EXPORTED_AT_ANNOTATION: &str = "connectivity.tanzu.vmware.com/exported-at";
+
+/// Longest [`EXPORTED_AT_ANNOTATION`] value read (an RFC 3339 time with nanoseconds and an
+/// offset is 35 bytes).
+const EXPORTED_AT_MAX: usize = 64;
+
+/// The [`EXPORTED_AT_ANNOTATION`] value of `at`: RFC 3339 in UTC, whole seconds (as Kubernetes
+/// keeps `creationTimestamp`).
+pub fn format_exported_at(at: Timestamp) -> String {
+    let second = Timestamp::from_second(at.as_second()).unwrap_or(at);
+    second.to_string()
+}
+
+/// The time an [`EXPORTED_AT_ANNOTATION`] value gives, cut to whole seconds; `None` when it is
+/// no RFC 3339 time (or longer than any is).
+pub fn parse_exported_at(value: &str) -> Option<Timestamp> {
+    if value.len() > EXPORTED_AT_MAX {
+        return None;
+    }
+    let at: Timestamp = value.trim().parse().ok()?;
+    Timestamp::from_second(at.as_second()).ok()
+}
+
+/// When the export of `record` began ([`EXPORTED_AT_ANNOTATION`]), if it says (and says it
+/// well).
+pub fn exported_at(record: &crate::crd::ServiceRecord) -> Option<Timestamp> {
+    record
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EXPORTED_AT_ANNOTATION))
+        .and_then(|v| parse_exported_at(v))
+}
+
+/// The order of the exports of one name, first the one whose definition wins (KEP-1645's
+/// conflict resolution: the oldest export wins): by [`exported_at`], a record without it after
+/// every record with it; ties by source cluster name ([`source_cluster`], none last). Only these
+/// two travel with a record, so every cluster that sees the same exports orders them the same.
+/// Two records equal in both (which two clusters never make: cluster names are unique in a
+/// ClusterSet) are then ordered by UID and name, so the order is total in any one cluster.
+pub fn oldest_first(
+    a: &crate::crd::ServiceRecord,
+    b: &crate::crd::ServiceRecord,
+) -> std::cmp::Ordering {
+    fn rank(r: &crate::crd::ServiceRecord) -> (bool, Option<Timestamp>, bool, Option<&str>) {
+        let at = exported_at(r);
+        let cluster = source_cluster(r);
+        (at.is_none(), at, cluster.is_none(), cluster)
+    }
+    rank(a)
+        .cmp(&rank(b))
+        .then_with(|| a.metadata.uid.cmp(&b.metadata.uid))
+        .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+}
+
+/// Who an export is, for people: `east (exported 2026-11-29T07:16:06Z)`, or the cluster alone
+/// when the time is unknown.
+pub fn shown_export(record: &crate::crd::ServiceRecord) -> String {
+    let cluster = source_cluster(record).unwrap_or("an unnamed cluster");
+    match exported_at(record) {
+        Some(at) => format!("{cluster} (exported {})", format_exported_at(at)),
+        None => format!("{cluster} (export time unknown)"),
+    }
+}
+
+/// One port of an export, as the ports of the exports of one name are merged: (name, empty
+/// when unnamed; port; protocol).
+pub type ExportPort = (String, i32, crate::crd::Protocol);
+
+/// `name:port/PROTOCOL`, or `port/PROTOCOL` for an unnamed port.
+pub fn shown_port(p: &ExportPort) -> String {
+    let (name, port, protocol) = p;
+    if name.is_empty() {
+        format!("{port}/{}", protocol.as_str())
+    } else {
+        format!("{name}:{port}/{}", protocol.as_str())
+    }
+}
+
+/// A port of a later export that the merged ports cannot hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortClash {
+    /// Index of the export (in the order given) whose port it is.
+    pub export: usize,
+    /// The port left out.
+    pub port: ExportPort,
+    /// The port already merged that it clashes with.
+    pub kept: ExportPort,
+    /// Index of the export that port came from.
+    pub kept_from: usize,
+}
+
+/// The ports of the exports of one name merged (KEP-1645: the service's ports are the union of
+/// its exporters' ports), `exports` in [`oldest_first`] order. A port is taken unless one already
+/// taken clashes with it — the same name with another number or protocol (`PortConflict`), the
+/// same number and protocol under another name, or an unnamed port beside any other (a
+/// Service allows an unnamed port only alone) — so the oldest export's definition of a port
+/// wins. Returns the merged ports, sorted, and the clashes in the order found.
+pub fn merge_ports<'a>(
+    exports: impl IntoIterator<Item = &'a [ExportPort]>,
+) -> (Vec<ExportPort>, Vec<PortClash>) {
+    let mut merged: Vec<(ExportPort, usize)> = Vec::new();
+    let mut clashes = Vec::new();
+    for (index, ports) in exports.into_iter().enumerate() {
+        for port in ports {
+            let (name, number, protocol) = port;
+            let clash = merged.iter().find(|((n, p, proto), _)| {
+                if n == name {
+                    p != number || proto != protocol
+                } else {
+                    (p == number && proto == protocol) || n.is_empty() || name.is_empty()
+                }
+            });
+            match clash {
+                Some((kept, from)) => clashes.push(PortClash {
+                    export: index,
+                    port: port.clone(),
+                    kept: kept.clone(),
+                    kept_from: *from,
+                }),
+                None if merged.iter().any(|(p, _)| p == port) => {}
+                None => merged.push((port.clone(), index)),
+            }
+        }
+    }
+    let mut ports: Vec<ExportPort> = merged.into_iter().map(|(p, _)| p).collect();
+    ports.sort();
+    (ports, clashes)
+}
 
 /// Whether a record is a headless export ([`HEADLESS_ANNOTATION`] is `true`).
 pub fn is_headless(record: &crate::crd::ServiceRecord) -> bool {

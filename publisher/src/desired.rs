@@ -245,6 +245,8 @@ fn passed_annotations(meta: &ObjectMeta) -> BTreeMap<String, String> {
         .flatten()
         .filter(|(k, _)| k.starts_with(&prefix))
         .filter(|(k, _)| k.as_str() != FQDN_ANNOTATION && k.as_str() != CLUSTERS_ANNOTATION)
+        // Only the publisher says when an export began (from its ServiceExport).
+        .filter(|(k, _)| k.as_str() != xcc_proto::mcs::EXPORTED_AT_ANNOTATION)
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }

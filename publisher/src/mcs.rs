@@ -33,9 +33,10 @@ use xcc_proto::mcs::{
     REASON_PENDING, REASON_PORT_CONFLICT, REASON_REFUSED_PREFIX, REASON_TYPE_CONFLICT,
     REASON_VALID, ServiceExport, is_headless,
 };
+use xcc_proto::mcs::{EXPORTED_AT_ANNOTATION, ExportPort, merge_ports, oldest_first, shown_port};
 use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
-use crate::desired::{ExportedBy, Skip};
+use crate::desired::{Desired, ExportedBy, Skip};
 
 /// Whether and how a Service is exported: by the XCC export label (with or without a
 /// ServiceExport), else by a ServiceExport of its name in its namespace that is not being
@@ -52,6 +53,31 @@ pub fn exported(service: &ObjectMeta, export: Option<&ServiceExport>) -> Exporte
     } else {
         ExportedBy::Nothing
     }
+}
+
+/// Mark the record `desired` publishes with the time its export began
+/// ([`EXPORTED_AT_ANNOTATION`]): the `creationTimestamp` of the ServiceExport of the Service,
+/// when there is one (it travels with the record, so every cluster orders the exports of one
+/// name the same, [`oldest_first`]). Without a ServiceExport (an XCC label export) the record
+/// says nothing, and ranks after every MCS export of its name.
+pub fn stamp_exported_at(desired: &mut Desired, export: Option<&ServiceExport>) {
+    let Desired::Publish(record) = desired else {
+        return;
+    };
+    let Some(at) = export
+        .filter(|e| e.metadata.deletion_timestamp.is_none())
+        .and_then(|e| e.metadata.creation_timestamp.as_ref())
+    else {
+        return;
+    };
+    record
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            EXPORTED_AT_ANNOTATION.to_string(),
+            xcc_proto::mcs::format_exported_at(at.0),
+        );
 }
 
 /// Where the export of one Service stands after a reconcile.
@@ -175,22 +201,13 @@ fn wanted(type_: &'static str, status: bool, reason: impl Into<String>, message:
     }
 }
 
-/// The ports of a record as importers see them, `port/PROTOCOL` or `name:port/PROTOCOL`,
-/// sorted: `spec.ports`, else the `service-port` annotation (one TCP port); empty when neither
-/// says.
-pub fn port_set(record: &ServiceRecord) -> BTreeSet<String> {
-    match record.spec.ports.as_ref().filter(|p| !p.is_empty()) {
+/// The ports of a record as importers see them, sorted: `spec.ports`, else the
+/// `service-port` annotation (one TCP port); empty when neither says.
+pub fn export_ports(record: &ServiceRecord) -> Vec<ExportPort> {
+    let mut out: Vec<ExportPort> = match record.spec.ports.as_ref().filter(|p| !p.is_empty()) {
         Some(ports) => ports
             .iter()
-            .map(|p| {
-                let name = p.name.as_deref().unwrap_or_default();
-                let prefix = if name.is_empty() {
-                    String::new()
-                } else {
-                    format!("{name}:")
-                };
-                format!("{prefix}{}/{}", p.port, p.protocol().as_str())
-            })
+            .map(|p| (p.name.clone().unwrap_or_default(), p.port, p.protocol()))
             .collect(),
         None => record
             .metadata
@@ -198,33 +215,44 @@ pub fn port_set(record: &ServiceRecord) -> BTreeSet<String> {
             .as_ref()
             .and_then(|a| a.get(SERVICE_PORT_ANNOTATION))
             .and_then(|v| v.trim().parse::<u16>().ok())
-            .map(|p| format!("{p}/{}", Protocol::Tcp.as_str()))
+            .map(|p| (String::new(), i32::from(p), Protocol::Tcp))
             .into_iter()
             .collect(),
-    }
-}
-
-fn shown(ports: &BTreeSet<String>) -> String {
-    ports.iter().cloned().collect::<Vec<_>>().join(",")
+    };
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn kind(headless: bool) -> &'static str {
     if headless { "Headless" } else { "ClusterSetIP" }
 }
 
-/// How other clusters' exports of the same name disagree with this cluster's.
+/// How the exports of this cluster's name disagree, and which one's definition wins — the
+/// verdict every cluster that sees the same exports reaches ([`oldest_first`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Conflicts {
-    /// Clusters exporting it headless when this one has a cluster IP, or the other way
-    /// round: `cluster (Headless)` / `cluster (ClusterSetIP)`, sorted.
+    /// The export whose definition wins, the oldest ([`xcc_proto::mcs::shown_export`]), when
+    /// there is a conflict; else empty.
+    pub winner: String,
+    /// The winner's type (`Headless` or `ClusterSetIP`) when there is a type conflict.
+    pub winner_type: &'static str,
+    /// Exports of the other type than the winner's, whose endpoints every cluster leaves out:
+    /// `cluster (Headless)` / `cluster (ClusterSetIP)`, sorted.
     pub types: Vec<String>,
-    /// Clusters exporting it with other ports: `cluster (ports)`, sorted.
+    /// Ports of later exports that the union of ports cannot hold (a port name with another
+    /// number or protocol, ...): `west's http:8080/TCP (east's http:80/TCP kept)`, oldest
+    /// export first.
     pub ports: Vec<String>,
 }
 
-/// The other clusters whose export of `own`'s FQDN (among the imported records `imported`)
-/// differs from `own` in type (headless or not) or ports. Records of this cluster or of other
-/// names are not compared, nor ports of records without ports.
+/// What the exports of `own`'s FQDN disagree about: `own` and the other clusters' exports among
+/// the imported records `imported` (records of this cluster or of other names are not
+/// compared), ordered oldest first ([`oldest_first`], KEP-1645: the oldest export wins). Exports
+/// of the other type than the oldest's conflict (`TypeConflict`); of the rest, the ports are
+/// merged into their union ([`merge_ports`]) and a port that cannot join it is a
+/// `PortConflict`. Every export of the name reports the same conflicts (KEP-1645 sets the
+/// condition on all of them). Records without ports add no ports.
 pub fn conflicts<'a>(
     own: &ServiceRecord,
     cluster: Option<&str>,
@@ -233,29 +261,60 @@ pub fn conflicts<'a>(
     let Ok(fqdn) = names::canonical_fqdn(&own.spec.fqdn) else {
         return Conflicts::default();
     };
-    let mine = port_set(own);
-    let headless = is_headless(own);
-    let mut types: BTreeSet<String> = BTreeSet::new();
-    let mut out: BTreeSet<String> = BTreeSet::new();
+    let mut exports: Vec<&ServiceRecord> = vec![own];
     for record in imported {
         if names::canonical_fqdn(&record.spec.fqdn).as_deref() != Ok(fqdn.as_str()) {
             continue;
         }
-        let from = xcc_proto::mcs::source_cluster(record).unwrap_or("an unnamed cluster");
-        if cluster == Some(from) {
+        let from = xcc_proto::mcs::source_cluster(record);
+        if from.is_some() && cluster == from {
             continue;
         }
-        if is_headless(record) != headless {
-            types.insert(format!("{from} ({})", kind(!headless)));
-        }
-        let theirs = port_set(record);
-        if !theirs.is_empty() && theirs != mine {
-            out.insert(format!("{from} ({})", shown(&theirs)));
-        }
+        exports.push(record);
+    }
+    exports.sort_by(|a, b| oldest_first(a, b));
+    let Some(winner) = exports.first().copied() else {
+        return Conflicts::default();
+    };
+    let headless = is_headless(winner);
+    let cluster_of = |r: &ServiceRecord| {
+        xcc_proto::mcs::source_cluster(r)
+            .or(if std::ptr::eq(r, own) { cluster } else { None })
+            .unwrap_or("an unnamed cluster")
+            .to_string()
+    };
+    let types: BTreeSet<String> = exports
+        .iter()
+        .filter(|r| is_headless(r) != headless)
+        .map(|r| format!("{} ({})", cluster_of(r), kind(!headless)))
+        .collect();
+    let same_type: Vec<&ServiceRecord> = exports
+        .iter()
+        .copied()
+        .filter(|r| is_headless(r) == headless)
+        .collect();
+    let ports: Vec<Vec<ExportPort>> = same_type.iter().map(|r| export_ports(r)).collect();
+    let (_, clashes) = merge_ports(ports.iter().map(Vec::as_slice));
+    let ports: Vec<String> = clashes
+        .iter()
+        .map(|c| {
+            format!(
+                "{}'s {} ({}'s {} kept)",
+                cluster_of(same_type[c.export]),
+                shown_port(&c.port),
+                cluster_of(same_type[c.kept_from]),
+                shown_port(&c.kept)
+            )
+        })
+        .collect();
+    if types.is_empty() && ports.is_empty() {
+        return Conflicts::default();
     }
     Conflicts {
+        winner: xcc_proto::mcs::shown_export(winner),
+        winner_type: if types.is_empty() { "" } else { kind(headless) },
         types: types.into_iter().collect(),
-        ports: out.into_iter().collect(),
+        ports,
     }
 }
 
@@ -332,21 +391,22 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
                     true,
                     REASON_TYPE_CONFLICT,
                     format!(
-                        "exported here as {}, by {}; importers serve one type and leave the other clusters' endpoints out",
-                        kind(is_headless(record)),
+                        "the exports of this name differ in type; the oldest export, {}, wins: every cluster serves it as {} and leaves out the endpoints of {}",
+                        conflicts.winner,
+                        conflicts.winner_type,
                         conflicts.types.join(", ")
                     ),
                 )
             } else if conflicts.ports.is_empty() {
-                no_conflict("no other cluster's export of this name differs")
+                no_conflict("no export of this name differs")
             } else {
                 wanted(
                     CONDITION_CONFLICT,
                     true,
                     REASON_PORT_CONFLICT,
                     format!(
-                        "ports here ({}) differ from {}; importers serve one port set and leave the other clusters' endpoints out",
-                        shown(&port_set(record)),
+                        "the exports of this name define a port differently; the service has the union of their ports, the oldest export's definition winning (the oldest export is {}): {}",
+                        conflicts.winner,
                         conflicts.ports.join(", ")
                     ),
                 )

@@ -23,7 +23,9 @@
 use std::collections::BTreeMap;
 
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION, validate_namespace};
-use xcc_proto::mcs::{HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION};
+use xcc_proto::mcs::{
+    EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION,
+};
 use xcc_proto::names::{
     CLUSTER_NAME_LABEL, CLUSTER_NAMESPACE_LABEL, CLUSTERS_ANNOTATION, EXPORT_LABEL,
     FQDN_ANNOTATION, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL, SERVICE_PORT_ANNOTATION,
@@ -33,13 +35,14 @@ use xcc_proto::names::{
 use crate::catalog::Endpoint;
 
 /// The control keys [`allowed`] may keep, in the order of its rules.
-pub const CONTROL_KEYS: [&str; 6] = [
+pub const CONTROL_KEYS: [&str; 7] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
     ORIGIN_NAME_ANNOTATION,
     HEADLESS_ANNOTATION,
     HOSTNAMES_ANNOTATION,
+    EXPORTED_AT_ANNOTATION,
 ];
 
 /// The prefix of every label that travels (XCC's pass-through annotations, S7).
@@ -47,13 +50,14 @@ pub const PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
 /// Keys under [`PREFIX`] that xcc itself uses: never policy labels, whatever their value (the
 /// control keys travel by their own rules, the others stay where they were written).
-pub const RESERVED_KEYS: [&str; 17] = [
+pub const RESERVED_KEYS: [&str; 18] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
     ORIGIN_NAME_ANNOTATION,
     HEADLESS_ANNOTATION,
     HOSTNAMES_ANNOTATION,
+    EXPORTED_AT_ANNOTATION,
     xcc_proto::ports::PORTS_LABEL,
     WORKLOAD_SELECTOR_ANNOTATION,
     FQDN_ANNOTATION,
@@ -204,6 +208,8 @@ pub fn keep_origin_in_tree(labels: &mut BTreeMap<String, String>, fqdn: &str) ->
 /// - the headless marker (MCS), only as `true`; with it the pods' hostnames, only the valid
 ///   `address=hostname` pairs of addresses among `endpoints` (the others are dropped, not the
 ///   entry), and not at all when none is left;
+/// - the export's start time (MCS, [`EXPORTED_AT_ANNOTATION`]: the oldest export of a name
+///   wins), only as an RFC 3339 time, rewritten in its canonical form (UTC, whole seconds);
 /// - the policy labels ([`policy_labels`]).
 ///
 /// Every other key is dropped. `keys` lists the labels' keys in order (to find the policy
@@ -253,6 +259,12 @@ pub fn allowed<'a>(
             }
         }
     }
+    if let Some(at) = get(EXPORTED_AT_ANNOTATION).and_then(xcc_proto::mcs::parse_exported_at) {
+        kept.insert(
+            EXPORTED_AT_ANNOTATION.to_string(),
+            xcc_proto::mcs::format_exported_at(at),
+        );
+    }
     kept
 }
 
@@ -297,6 +309,7 @@ mod tests {
             (ORIGIN_NAME_ANNOTATION, "db"),
             (HEADLESS_ANNOTATION, "true"),
             (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0,10.4.0.2=db-1"),
+            (EXPORTED_AT_ANNOTATION, "2026-11-29T07:16:06Z"),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1", "10.4.0.2"])),
@@ -325,10 +338,29 @@ mod tests {
             (ORIGIN_NAME_ANNOTATION, "Not_A_Label"),
             (HEADLESS_ANNOTATION, "yes"),
             (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0"),
+            (EXPORTED_AT_ANNOTATION, "last tuesday"),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1"])),
             BTreeMap::new()
+        );
+    }
+
+    /// The export time every importer orders exports by (the oldest wins) is kept in one
+    /// spelling, whatever offset or fraction the peer wrote it with, so two importers hearing
+    /// the same time from different paths compare the same value.
+    #[test]
+    fn the_export_time_is_kept_in_its_canonical_form() {
+        let labels = map(&[(EXPORTED_AT_ANNOTATION, "2026-11-29T09:16:06.75+02:00")]);
+        assert_eq!(
+            allowed_of(&labels, &[]),
+            map(&[(EXPORTED_AT_ANNOTATION, "2026-11-29T07:16:06Z")])
+        );
+        assert_eq!(
+            policy_label(EXPORTED_AT_ANNOTATION, "x"),
+            Some(Err(PolicyLabelError::Reserved(
+                EXPORTED_AT_ANNOTATION.into()
+            )))
         );
     }
 

@@ -255,3 +255,66 @@ fn an_imports_named_ports_with_their_protocols_are_the_service_imports_ports() {
         ]})
     );
 }
+
+/// KEP-1645 / issue 26: a headless and a ClusterSetIP export of one name — the oldest export
+/// decides the type of the import and the Service, in both orders of creation, whatever the
+/// UIDs (which differ per cluster) and the order the records are seen in.
+#[test]
+fn the_oldest_export_decides_the_type_in_both_orders() {
+    use crate::desired::{GroupKey, materialize};
+    use xcc_proto::mcs::{EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, TYPE_HEADLESS};
+    let ports = || json!([{"name": "http", "port": 80, "targetPort": 8080}]);
+    let svc = binder_service("10.96.0.10", None);
+    let key = GroupKey {
+        namespace: NS.into(),
+        fqdn: "api.shop.svc.clusterset.local".into(),
+    };
+    for (east_at, west_at, want) in [
+        (
+            "2026-11-29T07:00:00Z",
+            "2026-11-29T07:00:01Z",
+            TYPE_HEADLESS,
+        ),
+        (
+            "2026-11-29T07:00:01Z",
+            "2026-11-29T07:00:00Z",
+            TYPE_CLUSTER_SET_IP,
+        ),
+        // The same second: east's name sorts first.
+        (
+            "2026-11-29T07:00:00Z",
+            "2026-11-29T07:00:00Z",
+            TYPE_HEADLESS,
+        ),
+    ] {
+        // east headless, west with a cluster IP; the UIDs favour the other one each time.
+        let east = record(
+            "e",
+            if want == TYPE_HEADLESS { "9" } else { "1" },
+            "east",
+            ports(),
+            json!({HEADLESS_ANNOTATION: "true", EXPORTED_AT_ANNOTATION: east_at}),
+        );
+        let west = record(
+            "w",
+            if want == TYPE_HEADLESS { "1" } else { "9" },
+            "west",
+            ports(),
+            json!({EXPORTED_AT_ANNOTATION: west_at}),
+        );
+        for seen in [[&east, &west], [&west, &east]] {
+            let (imports, _) = desired(&seen, &services(&svc), "xcc-system");
+            assert_eq!(
+                imports[0].spec.type_, want,
+                "east {east_at}, west {west_at}"
+            );
+            let m = materialize(&key, &seen).unwrap();
+            let headless = m.service.spec.as_ref().unwrap().cluster_ip.as_deref() == Some("None");
+            assert_eq!(headless, want == TYPE_HEADLESS);
+            let conflict = m.conflict.unwrap();
+            let loser = if headless { "w" } else { "e" };
+            assert_eq!(conflict.losers.len(), 1);
+            assert_eq!(conflict.losers[0].0, loser);
+        }
+    }
+}
