@@ -17,12 +17,15 @@
 //! - legacy **Endpoints**, one subset per port set, with no subsets when nothing is left
 //!   (valid, unlike XCC v1's empty subset), labelled so the mirroring controller skips it.
 //!
-//! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. When
-//! the records of a group disagree on ports, the oldest export wins (KEP-1645; by the export
-//! time the record carries, then the source cluster's name: [`oldest_first`], the same verdict
-//! in every cluster and the one the exporters' ServiceExports report), the others' endpoints are
-//! left out and the outcome carries a [`Conflict`] (B3: deterministic, reported); so are
-//! records of the other type (headless or not) than the winner's (MCS `TypeConflict`).
+//! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. The
+//! Service's ports are the union of the records' (KEP-1645); when records define a port
+//! differently (one name, another number or protocol; one number under two names; an unnamed
+//! port beside others), the oldest export's definition wins (KEP-1645; by the export time the
+//! record carries, then the source cluster's name: [`oldest_first`], the same verdict in every
+//! cluster and the one the exporters' ServiceExports report), the others' endpoints are left
+//! out of that port (of the service, when no port of theirs is left) and the outcome carries a
+//! [`Conflict`] (B3: deterministic, reported); records of the other type (headless or not) than
+//! the winner's are left out too (MCS `TypeConflict`).
 //! Only fields the binder owns are set, so server-side apply compares exactly those (B1).
 //!
 //! [`cilium`] computes the `CiliumGlobalService` materialisation (seed 004).
@@ -45,7 +48,8 @@ use xcc_proto::crd::{
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::mcs::{
-    MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, oldest_first, record_hostnames,
+    ExportPort, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, merge_ports,
+    oldest_first, record_hostnames, shown_port,
 };
 use xcc_proto::names::{
     self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
@@ -288,15 +292,6 @@ pub fn owner_reference(record: &ServiceRecord) -> OwnerReference {
     }
 }
 
-fn port_key(ports: &[Port]) -> Vec<(String, i32, Protocol)> {
-    let mut key: Vec<_> = ports
-        .iter()
-        .map(|p| (p.name.clone(), p.port, p.protocol))
-        .collect();
-    key.sort();
-    key
-}
-
 /// One served port on the endpoint side: (name, protocol, endpoint port).
 type PortEntry = (String, Protocol, i32);
 /// A port set on the endpoint side, sorted.
@@ -313,9 +308,30 @@ pub(crate) fn non_empty(name: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
-/// The objects for one group (in any order: they are sorted oldest export first,
-/// [`oldest_first`]).
-pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materialized, Skip> {
+/// The exports of one name merged: the winner (the oldest export with usable ports), its type,
+/// the union of the ports of the exports of that type, what each of them contributes.
+#[derive(Clone, Debug)]
+pub(crate) struct Merged<'a> {
+    /// The oldest export with usable ports: its type, VIP and origin are the service's.
+    pub winner: &'a ServiceRecord,
+    /// Whether the winner is a headless export.
+    pub headless: bool,
+    /// The service's ports: the union of the contributing exports' ports (sorted).
+    pub ports: Vec<Port>,
+    /// The records whose endpoints count, oldest first, each with its ports that are in the
+    /// union (an endpoint serves a port on the record's own target port).
+    pub contributing: Vec<(&'a ServiceRecord, Vec<Port>)>,
+    /// Records left out or ports of them left out, with why, oldest export first.
+    pub losers: Vec<(String, String)>,
+}
+
+/// Merge `sources` (any order; [`oldest_first`] orders them): the oldest export with usable
+/// ports decides the type (records of the other type are left out: MCS `TypeConflict`); the
+/// ports are the union of the others' ([`xcc_proto::mcs::merge_ports`], KEP-1645), a port that
+/// clashes with one taken from an older export (same name, other number or protocol: MCS
+/// `PortConflict`) left out with the endpoints' service of it, a record left with no port
+/// left out altogether.
+pub(crate) fn merge<'a>(sources: &[&'a ServiceRecord]) -> Result<Merged<'a>, Skip> {
     if sources.is_empty() {
         return Err(Skip::Empty);
     }
@@ -323,9 +339,9 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
     sources.sort_by(|a, b| oldest_first(a, b));
     let resolved: Vec<(&ServiceRecord, Result<Vec<Port>, PortError>)> =
         sources.iter().map(|r| (*r, resolved_ports(r))).collect();
-    let Some((winner, ports)) = resolved
+    let Some(winner) = resolved
         .iter()
-        .find_map(|(r, p)| p.as_ref().ok().map(|p| (*r, p.clone())))
+        .find_map(|(r, p)| p.as_ref().ok().map(|_| *r))
     else {
         return Err(Skip::NoPorts(
             resolved
@@ -334,34 +350,109 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
                 .collect(),
         ));
     };
-    let winner_key = port_key(&ports);
     let headless = is_headless(winner);
+    let same_type: Vec<(&ServiceRecord, &Vec<Port>)> = resolved
+        .iter()
+        .filter(|(r, _)| is_headless(r) == headless)
+        .filter_map(|(r, p)| p.as_ref().ok().map(|p| (*r, p)))
+        .collect();
+    let export_ports: Vec<Vec<ExportPort>> = same_type
+        .iter()
+        .map(|(_, ports)| {
+            ports
+                .iter()
+                .map(|p| (p.name.clone(), p.port, p.protocol))
+                .collect()
+        })
+        .collect();
+    let (union, clashes) = merge_ports(export_ports.iter().map(Vec::as_slice));
     let mut losers = Vec::new();
     let mut contributing = Vec::new();
+    let mut ports: BTreeMap<ExportPort, Port> = BTreeMap::new();
     for (record, result) in &resolved {
-        match result {
-            Ok(_) if is_headless(record) != headless => losers.push((
+        let Some(index) = same_type
+            .iter()
+            .position(|(r, _)| std::ptr::eq(*r, *record))
+        else {
+            losers.push((
                 name(record).to_string(),
+                match result {
+                    Ok(_) => format!(
+                        "{} where the service is {}",
+                        kind(!headless),
+                        kind(headless)
+                    ),
+                    Err(e) => e.to_string(),
+                },
+            ));
+            continue;
+        };
+        let (_, all) = same_type[index];
+        let kept: Vec<Port> = all
+            .iter()
+            .filter(|p| union.contains(&(p.name.clone(), p.port, p.protocol)))
+            .cloned()
+            .collect();
+        let clashed: Vec<String> = clashes
+            .iter()
+            .filter(|c| c.export == index)
+            .map(|c| {
                 format!(
-                    "{} where the service is {}",
-                    kind(!headless),
-                    kind(headless)
-                ),
-            )),
-            Ok(p) if port_key(p) == winner_key => contributing.push((*record, p.clone())),
-            Ok(p) => losers.push((
+                    "port {} left out ({} has {})",
+                    shown_port(&c.port),
+                    name(same_type[c.kept_from].0),
+                    shown_port(&c.kept)
+                )
+            })
+            .collect();
+        if kept.is_empty() {
+            losers.push((
                 name(record).to_string(),
                 format!(
                     "ports {} differ",
-                    p.iter()
+                    all.iter()
                         .map(|p| format!("{}/{}", p.port, p.protocol.as_str()))
                         .collect::<Vec<_>>()
                         .join(",")
                 ),
-            )),
-            Err(e) => losers.push((name(record).to_string(), e.to_string())),
+            ));
+            continue;
         }
+        if !clashed.is_empty() {
+            losers.push((name(record).to_string(), clashed.join("; ")));
+        }
+        for p in &kept {
+            // The service's port: the first (oldest) record's, without its target.
+            ports
+                .entry((p.name.clone(), p.port, p.protocol))
+                .or_insert_with(|| Port {
+                    target: None,
+                    ..p.clone()
+                });
+        }
+        contributing.push((*record, kept));
     }
+    Ok(Merged {
+        winner,
+        headless,
+        ports: ports.into_values().collect(),
+        contributing,
+        losers,
+    })
+}
+
+/// The objects for one group (in any order: they are sorted oldest export first,
+/// [`oldest_first`]). The service's ports are the union of the exports' ([`merge`]).
+pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materialized, Skip> {
+    let Merged {
+        winner,
+        headless,
+        ports,
+        contributing,
+        losers,
+    } = merge(sources)?;
+    let mut sources: Vec<&ServiceRecord> = sources.to_vec();
+    sources.sort_by(|a, b| oldest_first(a, b));
     let conflict = (!losers.is_empty()).then(|| Conflict {
         winner: name(winner).to_string(),
         losers,

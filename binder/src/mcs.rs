@@ -4,12 +4,14 @@
 //! - `spec.type: ClusterSetIP`, or `Headless` when that record is a headless export
 //!   ([`xcc_proto::mcs::HEADLESS_ANNOTATION`]) — of the oldest export
 //!   ([`xcc_proto::mcs::oldest_first`]) with usable ports, the verdict every cluster reaches —,
-//!   `spec.ports` from it (as the Service's), `spec.ips` (ClusterSetIP only): the cluster IPs of the
+//!   `spec.ports` the union of the ports of the exports of that type (as the Service's,
+//!   [`crate::desired::materialize`]), `spec.ips` (ClusterSetIP only): the cluster IPs of the
 //!   binder's Service for the FQDN — what `xcc dns` answers for
 //!   `<name>.<namespace>.svc.clusterset.local` (none until the API server allocated them);
 //!   `spec.ipFamilies`: the family of each of those IPs, in their order (of a Headless import:
 //!   the families of the endpoints' addresses, IPv4 first);
-//! - `status.clusters`: the source clusters of the records, sorted;
+//! - `status.clusters`: the source clusters of the records whose endpoints it has (an export a
+//!   conflict leaves out altogether is not one), sorted;
 //! - the managed label and the install annotation of Cilium mode ([`cilium::INSTALL_ANNOTATION`]),
 //!   so a binder writes and deletes only its own ServiceImports: one that Submariner, Cilium or
 //!   another install made under the same name is never touched ([`may_write`], [`stale`]).
@@ -28,7 +30,7 @@ use xcc_proto::mcs::{
 use xcc_proto::names::{self, FQDN_ANNOTATION};
 
 use crate::desired::cilium::{self, INSTALL_ANNOTATION, OriginKey};
-use crate::desired::{non_empty, resolved_ports};
+use crate::desired::{Merged, merge, non_empty};
 
 /// Why an origin gets no ServiceImport.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,9 +96,13 @@ pub fn desired(
     let mut imports = Vec::new();
     let mut skipped = Vec::new();
     for (origin, group) in groups {
-        let Some((winner, ports)) = group
-            .iter()
-            .find_map(|r| resolved_ports(r).ok().map(|p| (*r, p)))
+        // The same merge as the Service's: the oldest export's type, the union of the ports.
+        let Ok(Merged {
+            winner,
+            ports,
+            contributing,
+            ..
+        }) = merge(&group)
         else {
             skipped.push(Skipped {
                 origin,
@@ -116,12 +122,14 @@ pub fn desired(
         } else {
             service_ips(service)
         };
+        let members: Vec<&ServiceRecord> = contributing.iter().map(|(r, _)| *r).collect();
         let families = if headless {
-            endpoint_families(&group)
+            endpoint_families(&members)
         } else {
             ips.iter().filter_map(|ip| family(ip)).collect()
         };
-        let clusters: BTreeSet<String> = group
+        // The clusters whose endpoints the service has (not those a conflict left out).
+        let clusters: BTreeSet<String> = members
             .iter()
             .filter_map(|r| cilium::source_cluster(r))
             .collect();

@@ -12,10 +12,14 @@
 //!   says why;
 //! - `Conflict`: `OwnerConflict` (xcc's own, [`REASON_OWNER_CONFLICT`]) while that refusal is
 //!   because another service owns the name (checks `owner` and `collision`), the message naming
-//!   the owner; else `TypeConflict` when another cluster exports the same name headless and this
-//!   one not (or the other way round), else `PortConflict` when another cluster exports it with
-//!   other ports — seen in the imported ServiceRecords of that name ([`conflicts`]), so only in
-//!   a cluster that also imports the name; else `NoConflicts`.
+//!   the owner; else `TypeConflict` when the exports of the name differ in type (headless or
+//!   not), else `PortConflict` when they define a port differently (one name, another number or
+//!   protocol) — seen in this cluster's export and the imported ServiceRecords of that name
+//!   ([`conflicts`]), so only in a cluster that also imports the name; else `NoConflicts`. The
+//!   oldest export wins (KEP-1645; [`oldest_first`], by the export time each record carries,
+//!   [`stamp_exported_at`], then the cluster name), the verdict every binder reaches too, and
+//!   every export of the name reports the same conflict naming it. Other ports are no
+//!   conflict: the service has the union of the exports' ports.
 //!
 //! [`merge`] keeps each condition's `lastTransitionTime` while its status holds, so a reconcile
 //! that changes nothing writes nothing ([`up_to_date`]).

@@ -318,3 +318,100 @@ fn the_oldest_export_decides_the_type_in_both_orders() {
         }
     }
 }
+
+/// KEP-1645 / issue 26: the service's ports are the union of the exporters' ports; a port
+/// name defined otherwise by a younger export is left out of that export's endpoints, which
+/// still serve its other ports.
+#[test]
+fn ports_are_the_union_of_the_exports_and_the_oldest_defines_a_port() {
+    use crate::desired::{GroupKey, materialize};
+    use xcc_proto::mcs::{EXPORTED_AT_ANNOTATION, MCS_SOURCE_CLUSTER_LABEL};
+    let east = record(
+        "e",
+        "9",
+        "east",
+        json!([{"name": "http", "port": 80, "targetPort": 8080},
+               {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]),
+        json!({EXPORTED_AT_ANNOTATION: "2026-11-29T07:00:00Z"}),
+    );
+    let mut west = record(
+        "w",
+        "1",
+        "west",
+        json!([{"name": "http", "port": 8081, "targetPort": 8080},
+               {"name": "metrics", "port": 9090, "targetPort": 8080}]),
+        json!({EXPORTED_AT_ANNOTATION: "2026-11-29T07:00:01Z"}),
+    );
+    west.spec.endpoints[0].address = "10.1.0.1".into();
+    let svc = binder_service("10.96.0.10", None);
+    let (imports, _) = desired(&[&west, &east], &services(&svc), "xcc-system");
+    assert_eq!(
+        serde_json::to_value(&imports[0].spec.ports).unwrap(),
+        json!([{"name": "dns", "protocol": "UDP", "port": 53},
+               {"name": "http", "protocol": "TCP", "port": 80},
+               {"name": "metrics", "protocol": "TCP", "port": 9090}])
+    );
+    let key = GroupKey {
+        namespace: NS.into(),
+        fqdn: "api.shop.svc.clusterset.local".into(),
+    };
+    let m = materialize(&key, &[&west, &east]).unwrap();
+    let service_ports: Vec<(Option<String>, i32)> = m
+        .service
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .into_iter()
+        .map(|p| (p.name, p.port))
+        .collect();
+    assert_eq!(
+        service_ports,
+        [
+            (Some("dns".into()), 53),
+            (Some("http".into()), 80),
+            (Some("metrics".into()), 9090)
+        ]
+    );
+    // Each cluster's slice serves that cluster's ports: west's pods only `metrics`.
+    // (source cluster, addresses, (port name, number)s) per slice.
+    type Slices = Vec<(String, Vec<String>, Vec<(String, i32)>)>;
+    let mut slices: Slices = m
+        .slices
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.labels.as_ref().unwrap()[MCS_SOURCE_CLUSTER_LABEL].clone(),
+                s.endpoints.iter().map(|e| e.addresses[0].clone()).collect(),
+                s.ports
+                    .iter()
+                    .flatten()
+                    .map(|p| (p.name.clone().unwrap(), p.port.unwrap()))
+                    .collect(),
+            )
+        })
+        .collect();
+    slices.sort();
+    assert_eq!(
+        slices,
+        [
+            (
+                "east".to_string(),
+                vec!["10.0.0.1".to_string()],
+                vec![("http".to_string(), 8080)]
+            ),
+            (
+                "west".to_string(),
+                vec!["10.1.0.1".to_string()],
+                vec![("metrics".to_string(), 8080)]
+            ),
+        ]
+    );
+    assert_eq!(
+        m.conflict.unwrap().losers,
+        [(
+            "w".to_string(),
+            "port http:8081/TCP left out (e has http:80/TCP)".to_string()
+        )]
+    );
+}

@@ -7,7 +7,9 @@
 //! ServiceImport without IPs beside a headless Service whose slices carry the pod hostnames;
 //! a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
 //! an export that stops being headless gets a Service with a cluster IP and a ClusterSetIP
-//! ServiceImport; removing the imports removes the
+//! ServiceImport; two exports defining a port differently give the union of their ports with
+//! the oldest export's definition, in both orders of their export times (KEP-1645); removing
+//! the imports removes the
 //! binder's ServiceImport and slices. Waits wake on watches, never on time.
 
 #![allow(clippy::unwrap_used)]
@@ -24,8 +26,8 @@ use xcc_binder::controller::{Config, Controller, Metrics};
 use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::mcs::{
-    HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
-    ServiceImport,
+    EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, MCS_SERVICE_NAME_LABEL,
+    MCS_SOURCE_CLUSTER_LABEL, ServiceImport,
 };
 use xcc_proto::names::{self, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
 use xcc_testkube::{McsPlane, poll};
@@ -304,9 +306,130 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         })
         .await;
 
+    // Two exports of `pay` defining `http` differently: the ServiceImport has the union of
+    // their ports, the oldest export's `http`; each cluster's slice serves the ports it keeps.
+    // Then the other order (west's export the older): the verdict turns.
+    let pay_fqdn = format!("pay.{shop}.svc.clusterset.local");
+    let pay = |cluster: &str, ip: &str, ports: serde_json::Value, at: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+            "metadata": {"name": format!("pay-{cluster}"),
+                         "labels": {IMPORTED_LABEL: "", REMOTE_REGISTRY_LABEL: format!("{cluster}-registry")},
+                         "annotations": {EXPORTED_AT_ANNOTATION: at}},
+            "spec": {"fqdn": pay_fqdn, "endpoints": [{"address": ip, "port": 8080}],
+                     "ports": ports,
+                     "origin": {"cluster": cluster, "namespace": shop, "name": "pay"}},
+        }))
+        .unwrap()
+    };
+    records
+        .create(
+            &pp,
+            &pay(
+                "east",
+                "10.1.0.7",
+                json!([{"name": "http", "port": 80, "targetPort": 8080}]),
+                "2026-11-29T07:00:00Z",
+            ),
+        )
+        .await
+        .unwrap();
+    records
+        .create(
+            &pp,
+            &pay(
+                "west",
+                "10.2.0.7",
+                json!([{"name": "http", "port": 8081, "targetPort": 8080},
+                       {"name": "metrics", "port": 9090, "targetPort": 8080}]),
+                "2026-11-29T07:00:01Z",
+            ),
+        )
+        .await
+        .unwrap();
+    let pay_service = names::service_name(&pay_fqdn);
+    // (ServiceImport ports, its clusters, each cluster's slice ports), once all agree on `want`.
+    type PaySlices = Vec<(String, Vec<(String, i32)>)>;
+    let pay_state = async || -> Option<(serde_json::Value, serde_json::Value, PaySlices)> {
+        let i = imports.get_opt("pay").await.unwrap()?;
+        let mut by_cluster: PaySlices = slices
+            .list(
+                &ListParams::default().labels(&format!("kubernetes.io/service-name={pay_service}")),
+            )
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|s| {
+                (
+                    s.metadata.labels.unwrap()[MCS_SOURCE_CLUSTER_LABEL].clone(),
+                    s.ports
+                        .into_iter()
+                        .flatten()
+                        .map(|p| (p.name.unwrap(), p.port.unwrap()))
+                        .collect(),
+                )
+            })
+            .collect();
+        by_cluster.sort();
+        Some((
+            serde_json::to_value(&i.spec.ports).unwrap(),
+            serde_json::to_value(&i.status?.clusters).unwrap(),
+            by_cluster,
+        ))
+    };
+    let east_oldest = (
+        json!([{"name": "http", "protocol": "TCP", "port": 80},
+               {"name": "metrics", "protocol": "TCP", "port": 9090}]),
+        json!([{"cluster": "east"}, {"cluster": "west"}]),
+        vec![
+            ("east".to_string(), vec![("http".to_string(), 8080)]),
+            ("west".to_string(), vec![("metrics".to_string(), 8080)]),
+        ],
+    );
+    changes
+        .wait_for("pay: east's http and west's metrics", TIMEOUT, async || {
+            (pay_state().await? == east_oldest).then_some(())
+        })
+        .await;
+    records
+        .patch(
+            "pay-west",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {EXPORTED_AT_ANNOTATION: "2026-11-29T06:59:59Z"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // West's export is now the oldest: its `http` wins, and east, with no other port, is left
+    // out of the service altogether.
+    let west_oldest = (
+        json!([{"name": "http", "protocol": "TCP", "port": 8081},
+               {"name": "metrics", "protocol": "TCP", "port": 9090}]),
+        json!([{"cluster": "west"}]),
+        vec![(
+            "west".to_string(),
+            vec![("http".to_string(), 8080), ("metrics".to_string(), 8080)],
+        )],
+    );
+    changes
+        .wait_for("pay: west's ports only", TIMEOUT, async || {
+            (pay_state().await? == west_oldest).then_some(())
+        })
+        .await;
+
     // Removing the imports removes the binder's ServiceImport and slices; the foreign
     // ServiceImport stays as it was.
-    for name in ["api-east", "api-west", "web-east", "db-east", "late-east"] {
+    for name in [
+        "api-east",
+        "api-west",
+        "web-east",
+        "db-east",
+        "late-east",
+        "pay-east",
+        "pay-west",
+    ] {
         records
             .delete(name, &DeleteParams::default())
             .await
