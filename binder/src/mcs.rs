@@ -12,6 +12,8 @@
 //!   the families of the endpoints' addresses, IPv4 first);
 //! - `status.clusters`: the source clusters of the records whose endpoints it has (an export a
 //!   conflict leaves out altogether is not one), sorted;
+//! - its EndpointSlices in the same namespace, with the MCS labels and owned by it
+//!   ([`import_slices`]);
 //! - the managed label and the install annotation of Cilium mode ([`cilium::INSTALL_ANNOTATION`]),
 //!   so a binder writes and deletes only its own ServiceImports: one that Submariner, Cilium or
 //!   another install made under the same name is never touched ([`may_write`], [`stale`]).
@@ -21,16 +23,21 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use xcc_proto::crd::{BINDER_MANAGER, MANAGED_BY_LABEL, ServiceRecord};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use xcc_proto::crd::{
+    BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
+    MANAGED_BY_LABEL, ServiceRecord,
+};
 use xcc_proto::mcs::{
-    ClusterStatus, McsServicePort, ServiceImport, ServiceImportSpec, ServiceImportStatus,
-    TYPE_CLUSTER_SET_IP, TYPE_HEADLESS, is_headless,
+    ClusterStatus, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, McsServicePort, ServiceImport,
+    ServiceImportSpec, ServiceImportStatus, TYPE_CLUSTER_SET_IP, TYPE_HEADLESS, is_headless,
 };
 use xcc_proto::names::{self, FQDN_ANNOTATION};
 
 use crate::desired::cilium::{self, INSTALL_ANNOTATION, OriginKey};
-use crate::desired::{Merged, merge, non_empty};
+use crate::desired::{GroupKey, Merged, materialize, merge, non_empty};
 
 /// Why an origin gets no ServiceImport.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -180,6 +187,138 @@ pub fn desired(
         });
     }
     (imports, skipped)
+}
+
+/// The label selector of the ServiceImports' EndpointSlices ([`import_slices`]): the binder's,
+/// with the MCS service-name label and without Kubernetes' (which the slices of the binder's
+/// own Services carry).
+pub fn import_slice_selector() -> String {
+    format!(
+        "{MANAGED_BY_LABEL}={BINDER_MANAGER},{MCS_SERVICE_NAME_LABEL},!{ENDPOINTSLICE_SERVICE_NAME_LABEL}"
+    )
+}
+
+/// The EndpointSlices of each ServiceImport the imported `records` call for (KEP-1645), keyed
+/// by the import's namespace and name: in the service's namespace, beside the ServiceImport,
+/// one per source cluster, address family and port set with the endpoints the binder's
+/// Service has ([`crate::desired::materialize`], the same merge), labelled
+/// `multicluster.kubernetes.io/service-name` (the import's name),
+/// `multicluster.kubernetes.io/source-cluster` and `endpointslice.kubernetes.io/managed-by:
+/// xcc-binder` (not Kubernetes' controller), with the managed label and the install
+/// annotation, and without `kubernetes.io/service-name`: they belong to no Service, so
+/// kube-proxy and the EndpointSlice controllers leave them alone (traffic to the clusterset IP
+/// goes through the binder's Service and its own slices). Their owner, the ServiceImport, is
+/// set when it is written ([`owned_by`]). Origins with no ServiceImport get none.
+pub fn import_slices(
+    records: &[&ServiceRecord],
+    install: &str,
+) -> BTreeMap<(String, String), Vec<EndpointSlice>> {
+    let (groups, _without_origin) = cilium::group_by_origin(records.iter().copied());
+    let mut out = BTreeMap::new();
+    for (origin, group) in groups {
+        let Some(first) = group.first() else {
+            continue;
+        };
+        let key = GroupKey {
+            namespace: first.metadata.namespace.clone().unwrap_or_default(),
+            fqdn: names::canonical_fqdn(&first.spec.fqdn).unwrap_or_default(),
+        };
+        let Ok(m) = materialize(&key, &group) else {
+            continue;
+        };
+        let service_name = names::service_name(&key.fqdn);
+        let slices = m
+            .slices
+            .into_iter()
+            .map(|slice| {
+                // `<service>-<family>-<hash8>` → `<origin>-<family>-<hash8>`.
+                let own = slice.metadata.name.clone().unwrap_or_default();
+                let suffix = own
+                    .strip_prefix(&format!("{service_name}-"))
+                    .unwrap_or(&own);
+                let mut labels = BTreeMap::from([
+                    (MCS_SERVICE_NAME_LABEL.to_string(), origin.name.clone()),
+                    (
+                        ENDPOINTSLICE_MANAGED_BY_LABEL.to_string(),
+                        BINDER_MANAGER.to_string(),
+                    ),
+                    (MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string()),
+                ]);
+                if let Some(cluster) = slice
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(MCS_SOURCE_CLUSTER_LABEL))
+                {
+                    labels.insert(MCS_SOURCE_CLUSTER_LABEL.to_string(), cluster.clone());
+                }
+                EndpointSlice {
+                    metadata: ObjectMeta {
+                        name: Some(format!("{}-{suffix}", origin.name)),
+                        namespace: Some(origin.namespace.clone()),
+                        labels: Some(labels),
+                        annotations: Some(BTreeMap::from([(
+                            INSTALL_ANNOTATION.to_string(),
+                            install.to_string(),
+                        )])),
+                        ..ObjectMeta::default()
+                    },
+                    ..slice
+                }
+            })
+            .collect();
+        out.insert((origin.namespace, origin.name), slices);
+    }
+    out
+}
+
+/// `slice` owned by the ServiceImport `import` (as it is stored: with its UID), so the API
+/// server's garbage collector removes the slices with it.
+pub fn owned_by(mut slice: EndpointSlice, import: &ServiceImport) -> Option<EndpointSlice> {
+    slice.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: ServiceImport::api_version(&()).into_owned(),
+        kind: ServiceImport::kind(&()).into_owned(),
+        name: import.metadata.name.clone()?,
+        uid: import.metadata.uid.clone()?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    }]);
+    Some(slice)
+}
+
+/// Whether a ServiceImport's EndpointSlice in the service's namespace is the binder of
+/// `install`'s ([`import_slices`]).
+pub fn is_our_import_slice(slice: &EndpointSlice, install: &str) -> bool {
+    let labels = slice.metadata.labels.as_ref();
+    cilium::is_ours(&slice.metadata, install)
+        && labels.is_some_and(|l| {
+            l.contains_key(MCS_SERVICE_NAME_LABEL)
+                && !l.contains_key(ENDPOINTSLICE_SERVICE_NAME_LABEL)
+                && l.get(ENDPOINTSLICE_MANAGED_BY_LABEL).map(String::as_str) == Some(BINDER_MANAGER)
+        })
+}
+
+/// The binder's ServiceImport slices among `existing` (of `install`) that `desired` no longer
+/// has, sorted by namespace and name.
+pub fn stale_import_slices<'a>(
+    existing: impl IntoIterator<Item = &'a EndpointSlice>,
+    desired: &BTreeMap<(String, String), Vec<EndpointSlice>>,
+    install: &str,
+) -> Vec<&'a EndpointSlice> {
+    let keep: BTreeSet<(Option<&String>, Option<&String>)> = desired
+        .values()
+        .flatten()
+        .map(|d| (d.metadata.namespace.as_ref(), d.metadata.name.as_ref()))
+        .collect();
+    let mut out: Vec<&EndpointSlice> = existing
+        .into_iter()
+        .filter(|e| is_our_import_slice(e, install))
+        .filter(|e| !keep.contains(&(e.metadata.namespace.as_ref(), e.metadata.name.as_ref())))
+        .collect();
+    out.sort_by(|a, b| {
+        (&a.metadata.namespace, &a.metadata.name).cmp(&(&b.metadata.namespace, &b.metadata.name))
+    });
+    out
 }
 
 /// Whether the binder of `install` may write over `existing`: nothing there, or its own.

@@ -415,3 +415,70 @@ fn ports_are_the_union_of_the_exports_and_the_oldest_defines_a_port() {
         )]
     );
 }
+
+/// KEP-1645 / issue 26 point 6: a ServiceImport's EndpointSlices live in the service's
+/// namespace, one per source cluster, with the MCS labels and xcc as the manager, and belong
+/// to no Service; only this install's are ever stale.
+#[test]
+fn import_slices_live_in_the_services_namespace_with_the_mcs_labels() {
+    let ports = || json!([{"name": "http", "port": 80, "targetPort": 8080}]);
+    let east = record("a", "1", "east", ports(), json!({}));
+    let mut west = record("b", "2", "west", ports(), json!({}));
+    west.spec.endpoints[0].address = "10.2.0.1".into();
+    let slices = import_slices(&[&east, &west], "xcc-system");
+    let mut api = slices[&("shop".to_string(), "api".to_string())].clone();
+    api.sort_by_key(|s| s.metadata.labels.as_ref().unwrap()[MCS_SOURCE_CLUSTER_LABEL].clone());
+    assert_eq!(api.len(), 2);
+    for (slice, (cluster, ip)) in api.iter().zip([("east", "10.0.0.1"), ("west", "10.2.0.1")]) {
+        assert_eq!(slice.metadata.namespace.as_deref(), Some("shop"));
+        assert!(
+            slice
+                .metadata
+                .name
+                .as_ref()
+                .unwrap()
+                .starts_with("api-ipv4-")
+        );
+        assert_eq!(
+            slice.metadata.labels,
+            Some(BTreeMap::from([
+                (MCS_SERVICE_NAME_LABEL.to_string(), "api".to_string()),
+                (MCS_SOURCE_CLUSTER_LABEL.to_string(), cluster.to_string()),
+                (
+                    ENDPOINTSLICE_MANAGED_BY_LABEL.to_string(),
+                    BINDER_MANAGER.to_string()
+                ),
+                (MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string()),
+            ]))
+        );
+        assert_eq!(slice.endpoints[0].addresses, [ip]);
+        assert!(is_our_import_slice(slice, "xcc-system"));
+        assert!(!is_our_import_slice(slice, "other-install"));
+    }
+    // Owned by the stored ServiceImport.
+    let mut import = ServiceImport::default();
+    import.metadata.name = Some("api".into());
+    import.metadata.uid = Some("u-1".into());
+    let owned = owned_by(api[0].clone(), &import).unwrap();
+    let owner = &owned.metadata.owner_references.unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("ServiceImport", "u-1")
+    );
+    // West's export gone: its slice is stale, east's is not; another install's never is.
+    let now = import_slices(&[&east], "xcc-system");
+    let mut foreign = api[1].clone();
+    foreign
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert(INSTALL_ANNOTATION.into(), "other-install".into());
+    let stale = stale_import_slices([&api[0], &api[1], &foreign], &now, "xcc-system");
+    assert_eq!(stale.len(), 1);
+    assert_eq!(stale[0].metadata.name, api[1].metadata.name);
+    assert_eq!(
+        import_slice_selector(),
+        "app.kubernetes.io/managed-by=xcc-binder,multicluster.kubernetes.io/service-name,!kubernetes.io/service-name"
+    );
+}

@@ -5,7 +5,8 @@
 //! source clusters) beside the Service and the per-cluster EndpointSlices with the MCS labels;
 //! a ServiceImport someone else made is never touched; a headless export is a `Headless`
 //! ServiceImport without IPs beside a headless Service whose slices carry the pod hostnames;
-//! a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
+//! the ServiceImport's EndpointSlices in the service's namespace carry the MCS labels and are
+//! owned by it; a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
 //! an export that stops being headless gets a Service with a cluster IP and a ClusterSetIP
 //! ServiceImport; two exports defining a port differently give the union of their ports with
 //! the oldest export's definition, in both orders of their export times (KEP-1645); removing
@@ -172,6 +173,59 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         ]
     );
 
+    // KEP-1645's EndpointSlices of the ServiceImport, in the service's namespace: one per
+    // source cluster, the MCS labels, managed by xcc (not Kubernetes' controller), no
+    // `kubernetes.io/service-name` (they belong to no Service), owned by the ServiceImport.
+    let shop_slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), shop);
+    let api_slices =
+        |name: &str| ListParams::default().labels(&format!("{MCS_SERVICE_NAME_LABEL}={name}"));
+    let mcs_slices = changes
+        .wait_for("api's slices in its namespace", TIMEOUT, async || {
+            let items = shop_slices.list(&api_slices("api")).await.unwrap().items;
+            (items.len() == 2).then_some(items)
+        })
+        .await;
+    // (labels, addresses, ports) per slice.
+    type Seen = Vec<(
+        std::collections::BTreeMap<String, String>,
+        Vec<String>,
+        Vec<i32>,
+    )>;
+    let mut seen: Seen = mcs_slices
+        .iter()
+        .map(|s| {
+            let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.name.as_str(), Some(&owner.uid)),
+                ("ServiceImport", "api", api.metadata.uid.as_ref())
+            );
+            (
+                s.metadata.labels.clone().unwrap(),
+                s.endpoints.iter().map(|e| e.addresses[0].clone()).collect(),
+                s.ports.iter().flatten().filter_map(|p| p.port).collect(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let labels = |cluster: &str| {
+        [
+            (MCS_SERVICE_NAME_LABEL, "api"),
+            (MCS_SOURCE_CLUSTER_LABEL, cluster),
+            ("endpointslice.kubernetes.io/managed-by", "xcc-binder"),
+            ("app.kubernetes.io/managed-by", "xcc-binder"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        seen,
+        [
+            (labels("east"), vec!["10.1.0.1".to_string()], vec![8080]),
+            (labels("west"), vec!["10.2.0.1".to_string()], vec![8080]),
+        ]
+    );
+
     // A headless export: a headless ServiceImport without IPs, a headless Service, and the
     // slice's endpoints carry the exporter's pod hostnames.
     let db_fqdn = format!("db.{shop}.svc.clusterset.local");
@@ -246,7 +300,11 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
     let others: Vec<String> = cp
         .writes_since(&id.user, since)
         .into_iter()
-        .filter(|w| !w.contains(&late_service) && !w.contains("serviceimports"))
+        .filter(|w| {
+            !w.contains(&late_service)
+                && !w.contains("serviceimports")
+                && !w.contains(&format!("{shop}/late-"))
+        })
         .collect();
     assert_eq!(others, Vec::<String>::new());
     // The new ServiceImport is written once or twice (its IP may come in a second pass).
@@ -453,6 +511,17 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
                 (gone && no_slices).then_some(())
             },
         )
+        .await;
+    changes
+        .wait_for("the ServiceImports' slices removed", TIMEOUT, async || {
+            shop_slices
+                .list(&ListParams::default().labels("app.kubernetes.io/managed-by=xcc-binder"))
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+                .then_some(())
+        })
         .await;
     let still = imports.get("web").await.unwrap();
     assert_eq!(still.spec.type_, "Headless");
