@@ -34,8 +34,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
-    EndpointAddress, EndpointPort as LegacyPort, EndpointSubset, Endpoints, Service,
-    ServicePort as KubeServicePort, ServiceSpec,
+    ClientIPConfig, EndpointAddress, EndpointPort as LegacyPort, EndpointSubset, Endpoints,
+    Service, ServicePort as KubeServicePort, ServiceSpec, SessionAffinityConfig,
 };
 use k8s_openapi::api::discovery::v1::{
     Endpoint as SliceEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
@@ -48,8 +48,8 @@ use xcc_proto::crd::{
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::mcs::{
-    ExportPort, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, merge_ports,
-    oldest_first, record_hostnames, shown_port,
+    CLIENT_IP, ExportPort, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, ServiceTraits,
+    is_headless, merge_ports, oldest_first, record_hostnames, shown_port,
 };
 use xcc_proto::names::{
     self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
@@ -534,6 +534,7 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         .filter(|_| !headless)
         .and_then(|v| v.trim().parse::<IpAddr>().ok())
         .map(|ip| ip.to_string());
+    let traits = ServiceTraits::of_record(winner);
     let service = Service {
         metadata: ObjectMeta {
             annotations: Some(annotations),
@@ -549,6 +550,13 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
                 .into(),
             ),
             cluster_ip: headless.then(|| "None".into()),
+            // KEP-1645: the oldest export's session affinity, which kube-proxy applies.
+            session_affinity: traits.client_ip_timeout.map(|_| CLIENT_IP.into()),
+            session_affinity_config: traits.client_ip_timeout.map(|t| SessionAffinityConfig {
+                client_ip: Some(ClientIPConfig {
+                    timeout_seconds: Some(t),
+                }),
+            }),
             load_balancer_class: vip.as_ref().map(|_| VIP_LOAD_BALANCER_CLASS.into()),
             allocate_load_balancer_node_ports: vip.as_ref().map(|_| false),
             ports: Some(

@@ -10,6 +10,8 @@
 //!   `<name>.<namespace>.svc.clusterset.local` (none until the API server allocated them);
 //!   `spec.ipFamilies`: the family of each of those IPs, in their order (of a Headless import:
 //!   the families of the endpoints' addresses, IPv4 first);
+//! - `sessionAffinity` (and its config), `internalTrafficPolicy`, `trafficDistribution`: the
+//!   oldest export's ([`xcc_proto::mcs::ServiceTraits`]), the defaults left unset;
 //! - `status.clusters`: the source clusters of the records whose endpoints it has (an export a
 //!   conflict leaves out altogether is not one), sorted;
 //! - its EndpointSlices in the same namespace, with the MCS labels and owned by it
@@ -31,8 +33,9 @@ use xcc_proto::crd::{
     MANAGED_BY_LABEL, ServiceRecord,
 };
 use xcc_proto::mcs::{
-    ClusterStatus, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, McsServicePort, ServiceImport,
-    ServiceImportSpec, ServiceImportStatus, TYPE_CLUSTER_SET_IP, TYPE_HEADLESS, is_headless,
+    CLIENT_IP, ClientIpConfig, ClusterStatus, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
+    McsServicePort, ServiceImport, ServiceImportSpec, ServiceImportStatus, ServiceTraits,
+    SessionAffinityConfig, TYPE_CLUSTER_SET_IP, TYPE_HEADLESS, is_headless,
 };
 use xcc_proto::names::{self, FQDN_ANNOTATION};
 
@@ -124,6 +127,7 @@ pub fn desired(
             .clone()
             .and_then(|ns| services.get(&(ns, names::service_name(&fqdn))).copied());
         let headless = is_headless(winner);
+        let traits = ServiceTraits::of_record(winner);
         let ips = if headless {
             Vec::new()
         } else {
@@ -174,7 +178,15 @@ pub fn desired(
                 .into(),
                 ips: (!ips.is_empty()).then_some(ips),
                 ip_families: (!families.is_empty()).then_some(families),
-                session_affinity: None,
+                // The oldest export's Service fields; the defaults are left unset.
+                session_affinity: traits.client_ip_timeout.map(|_| CLIENT_IP.to_string()),
+                session_affinity_config: traits.client_ip_timeout.map(|t| SessionAffinityConfig {
+                    client_ip: Some(ClientIpConfig {
+                        timeout_seconds: Some(t),
+                    }),
+                }),
+                internal_traffic_policy: traits.internal_local.then(|| "Local".to_string()),
+                traffic_distribution: traits.traffic_distribution.clone(),
             },
             status: Some(ServiceImportStatus {
                 clusters: Some(

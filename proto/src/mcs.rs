@@ -228,6 +228,145 @@ pub fn merge_ports<'a>(
     (ports, clashes)
 }
 
+/// Record annotation (travels as a FederatedService label) of an MCS export: the Service's
+/// `sessionAffinity` when it is `ClientIP` (absent: `None`), for the ServiceImport
+/// ([`ServiceTraits`]).
+pub const SESSION_AFFINITY_ANNOTATION: &str = "connectivity.tanzu.vmware.com/session-affinity";
+/// Record annotation of an MCS export with `ClientIP` affinity: its
+/// `sessionAffinityConfig.clientIP.timeoutSeconds` (1-86400).
+pub const SESSION_AFFINITY_TIMEOUT_ANNOTATION: &str =
+    "connectivity.tanzu.vmware.com/session-affinity-timeout";
+/// Record annotation of an MCS export: the Service's `internalTrafficPolicy` when it is not the
+/// default `Cluster` (so `Local`).
+pub const INTERNAL_TRAFFIC_POLICY_ANNOTATION: &str =
+    "connectivity.tanzu.vmware.com/internal-traffic-policy";
+/// Record annotation of an MCS export: the Service's `trafficDistribution`, when set.
+pub const TRAFFIC_DISTRIBUTION_ANNOTATION: &str =
+    "connectivity.tanzu.vmware.com/traffic-distribution";
+
+/// The keys of [`ServiceTraits`] on a record.
+pub const TRAIT_KEYS: [&str; 4] = [
+    SESSION_AFFINITY_ANNOTATION,
+    SESSION_AFFINITY_TIMEOUT_ANNOTATION,
+    INTERNAL_TRAFFIC_POLICY_ANNOTATION,
+    TRAFFIC_DISTRIBUTION_ANNOTATION,
+];
+
+/// `sessionAffinity` value that needs carrying.
+pub const CLIENT_IP: &str = "ClientIP";
+/// The `timeoutSeconds` Kubernetes gives `ClientIP` affinity when none is set.
+pub const DEFAULT_AFFINITY_TIMEOUT: i32 = 10_800;
+
+/// The Service fields KEP-1645 carries to the ServiceImport besides type and ports, as an MCS
+/// export's record carries them ([`TRAIT_KEYS`]), each in its canonical form: a default value
+/// (`None` affinity, `Cluster` policy, no distribution) is absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceTraits {
+    /// `Some(timeoutSeconds)` for `ClientIP` affinity; `None` for none.
+    pub client_ip_timeout: Option<i32>,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_local: bool,
+    /// `trafficDistribution`, e.g. `PreferClose`.
+    pub traffic_distribution: Option<String>,
+}
+
+/// Whether `v` may be a `trafficDistribution` value: 1-63 ASCII letters and digits, starting
+/// with a letter (every value Kubernetes defines is so).
+fn is_distribution(v: &str) -> bool {
+    (1..=63).contains(&v.len())
+        && v.starts_with(|c: char| c.is_ascii_alphabetic())
+        && v.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+impl ServiceTraits {
+    /// The traits of a Service's spec.
+    pub fn of_service(spec: &k8s_openapi::api::core::v1::ServiceSpec) -> Self {
+        let client_ip = spec.session_affinity.as_deref() == Some(CLIENT_IP);
+        Self {
+            client_ip_timeout: client_ip.then(|| {
+                spec.session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds)
+                    .filter(|t| (1..=86_400).contains(t))
+                    .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
+            }),
+            internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+            traffic_distribution: spec
+                .traffic_distribution
+                .clone()
+                .filter(|v| is_distribution(v)),
+        }
+    }
+
+    /// The traits `get` (a record's annotations, a peer's labels) gives, each checked: a value
+    /// that is not one of its field's is left out (it reads as the default).
+    pub fn of<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Self {
+        let client_ip = get(SESSION_AFFINITY_ANNOTATION) == Some(CLIENT_IP);
+        Self {
+            client_ip_timeout: client_ip.then(|| {
+                get(SESSION_AFFINITY_TIMEOUT_ANNOTATION)
+                    .and_then(|t| t.parse::<i32>().ok())
+                    .filter(|t| (1..=86_400).contains(t))
+                    .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
+            }),
+            internal_local: get(INTERNAL_TRAFFIC_POLICY_ANNOTATION) == Some("Local"),
+            traffic_distribution: get(TRAFFIC_DISTRIBUTION_ANNOTATION)
+                .filter(|v| is_distribution(v))
+                .map(str::to_string),
+        }
+    }
+
+    /// The traits a record carries.
+    pub fn of_record(record: &crate::crd::ServiceRecord) -> Self {
+        let annotations = record.metadata.annotations.as_ref();
+        Self::of(|k| annotations.and_then(|a| a.get(k)).map(String::as_str))
+    }
+
+    /// The record annotations of these traits (none for the defaults).
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        if let Some(timeout) = self.client_ip_timeout {
+            out.insert(
+                SESSION_AFFINITY_ANNOTATION.to_string(),
+                CLIENT_IP.to_string(),
+            );
+            out.insert(
+                SESSION_AFFINITY_TIMEOUT_ANNOTATION.to_string(),
+                timeout.to_string(),
+            );
+        }
+        if self.internal_local {
+            out.insert(
+                INTERNAL_TRAFFIC_POLICY_ANNOTATION.to_string(),
+                "Local".to_string(),
+            );
+        }
+        if let Some(d) = &self.traffic_distribution {
+            out.insert(TRAFFIC_DISTRIBUTION_ANNOTATION.to_string(), d.clone());
+        }
+        out
+    }
+
+    /// `sessionAffinity` for a ServiceImport or Service: `ClientIP` or `None`.
+    pub fn session_affinity(&self) -> &'static str {
+        if self.client_ip_timeout.is_some() {
+            CLIENT_IP
+        } else {
+            "None"
+        }
+    }
+
+    /// `internalTrafficPolicy`: `Local` or `Cluster`.
+    pub fn internal_traffic_policy(&self) -> &'static str {
+        if self.internal_local {
+            "Local"
+        } else {
+            "Cluster"
+        }
+    }
+}
+
 /// Whether a record is a headless export ([`HEADLESS_ANNOTATION`] is `true`).
 pub fn is_headless(record: &crate::crd::ServiceRecord) -> bool {
     record
@@ -432,6 +571,33 @@ pub struct ServiceImportSpec {
     /// `ClientIP` or `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<String>,
+    /// The `ClientIP` affinity's timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity_config: Option<SessionAffinityConfig>,
+    /// `Cluster` or `Local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_traffic_policy: Option<String>,
+    /// How traffic is distributed to the endpoints (`PreferClose`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_distribution: Option<String>,
+}
+
+/// `sessionAffinityConfig` of a ServiceImport.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionAffinityConfig {
+    /// The `ClientIP` affinity's settings.
+    #[serde(default, rename = "clientIP", skip_serializing_if = "Option::is_none")]
+    pub client_ip: Option<ClientIpConfig>,
+}
+
+/// `sessionAffinityConfig.clientIP` of a ServiceImport.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientIpConfig {
+    /// Seconds a client sticks to one endpoint (1-86400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i32>,
 }
 
 /// `spec.type` of a ServiceImport with a VIP.
@@ -494,15 +660,7 @@ pub struct ClusterPropertySpec {
 /// apply leaves them to whoever does.
 pub const NOT_MODELLED: [(&str, &[&str]); 3] = [
     ("ServiceExport", &[]),
-    (
-        "ServiceImport",
-        &[
-            ".spec.internalTrafficPolicy",
-            ".spec.sessionAffinityConfig",
-            ".spec.trafficDistribution",
-            ".status.conditions",
-        ],
-    ),
+    ("ServiceImport", &[".status.conditions"]),
     ("ClusterProperty", &[]),
 ];
 

@@ -490,7 +490,7 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
                     slices.as_deref(),
                     &shared.settings.config,
                 );
-                mcs::stamp_exported_at(&mut desired, export.as_deref());
+                mcs::stamp_export(&mut desired, export.as_deref(), s.spec.as_ref());
                 Some((uid, desired))
             })
         }

@@ -15,9 +15,12 @@
 //!   the owner; else `TypeConflict` when the exports of the name differ in type (headless or
 //!   not), else `PortConflict` when they define a port differently (one name, another number or
 //!   protocol) — seen in this cluster's export and the imported ServiceRecords of that name
-//!   ([`conflicts`]), so only in a cluster that also imports the name; else `NoConflicts`. The
+//!   ([`conflicts`]), so only in a cluster that also imports the name; else
+//!   `SessionAffinityConflict`, `SessionAffinityConfigConflict`, `InternalTrafficPolicyConflict`
+//!   or `TrafficDistributionConflict` ([`TRAIT_REASONS`]) when they set that Service field
+//!   otherwise; else `NoConflicts`. The
 //!   oldest export wins (KEP-1645; [`oldest_first`], by the export time each record carries,
-//!   [`stamp_exported_at`], then the cluster name), the verdict every binder reaches too, and
+//!   [`stamp_export`], then the cluster name), the verdict every binder reaches too, and
 //!   every export of the name reports the same conflict naming it. Other ports are no
 //!   conflict: the service has the union of the exports' ports.
 //!
@@ -26,6 +29,7 @@
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::core::v1::ServiceSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use xcc_proto::crd::{
     ANNOUNCED_REASON_COLLISION, ANNOUNCED_REASON_OWNER, CONDITION_ANNOUNCED, Protocol,
@@ -37,7 +41,9 @@ use xcc_proto::mcs::{
     REASON_PENDING, REASON_PORT_CONFLICT, REASON_REFUSED_PREFIX, REASON_TYPE_CONFLICT,
     REASON_VALID, ServiceExport, is_headless,
 };
-use xcc_proto::mcs::{EXPORTED_AT_ANNOTATION, ExportPort, merge_ports, oldest_first, shown_port};
+use xcc_proto::mcs::{
+    EXPORTED_AT_ANNOTATION, ExportPort, ServiceTraits, merge_ports, oldest_first, shown_port,
+};
 use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
 use crate::desired::{Desired, ExportedBy, Skip};
@@ -59,29 +65,37 @@ pub fn exported(service: &ObjectMeta, export: Option<&ServiceExport>) -> Exporte
     }
 }
 
-/// Mark the record `desired` publishes with the time its export began
-/// ([`EXPORTED_AT_ANNOTATION`]): the `creationTimestamp` of the ServiceExport of the Service,
-/// when there is one (it travels with the record, so every cluster orders the exports of one
-/// name the same, [`oldest_first`]). Without a ServiceExport (an XCC label export) the record
-/// says nothing, and ranks after every MCS export of its name.
-pub fn stamp_exported_at(desired: &mut Desired, export: Option<&ServiceExport>) {
+/// Mark the record `desired` publishes for a Service with what an MCS export carries, when a
+/// ServiceExport (not being deleted) names the Service: the time its export began
+/// ([`EXPORTED_AT_ANNOTATION`], the ServiceExport's `creationTimestamp`; it travels with the
+/// record, so every cluster orders the exports of one name the same, [`oldest_first`]) and the
+/// Service fields the ServiceImport carries ([`ServiceTraits`] of `service`: session affinity,
+/// internal traffic policy, traffic distribution). Without a ServiceExport (an XCC label
+/// export) the record says neither, and ranks after every MCS export of its name.
+pub fn stamp_export(
+    desired: &mut Desired,
+    export: Option<&ServiceExport>,
+    service: Option<&ServiceSpec>,
+) {
     let Desired::Publish(record) = desired else {
         return;
     };
-    let Some(at) = export
-        .filter(|e| e.metadata.deletion_timestamp.is_none())
-        .and_then(|e| e.metadata.creation_timestamp.as_ref())
-    else {
+    let Some(export) = export.filter(|e| e.metadata.deletion_timestamp.is_none()) else {
         return;
     };
-    record
+    let annotations = record
         .metadata
         .annotations
-        .get_or_insert_with(Default::default)
-        .insert(
+        .get_or_insert_with(Default::default);
+    if let Some(at) = export.metadata.creation_timestamp.as_ref() {
+        annotations.insert(
             EXPORTED_AT_ANNOTATION.to_string(),
             xcc_proto::mcs::format_exported_at(at.0),
         );
+    }
+    if let Some(spec) = service {
+        annotations.extend(ServiceTraits::of_service(spec).annotations());
+    }
 }
 
 /// Where the export of one Service stands after a reconcile.
@@ -248,6 +262,34 @@ pub struct Conflicts {
     /// number or protocol, ...): `west's http:8080/TCP (east's http:80/TCP kept)`, oldest
     /// export first.
     pub ports: Vec<String>,
+    /// Service fields a later export sets otherwise than the oldest (whose value the
+    /// ServiceImport has): (KEP-1645 reason, `west: ClientIP (east: None)`), in the order of
+    /// [`TRAIT_REASONS`], each field's exports oldest first.
+    pub traits: Vec<(&'static str, String)>,
+}
+
+/// The `Conflict` reasons of the Service fields a ServiceImport carries, in the order they are
+/// reported.
+pub const TRAIT_REASONS: [&str; 4] = [
+    "SessionAffinityConflict",
+    "SessionAffinityConfigConflict",
+    "InternalTrafficPolicyConflict",
+    "TrafficDistributionConflict",
+];
+
+/// The fields of `traits` as compared, one per [`TRAIT_REASONS`] entry, shown.
+fn trait_values(traits: &ServiceTraits) -> [String; 4] {
+    [
+        traits.session_affinity().to_string(),
+        traits
+            .client_ip_timeout
+            .map_or_else(|| "none".to_string(), |t| format!("timeoutSeconds {t}")),
+        traits.internal_traffic_policy().to_string(),
+        traits
+            .traffic_distribution
+            .clone()
+            .unwrap_or_else(|| "unset".to_string()),
+    ]
 }
 
 /// What the exports of `own`'s FQDN disagree about: `own` and the other clusters' exports among
@@ -311,7 +353,30 @@ pub fn conflicts<'a>(
             )
         })
         .collect();
-    if types.is_empty() && ports.is_empty() {
+    // The Service fields: the oldest export's hold; another value is a conflict (session
+    // affinity's timeout only between two ClientIP exports).
+    let theirs: Vec<[String; 4]> = same_type
+        .iter()
+        .map(|r| trait_values(&ServiceTraits::of_record(r)))
+        .collect();
+    let mut traits = Vec::new();
+    for (field, reason) in TRAIT_REASONS.iter().enumerate() {
+        for (r, values) in same_type.iter().zip(&theirs).skip(1) {
+            let (mine, oldest) = (&values[field], &theirs[0][field]);
+            let comparable = field != 1 || (values[0] == theirs[0][0]);
+            if comparable && mine != oldest {
+                traits.push((
+                    *reason,
+                    format!(
+                        "{}: {mine} ({}: {oldest})",
+                        cluster_of(r),
+                        cluster_of(winner)
+                    ),
+                ));
+            }
+        }
+    }
+    if types.is_empty() && ports.is_empty() && traits.is_empty() {
         return Conflicts::default();
     }
     Conflicts {
@@ -319,6 +384,7 @@ pub fn conflicts<'a>(
         winner_type: if types.is_empty() { "" } else { kind(headless) },
         types: types.into_iter().collect(),
         ports,
+        traits,
     }
 }
 
@@ -402,7 +468,24 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
                     ),
                 )
             } else if conflicts.ports.is_empty() {
-                no_conflict("no export of this name differs")
+                match conflicts.traits.first() {
+                    Some((reason, _)) => wanted(
+                        CONDITION_CONFLICT,
+                        true,
+                        *reason,
+                        format!(
+                            "the exports of this name set a Service field differently; the oldest export's value holds (the oldest export is {}): {}",
+                            conflicts.winner,
+                            conflicts
+                                .traits
+                                .iter()
+                                .map(|(reason, what)| format!("{reason} {what}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ),
+                    None => no_conflict("no export of this name differs"),
+                }
             } else {
                 wanted(
                     CONDITION_CONFLICT,

@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION, validate_namespace};
 use xcc_proto::mcs::{
     EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION,
+    ServiceTraits, TRAIT_KEYS,
 };
 use xcc_proto::names::{
     CLUSTER_NAME_LABEL, CLUSTER_NAMESPACE_LABEL, CLUSTERS_ANNOTATION, EXPORT_LABEL,
@@ -35,7 +36,7 @@ use xcc_proto::names::{
 use crate::catalog::Endpoint;
 
 /// The control keys [`allowed`] may keep, in the order of its rules.
-pub const CONTROL_KEYS: [&str; 7] = [
+pub const CONTROL_KEYS: [&str; 11] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
@@ -43,6 +44,10 @@ pub const CONTROL_KEYS: [&str; 7] = [
     HEADLESS_ANNOTATION,
     HOSTNAMES_ANNOTATION,
     EXPORTED_AT_ANNOTATION,
+    TRAIT_KEYS[0],
+    TRAIT_KEYS[1],
+    TRAIT_KEYS[2],
+    TRAIT_KEYS[3],
 ];
 
 /// The prefix of every label that travels (XCC's pass-through annotations, S7).
@@ -50,7 +55,7 @@ pub const PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
 /// Keys under [`PREFIX`] that xcc itself uses: never policy labels, whatever their value (the
 /// control keys travel by their own rules, the others stay where they were written).
-pub const RESERVED_KEYS: [&str; 18] = [
+pub const RESERVED_KEYS: [&str; 22] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
@@ -58,6 +63,10 @@ pub const RESERVED_KEYS: [&str; 18] = [
     HEADLESS_ANNOTATION,
     HOSTNAMES_ANNOTATION,
     EXPORTED_AT_ANNOTATION,
+    TRAIT_KEYS[0],
+    TRAIT_KEYS[1],
+    TRAIT_KEYS[2],
+    TRAIT_KEYS[3],
     xcc_proto::ports::PORTS_LABEL,
     WORKLOAD_SELECTOR_ANNOTATION,
     FQDN_ANNOTATION,
@@ -210,6 +219,9 @@ pub fn keep_origin_in_tree(labels: &mut BTreeMap<String, String>, fqdn: &str) ->
 ///   entry), and not at all when none is left;
 /// - the export's start time (MCS, [`EXPORTED_AT_ANNOTATION`]: the oldest export of a name
 ///   wins), only as an RFC 3339 time, rewritten in its canonical form (UTC, whole seconds);
+/// - the Service fields a ServiceImport carries ([`ServiceTraits`]: `ClientIP` affinity and its
+///   timeout, `Local` internal traffic policy, the traffic distribution), only as values of
+///   those fields, in their canonical form;
 /// - the policy labels ([`policy_labels`]).
 ///
 /// Every other key is dropped. `keys` lists the labels' keys in order (to find the policy
@@ -259,6 +271,8 @@ pub fn allowed<'a>(
             }
         }
     }
+    // The Service fields an MCS ServiceImport carries, each only as one of its values.
+    kept.extend(ServiceTraits::of(get).annotations());
     if let Some(at) = get(EXPORTED_AT_ANNOTATION).and_then(xcc_proto::mcs::parse_exported_at) {
         kept.insert(
             EXPORTED_AT_ANNOTATION.to_string(),
@@ -310,6 +324,10 @@ mod tests {
             (HEADLESS_ANNOTATION, "true"),
             (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0,10.4.0.2=db-1"),
             (EXPORTED_AT_ANNOTATION, "2026-11-29T07:16:06Z"),
+            (TRAIT_KEYS[0], "ClientIP"),
+            (TRAIT_KEYS[1], "600"),
+            (TRAIT_KEYS[2], "Local"),
+            (TRAIT_KEYS[3], "PreferClose"),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1", "10.4.0.2"])),
@@ -339,6 +357,10 @@ mod tests {
             (HEADLESS_ANNOTATION, "yes"),
             (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0"),
             (EXPORTED_AT_ANNOTATION, "last tuesday"),
+            (TRAIT_KEYS[0], "Sticky"),
+            (TRAIT_KEYS[1], "600"),
+            (TRAIT_KEYS[2], "Cluster"),
+            (TRAIT_KEYS[3], "Prefer Close!"),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1"])),

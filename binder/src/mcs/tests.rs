@@ -482,3 +482,66 @@ fn import_slices_live_in_the_services_namespace_with_the_mcs_labels() {
         "app.kubernetes.io/managed-by=xcc-binder,multicluster.kubernetes.io/service-name,!kubernetes.io/service-name"
     );
 }
+
+/// Issue 26 point 3: the ServiceImport (and the binder's Service, for kube-proxy's affinity)
+/// carry the oldest export's session affinity, internal traffic policy and traffic
+/// distribution, in both orders.
+#[test]
+fn the_oldest_exports_service_fields_are_the_imports() {
+    use crate::desired::{GroupKey, materialize};
+    use xcc_proto::mcs::EXPORTED_AT_ANNOTATION;
+    let sticky = ServiceTraits {
+        client_ip_timeout: Some(600),
+        internal_local: true,
+        traffic_distribution: Some("PreferClose".into()),
+    };
+    let ports = || json!([{"name": "http", "port": 80, "targetPort": 8080}]);
+    let svc = binder_service("10.96.0.10", None);
+    let key = GroupKey {
+        namespace: NS.into(),
+        fqdn: "api.shop.svc.clusterset.local".into(),
+    };
+    for (east_at, west_at, sticky_wins) in [
+        ("2026-11-29T07:00:00Z", "2026-11-29T07:00:01Z", true),
+        ("2026-11-29T07:00:01Z", "2026-11-29T07:00:00Z", false),
+    ] {
+        let mut annotations = sticky.annotations();
+        annotations.insert(EXPORTED_AT_ANNOTATION.into(), east_at.into());
+        let east = record("e", "1", "east", ports(), json!(annotations));
+        let west = record(
+            "w",
+            "2",
+            "west",
+            ports(),
+            json!({EXPORTED_AT_ANNOTATION: west_at}),
+        );
+        let (imports, _) = desired(&[&west, &east], &services(&svc), "xcc-system");
+        let spec = serde_json::to_value(&imports[0].spec).unwrap();
+        let service = materialize(&key, &[&west, &east]).unwrap().service;
+        let service = serde_json::to_value(service.spec.unwrap()).unwrap();
+        if sticky_wins {
+            assert_eq!(spec["sessionAffinity"], "ClientIP");
+            assert_eq!(
+                spec["sessionAffinityConfig"],
+                json!({"clientIP": {"timeoutSeconds": 600}})
+            );
+            assert_eq!(spec["internalTrafficPolicy"], "Local");
+            assert_eq!(spec["trafficDistribution"], "PreferClose");
+            assert_eq!(service["sessionAffinity"], "ClientIP");
+            assert_eq!(
+                service["sessionAffinityConfig"],
+                json!({"clientIP": {"timeoutSeconds": 600}})
+            );
+        } else {
+            for field in [
+                "sessionAffinity",
+                "sessionAffinityConfig",
+                "internalTrafficPolicy",
+                "trafficDistribution",
+            ] {
+                assert_eq!(spec.get(field), None, "{field}");
+            }
+            assert_eq!(service.get("sessionAffinity"), None);
+        }
+    }
+}

@@ -9,7 +9,7 @@
 //! owned by it; a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
 //! an export that stops being headless gets a Service with a cluster IP and a ClusterSetIP
 //! ServiceImport; two exports defining a port differently give the union of their ports with
-//! the oldest export's definition, in both orders of their export times (KEP-1645); removing
+//! the oldest export's definition and its session affinity and traffic policy, in both orders of their export times (KEP-1645); removing
 //! the imports removes the
 //! binder's ServiceImport and slices. Waits wake on watches, never on time.
 
@@ -27,8 +27,9 @@ use xcc_binder::controller::{Config, Controller, Metrics};
 use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::mcs::{
-    EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, MCS_SERVICE_NAME_LABEL,
-    MCS_SOURCE_CLUSTER_LABEL, ServiceImport,
+    EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION,
+    INTERNAL_TRAFFIC_POLICY_ANNOTATION, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
+    SESSION_AFFINITY_ANNOTATION, SESSION_AFFINITY_TIMEOUT_ANNOTATION, ServiceImport,
 };
 use xcc_proto::names::{self, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
 use xcc_testkube::{McsPlane, poll};
@@ -373,7 +374,15 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
             "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
             "metadata": {"name": format!("pay-{cluster}"),
                          "labels": {IMPORTED_LABEL: "", REMOTE_REGISTRY_LABEL: format!("{cluster}-registry")},
-                         "annotations": {EXPORTED_AT_ANNOTATION: at}},
+                         // East's Service has ClientIP affinity and a Local policy.
+                         "annotations": if cluster == "east" {
+                             json!({EXPORTED_AT_ANNOTATION: at,
+                                    SESSION_AFFINITY_ANNOTATION: "ClientIP",
+                                    SESSION_AFFINITY_TIMEOUT_ANNOTATION: "600",
+                                    INTERNAL_TRAFFIC_POLICY_ANNOTATION: "Local"})
+                         } else {
+                             json!({EXPORTED_AT_ANNOTATION: at})
+                         }},
             "spec": {"fqdn": pay_fqdn, "endpoints": [{"address": ip, "port": 8080}],
                      "ports": ports,
                      "origin": {"cluster": cluster, "namespace": shop, "name": "pay"}},
@@ -406,10 +415,28 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         .await
         .unwrap();
     let pay_service = names::service_name(&pay_fqdn);
-    // (ServiceImport ports, its clusters, each cluster's slice ports), once all agree on `want`.
+    // (ServiceImport ports, its clusters, each cluster's slice ports, the ServiceImport's and
+    // the binder Service's session affinity and the import's traffic policy).
     type PaySlices = Vec<(String, Vec<(String, i32)>)>;
-    let pay_state = async || -> Option<(serde_json::Value, serde_json::Value, PaySlices)> {
+    type PayState = (
+        serde_json::Value,
+        serde_json::Value,
+        PaySlices,
+        (Option<String>, Option<String>, Option<String>),
+    );
+    let pay_state = async || -> Option<PayState> {
         let i = imports.get_opt("pay").await.unwrap()?;
+        let service_affinity = services
+            .get_opt(&pay_service)
+            .await
+            .unwrap()?
+            .spec?
+            .session_affinity;
+        let fields = (
+            i.spec.session_affinity.clone(),
+            service_affinity,
+            i.spec.internal_traffic_policy.clone(),
+        );
         let mut by_cluster: PaySlices = slices
             .list(
                 &ListParams::default().labels(&format!("kubernetes.io/service-name={pay_service}")),
@@ -434,6 +461,7 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
             serde_json::to_value(&i.spec.ports).unwrap(),
             serde_json::to_value(&i.status?.clusters).unwrap(),
             by_cluster,
+            fields,
         ))
     };
     let east_oldest = (
@@ -444,6 +472,11 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
             ("east".to_string(), vec![("http".to_string(), 8080)]),
             ("west".to_string(), vec![("metrics".to_string(), 8080)]),
         ],
+        (
+            Some("ClientIP".to_string()),
+            Some("ClientIP".to_string()),
+            Some("Local".to_string()),
+        ),
     );
     changes
         .wait_for("pay: east's http and west's metrics", TIMEOUT, async || {
@@ -470,6 +503,9 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
             "west".to_string(),
             vec![("http".to_string(), 8080), ("metrics".to_string(), 8080)],
         )],
+        // West's Service fields, the defaults: no affinity (the API server's `None` on the
+        // binder's Service), no policy on the import.
+        (None, Some("None".to_string()), None),
     );
     changes
         .wait_for("pay: west's ports only", TIMEOUT, async || {

@@ -128,6 +128,7 @@ fn ports_of_other_exports_join_the_union_and_only_a_port_defined_otherwise_confl
             winner_type: "",
             types: vec![],
             ports: vec!["west's http:8080/TCP (east's http:80/TCP kept)".into()],
+            traits: vec![],
         }
     );
     let c = conditions(State::Published(&own), &found);
@@ -178,23 +179,37 @@ fn the_oldest_export_wins_in_both_orders_and_both_clusters_say_the_same() {
 }
 
 #[test]
-fn stamping_takes_the_service_exports_creation_time() {
+fn stamping_takes_the_service_exports_creation_time_and_the_services_traits() {
     let own = record("a.b", Some("east"), json!([{"port": 80}]));
     let mut live = export(false);
     live.metadata.creation_timestamp = Some(Time(Timestamp::new(1_700_000_000, 250).unwrap()));
+    let spec: ServiceSpec = serde_json::from_value(json!({
+        "sessionAffinity": "ClientIP", "internalTrafficPolicy": "Local",
+        "trafficDistribution": "PreferClose"}))
+    .unwrap();
     let mut desired = Desired::Publish(Box::new(own.clone()));
-    stamp_exported_at(&mut desired, Some(&live));
+    stamp_export(&mut desired, Some(&live), Some(&spec));
+    let record = desired.record().unwrap();
+    assert_eq!(exported_at_of(record), Some("2023-11-14T22:13:20Z"));
     assert_eq!(
-        exported_at_of(desired.record().unwrap()),
-        Some("2023-11-14T22:13:20Z")
+        ServiceTraits::of_record(record),
+        ServiceTraits {
+            client_ip_timeout: Some(10_800),
+            internal_local: true,
+            traffic_distribution: Some("PreferClose".into()),
+        }
     );
     // No ServiceExport, or one being deleted: no time.
     let mut deleting = export(true);
     deleting.metadata.creation_timestamp = live.metadata.creation_timestamp.clone();
     for export in [None, Some(&deleting)] {
         let mut desired = Desired::Publish(Box::new(own.clone()));
-        stamp_exported_at(&mut desired, export);
+        stamp_export(&mut desired, export, Some(&spec));
         assert_eq!(exported_at_of(desired.record().unwrap()), None);
+        assert_eq!(
+            ServiceTraits::of_record(desired.record().unwrap()),
+            ServiceTraits::default()
+        );
     }
 }
 
@@ -237,6 +252,7 @@ fn exports_of_another_type_than_the_oldest_conflict_before_ports() {
             winner_type: "ClusterSetIP",
             types: vec!["west (Headless)".to_string()],
             ports: vec!["north's http:81/TCP (east's http:80/TCP kept)".to_string()],
+            traits: vec![],
         }
     );
     let c = conditions(State::Published(&own), &found);
@@ -338,6 +354,7 @@ fn conditions_follow_the_kep_reasons() {
             winner_type: "",
             types: vec![],
             ports: vec!["east's 80/TCP (west's 8080/TCP kept)".to_string()],
+            traits: vec![],
         },
     );
     assert_eq!(table(&conflicted)[2], ("Conflict", "True", "PortConflict"));
@@ -487,6 +504,7 @@ fn a_refused_export_is_not_ready_and_an_owned_name_is_a_conflict() {
         winner_type: "Headless",
         types: vec!["east (ClusterSetIP)".to_string()],
         ports: vec![],
+        traits: vec![],
     };
     assert_eq!(
         table(&conditions(State::Refused(&own, &owner), &seen))[2],
@@ -584,5 +602,90 @@ fn a_refusal_and_its_end_write_once_each() {
             ("Ready", "True", "Exported"),
             ("Conflict", "False", "NoConflicts")
         ]
+    );
+}
+
+/// KEP-1645 / issue 26 point 3: the Service fields the ServiceImport carries are the oldest
+/// export's; another value is a Conflict of that field's reason, in both orders.
+#[test]
+fn service_fields_set_otherwise_than_the_oldest_export_conflict() {
+    let fqdn = "api.shop.svc.clusterset.local";
+    let ports = || json!([{"name": "http", "port": 80}]);
+    let with = |r: ServiceRecord, traits: &ServiceTraits| {
+        let mut r = r;
+        r.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(traits.annotations());
+        r
+    };
+    let sticky = ServiceTraits {
+        client_ip_timeout: Some(600),
+        internal_local: true,
+        traffic_distribution: Some("PreferClose".into()),
+    };
+    let plain = ServiceTraits::default();
+    for (east_at, west_at, oldest) in [(T1, T2, "east"), (T2, T1, "west")] {
+        let east = with(at(record(fqdn, Some("east"), ports()), east_at), &sticky);
+        let west = with(at(record(fqdn, Some("west"), ports()), west_at), &plain);
+        let found = conflicts(&east, Some("east"), [&west]);
+        assert_eq!(found, conflicts(&west, Some("west"), [&east]));
+        let shown: Vec<(&str, String)> = found.traits.clone();
+        let want: Vec<(&str, String)> = if oldest == "east" {
+            vec![
+                (
+                    "SessionAffinityConflict",
+                    "west: None (east: ClientIP)".into(),
+                ),
+                (
+                    "InternalTrafficPolicyConflict",
+                    "west: Cluster (east: Local)".into(),
+                ),
+                (
+                    "TrafficDistributionConflict",
+                    "west: unset (east: PreferClose)".into(),
+                ),
+            ]
+        } else {
+            vec![
+                (
+                    "SessionAffinityConflict",
+                    "east: ClientIP (west: None)".into(),
+                ),
+                (
+                    "InternalTrafficPolicyConflict",
+                    "east: Local (west: Cluster)".into(),
+                ),
+                (
+                    "TrafficDistributionConflict",
+                    "east: PreferClose (west: unset)".into(),
+                ),
+            ]
+        };
+        assert_eq!(shown, want);
+        assert_eq!(
+            table(&conditions(State::Published(&east), &found))[2],
+            ("Conflict", "True", "SessionAffinityConflict")
+        );
+    }
+    // Two ClientIP exports with other timeouts: the config conflicts, not the affinity.
+    let short = ServiceTraits {
+        client_ip_timeout: Some(60),
+        ..sticky.clone()
+    };
+    let east = with(at(record(fqdn, Some("east"), ports()), T1), &sticky);
+    let west = with(at(record(fqdn, Some("west"), ports()), T2), &short);
+    let found = conflicts(&east, Some("east"), [&west]);
+    assert_eq!(
+        found.traits,
+        [(
+            "SessionAffinityConfigConflict",
+            "west: timeoutSeconds 60 (east: timeoutSeconds 600)".to_string()
+        )]
+    );
+    let same = with(at(record(fqdn, Some("west"), ports()), T2), &sticky);
+    assert_eq!(
+        conflicts(&east, Some("east"), [&same]),
+        Conflicts::default()
     );
 }

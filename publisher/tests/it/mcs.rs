@@ -3,7 +3,8 @@
 //! `deploy/overlays/mcs`'s RBAC (no request may be refused): a ServiceExport exports the
 //! Service of its name like the export label, a Service exported both ways is one record, the
 //! export's status carries the KEP-1645 conditions (written with server-side apply, next to a
-//! condition another controller owns), the record carries the ServiceExport's creation time,
+//! condition another controller owns), the record carries the ServiceExport's creation time
+//! and the Service's session affinity and internal traffic policy,
 //! another cluster's export of the same name defining a port otherwise is a `PortConflict`
 //! whose message names the oldest export as the winner (in both orders of the two exports), a headless Service exports its ready pods (from its
 //! EndpointSlices) with their hostnames and another cluster's cluster IP export of its name
@@ -28,7 +29,7 @@ use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::mcs::{
     EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, ServiceExport,
-    format_exported_at,
+    ServiceTraits, format_exported_at,
 };
 use xcc_proto::names::{
     EXPORT_LABEL, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL, SERVICE_PORT_ANNOTATION,
@@ -205,6 +206,34 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
     assert_eq!(
         record.metadata.annotations.as_ref().unwrap()[EXPORTED_AT_ANNOTATION],
         east_at
+    );
+    // The Service's session affinity and traffic policy travel with the record too.
+    services
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sessionAffinity": "ClientIP",
+                                          "internalTrafficPolicy": "Local"}})),
+        )
+        .await
+        .unwrap();
+    let record = changes
+        .wait_for(
+            "api's record with its Service's fields",
+            TIMEOUT,
+            async || {
+                let r = records.get(&fqdn("api")).await.unwrap();
+                (ServiceTraits::of_record(&r).client_ip_timeout.is_some()).then_some(r)
+            },
+        )
+        .await;
+    assert_eq!(
+        ServiceTraits::of_record(&record),
+        ServiceTraits {
+            client_ip_timeout: Some(10_800),
+            internal_local: true,
+            traffic_distribution: None,
+        }
     );
     // Exported by its ServiceExport alone: its ready pods (none yet), never its cluster IP;
     // `both` carries the label, which keeps XCC v1's cluster IP.
