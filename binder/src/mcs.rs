@@ -12,6 +12,10 @@
 //!   the families of the endpoints' addresses, IPv4 first);
 //! - `sessionAffinity` (and its config), `internalTrafficPolicy`, `trafficDistribution`: the
 //!   oldest export's ([`xcc_proto::mcs::ServiceTraits`]), the defaults left unset;
+//! - the labels and annotations the ServiceExports export
+//!   ([`xcc_proto::mcs::EXPORTED_LABELS_ANNOTATION`], ...), the oldest export's value of a key
+//!   holding, beside the binder's own (a label an export stops exporting stays until the
+//!   ServiceImport is written for another reason: what is written is compared by inclusion);
 //! - `status.clusters`: the source clusters of the records whose endpoints it has (an export a
 //!   conflict leaves out altogether is not one), sorted;
 //! - its EndpointSlices in the same namespace, with the MCS labels and owned by it
@@ -36,6 +40,7 @@ use xcc_proto::mcs::{
     CLIENT_IP, ClientIpConfig, ClusterStatus, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
     McsServicePort, ServiceImport, ServiceImportSpec, ServiceImportStatus, ServiceTraits,
     SessionAffinityConfig, TYPE_CLUSTER_SET_IP, TYPE_HEADLESS, is_headless,
+    record_exported_metadata,
 };
 use xcc_proto::names::{self, FQDN_ANNOTATION};
 
@@ -154,18 +159,28 @@ pub fn desired(
             })
             .collect();
         mcs_ports.sort();
+        // The exported labels and annotations of the exports whose endpoints it has, the
+        // oldest export's value of a key holding; xcc's own keys over them.
+        let mut labels: BTreeMap<String, String> = BTreeMap::new();
+        let mut annotations: BTreeMap<String, String> = BTreeMap::new();
+        for record in &members {
+            let (l, a) = record_exported_metadata(record);
+            for (k, v) in l {
+                labels.entry(k).or_insert(v);
+            }
+            for (k, v) in a {
+                annotations.entry(k).or_insert(v);
+            }
+        }
+        labels.insert(MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string());
+        annotations.insert(FQDN_ANNOTATION.to_string(), fqdn);
+        annotations.insert(INSTALL_ANNOTATION.to_string(), install.to_string());
         imports.push(ServiceImport {
             metadata: ObjectMeta {
                 name: Some(origin.name.clone()),
                 namespace: Some(origin.namespace.clone()),
-                labels: Some(BTreeMap::from([(
-                    MANAGED_BY_LABEL.to_string(),
-                    BINDER_MANAGER.to_string(),
-                )])),
-                annotations: Some(BTreeMap::from([
-                    (FQDN_ANNOTATION.to_string(), fqdn),
-                    (INSTALL_ANNOTATION.to_string(), install.to_string()),
-                ])),
+                labels: Some(labels),
+                annotations: Some(annotations),
                 ..ObjectMeta::default()
             },
             spec: ServiceImportSpec {

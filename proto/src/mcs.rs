@@ -367,6 +367,91 @@ impl ServiceTraits {
     }
 }
 
+/// Record annotation (travels as a FederatedService label) of an MCS export: the ServiceExport's
+/// `spec.exportedLabels`, for the ServiceImport's labels, as a JSON object of strings
+/// ([`exported_metadata`]).
+pub const EXPORTED_LABELS_ANNOTATION: &str = "connectivity.tanzu.vmware.com/exported-labels";
+/// Record annotation of an MCS export: the ServiceExport's `spec.exportedAnnotations`, for the
+/// ServiceImport's annotations, as a JSON object of strings.
+pub const EXPORTED_ANNOTATIONS_ANNOTATION: &str =
+    "connectivity.tanzu.vmware.com/exported-annotations";
+
+/// Longest [`EXPORTED_LABELS_ANNOTATION`] / [`EXPORTED_ANNOTATIONS_ANNOTATION`] value read or
+/// written (bytes); a larger one is dropped whole.
+pub const EXPORTED_METADATA_MAX: usize = 16 * 1024;
+
+/// Whether `key` is a Kubernetes qualified name (a label or annotation key): an optional
+/// DNS-1123 subdomain prefix and `/`, then 1-63 of `[A-Za-z0-9._-]` starting and ending
+/// alphanumeric.
+fn is_qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    prefix.is_none_or(crate::names::is_dns1123_subdomain)
+        && !name.is_empty()
+        && crate::names::is_label_value(name)
+}
+
+/// Whether a ServiceImport may carry the exported key `key`: not one xcc sets itself (the
+/// managed-by label, `connectivity.tanzu.vmware.com/…`, the binder's install annotation).
+fn exportable_key(key: &str) -> bool {
+    key != crate::crd::MANAGED_BY_LABEL
+        && !key.starts_with("connectivity.tanzu.vmware.com/")
+        && !key.starts_with("binder.xcc/")
+}
+
+/// The exported labels (`labels`) or annotations of a ServiceExport as a ServiceImport may carry
+/// them: entries whose key is a qualified name xcc does not set itself and, for labels, whose
+/// value is a label value; the others are left out one by one.
+pub fn exported_metadata(map: &BTreeMap<String, String>, labels: bool) -> BTreeMap<String, String> {
+    map.iter()
+        .filter(|(k, v)| {
+            is_qualified_name(k)
+                && exportable_key(k)
+                && (!labels || crate::names::is_label_value(v))
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The record annotation value of exported labels or annotations (a JSON object, keys sorted);
+/// `None` when there is nothing or it is larger than [`EXPORTED_METADATA_MAX`].
+pub fn format_exported_metadata(map: &BTreeMap<String, String>) -> Option<String> {
+    let value = serde_json::to_string(map).ok()?;
+    (!map.is_empty() && value.len() <= EXPORTED_METADATA_MAX).then_some(value)
+}
+
+/// The exported labels (`labels`) or annotations a record annotation value gives, checked as
+/// [`exported_metadata`] does; empty when it is no JSON object of strings or too large.
+pub fn parse_exported_metadata(value: &str, labels: bool) -> BTreeMap<String, String> {
+    if value.len() > EXPORTED_METADATA_MAX {
+        return BTreeMap::new();
+    }
+    serde_json::from_str::<BTreeMap<String, String>>(value)
+        .map(|m| exported_metadata(&m, labels))
+        .unwrap_or_default()
+}
+
+/// The exported (labels, annotations) a record carries.
+pub fn record_exported_metadata(
+    record: &crate::crd::ServiceRecord,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let get = |key: &str, labels: bool| {
+        record
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(|v| parse_exported_metadata(v, labels))
+            .unwrap_or_default()
+    };
+    (
+        get(EXPORTED_LABELS_ANNOTATION, true),
+        get(EXPORTED_ANNOTATIONS_ANNOTATION, false),
+    )
+}
+
 /// Whether a record is a headless export ([`HEADLESS_ANNOTATION`] is `true`).
 pub fn is_headless(record: &crate::crd::ServiceRecord) -> bool {
     record
@@ -526,11 +611,11 @@ impl Resource for ServiceExport {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceExportSpec {
-    /// Labels the importers' ServiceImport should carry (optional for implementations; xcc
-    /// does not carry them).
+    /// Labels the importers' ServiceImport should carry ([`EXPORTED_LABELS_ANNOTATION`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported_labels: Option<BTreeMap<String, String>>,
-    /// Annotations the importers' ServiceImport should carry (optional; not carried by xcc).
+    /// Annotations the importers' ServiceImport should carry
+    /// ([`EXPORTED_ANNOTATIONS_ANNOTATION`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported_annotations: Option<BTreeMap<String, String>>,
 }

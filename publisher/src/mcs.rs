@@ -18,7 +18,8 @@
 //!   ([`conflicts`]), so only in a cluster that also imports the name; else
 //!   `SessionAffinityConflict`, `SessionAffinityConfigConflict`, `InternalTrafficPolicyConflict`
 //!   or `TrafficDistributionConflict` ([`TRAIT_REASONS`]) when they set that Service field
-//!   otherwise; else `NoConflicts`. The
+//!   otherwise, else `LabelsConflict` / `AnnotationsConflict` when they export one label or
+//!   annotation with different values; else `NoConflicts`. The
 //!   oldest export wins (KEP-1645; [`oldest_first`], by the export time each record carries,
 //!   [`stamp_export`], then the cluster name), the verdict every binder reaches too, and
 //!   every export of the name reports the same conflict naming it. Other ports are no
@@ -27,7 +28,7 @@
 //! [`merge`] keeps each condition's `lastTransitionTime` while its status holds, so a reconcile
 //! that changes nothing writes nothing ([`up_to_date`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ServiceSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
@@ -42,7 +43,8 @@ use xcc_proto::mcs::{
     REASON_VALID, ServiceExport, is_headless,
 };
 use xcc_proto::mcs::{
-    EXPORTED_AT_ANNOTATION, ExportPort, ServiceTraits, merge_ports, oldest_first, shown_port,
+    EXPORTED_ANNOTATIONS_ANNOTATION, EXPORTED_AT_ANNOTATION, EXPORTED_LABELS_ANNOTATION,
+    ExportPort, ServiceTraits, merge_ports, oldest_first, record_exported_metadata, shown_port,
 };
 use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
@@ -70,7 +72,8 @@ pub fn exported(service: &ObjectMeta, export: Option<&ServiceExport>) -> Exporte
 /// ([`EXPORTED_AT_ANNOTATION`], the ServiceExport's `creationTimestamp`; it travels with the
 /// record, so every cluster orders the exports of one name the same, [`oldest_first`]) and the
 /// Service fields the ServiceImport carries ([`ServiceTraits`] of `service`: session affinity,
-/// internal traffic policy, traffic distribution). Without a ServiceExport (an XCC label
+/// internal traffic policy, traffic distribution) and the ServiceExport's `exportedLabels` and
+/// `exportedAnnotations` (the entries a ServiceImport may carry). Without a ServiceExport (an XCC label
 /// export) the record says neither, and ranks after every MCS export of its name.
 pub fn stamp_export(
     desired: &mut Desired,
@@ -95,6 +98,27 @@ pub fn stamp_export(
     }
     if let Some(spec) = service {
         annotations.extend(ServiceTraits::of_service(spec).annotations());
+    }
+    // The labels and annotations the ServiceExport asks the ServiceImports to carry.
+    for (key, map, labels) in [
+        (
+            EXPORTED_LABELS_ANNOTATION,
+            &export.spec.exported_labels,
+            true,
+        ),
+        (
+            EXPORTED_ANNOTATIONS_ANNOTATION,
+            &export.spec.exported_annotations,
+            false,
+        ),
+    ] {
+        let kept = map
+            .as_ref()
+            .map(|m| xcc_proto::mcs::exported_metadata(m, labels))
+            .unwrap_or_default();
+        if let Some(value) = xcc_proto::mcs::format_exported_metadata(&kept) {
+            annotations.insert(key.to_string(), value);
+        }
     }
 }
 
@@ -264,7 +288,9 @@ pub struct Conflicts {
     pub ports: Vec<String>,
     /// Service fields a later export sets otherwise than the oldest (whose value the
     /// ServiceImport has): (KEP-1645 reason, `west: ClientIP (east: None)`), in the order of
-    /// [`TRAIT_REASONS`], each field's exports oldest first.
+    /// [`TRAIT_REASONS`], each field's exports oldest first; then exported labels and
+    /// annotations set to another value than an older export's ([`REASON_LABELS_CONFLICT`],
+    /// [`REASON_ANNOTATIONS_CONFLICT`]: `west: team=b (east: team=a)`).
     pub traits: Vec<(&'static str, String)>,
 }
 
@@ -276,6 +302,13 @@ pub const TRAIT_REASONS: [&str; 4] = [
     "InternalTrafficPolicyConflict",
     "TrafficDistributionConflict",
 ];
+
+/// `Conflict=True`: exporters set one exported label to different values (KEP-1645).
+pub const REASON_LABELS_CONFLICT: &str = "LabelsConflict";
+/// `Conflict=True`: exporters set one exported annotation to different values (KEP-1645).
+pub const REASON_ANNOTATIONS_CONFLICT: &str = "AnnotationsConflict";
+
+type Map = BTreeMap<String, String>;
 
 /// The fields of `traits` as compared, one per [`TRAIT_REASONS`] entry, shown.
 fn trait_values(traits: &ServiceTraits) -> [String; 4] {
@@ -373,6 +406,39 @@ pub fn conflicts<'a>(
                         cluster_of(winner)
                     ),
                 ));
+            }
+        }
+    }
+    // Exported labels and annotations: the union, the oldest export's value of a key holding;
+    // another value of a key is a conflict.
+    let metadata: Vec<_> = same_type
+        .iter()
+        .map(|r| record_exported_metadata(r))
+        .collect();
+    for (reason, pick) in [
+        (
+            REASON_LABELS_CONFLICT,
+            (|m: &(Map, Map)| &m.0) as fn(&(Map, Map)) -> &Map,
+        ),
+        (REASON_ANNOTATIONS_CONFLICT, |m: &(Map, Map)| &m.1),
+    ] {
+        let mut held: BTreeMap<&String, (&String, usize)> = BTreeMap::new();
+        for (index, m) in metadata.iter().enumerate() {
+            for (key, value) in pick(m) {
+                match held.get(key) {
+                    Some((v, from)) if *v != value => traits.push((
+                        reason,
+                        format!(
+                            "{}: {key}={value} ({}: {key}={v})",
+                            cluster_of(same_type[index]),
+                            cluster_of(same_type[*from])
+                        ),
+                    )),
+                    Some(_) => {}
+                    None => {
+                        held.insert(key, (value, index));
+                    }
+                }
             }
         }
     }
@@ -474,7 +540,7 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
                         true,
                         *reason,
                         format!(
-                            "the exports of this name set a Service field differently; the oldest export's value holds (the oldest export is {}): {}",
+                            "the exports of this name set a Service field, exported label or exported annotation differently; the oldest export's value holds (the oldest export is {}): {}",
                             conflicts.winner,
                             conflicts
                                 .traits

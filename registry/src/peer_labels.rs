@@ -24,8 +24,9 @@ use std::collections::BTreeMap;
 
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION, validate_namespace};
 use xcc_proto::mcs::{
-    EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION,
-    ServiceTraits, TRAIT_KEYS,
+    EXPORTED_ANNOTATIONS_ANNOTATION, EXPORTED_AT_ANNOTATION, EXPORTED_LABELS_ANNOTATION,
+    HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION, ServiceTraits, TRAIT_KEYS,
+    format_exported_metadata, parse_exported_metadata,
 };
 use xcc_proto::names::{
     CLUSTER_NAME_LABEL, CLUSTER_NAMESPACE_LABEL, CLUSTERS_ANNOTATION, EXPORT_LABEL,
@@ -36,7 +37,7 @@ use xcc_proto::names::{
 use crate::catalog::Endpoint;
 
 /// The control keys [`allowed`] may keep, in the order of its rules.
-pub const CONTROL_KEYS: [&str; 11] = [
+pub const CONTROL_KEYS: [&str; 13] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
@@ -48,6 +49,8 @@ pub const CONTROL_KEYS: [&str; 11] = [
     TRAIT_KEYS[1],
     TRAIT_KEYS[2],
     TRAIT_KEYS[3],
+    EXPORTED_LABELS_ANNOTATION,
+    EXPORTED_ANNOTATIONS_ANNOTATION,
 ];
 
 /// The prefix of every label that travels (XCC's pass-through annotations, S7).
@@ -55,7 +58,7 @@ pub const PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
 /// Keys under [`PREFIX`] that xcc itself uses: never policy labels, whatever their value (the
 /// control keys travel by their own rules, the others stay where they were written).
-pub const RESERVED_KEYS: [&str; 22] = [
+pub const RESERVED_KEYS: [&str; 24] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
@@ -67,6 +70,8 @@ pub const RESERVED_KEYS: [&str; 22] = [
     TRAIT_KEYS[1],
     TRAIT_KEYS[2],
     TRAIT_KEYS[3],
+    EXPORTED_LABELS_ANNOTATION,
+    EXPORTED_ANNOTATIONS_ANNOTATION,
     xcc_proto::ports::PORTS_LABEL,
     WORKLOAD_SELECTOR_ANNOTATION,
     FQDN_ANNOTATION,
@@ -222,6 +227,9 @@ pub fn keep_origin_in_tree(labels: &mut BTreeMap<String, String>, fqdn: &str) ->
 /// - the Service fields a ServiceImport carries ([`ServiceTraits`]: `ClientIP` affinity and its
 ///   timeout, `Local` internal traffic policy, the traffic distribution), only as values of
 ///   those fields, in their canonical form;
+/// - the ServiceExport's exported labels and annotations (MCS), only as JSON objects of
+///   strings, each entry only with a Kubernetes key xcc does not set itself (and a label value
+///   for a label), at most 16 KiB;
 /// - the policy labels ([`policy_labels`]).
 ///
 /// Every other key is dropped. `keys` lists the labels' keys in order (to find the policy
@@ -273,6 +281,19 @@ pub fn allowed<'a>(
     }
     // The Service fields an MCS ServiceImport carries, each only as one of its values.
     kept.extend(ServiceTraits::of(get).annotations());
+    // The ServiceExport's exported labels and annotations, only the entries a ServiceImport
+    // may carry.
+    for (key, labels) in [
+        (EXPORTED_LABELS_ANNOTATION, true),
+        (EXPORTED_ANNOTATIONS_ANNOTATION, false),
+    ] {
+        if let Some(value) = get(key)
+            .map(|v| parse_exported_metadata(v, labels))
+            .and_then(|m| format_exported_metadata(&m))
+        {
+            kept.insert(key.to_string(), value);
+        }
+    }
     if let Some(at) = get(EXPORTED_AT_ANNOTATION).and_then(xcc_proto::mcs::parse_exported_at) {
         kept.insert(
             EXPORTED_AT_ANNOTATION.to_string(),
@@ -328,6 +349,11 @@ mod tests {
             (TRAIT_KEYS[1], "600"),
             (TRAIT_KEYS[2], "Local"),
             (TRAIT_KEYS[3], "PreferClose"),
+            (EXPORTED_LABELS_ANNOTATION, r#"{"team":"pay"}"#),
+            (
+                EXPORTED_ANNOTATIONS_ANNOTATION,
+                r#"{"example.com/doc":"any text, even this"}"#,
+            ),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1", "10.4.0.2"])),
@@ -361,6 +387,14 @@ mod tests {
             (TRAIT_KEYS[1], "600"),
             (TRAIT_KEYS[2], "Cluster"),
             (TRAIT_KEYS[3], "Prefer Close!"),
+            (
+                EXPORTED_LABELS_ANNOTATION,
+                r#"{"team":"not a label value","Bad Key":"x"}"#,
+            ),
+            (
+                EXPORTED_ANNOTATIONS_ANNOTATION,
+                r#"{"app.kubernetes.io/managed-by":"me","connectivity.tanzu.vmware.com/vip":"1.2.3.4"}"#,
+            ),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1"])),

@@ -545,3 +545,49 @@ fn the_oldest_exports_service_fields_are_the_imports() {
         }
     }
 }
+
+/// Issue 26 point 3: the ServiceImport carries the exported labels and annotations, the oldest
+/// export's value of a key holding, in both orders; xcc's own keys stay xcc's.
+#[test]
+fn exported_labels_and_annotations_are_the_imports_the_oldest_value_holding() {
+    use xcc_proto::mcs::{
+        EXPORTED_ANNOTATIONS_ANNOTATION, EXPORTED_AT_ANNOTATION, EXPORTED_LABELS_ANNOTATION,
+    };
+    let ports = || json!([{"name": "http", "port": 80}]);
+    let svc = binder_service("10.96.0.10", None);
+    for (east_at, west_at, team) in [
+        ("2026-11-29T07:00:00Z", "2026-11-29T07:00:01Z", "pay"),
+        ("2026-11-29T07:00:01Z", "2026-11-29T07:00:00Z", "ops"),
+    ] {
+        let east = record(
+            "e",
+            "1",
+            "east",
+            ports(),
+            json!({EXPORTED_AT_ANNOTATION: east_at,
+                   EXPORTED_LABELS_ANNOTATION: r#"{"team":"pay","tier":"gold"}"#,
+                   EXPORTED_ANNOTATIONS_ANNOTATION: r#"{"example.com/doc":"runbook"}"#}),
+        );
+        let west = record(
+            "w",
+            "2",
+            "west",
+            ports(),
+            json!({EXPORTED_AT_ANNOTATION: west_at,
+                   EXPORTED_LABELS_ANNOTATION: r#"{"team":"ops","app.kubernetes.io/managed-by":"me"}"#}),
+        );
+        let (imports, _) = desired(&[&east, &west], &services(&svc), "xcc-system");
+        assert_eq!(
+            imports[0].metadata.labels,
+            Some(BTreeMap::from([
+                (MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string()),
+                ("team".to_string(), team.to_string()),
+                ("tier".to_string(), "gold".to_string()),
+            ]))
+        );
+        assert_eq!(
+            imports[0].metadata.annotations.as_ref().unwrap()["example.com/doc"],
+            "runbook"
+        );
+    }
+}

@@ -27,7 +27,7 @@ use xcc_binder::controller::{Config, Controller, Metrics};
 use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::mcs::{
-    EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION,
+    EXPORTED_AT_ANNOTATION, EXPORTED_LABELS_ANNOTATION, HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION,
     INTERNAL_TRAFFIC_POLICY_ANNOTATION, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
     SESSION_AFFINITY_ANNOTATION, SESSION_AFFINITY_TIMEOUT_ANNOTATION, ServiceImport,
 };
@@ -379,7 +379,8 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
                              json!({EXPORTED_AT_ANNOTATION: at,
                                     SESSION_AFFINITY_ANNOTATION: "ClientIP",
                                     SESSION_AFFINITY_TIMEOUT_ANNOTATION: "600",
-                                    INTERNAL_TRAFFIC_POLICY_ANNOTATION: "Local"})
+                                    INTERNAL_TRAFFIC_POLICY_ANNOTATION: "Local",
+                                    EXPORTED_LABELS_ANNOTATION: r#"{"team":"pay"}"#})
                          } else {
                              json!({EXPORTED_AT_ANNOTATION: at})
                          }},
@@ -483,6 +484,17 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
             (pay_state().await? == east_oldest).then_some(())
         })
         .await;
+    // East's ServiceExport's exported label is on the ServiceImport.
+    let pay_import = imports.get("pay").await.unwrap();
+    assert_eq!(
+        pay_import
+            .metadata
+            .labels
+            .unwrap()
+            .get("team")
+            .map(String::as_str),
+        Some("pay")
+    );
     records
         .patch(
             "pay-west",

@@ -689,3 +689,59 @@ fn service_fields_set_otherwise_than_the_oldest_export_conflict() {
         Conflicts::default()
     );
 }
+
+/// Issue 26 point 3: a ServiceExport's exported labels and annotations travel with its record
+/// (only what a ServiceImport may carry); one key exported with two values is a conflict, the
+/// oldest export's value holding.
+#[test]
+fn exported_labels_and_annotations_travel_and_disagreeing_values_conflict() {
+    let own = record(
+        "api.shop.svc.clusterset.local",
+        Some("east"),
+        json!([{"port": 80}]),
+    );
+    let mut live: ServiceExport = serde_json::from_value(json!({
+        "metadata": {"name": "api", "namespace": "shop",
+                     "creationTimestamp": "2026-11-29T07:00:00Z"},
+        "spec": {"exportedLabels": {"team": "pay", "bad": "not a label value"},
+                 "exportedAnnotations": {"example.com/doc": "see the runbook",
+                                         "connectivity.tanzu.vmware.com/vip": "1.2.3.4"}},
+    }))
+    .unwrap();
+    let mut desired = Desired::Publish(Box::new(own.clone()));
+    stamp_export(&mut desired, Some(&live), None);
+    let east = desired.record().unwrap().clone();
+    let (labels, annotations) = xcc_proto::mcs::record_exported_metadata(&east);
+    assert_eq!(
+        labels,
+        BTreeMap::from([("team".to_string(), "pay".to_string())])
+    );
+    assert_eq!(
+        annotations,
+        BTreeMap::from([("example.com/doc".to_string(), "see the runbook".to_string())])
+    );
+    // West exports `team: ops` a second later: a LabelsConflict, east's value holding.
+    live.spec.exported_labels = Some(BTreeMap::from([("team".into(), "ops".into())]));
+    live.spec.exported_annotations = None;
+    live.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_795_935_601).unwrap()));
+    let mut desired = Desired::Publish(Box::new(record(
+        "api.shop.svc.clusterset.local",
+        Some("west"),
+        json!([{"port": 80}]),
+    )));
+    stamp_export(&mut desired, Some(&live), None);
+    let west = desired.record().unwrap().clone();
+    let found = conflicts(&east, Some("east"), [&west]);
+    assert_eq!(found, conflicts(&west, Some("west"), [&east]));
+    assert_eq!(
+        found.traits,
+        [(
+            REASON_LABELS_CONFLICT,
+            "west: team=ops (east: team=pay)".to_string()
+        )]
+    );
+    assert_eq!(
+        table(&conditions(State::Published(&east), &found))[2],
+        ("Conflict", "True", "LabelsConflict")
+    );
+}

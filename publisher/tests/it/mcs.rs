@@ -235,6 +235,26 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
             traffic_distribution: None,
         }
     );
+    // The ServiceExport's exported labels travel with the record.
+    exports
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"exportedLabels": {"team": "pay"}}})),
+        )
+        .await
+        .unwrap();
+    changes
+        .wait_for(
+            "api's record with its exported label",
+            TIMEOUT,
+            async || {
+                let r = records.get(&fqdn("api")).await.unwrap();
+                let (labels, _) = xcc_proto::mcs::record_exported_metadata(&r);
+                (labels.get("team").map(String::as_str) == Some("pay")).then_some(())
+            },
+        )
+        .await;
     // Exported by its ServiceExport alone: its ready pods (none yet), never its cluster IP;
     // `both` carries the label, which keeps XCC v1's cluster IP.
     assert!(record.spec.endpoints.is_empty());
