@@ -1,5 +1,6 @@
 //! The Multi-Cluster Services side of the binder (KEP-1645), pure: for each service imported
-//! here, a `ServiceImport` named like its origin in the origin's namespace (namespace
+//! here or exported from here by a ServiceExport (KEP-1645: every cluster of the clusterset,
+//! exporters included, has the ServiceImport; its endpoints are all exporters'), a `ServiceImport` named like its origin in the origin's namespace (namespace
 //! sameness), beside the Service and EndpointSlices the binder already writes ([`desired`]):
 //! - `spec.type: ClusterSetIP`, or `Headless` when that record is a headless export
 //!   ([`xcc_proto::mcs::HEADLESS_ANNOTATION`]) — of the oldest export
@@ -34,7 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 use xcc_proto::crd::{
     BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
-    MANAGED_BY_LABEL, ServiceRecord,
+    MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord,
 };
 use xcc_proto::mcs::{
     CLIENT_IP, ClientIpConfig, ClusterStatus, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
@@ -42,7 +43,7 @@ use xcc_proto::mcs::{
     SessionAffinityConfig, TYPE_CLUSTER_SET_IP, TYPE_HEADLESS, is_headless,
     record_exported_metadata,
 };
-use xcc_proto::names::{self, FQDN_ANNOTATION};
+use xcc_proto::names::{self, EXPORT_LABEL, FQDN_ANNOTATION, IMPORTED_LABEL};
 
 use crate::desired::cilium::{self, INSTALL_ANNOTATION, OriginKey};
 use crate::desired::{GroupKey, Merged, materialize, merge, non_empty};
@@ -99,7 +100,29 @@ fn endpoint_families(records: &[&ServiceRecord]) -> Vec<String> {
     out
 }
 
-/// The ServiceImports the imported `records` (in the binder's namespace) call for, sorted by
+/// The label selector of this cluster's exported ServiceRecords (the publisher's), which the
+/// MCS writer reads for [`is_local_mcs_export`].
+pub fn local_export_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={PUBLISHER_MANAGER},{EXPORT_LABEL}")
+}
+
+/// Whether `record` is this cluster's own MCS export (KEP-1645 gives the exporting cluster the
+/// ServiceImport too, its endpoints among the others'): written by the publisher for a
+/// ServiceExport (it carries the export's time, [`xcc_proto::mcs::EXPORTED_AT_ANNOTATION`]),
+/// with an origin, not imported, not being deleted.
+pub fn is_local_mcs_export(record: &ServiceRecord) -> bool {
+    let labels = record.metadata.labels.as_ref();
+    labels.is_some_and(|l| {
+        l.get(MANAGED_BY_LABEL).map(String::as_str) == Some(PUBLISHER_MANAGER)
+            && l.contains_key(EXPORT_LABEL)
+            && !l.contains_key(IMPORTED_LABEL)
+    }) && record.spec.origin.is_some()
+        && record.metadata.deletion_timestamp.is_none()
+        && xcc_proto::mcs::exported_at(record).is_some()
+}
+
+/// The ServiceImports the imported `records` (in the binder's namespace) and this cluster's own
+/// MCS exports among them ([`is_local_mcs_export`]) call for, sorted by
 /// namespace and name, and the origins that get none. `services` are the binder's Services
 /// (looked up by namespace and name for their IPs); `install` is the binder's namespace.
 pub fn desired(
@@ -126,10 +149,12 @@ pub fn desired(
             continue;
         };
         let fqdn = names::canonical_fqdn(&winner.spec.fqdn).unwrap_or_default();
-        let service = winner
-            .metadata
-            .namespace
-            .clone()
+        // The binder's Service lives beside the imported records (this cluster's own export
+        // lives in the service's namespace); without imports there is none.
+        let service = group
+            .iter()
+            .find(|r| !is_local_mcs_export(r))
+            .and_then(|r| r.metadata.namespace.clone())
             .and_then(|ns| services.get(&(ns, names::service_name(&fqdn))).copied());
         let headless = is_headless(winner);
         let traits = ServiceTraits::of_record(winner);

@@ -1,6 +1,6 @@
 //! The binder's ServiceImport writer (MCS mode, [`crate::controller::Config::mcs`]): the I/O
 //! half of [`crate::mcs`]. Watches the imported ServiceRecords and the binder's Services in its
-//! namespace and its own ServiceImports everywhere; after any change it brings every
+//! namespace, this cluster's own exported ServiceRecords and its own ServiceImports everywhere; after any change it brings every
 //! ServiceImport to what [`crate::mcs::desired`] says — spec and metadata, then status, each
 //! with server-side apply and only when it differs — and its EndpointSlices in the same
 //! namespace to what [`crate::mcs::import_slices`] says (owned by it; watched in every namespace
@@ -289,6 +289,7 @@ async fn follow<K>(
 /// Run until `stop` fires: the binder in `namespace` keeps the ServiceImports of its imports.
 pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
     let (records, records_w) = reflector::store::<ServiceRecord>();
+    let (local, local_w) = reflector::store::<ServiceRecord>();
     let (services, services_w) = reflector::store::<Service>();
     let (imports, imports_w) = reflector::store::<ServiceImport>();
     let (slices, slices_w) = reflector::store::<EndpointSlice>();
@@ -299,6 +300,15 @@ pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
         Api::<ServiceRecord>::namespaced(client.clone(), &namespace),
         watcher::Config::default().labels(IMPORTED_LABEL),
         records_w,
+        changed.clone(),
+        stop.clone(),
+    ));
+    // This cluster's own exports, in every namespace: the exporting cluster has the
+    // ServiceImport too.
+    tasks.spawn(follow(
+        Api::<ServiceRecord>::all(client.clone()),
+        watcher::Config::default().labels(&mcs::local_export_selector()),
+        local_w,
         changed.clone(),
         stop.clone(),
     ));
@@ -325,6 +335,7 @@ pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
     ));
     let ready = async {
         records.wait_until_ready().await?;
+        local.wait_until_ready().await?;
         services.wait_until_ready().await?;
         imports.wait_until_ready().await?;
         slices.wait_until_ready().await
@@ -333,7 +344,7 @@ pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
         _ = stop.cancelled() => {}
         r = ready => {
             if r.is_ok() {
-                let stores = Stores { records, services, imports, slices };
+                let stores = Stores { records, local, services, imports, slices };
                 passes(&client, &namespace, &stores, &changed, &stop).await;
             }
         }
@@ -351,6 +362,7 @@ const RETRY: Backoff = Backoff {
 /// The watch caches a pass reads.
 struct Stores {
     records: Store<ServiceRecord>,
+    local: Store<ServiceRecord>,
     services: Store<Service>,
     imports: Store<ServiceImport>,
     slices: Store<EndpointSlice>,
@@ -365,10 +377,18 @@ async fn passes(
 ) {
     let mut retries = RETRY.delays();
     loop {
+        let mut records = stores.records.state();
+        records.extend(
+            stores
+                .local
+                .state()
+                .into_iter()
+                .filter(|r| mcs::is_local_mcs_export(r)),
+        );
         match sync(
             client,
             install,
-            &stores.records.state(),
+            &records,
             &stores.services.state(),
             &stores.imports.state(),
             &stores.slices.state(),

@@ -591,3 +591,68 @@ fn exported_labels_and_annotations_are_the_imports_the_oldest_value_holding() {
         );
     }
 }
+
+/// Issue 26 point 1: this cluster's own MCS export (the publisher's record, in the service's
+/// namespace) counts beside the imports: the exporting cluster has the ServiceImport, and its
+/// endpoints are among the slices; a label export (no export time) does not count.
+#[test]
+fn this_clusters_own_export_is_part_of_the_import() {
+    use xcc_proto::mcs::EXPORTED_AT_ANNOTATION;
+    use xcc_proto::names::EXPORT_LABEL;
+    let ports = || json!([{"name": "http", "port": 80, "targetPort": 8080}]);
+    let own = |annotations: Value| -> ServiceRecord {
+        serde_json::from_value(json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+            "metadata": {"name": "api.shop.svc.clusterset.local", "namespace": "shop",
+                         "annotations": annotations,
+                         "labels": {EXPORT_LABEL: "", MANAGED_BY_LABEL: "xcc-publisher"}},
+            "spec": {"fqdn": "api.shop.svc.clusterset.local",
+                     "endpoints": [{"address": "10.3.0.1", "port": 8080}],
+                     "ports": ports(),
+                     "origin": {"cluster": "here", "namespace": "shop", "name": "api"}},
+        }))
+        .unwrap()
+    };
+    let mcs_export = own(json!({EXPORTED_AT_ANNOTATION: "2026-11-29T07:00:00Z"}));
+    let label_export = own(json!({}));
+    assert!(is_local_mcs_export(&mcs_export));
+    assert!(!is_local_mcs_export(&label_export));
+    let east = record("a", "1", "east", ports(), json!({}));
+    assert!(!is_local_mcs_export(&east));
+    let svc = binder_service("10.96.0.10", None);
+    // Exported here and imported from east: both clusters, the binder Service's IP.
+    let (imports, _) = desired(&[&east, &mcs_export], &services(&svc), "xcc-system");
+    let value = serde_json::to_value(&imports[0]).unwrap();
+    assert_eq!(value["spec"]["ips"], json!(["10.96.0.10"]));
+    assert_eq!(
+        value["status"],
+        json!({"clusters": [{"cluster": "east"}, {"cluster": "here"}]})
+    );
+    let slices = import_slices(&[&east, &mcs_export], "xcc-system");
+    let mut by_cluster: Vec<(String, String)> = slices[&("shop".to_string(), "api".to_string())]
+        .iter()
+        .map(|s| {
+            (
+                s.metadata.labels.as_ref().unwrap()[MCS_SOURCE_CLUSTER_LABEL].clone(),
+                s.endpoints[0].addresses[0].clone(),
+            )
+        })
+        .collect();
+    by_cluster.sort();
+    assert_eq!(
+        by_cluster,
+        [
+            ("east".to_string(), "10.0.0.1".to_string()),
+            ("here".to_string(), "10.3.0.1".to_string())
+        ]
+    );
+    // Exported here only: the ServiceImport, without an IP (there is no binder Service).
+    let (imports, _) = desired(&[&mcs_export], &services(&svc), "xcc-system");
+    assert_eq!(imports[0].spec.ips, None);
+    assert_eq!(
+        imports[0].status.as_ref().unwrap().clusters,
+        Some(vec![ClusterStatus {
+            cluster: "here".into()
+        }])
+    );
+}

@@ -6,7 +6,7 @@
 //! a ServiceImport someone else made is never touched; a headless export is a `Headless`
 //! ServiceImport without IPs beside a headless Service whose slices carry the pod hostnames;
 //! the ServiceImport's EndpointSlices in the service's namespace carry the MCS labels and are
-//! owned by it; a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
+//! owned by it; this cluster's own MCS export gets a ServiceImport too; a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
 //! an export that stops being headless gets a Service with a cluster IP and a ClusterSetIP
 //! ServiceImport; two exports defining a port differently give the union of their ports with
 //! the oldest export's definition and its session affinity and traffic policy, in both orders of their export times (KEP-1645); removing
@@ -523,6 +523,79 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         .wait_for("pay: west's ports only", TIMEOUT, async || {
             (pay_state().await? == west_oldest).then_some(())
         })
+        .await;
+
+    // This cluster's own MCS export (the publisher's record, in the service's namespace): the
+    // exporting cluster has the ServiceImport too, with its own endpoints in the slices. It
+    // has no IP: no import of the name, so no binder Service.
+    let shop_records: Api<DynamicObject> = Api::namespaced_with(admin.clone(), shop, &ar);
+    let solo: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": format!("solo.{shop}.svc.clusterset.local"),
+                     "labels": {"connectivity.tanzu.vmware.com/export": "",
+                                "app.kubernetes.io/managed-by": "xcc-publisher"},
+                     "annotations": {EXPORTED_AT_ANNOTATION: "2026-11-29T07:00:00Z"}},
+        "spec": {"fqdn": format!("solo.{shop}.svc.clusterset.local"),
+                 "endpoints": [{"address": "10.3.0.1", "port": 8080}],
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
+                 "origin": {"cluster": "here", "namespace": shop, "name": "solo"}},
+    }))
+    .unwrap();
+    shop_records.create(&pp, &solo).await.unwrap();
+    let solo_import = changes
+        .wait_for(
+            "ServiceImport solo in the exporting cluster",
+            TIMEOUT,
+            async || {
+                let i = imports.get_opt("solo").await.unwrap()?;
+                i.status.as_ref()?.clusters.as_ref()?;
+                Some(i)
+            },
+        )
+        .await;
+    assert_eq!(
+        serde_json::to_value(&solo_import.spec).unwrap(),
+        json!({"type": "ClusterSetIP", "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
+    );
+    assert_eq!(
+        serde_json::to_value(&solo_import.status).unwrap(),
+        json!({"clusters": [{"cluster": "here"}]})
+    );
+    let solo_slice = changes
+        .wait_for("solo's slice", TIMEOUT, async || {
+            shop_slices
+                .list(&api_slices("solo"))
+                .await
+                .unwrap()
+                .items
+                .pop()
+        })
+        .await;
+    assert_eq!(solo_slice.endpoints[0].addresses, ["10.3.0.1"]);
+    assert_eq!(
+        solo_slice.metadata.labels.unwrap()[MCS_SOURCE_CLUSTER_LABEL],
+        "here"
+    );
+    shop_records
+        .delete(
+            &format!("solo.{shop}.svc.clusterset.local"),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    changes
+        .wait_for(
+            "ServiceImport solo removed with the export",
+            TIMEOUT,
+            async || {
+                imports
+                    .get_opt("solo")
+                    .await
+                    .unwrap()
+                    .is_none()
+                    .then_some(())
+            },
+        )
         .await;
 
     // Removing the imports removes the binder's ServiceImport and slices; the foreign
