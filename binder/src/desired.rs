@@ -510,7 +510,13 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
     }
 
     let service_name = names::service_name(&key.fqdn);
-    let mut owners: Vec<OwnerReference> = sources.iter().map(|r| owner_reference(r)).collect();
+    // Owners in the objects' namespace only (this cluster's own MCS export lives in the
+    // service's namespace, and an owner elsewhere would read as gone to the garbage collector).
+    let mut owners: Vec<OwnerReference> = sources
+        .iter()
+        .filter(|r| r.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
+        .map(|r| owner_reference(r))
+        .collect();
     owners.sort_by(|a, b| a.uid.cmp(&b.uid));
     let managed = (MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string());
     let meta = |name: String, labels: BTreeMap<String, String>| ObjectMeta {

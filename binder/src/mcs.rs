@@ -149,12 +149,13 @@ pub fn desired(
             continue;
         };
         let fqdn = names::canonical_fqdn(&winner.spec.fqdn).unwrap_or_default();
-        // The binder's Service lives beside the imported records (this cluster's own export
-        // lives in the service's namespace); without imports there is none.
+        // The binder's Service lives beside the imported records, in the binder's namespace
+        // (this cluster's own export lives in the service's).
         let service = group
             .iter()
             .find(|r| !is_local_mcs_export(r))
             .and_then(|r| r.metadata.namespace.clone())
+            .or_else(|| Some(install.to_string()))
             .and_then(|ns| services.get(&(ns, names::service_name(&fqdn))).copied());
         let headless = is_headless(winner);
         let traits = ServiceTraits::of_record(winner);

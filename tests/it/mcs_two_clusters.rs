@@ -15,7 +15,7 @@
 //!   (they travel over Hamlet as record annotations);
 //! - in `east` too (the exporting cluster, its binder running) a `ServiceImport` of its own
 //!   export, `clusters: [east]`, with its slice in the service's namespace (MCS labels, east's
-//!   pod);
+//!   pod) and the clusterset IP of east's binder Service, whose slice holds east's own pod;
 //! - `xcc dns` running in `west` (deploy/dns/server's RBAC) answering over UDP:
 //!   `<svc>.<ns>.svc.clusterset.local` with the ServiceImport's IP, the headless name with
 //!   east's pods, and `<hostname>.east.<svc>.<ns>.svc.clusterset.local` with one pod; SRV at
@@ -265,7 +265,7 @@ async fn service_export_in_east_is_a_service_import_in_west() {
 
     // east, the exporting cluster: its own ServiceImport of `api` (KEP-1645: every cluster of
     // the clusterset has it), east as its cluster, its slice in `shop` with the MCS labels and
-    // east's ready pod; no IP, as east imports no export of the name.
+    // east's ready pod, and the IP of east's binder Service, which carries east's own pod.
     let east_import = wait_for(
         "east's own ServiceImport of api with its slice",
         WAIT,
@@ -295,16 +295,23 @@ async fn service_export_in_east_is_a_service_import_in_west() {
                     )
                 })
                 .collect();
-            (ours.len() == 1 && ours[0].2 == "10.5.0.1" && i["status"]["clusters"].is_array())
-                .then_some((i, ours))
+            (ours.len() == 1
+                && ours[0].2 == "10.5.0.1"
+                && i["status"]["clusters"].is_array()
+                && i["spec"]["ips"].is_array())
+            .then_some((i, ours))
         },
         || logs(&east, &west),
     )
     .await;
+    let east_service = east.get("v1", "services", Some(NS), &svc).await.unwrap();
+    let east_ip = east_service["spec"]["clusterIP"].as_str().unwrap();
     assert_eq!(
         east_import.0["spec"],
-        json!({"type": "ClusterSetIP", "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
+        json!({"type": "ClusterSetIP", "ips": [east_ip], "ipFamilies": ["IPv4"],
+               "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
     );
+    assert_eq!(slice_addresses(&east, NS, &svc).await, ["10.5.0.1"]);
     assert_eq!(
         east_import.0["status"],
         json!({"clusters": [{"cluster": "east"}]})

@@ -646,9 +646,10 @@ fn this_clusters_own_export_is_part_of_the_import() {
             ("here".to_string(), "10.3.0.1".to_string())
         ]
     );
-    // Exported here only: the ServiceImport, without an IP (there is no binder Service).
-    let (imports, _) = desired(&[&mcs_export], &services(&svc), "xcc-system");
-    assert_eq!(imports[0].spec.ips, None);
+    // Exported here only: the ServiceImport, with the IP of the binder's Service (in the
+    // binder's namespace), which the binder makes for this cluster's own export too.
+    let (imports, _) = desired(&[&mcs_export], &services(&svc), NS);
+    assert_eq!(imports[0].spec.ips, Some(vec!["10.96.0.10".to_string()]));
     assert_eq!(
         imports[0].status.as_ref().unwrap().clusters,
         Some(vec![ClusterStatus {

@@ -526,8 +526,8 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         .await;
 
     // This cluster's own MCS export (the publisher's record, in the service's namespace): the
-    // exporting cluster has the ServiceImport too, with its own endpoints in the slices. It
-    // has no IP: no import of the name, so no binder Service.
+    // exporting cluster has the ServiceImport too, with its own endpoints in the slices, and
+    // the binder's Service (with the export's endpoints) gives it its clusterset IP.
     let shop_records: Api<DynamicObject> = Api::namespaced_with(admin.clone(), shop, &ar);
     let solo: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
@@ -549,14 +549,42 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
             async || {
                 let i = imports.get_opt("solo").await.unwrap()?;
                 i.status.as_ref()?.clusters.as_ref()?;
+                i.spec.ips.as_ref()?;
                 Some(i)
             },
         )
         .await;
+    let solo_service = names::service_name(&format!("solo.{shop}.svc.clusterset.local"));
+    let solo_ip = services
+        .get(&solo_service)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
     assert_eq!(
         serde_json::to_value(&solo_import.spec).unwrap(),
-        json!({"type": "ClusterSetIP", "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
+        json!({"type": "ClusterSetIP", "ips": [solo_ip], "ipFamilies": ["IPv4"],
+               "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
     );
+    // The binder's Service carries this cluster's endpoints (its own slice, owned by nothing:
+    // the export lives in another namespace).
+    let own_slice = changes
+        .wait_for("the binder's slice of solo", TIMEOUT, async || {
+            slices
+                .list(
+                    &ListParams::default()
+                        .labels(&format!("kubernetes.io/service-name={solo_service}")),
+                )
+                .await
+                .unwrap()
+                .items
+                .pop()
+        })
+        .await;
+    assert_eq!(own_slice.endpoints[0].addresses, ["10.3.0.1"]);
+    assert_eq!(own_slice.metadata.owner_references, None);
     assert_eq!(
         serde_json::to_value(&solo_import.status).unwrap(),
         json!({"clusters": [{"cluster": "here"}]})
@@ -585,15 +613,12 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         .unwrap();
     changes
         .wait_for(
-            "ServiceImport solo removed with the export",
+            "ServiceImport and Service of solo removed with the export",
             TIMEOUT,
             async || {
-                imports
-                    .get_opt("solo")
-                    .await
-                    .unwrap()
-                    .is_none()
-                    .then_some(())
+                let import_gone = imports.get_opt("solo").await.unwrap().is_none();
+                let service_gone = services.get_opt(&solo_service).await.unwrap().is_none();
+                (import_gone && service_gone).then_some(())
             },
         )
         .await;
