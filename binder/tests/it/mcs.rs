@@ -6,7 +6,9 @@
 //! a ServiceImport someone else made is never touched; a headless export is a `Headless`
 //! ServiceImport without IPs beside a headless Service whose slices carry the pod hostnames;
 //! the ServiceImport's EndpointSlices in the service's namespace carry the MCS labels and are
-//! owned by it; this cluster's own MCS export gets a ServiceImport too; a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
+//! owned by it; this cluster's own MCS export gets a ServiceImport too, and a clusterset
+//! Service with its endpoints; a restarted binder writes nothing at steady state, with the
+//! conflicting, affinity and own exports in place too; a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
 //! an export that stops being headless gets a Service with a cluster IP and a ClusterSetIP
 //! ServiceImport; two exports defining a port differently give the union of their ports with
 //! the oldest export's definition and its session affinity and traffic policy, in both orders of their export times (KEP-1645); removing
@@ -604,6 +606,45 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         solo_slice.metadata.labels.unwrap()[MCS_SOURCE_CLUSTER_LABEL],
         "here"
     );
+
+    // Steady state again, now with this cluster's own export, the conflicting `pay` exports,
+    // their Service fields and exported labels: a restarted binder writes only the objects of
+    // a record imported after the restart (a full pass of both writers).
+    running.stop().await;
+    let since = std::time::SystemTime::now();
+    let running = Running::start(id, xcc).await;
+    let later_fqdn = format!("later.{shop}.svc.clusterset.local");
+    records
+        .create(
+            &pp,
+            &imported("later-east", &later_fqdn, "east", "10.1.0.9", shop, "later"),
+        )
+        .await
+        .unwrap();
+    changes
+        .wait_for("ServiceImport later with its slice", TIMEOUT, async || {
+            let i = imports.get_opt("later").await.unwrap()?;
+            i.status?.clusters?;
+            shop_slices
+                .list(&api_slices("later"))
+                .await
+                .unwrap()
+                .items
+                .pop()
+        })
+        .await;
+    cp.audit_flushed(&id.client().await, &id.user, xcc).await;
+    let later_service = names::service_name(&later_fqdn);
+    let others: Vec<String> = cp
+        .writes_since(&id.user, since)
+        .into_iter()
+        .filter(|w| {
+            !w.contains(&later_service)
+                && !w.contains(&format!("{shop}/later"))
+                && !w.contains("later-east")
+        })
+        .collect();
+    assert_eq!(others, Vec::<String>::new());
     shop_records
         .delete(
             &format!("solo.{shop}.svc.clusterset.local"),
@@ -633,6 +674,7 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         "late-east",
         "pay-east",
         "pay-west",
+        "later-east",
     ] {
         records
             .delete(name, &DeleteParams::default())
