@@ -161,8 +161,8 @@ fn headless(service: &Service) -> bool {
 }
 
 /// Whether the stored Service matches the desired one on the binder's fields: metadata, type,
-/// headless or not, and load-balancer class, no selector, and each port's name, number and
-/// protocol.
+/// headless or not, and load-balancer class, no selector, each port's name, number and
+/// protocol, and the `ClientIP` session affinity's timeout.
 pub fn service_up_to_date(current: &Service, desired: &Service) -> bool {
     let ports = service_ports;
     let spec = current.spec.as_ref();
@@ -178,6 +178,19 @@ pub fn service_up_to_date(current: &Service, desired: &Service) -> bool {
             .and_then(|s| s.selector.as_ref())
             .is_none_or(|s| s.is_empty())
         && ports(current) == ports(desired)
+        && affinity(current) == affinity(desired)
+}
+
+/// A Service's `ClientIP` affinity timeout (`None`: no affinity), as the binder sets it.
+fn affinity(service: &Service) -> Option<i32> {
+    let spec = service.spec.as_ref()?;
+    if spec.session_affinity.as_deref() != Some("ClientIP") {
+        return None;
+    }
+    spec.session_affinity_config
+        .as_ref()
+        .and_then(|c| c.client_ip.as_ref())
+        .and_then(|c| c.timeout_seconds)
 }
 
 fn ingress_ips(service: &Service) -> Vec<String> {

@@ -22,6 +22,11 @@
 //! touched: the records get a `Conflict` condition and a Warning Event instead, as they do
 //! when the sources of one FQDN disagree on ports.
 //!
+//! In MCS mode a group also takes this cluster's own MCS exports of its FQDN (the publisher's
+//! records, watched in every namespace; KEP-1645: the exporting cluster has the service too, its
+//! endpoints beside the imported ones). They own nothing (they live in other namespaces) and get
+//! no condition.
+//!
 //! Ready ([`Handle::is_ready`], `/readyz`) once every watch has listed and every key found then
 //! has been reconciled once.
 
@@ -117,6 +122,7 @@ pub enum ReconcileError {
 
 struct Writers {
     records: reflector::store::Writer<ServiceRecord>,
+    local: reflector::store::Writer<ServiceRecord>,
     registries: reflector::store::Writer<RemoteRegistry>,
     services: reflector::store::Writer<Service>,
     slices: reflector::store::Writer<EndpointSlice>,
@@ -127,6 +133,10 @@ struct Ctx {
     client: Client,
     config: Config,
     records: Store<ServiceRecord>,
+    /// This cluster's own MCS exports (the publisher's records, every namespace; MCS mode
+    /// only): KEP-1645 gives the exporting cluster the service too, its endpoints among the
+    /// imports'.
+    local: Store<ServiceRecord>,
     registries: Store<RemoteRegistry>,
     services: Store<Service>,
     slices: Store<EndpointSlice>,
@@ -200,6 +210,7 @@ impl Controller {
     /// A controller for `config`; nothing runs until [`Controller::run`].
     pub fn new(client: Client, config: Config, metrics: Metrics, health: Health) -> Self {
         let (records, records_w) = reflector::store();
+        let (local, local_w) = reflector::store();
         let (registries, registries_w) = reflector::store();
         let (services, services_w) = reflector::store();
         let (slices, slices_w) = reflector::store();
@@ -213,6 +224,7 @@ impl Controller {
             client,
             config,
             records,
+            local,
             registries,
             services,
             slices,
@@ -230,6 +242,7 @@ impl Controller {
             ctx,
             writers: Writers {
                 records: records_w,
+                local: local_w,
                 registries: registries_w,
                 services: services_w,
                 slices: slices_w,
@@ -269,6 +282,22 @@ impl Controller {
                 RecordEvents::default(),
             ),
         );
+        if ctx.config.mcs {
+            spawner.spawn_infallible(
+                "local MCS export watch",
+                follow(
+                    Api::<ServiceRecord>::all(client.clone()),
+                    watcher::Config::default().labels(&crate::mcs::local_export_selector()),
+                    w.local,
+                    ctx.clone(),
+                    stop.clone(),
+                    RecordEvents {
+                        local: true,
+                        ..RecordEvents::default()
+                    },
+                ),
+            );
+        }
         spawner.spawn_infallible(
             "RemoteRegistry watch",
             follow(
@@ -339,6 +368,9 @@ async fn start_up(ctx: Arc<Ctx>, spawner: Spawner) -> anyhow::Result<()> {
     // make present objects look orphaned.
     let listed = async {
         ctx.records.wait_until_ready().await?;
+        if ctx.config.mcs {
+            ctx.local.wait_until_ready().await?;
+        }
         ctx.registries.wait_until_ready().await?;
         ctx.services.wait_until_ready().await?;
         ctx.slices.wait_until_ready().await?;
@@ -415,6 +447,18 @@ trait OnEvent<K>: Send + 'static {
 struct RecordEvents {
     last: HashMap<String, Vec<Key>>,
     listing: HashMap<String, Vec<Key>>,
+    /// The watch of this cluster's own MCS exports ([`Ctx::local_keys`]).
+    local: bool,
+}
+
+impl RecordEvents {
+    fn keys(&self, ctx: &Ctx, r: &ServiceRecord) -> Vec<Key> {
+        if self.local {
+            ctx.local_keys(r)
+        } else {
+            keys::record_keys(r)
+        }
+    }
 }
 
 fn uid_of<K: Resource>(o: &K) -> String {
@@ -431,7 +475,7 @@ impl OnEvent<ServiceRecord> for RecordEvents {
     fn on_event(&mut self, ctx: &Ctx, event: &watcher::Event<ServiceRecord>) {
         match event {
             watcher::Event::Apply(r) => {
-                let keys = keys::record_keys(r);
+                let keys = self.keys(ctx, r);
                 if let Some(old) = self.last.insert(uid_of(r), keys.clone()) {
                     ctx.queue.add_all(old);
                 }
@@ -441,11 +485,12 @@ impl OnEvent<ServiceRecord> for RecordEvents {
                 if let Some(old) = self.last.remove(&uid_of(r)) {
                     ctx.queue.add_all(old);
                 }
-                ctx.queue.add_all(keys::record_keys(r));
+                ctx.queue.add_all(self.keys(ctx, r));
             }
             watcher::Event::Init => self.listing.clear(),
             watcher::Event::InitApply(r) => {
-                self.listing.insert(uid_of(r), keys::record_keys(r));
+                let keys = self.keys(ctx, r);
+                self.listing.insert(uid_of(r), keys);
             }
             watcher::Event::InitDone => {
                 let old = std::mem::replace(&mut self.last, std::mem::take(&mut self.listing));
@@ -582,6 +627,9 @@ impl Ctx {
         for r in self.records.state() {
             keys.extend(keys::record_keys(&r));
         }
+        for r in self.local.state() {
+            keys.extend(self.local_keys(&r));
+        }
         for s in self.services.state() {
             keys.extend(s.key(self));
         }
@@ -627,7 +675,25 @@ impl Ctx {
             .unwrap_or_default()
     }
 
-    /// The imported records that contribute to `key`, sorted by UID.
+    /// The group of this cluster's own MCS export `r` (its FQDN, in the binder's namespace):
+    /// none for a record that is no MCS export.
+    fn local_keys(&self, r: &ServiceRecord) -> Vec<Key> {
+        if !crate::mcs::is_local_mcs_export(r) {
+            return Vec::new();
+        }
+        names::canonical_fqdn(&r.spec.fqdn)
+            .map(|fqdn| {
+                Key::Group(GroupKey {
+                    namespace: self.config.namespace.clone(),
+                    fqdn,
+                })
+            })
+            .into_iter()
+            .collect()
+    }
+
+    /// The imported records that contribute to `key`, and (MCS mode) this cluster's own MCS
+    /// exports of its group, sorted by UID.
     fn sources(&self, key: &Key) -> Vec<Arc<ServiceRecord>> {
         let mut sources: Vec<Arc<ServiceRecord>> = self
             .records
@@ -638,6 +704,12 @@ impl Ctx {
                     && keys::contributes(r, self.mode(r), key)
             })
             .collect();
+        sources.extend(
+            self.local
+                .state()
+                .into_iter()
+                .filter(|r| self.local_keys(r).contains(key)),
+        );
         sources.sort_by(|a, b| a.metadata.uid.cmp(&b.metadata.uid));
         sources
     }
@@ -656,8 +728,15 @@ impl Ctx {
             self.forget_warning(key);
             return self.remove_group(group).await;
         }
-        let refs: Vec<&ServiceRecord> = sources.iter().map(AsRef::as_ref).collect();
-        let m = match materialize(group, &refs) {
+        let all: Vec<&ServiceRecord> = sources.iter().map(AsRef::as_ref).collect();
+        // Conditions and Events go on the imported records only: this cluster's own exports
+        // are the publisher's, in other namespaces.
+        let refs: Vec<&ServiceRecord> = all
+            .iter()
+            .copied()
+            .filter(|r| r.metadata.namespace.as_deref() == Some(self.config.namespace.as_str()))
+            .collect();
+        let m = match materialize(group, &all) {
             Ok(m) => m,
             Err(Skip::Empty) => return self.remove_group(group).await,
             Err(e @ Skip::NoPorts(_)) => {

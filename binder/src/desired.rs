@@ -17,12 +17,17 @@
 //! - legacy **Endpoints**, one subset per port set, with no subsets when nothing is left
 //!   (valid, unlike XCC v1's empty subset), labelled so the mirroring controller skips it.
 //!
-//! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. When the
-//! records of a group disagree on ports, the record with the lowest UID wins, the others' endpoints
-//! are left out and the outcome carries a [`Conflict`] (deterministic, reported); so are records of
-//! the other type (headless or not) than the winner's (MCS `TypeConflict`). Only fields the binder
-//! owns are set, so server-side apply compares exactly those (no rewrite for the API server's
-//! defaults).
+//! Ports come from `spec.ports`, else the `service-port` annotation, else the endpoints. The
+//! Service's ports are the union of the records' (KEP-1645); when records define a port
+//! differently (one name, another number or protocol; one number under two names; an unnamed
+//! port beside others), the oldest export's definition wins (KEP-1645; by the export time the
+//! record carries, then the source cluster's name: [`oldest_first`], the same verdict in every
+//! cluster and the one the exporters' ServiceExports report), the others' endpoints are left
+//! out of that port (of the service, when no port of theirs is left) and the outcome carries a
+//! [`Conflict`] (deterministic, reported); records of the other type (headless or not) than
+//! the winner's are left out too (MCS `TypeConflict`).
+//! Only fields the binder owns are set, so server-side apply compares exactly those (no rewrite
+//! for the API server's defaults).
 //!
 //! [`cilium`] computes the `CiliumGlobalService` materialisation.
 
@@ -30,8 +35,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{
-    EndpointAddress, EndpointPort as LegacyPort, EndpointSubset, Endpoints, Service,
-    ServicePort as KubeServicePort, ServiceSpec,
+    ClientIPConfig, EndpointAddress, EndpointPort as LegacyPort, EndpointSubset, Endpoints,
+    Service, ServicePort as KubeServicePort, ServiceSpec, SessionAffinityConfig,
 };
 use k8s_openapi::api::discovery::v1::{
     Endpoint as SliceEndpoint, EndpointConditions, EndpointPort, EndpointSlice,
@@ -44,7 +49,8 @@ use xcc_proto::crd::{
 };
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION};
 use xcc_proto::mcs::{
-    MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, is_headless, record_hostnames,
+    CLIENT_IP, ExportPort, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL, ServiceTraits,
+    is_headless, merge_ports, oldest_first, record_hostnames, shown_port,
 };
 use xcc_proto::names::{
     self, FQDN_ANNOTATION, IMPORTED_LABEL, SERVICE_PORT_ANNOTATION, VIP_ANNOTATION,
@@ -179,7 +185,7 @@ pub fn resolved_ports(record: &ServiceRecord) -> Result<Vec<Port>, PortError> {
 
 /// The imported records among `records`, grouped per namespace and canonical FQDN (`Foo.X.`
 /// and `foo.x` share a group). Exported records and records whose FQDN is not a DNS name are
-/// left out. Within a group, records are sorted by UID.
+/// left out. Within a group, records are sorted oldest export first ([`oldest_first`]).
 pub fn group_imported<'a>(
     records: impl IntoIterator<Item = &'a ServiceRecord>,
 ) -> BTreeMap<GroupKey, Vec<&'a ServiceRecord>> {
@@ -203,11 +209,7 @@ pub fn group_imported<'a>(
             .push(record);
     }
     for group in groups.values_mut() {
-        group.sort_by(|a, b| {
-            uid(a)
-                .cmp(uid(b))
-                .then(a.metadata.name.cmp(&b.metadata.name))
-        });
+        group.sort_by(|a, b| oldest_first(a, b));
     }
     groups
 }
@@ -220,12 +222,12 @@ fn name(record: &ServiceRecord) -> &str {
     record.metadata.name.as_deref().unwrap_or("")
 }
 
-/// Sources of one FQDN disagree on ports; the lowest-UID source won.
+/// Sources of one FQDN disagree on ports or type; the oldest export ([`oldest_first`]) won.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Conflict {
     /// Name of the record whose ports were used.
     pub winner: String,
-    /// Records left out, with why, sorted by UID.
+    /// Records left out, with why, oldest export first.
     pub losers: Vec<(String, String)>,
 }
 
@@ -291,15 +293,6 @@ pub fn owner_reference(record: &ServiceRecord) -> OwnerReference {
     }
 }
 
-fn port_key(ports: &[Port]) -> Vec<(String, i32, Protocol)> {
-    let mut key: Vec<_> = ports
-        .iter()
-        .map(|p| (p.name.clone(), p.port, p.protocol))
-        .collect();
-    key.sort();
-    key
-}
-
 /// One served port on the endpoint side: (name, protocol, endpoint port).
 type PortEntry = (String, Protocol, i32);
 /// A port set on the endpoint side, sorted.
@@ -316,18 +309,40 @@ pub(crate) fn non_empty(name: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
-/// The objects for one group (records sorted by UID, as [`group_imported`] returns them).
-pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materialized, Skip> {
+/// The exports of one name merged: the winner (the oldest export with usable ports), its type,
+/// the union of the ports of the exports of that type, what each of them contributes.
+#[derive(Clone, Debug)]
+pub(crate) struct Merged<'a> {
+    /// The oldest export with usable ports: its type, VIP and origin are the service's.
+    pub winner: &'a ServiceRecord,
+    /// Whether the winner is a headless export.
+    pub headless: bool,
+    /// The service's ports: the union of the contributing exports' ports (sorted).
+    pub ports: Vec<Port>,
+    /// The records whose endpoints count, oldest first, each with its ports that are in the
+    /// union (an endpoint serves a port on the record's own target port).
+    pub contributing: Vec<(&'a ServiceRecord, Vec<Port>)>,
+    /// Records left out or ports of them left out, with why, oldest export first.
+    pub losers: Vec<(String, String)>,
+}
+
+/// Merge `sources` (any order; [`oldest_first`] orders them): the oldest export with usable
+/// ports decides the type (records of the other type are left out: MCS `TypeConflict`); the
+/// ports are the union of the others' ([`xcc_proto::mcs::merge_ports`], KEP-1645), a port that
+/// clashes with one taken from an older export (same name, other number or protocol: MCS
+/// `PortConflict`) left out with the endpoints' service of it, a record left with no port
+/// left out altogether.
+pub(crate) fn merge<'a>(sources: &[&'a ServiceRecord]) -> Result<Merged<'a>, Skip> {
     if sources.is_empty() {
         return Err(Skip::Empty);
     }
     let mut sources: Vec<&ServiceRecord> = sources.to_vec();
-    sources.sort_by(|a, b| uid(a).cmp(uid(b)).then(name(a).cmp(name(b))));
+    sources.sort_by(|a, b| oldest_first(a, b));
     let resolved: Vec<(&ServiceRecord, Result<Vec<Port>, PortError>)> =
         sources.iter().map(|r| (*r, resolved_ports(r))).collect();
-    let Some((winner, ports)) = resolved
+    let Some(winner) = resolved
         .iter()
-        .find_map(|(r, p)| p.as_ref().ok().map(|p| (*r, p.clone())))
+        .find_map(|(r, p)| p.as_ref().ok().map(|_| *r))
     else {
         return Err(Skip::NoPorts(
             resolved
@@ -336,34 +351,109 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
                 .collect(),
         ));
     };
-    let winner_key = port_key(&ports);
     let headless = is_headless(winner);
+    let same_type: Vec<(&ServiceRecord, &Vec<Port>)> = resolved
+        .iter()
+        .filter(|(r, _)| is_headless(r) == headless)
+        .filter_map(|(r, p)| p.as_ref().ok().map(|p| (*r, p)))
+        .collect();
+    let export_ports: Vec<Vec<ExportPort>> = same_type
+        .iter()
+        .map(|(_, ports)| {
+            ports
+                .iter()
+                .map(|p| (p.name.clone(), p.port, p.protocol))
+                .collect()
+        })
+        .collect();
+    let (union, clashes) = merge_ports(export_ports.iter().map(Vec::as_slice));
     let mut losers = Vec::new();
     let mut contributing = Vec::new();
+    let mut ports: BTreeMap<ExportPort, Port> = BTreeMap::new();
     for (record, result) in &resolved {
-        match result {
-            Ok(_) if is_headless(record) != headless => losers.push((
+        let Some(index) = same_type
+            .iter()
+            .position(|(r, _)| std::ptr::eq(*r, *record))
+        else {
+            losers.push((
                 name(record).to_string(),
+                match result {
+                    Ok(_) => format!(
+                        "{} where the service is {}",
+                        kind(!headless),
+                        kind(headless)
+                    ),
+                    Err(e) => e.to_string(),
+                },
+            ));
+            continue;
+        };
+        let (_, all) = same_type[index];
+        let kept: Vec<Port> = all
+            .iter()
+            .filter(|p| union.contains(&(p.name.clone(), p.port, p.protocol)))
+            .cloned()
+            .collect();
+        let clashed: Vec<String> = clashes
+            .iter()
+            .filter(|c| c.export == index)
+            .map(|c| {
                 format!(
-                    "{} where the service is {}",
-                    kind(!headless),
-                    kind(headless)
-                ),
-            )),
-            Ok(p) if port_key(p) == winner_key => contributing.push((*record, p.clone())),
-            Ok(p) => losers.push((
+                    "port {} left out ({} has {})",
+                    shown_port(&c.port),
+                    name(same_type[c.kept_from].0),
+                    shown_port(&c.kept)
+                )
+            })
+            .collect();
+        if kept.is_empty() {
+            losers.push((
                 name(record).to_string(),
                 format!(
                     "ports {} differ",
-                    p.iter()
+                    all.iter()
                         .map(|p| format!("{}/{}", p.port, p.protocol.as_str()))
                         .collect::<Vec<_>>()
                         .join(",")
                 ),
-            )),
-            Err(e) => losers.push((name(record).to_string(), e.to_string())),
+            ));
+            continue;
         }
+        if !clashed.is_empty() {
+            losers.push((name(record).to_string(), clashed.join("; ")));
+        }
+        for p in &kept {
+            // The service's port: the first (oldest) record's, without its target.
+            ports
+                .entry((p.name.clone(), p.port, p.protocol))
+                .or_insert_with(|| Port {
+                    target: None,
+                    ..p.clone()
+                });
+        }
+        contributing.push((*record, kept));
     }
+    Ok(Merged {
+        winner,
+        headless,
+        ports: ports.into_values().collect(),
+        contributing,
+        losers,
+    })
+}
+
+/// The objects for one group (in any order: they are sorted oldest export first,
+/// [`oldest_first`]). The service's ports are the union of the exports' ([`merge`]).
+pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materialized, Skip> {
+    let Merged {
+        winner,
+        headless,
+        ports,
+        contributing,
+        losers,
+    } = merge(sources)?;
+    let mut sources: Vec<&ServiceRecord> = sources.to_vec();
+    sources.sort_by(|a, b| oldest_first(a, b));
     let conflict = (!losers.is_empty()).then(|| Conflict {
         winner: name(winner).to_string(),
         losers,
@@ -421,7 +511,13 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
     }
 
     let service_name = names::service_name(&key.fqdn);
-    let mut owners: Vec<OwnerReference> = sources.iter().map(|r| owner_reference(r)).collect();
+    // Owners in the objects' namespace only (this cluster's own MCS export lives in the
+    // service's namespace, and an owner elsewhere would read as gone to the garbage collector).
+    let mut owners: Vec<OwnerReference> = sources
+        .iter()
+        .filter(|r| r.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
+        .map(|r| owner_reference(r))
+        .collect();
     owners.sort_by(|a, b| a.uid.cmp(&b.uid));
     let managed = (MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string());
     let meta = |name: String, labels: BTreeMap<String, String>| ObjectMeta {
@@ -445,6 +541,7 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         .filter(|_| !headless)
         .and_then(|v| v.trim().parse::<IpAddr>().ok())
         .map(|ip| ip.to_string());
+    let traits = ServiceTraits::of_record(winner);
     let service = Service {
         metadata: ObjectMeta {
             annotations: Some(annotations),
@@ -460,6 +557,13 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
                 .into(),
             ),
             cluster_ip: headless.then(|| "None".into()),
+            // KEP-1645: the oldest export's session affinity, which kube-proxy applies.
+            session_affinity: traits.client_ip_timeout.map(|_| CLIENT_IP.into()),
+            session_affinity_config: traits.client_ip_timeout.map(|t| SessionAffinityConfig {
+                client_ip: Some(ClientIPConfig {
+                    timeout_seconds: Some(t),
+                }),
+            }),
             load_balancer_class: vip.as_ref().map(|_| VIP_LOAD_BALANCER_CLASS.into()),
             allocate_load_balancer_node_ports: vip.as_ref().map(|_| false),
             ports: Some(

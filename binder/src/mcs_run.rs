@@ -1,9 +1,11 @@
 //! The binder's ServiceImport writer (MCS mode, [`crate::controller::Config::mcs`]): the I/O
 //! half of [`crate::mcs`]. Watches the imported ServiceRecords and the binder's Services in its
-//! namespace and its own ServiceImports everywhere; after any change it brings every
+//! namespace, this cluster's own exported ServiceRecords and its own ServiceImports everywhere; after any change it brings every
 //! ServiceImport to what [`crate::mcs::desired`] says — spec and metadata, then status, each
-//! with server-side apply and only when it differs — and deletes its own ServiceImports no
-//! import calls for any more (uid precondition: one re-created meanwhile by someone else
+//! with server-side apply and only when it differs — and its EndpointSlices in the same
+//! namespace to what [`crate::mcs::import_slices`] says (owned by it; watched in every namespace
+//! by [`crate::mcs::import_slice_selector`], written only when they differ), and deletes its own
+//! ServiceImports and slices no import calls for any more (uid precondition: one re-created meanwhile by someone else
 //! stays). A ServiceImport of the same name it did not make is reported and left alone, and
 //! one in a namespace that does not exist here is skipped (the binder creates no namespaces
 //! for imports). Failed passes are retried with doubling delays.
@@ -14,6 +16,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -39,6 +42,10 @@ pub struct Pass {
     pub deleted: Vec<String>,
     /// ServiceImports not written, with why (someone else's, namespace missing, no ports).
     pub skipped: Vec<String>,
+    /// ServiceImports' EndpointSlices written, `namespace/name`.
+    pub slices_written: Vec<String>,
+    /// ServiceImports' EndpointSlices deleted.
+    pub slices_deleted: Vec<String>,
 }
 
 fn not_found(e: &kube::Error) -> bool {
@@ -56,6 +63,7 @@ pub async fn sync(
     records: &[Arc<ServiceRecord>],
     services: &[Arc<Service>],
     existing: &[Arc<ServiceImport>],
+    existing_slices: &[Arc<EndpointSlice>],
 ) -> Result<Pass, kube::Error> {
     let records: Vec<&ServiceRecord> = records.iter().map(|r| r.as_ref()).collect();
     let services: BTreeMap<(String, String), &Service> = services
@@ -68,6 +76,17 @@ pub async fn sync(
         })
         .collect();
     let (desired, skipped) = mcs::desired(&records, &services, install);
+    let desired_slices = mcs::import_slices(&records, install);
+    let known_slices: BTreeMap<(Option<&String>, Option<&String>), &EndpointSlice> =
+        existing_slices
+            .iter()
+            .map(|e| {
+                (
+                    (e.metadata.namespace.as_ref(), e.metadata.name.as_ref()),
+                    e.as_ref(),
+                )
+            })
+            .collect();
     let mut pass = Pass {
         skipped: skipped
             .into_iter()
@@ -104,6 +123,8 @@ pub async fn sync(
             continue;
         }
         let (spec_differs, status_differs) = mcs::differs(current.as_ref(), want);
+        // The stored ServiceImport, for its UID (its slices' owner).
+        let mut stored = current.clone();
         if spec_differs {
             let body = json!({
                 "apiVersion": ServiceImport::api_version(&()),
@@ -115,7 +136,7 @@ pub async fn sync(
                 "spec": want.spec,
             });
             match api.patch(name, &params, &Patch::Apply(&body)).await {
-                Ok(_) => {}
+                Ok(written) => stored = Some(written),
                 Err(e) if not_found(&e) => {
                     pass.skipped
                         .push(format!("{shown}: namespace {ns} does not exist here"));
@@ -135,6 +156,39 @@ pub async fn sync(
         }
         if spec_differs || status_differs {
             pass.written.push(shown);
+        }
+        let Some(stored) = stored else { continue };
+        for slice in desired_slices
+            .get(&(ns.clone(), name.clone()))
+            .into_iter()
+            .flatten()
+        {
+            let Some(slice) = mcs::owned_by(slice.clone(), &stored) else {
+                continue;
+            };
+            write_slice(client, install, slice, &known_slices, &params, &mut pass).await?;
+        }
+    }
+    for old in mcs::stale_import_slices(
+        existing_slices.iter().map(|e| e.as_ref()),
+        &desired_slices,
+        install,
+    ) {
+        let (Some(ns), Some(name)) = (&old.metadata.namespace, &old.metadata.name) else {
+            continue;
+        };
+        let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: old.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => pass.slices_deleted.push(format!("{ns}/{name}")),
+            Err(e) if not_found(&e) || conflict(&e) => {}
+            Err(e) => return Err(e),
         }
     }
     for old in mcs::stale(existing.iter().map(|e| e.as_ref()), &desired, install) {
@@ -156,6 +210,48 @@ pub async fn sync(
         }
     }
     Ok(pass)
+}
+
+/// Bring one of a ServiceImport's EndpointSlices to `want` (server-side apply), unless it is up
+/// to date in `known` (the watch cache) or a slice of its name is someone else's.
+async fn write_slice(
+    client: &Client,
+    install: &str,
+    want: EndpointSlice,
+    known: &BTreeMap<(Option<&String>, Option<&String>), &EndpointSlice>,
+    params: &PatchParams,
+    pass: &mut Pass,
+) -> Result<(), kube::Error> {
+    let (Some(ns), Some(name)) = (want.metadata.namespace.clone(), want.metadata.name.clone())
+    else {
+        return Ok(());
+    };
+    let shown = format!("{ns}/{name}");
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
+    // The watch sees only the binder's own; anything else of the name is read first.
+    let current = match known.get(&(Some(&ns), Some(&name))) {
+        Some(c) => Some((*c).clone()),
+        None => api.get_opt(&name).await?,
+    };
+    if let Some(current) = &current {
+        if !mcs::is_our_import_slice(current, install) {
+            pass.skipped.push(format!(
+                "EndpointSlice {shown}: exists and is not this binder's; left unchanged"
+            ));
+            return Ok(());
+        }
+        if crate::apply::slice_up_to_date(current, &want) {
+            return Ok(());
+        }
+    }
+    let mut body = serde_json::to_value(&want).unwrap_or_default();
+    if let Some(obj) = body.as_object_mut() {
+        obj.insert("apiVersion".into(), json!(EndpointSlice::api_version(&())));
+        obj.insert("kind".into(), json!(EndpointSlice::kind(&())));
+    }
+    api.patch(&name, params, &Patch::Apply(&body)).await?;
+    pass.slices_written.push(shown);
+    Ok(())
 }
 
 /// Feed a watch into its store and wake `changed` on every event.
@@ -193,8 +289,10 @@ async fn follow<K>(
 /// Run until `stop` fires: the binder in `namespace` keeps the ServiceImports of its imports.
 pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
     let (records, records_w) = reflector::store::<ServiceRecord>();
+    let (local, local_w) = reflector::store::<ServiceRecord>();
     let (services, services_w) = reflector::store::<Service>();
     let (imports, imports_w) = reflector::store::<ServiceImport>();
+    let (slices, slices_w) = reflector::store::<EndpointSlice>();
     let changed = Arc::new(Notify::new());
     let managed = format!("{MANAGED_BY_LABEL}={BINDER_MANAGER}");
     let mut tasks = tokio::task::JoinSet::new();
@@ -202,6 +300,15 @@ pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
         Api::<ServiceRecord>::namespaced(client.clone(), &namespace),
         watcher::Config::default().labels(IMPORTED_LABEL),
         records_w,
+        changed.clone(),
+        stop.clone(),
+    ));
+    // This cluster's own exports, in every namespace: the exporting cluster has the
+    // ServiceImport too.
+    tasks.spawn(follow(
+        Api::<ServiceRecord>::all(client.clone()),
+        watcher::Config::default().labels(&mcs::local_export_selector()),
+        local_w,
         changed.clone(),
         stop.clone(),
     ));
@@ -219,16 +326,26 @@ pub async fn run(client: Client, namespace: String, stop: CancellationToken) {
         changed.clone(),
         stop.clone(),
     ));
+    tasks.spawn(follow(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default().labels(&mcs::import_slice_selector()),
+        slices_w,
+        changed.clone(),
+        stop.clone(),
+    ));
     let ready = async {
         records.wait_until_ready().await?;
+        local.wait_until_ready().await?;
         services.wait_until_ready().await?;
-        imports.wait_until_ready().await
+        imports.wait_until_ready().await?;
+        slices.wait_until_ready().await
     };
     tokio::select! {
         _ = stop.cancelled() => {}
         r = ready => {
             if r.is_ok() {
-                passes(&client, &namespace, &records, &services, &imports, &changed, &stop).await;
+                let stores = Stores { records, local, services, imports, slices };
+                passes(&client, &namespace, &stores, &changed, &stop).await;
             }
         }
     }
@@ -242,23 +359,39 @@ const RETRY: Backoff = Backoff {
     max: Duration::from_secs(300),
 };
 
+/// The watch caches a pass reads.
+struct Stores {
+    records: Store<ServiceRecord>,
+    local: Store<ServiceRecord>,
+    services: Store<Service>,
+    imports: Store<ServiceImport>,
+    slices: Store<EndpointSlice>,
+}
+
 async fn passes(
     client: &Client,
     install: &str,
-    records: &Store<ServiceRecord>,
-    services: &Store<Service>,
-    imports: &Store<ServiceImport>,
+    stores: &Stores,
     changed: &Notify,
     stop: &CancellationToken,
 ) {
     let mut retries = RETRY.delays();
     loop {
+        let mut records = stores.records.state();
+        records.extend(
+            stores
+                .local
+                .state()
+                .into_iter()
+                .filter(|r| mcs::is_local_mcs_export(r)),
+        );
         match sync(
             client,
             install,
-            &records.state(),
-            &services.state(),
-            &imports.state(),
+            &records,
+            &stores.services.state(),
+            &stores.imports.state(),
+            &stores.slices.state(),
         )
         .await
         {
@@ -266,6 +399,9 @@ async fn passes(
                 retries = RETRY.delays();
                 if !pass.written.is_empty() || !pass.deleted.is_empty() {
                     tracing::info!(written = ?pass.written, deleted = ?pass.deleted, "ServiceImports updated");
+                }
+                if !pass.slices_written.is_empty() || !pass.slices_deleted.is_empty() {
+                    tracing::info!(written = ?pass.slices_written, deleted = ?pass.slices_deleted, "ServiceImports' EndpointSlices updated");
                 }
                 for why in &pass.skipped {
                     tracing::debug!(%why, "ServiceImport not written");

@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
 use kube::{CustomResource, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -89,6 +90,367 @@ pub const HEADLESS_TRUE: &str = "true";
 /// [`parse_hostnames`]). The MCS DNS name of such an endpoint is
 /// `<hostname>.<cluster>.<service>.<namespace>.svc.clusterset.local`.
 pub const HOSTNAMES_ANNOTATION: &str = "connectivity.tanzu.vmware.com/hostnames";
+
+/// Record annotation (travels over Hamlet as a FederatedService label): when the export of the
+/// service began — the `creationTimestamp` of the ServiceExport that exports it — in RFC 3339,
+/// UTC, to the second (`2026-11-29T07:16:06Z`, [`format_exported_at`]). KEP-1645 resolves
+/// conflicts between the exports of one name by age, the oldest winning; carrying the time with
+/// the record lets every cluster, exporters and importers, reach the same verdict
+/// ([`oldest_first`]). A record without it (an XCC label export, a plain Hamlet peer's) ranks
+/// after every record with it.
+pub const EXPORTED_AT_ANNOTATION: &str = "connectivity.tanzu.vmware.com/exported-at";
+
+/// Longest [`EXPORTED_AT_ANNOTATION`] value read (an RFC 3339 time with nanoseconds and an
+/// offset is 35 bytes).
+const EXPORTED_AT_MAX: usize = 64;
+
+/// The [`EXPORTED_AT_ANNOTATION`] value of `at`: RFC 3339 in UTC, whole seconds (as Kubernetes
+/// keeps `creationTimestamp`).
+pub fn format_exported_at(at: Timestamp) -> String {
+    let second = Timestamp::from_second(at.as_second()).unwrap_or(at);
+    second.to_string()
+}
+
+/// The time an [`EXPORTED_AT_ANNOTATION`] value gives, cut to whole seconds; `None` when it is
+/// no RFC 3339 time (or longer than any is).
+pub fn parse_exported_at(value: &str) -> Option<Timestamp> {
+    if value.len() > EXPORTED_AT_MAX {
+        return None;
+    }
+    let at: Timestamp = value.trim().parse().ok()?;
+    Timestamp::from_second(at.as_second()).ok()
+}
+
+/// When the export of `record` began ([`EXPORTED_AT_ANNOTATION`]), if it says (and says it
+/// well).
+pub fn exported_at(record: &crate::crd::ServiceRecord) -> Option<Timestamp> {
+    record
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(EXPORTED_AT_ANNOTATION))
+        .and_then(|v| parse_exported_at(v))
+}
+
+/// The order of the exports of one name, first the one whose definition wins (KEP-1645's
+/// conflict resolution: the oldest export wins): by [`exported_at`], a record without it after
+/// every record with it; ties by source cluster name ([`source_cluster`], none last). Only these
+/// two travel with a record, so every cluster that sees the same exports orders them the same.
+/// Two records equal in both (which two clusters never make: cluster names are unique in a
+/// ClusterSet) are then ordered by UID and name, so the order is total in any one cluster.
+pub fn oldest_first(
+    a: &crate::crd::ServiceRecord,
+    b: &crate::crd::ServiceRecord,
+) -> std::cmp::Ordering {
+    fn rank(r: &crate::crd::ServiceRecord) -> (bool, Option<Timestamp>, bool, Option<&str>) {
+        let at = exported_at(r);
+        let cluster = source_cluster(r);
+        (at.is_none(), at, cluster.is_none(), cluster)
+    }
+    rank(a)
+        .cmp(&rank(b))
+        .then_with(|| a.metadata.uid.cmp(&b.metadata.uid))
+        .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+}
+
+/// Who an export is, for people: `east (exported 2026-11-29T07:16:06Z)`, or the cluster alone
+/// when the time is unknown.
+pub fn shown_export(record: &crate::crd::ServiceRecord) -> String {
+    let cluster = source_cluster(record).unwrap_or("an unnamed cluster");
+    match exported_at(record) {
+        Some(at) => format!("{cluster} (exported {})", format_exported_at(at)),
+        None => format!("{cluster} (export time unknown)"),
+    }
+}
+
+/// One port of an export, as the ports of the exports of one name are merged: (name, empty
+/// when unnamed; port; protocol).
+pub type ExportPort = (String, i32, crate::crd::Protocol);
+
+/// `name:port/PROTOCOL`, or `port/PROTOCOL` for an unnamed port.
+pub fn shown_port(p: &ExportPort) -> String {
+    let (name, port, protocol) = p;
+    if name.is_empty() {
+        format!("{port}/{}", protocol.as_str())
+    } else {
+        format!("{name}:{port}/{}", protocol.as_str())
+    }
+}
+
+/// A port of a later export that the merged ports cannot hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortClash {
+    /// Index of the export (in the order given) whose port it is.
+    pub export: usize,
+    /// The port left out.
+    pub port: ExportPort,
+    /// The port already merged that it clashes with.
+    pub kept: ExportPort,
+    /// Index of the export that port came from.
+    pub kept_from: usize,
+}
+
+/// The ports of the exports of one name merged (KEP-1645: the service's ports are the union of
+/// its exporters' ports), `exports` in [`oldest_first`] order. A port is taken unless one already
+/// taken clashes with it — the same name with another number or protocol (`PortConflict`), the
+/// same number and protocol under another name, or an unnamed port beside any other (a
+/// Service allows an unnamed port only alone) — so the oldest export's definition of a port
+/// wins. Returns the merged ports, sorted, and the clashes in the order found.
+pub fn merge_ports<'a>(
+    exports: impl IntoIterator<Item = &'a [ExportPort]>,
+) -> (Vec<ExportPort>, Vec<PortClash>) {
+    let mut merged: Vec<(ExportPort, usize)> = Vec::new();
+    let mut clashes = Vec::new();
+    for (index, ports) in exports.into_iter().enumerate() {
+        for port in ports {
+            let (name, number, protocol) = port;
+            let clash = merged.iter().find(|((n, p, proto), _)| {
+                if n == name {
+                    p != number || proto != protocol
+                } else {
+                    (p == number && proto == protocol) || n.is_empty() || name.is_empty()
+                }
+            });
+            match clash {
+                Some((kept, from)) => clashes.push(PortClash {
+                    export: index,
+                    port: port.clone(),
+                    kept: kept.clone(),
+                    kept_from: *from,
+                }),
+                None if merged.iter().any(|(p, _)| p == port) => {}
+                None => merged.push((port.clone(), index)),
+            }
+        }
+    }
+    let mut ports: Vec<ExportPort> = merged.into_iter().map(|(p, _)| p).collect();
+    ports.sort();
+    (ports, clashes)
+}
+
+/// Record annotation (travels as a FederatedService label) of an MCS export: the Service's
+/// `sessionAffinity` when it is `ClientIP` (absent: `None`), for the ServiceImport
+/// ([`ServiceTraits`]).
+pub const SESSION_AFFINITY_ANNOTATION: &str = "connectivity.tanzu.vmware.com/session-affinity";
+/// Record annotation of an MCS export with `ClientIP` affinity: its
+/// `sessionAffinityConfig.clientIP.timeoutSeconds` (1-86400).
+pub const SESSION_AFFINITY_TIMEOUT_ANNOTATION: &str =
+    "connectivity.tanzu.vmware.com/session-affinity-timeout";
+/// Record annotation of an MCS export: the Service's `internalTrafficPolicy` when it is not the
+/// default `Cluster` (so `Local`).
+pub const INTERNAL_TRAFFIC_POLICY_ANNOTATION: &str =
+    "connectivity.tanzu.vmware.com/internal-traffic-policy";
+/// Record annotation of an MCS export: the Service's `trafficDistribution`, when set.
+pub const TRAFFIC_DISTRIBUTION_ANNOTATION: &str =
+    "connectivity.tanzu.vmware.com/traffic-distribution";
+
+/// The keys of [`ServiceTraits`] on a record.
+pub const TRAIT_KEYS: [&str; 4] = [
+    SESSION_AFFINITY_ANNOTATION,
+    SESSION_AFFINITY_TIMEOUT_ANNOTATION,
+    INTERNAL_TRAFFIC_POLICY_ANNOTATION,
+    TRAFFIC_DISTRIBUTION_ANNOTATION,
+];
+
+/// `sessionAffinity` value that needs carrying.
+pub const CLIENT_IP: &str = "ClientIP";
+/// The `timeoutSeconds` Kubernetes gives `ClientIP` affinity when none is set.
+pub const DEFAULT_AFFINITY_TIMEOUT: i32 = 10_800;
+
+/// The Service fields KEP-1645 carries to the ServiceImport besides type and ports, as an MCS
+/// export's record carries them ([`TRAIT_KEYS`]), each in its canonical form: a default value
+/// (`None` affinity, `Cluster` policy, no distribution) is absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceTraits {
+    /// `Some(timeoutSeconds)` for `ClientIP` affinity; `None` for none.
+    pub client_ip_timeout: Option<i32>,
+    /// `internalTrafficPolicy: Local`.
+    pub internal_local: bool,
+    /// `trafficDistribution`, e.g. `PreferClose`.
+    pub traffic_distribution: Option<String>,
+}
+
+/// Whether `v` may be a `trafficDistribution` value: 1-63 ASCII letters and digits, starting
+/// with a letter (every value Kubernetes defines is so).
+fn is_distribution(v: &str) -> bool {
+    (1..=63).contains(&v.len())
+        && v.starts_with(|c: char| c.is_ascii_alphabetic())
+        && v.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+impl ServiceTraits {
+    /// The traits of a Service's spec.
+    pub fn of_service(spec: &k8s_openapi::api::core::v1::ServiceSpec) -> Self {
+        let client_ip = spec.session_affinity.as_deref() == Some(CLIENT_IP);
+        Self {
+            client_ip_timeout: client_ip.then(|| {
+                spec.session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds)
+                    .filter(|t| (1..=86_400).contains(t))
+                    .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
+            }),
+            internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+            traffic_distribution: spec
+                .traffic_distribution
+                .clone()
+                .filter(|v| is_distribution(v)),
+        }
+    }
+
+    /// The traits `get` (a record's annotations, a peer's labels) gives, each checked: a value
+    /// that is not one of its field's is left out (it reads as the default).
+    pub fn of<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Self {
+        let client_ip = get(SESSION_AFFINITY_ANNOTATION) == Some(CLIENT_IP);
+        Self {
+            client_ip_timeout: client_ip.then(|| {
+                get(SESSION_AFFINITY_TIMEOUT_ANNOTATION)
+                    .and_then(|t| t.parse::<i32>().ok())
+                    .filter(|t| (1..=86_400).contains(t))
+                    .unwrap_or(DEFAULT_AFFINITY_TIMEOUT)
+            }),
+            internal_local: get(INTERNAL_TRAFFIC_POLICY_ANNOTATION) == Some("Local"),
+            traffic_distribution: get(TRAFFIC_DISTRIBUTION_ANNOTATION)
+                .filter(|v| is_distribution(v))
+                .map(str::to_string),
+        }
+    }
+
+    /// The traits a record carries.
+    pub fn of_record(record: &crate::crd::ServiceRecord) -> Self {
+        let annotations = record.metadata.annotations.as_ref();
+        Self::of(|k| annotations.and_then(|a| a.get(k)).map(String::as_str))
+    }
+
+    /// The record annotations of these traits (none for the defaults).
+    pub fn annotations(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        if let Some(timeout) = self.client_ip_timeout {
+            out.insert(
+                SESSION_AFFINITY_ANNOTATION.to_string(),
+                CLIENT_IP.to_string(),
+            );
+            out.insert(
+                SESSION_AFFINITY_TIMEOUT_ANNOTATION.to_string(),
+                timeout.to_string(),
+            );
+        }
+        if self.internal_local {
+            out.insert(
+                INTERNAL_TRAFFIC_POLICY_ANNOTATION.to_string(),
+                "Local".to_string(),
+            );
+        }
+        if let Some(d) = &self.traffic_distribution {
+            out.insert(TRAFFIC_DISTRIBUTION_ANNOTATION.to_string(), d.clone());
+        }
+        out
+    }
+
+    /// `sessionAffinity` for a ServiceImport or Service: `ClientIP` or `None`.
+    pub fn session_affinity(&self) -> &'static str {
+        if self.client_ip_timeout.is_some() {
+            CLIENT_IP
+        } else {
+            "None"
+        }
+    }
+
+    /// `internalTrafficPolicy`: `Local` or `Cluster`.
+    pub fn internal_traffic_policy(&self) -> &'static str {
+        if self.internal_local {
+            "Local"
+        } else {
+            "Cluster"
+        }
+    }
+}
+
+/// Record annotation (travels as a FederatedService label) of an MCS export: the ServiceExport's
+/// `spec.exportedLabels`, for the ServiceImport's labels, as a JSON object of strings
+/// ([`exported_metadata`]).
+pub const EXPORTED_LABELS_ANNOTATION: &str = "connectivity.tanzu.vmware.com/exported-labels";
+/// Record annotation of an MCS export: the ServiceExport's `spec.exportedAnnotations`, for the
+/// ServiceImport's annotations, as a JSON object of strings.
+pub const EXPORTED_ANNOTATIONS_ANNOTATION: &str =
+    "connectivity.tanzu.vmware.com/exported-annotations";
+
+/// Longest [`EXPORTED_LABELS_ANNOTATION`] / [`EXPORTED_ANNOTATIONS_ANNOTATION`] value read or
+/// written (bytes); a larger one is dropped whole.
+pub const EXPORTED_METADATA_MAX: usize = 16 * 1024;
+
+/// Whether `key` is a Kubernetes qualified name (a label or annotation key): an optional
+/// DNS-1123 subdomain prefix and `/`, then 1-63 of `[A-Za-z0-9._-]` starting and ending
+/// alphanumeric.
+fn is_qualified_name(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    prefix.is_none_or(crate::names::is_dns1123_subdomain)
+        && !name.is_empty()
+        && crate::names::is_label_value(name)
+}
+
+/// Whether a ServiceImport may carry the exported key `key`: not one xcc sets itself (the
+/// managed-by label, `connectivity.tanzu.vmware.com/…`, the binder's install annotation).
+fn exportable_key(key: &str) -> bool {
+    key != crate::crd::MANAGED_BY_LABEL
+        && !key.starts_with("connectivity.tanzu.vmware.com/")
+        && !key.starts_with("binder.xcc/")
+}
+
+/// The exported labels (`labels`) or annotations of a ServiceExport as a ServiceImport may carry
+/// them: entries whose key is a qualified name xcc does not set itself and, for labels, whose
+/// value is a label value; the others are left out one by one.
+pub fn exported_metadata(map: &BTreeMap<String, String>, labels: bool) -> BTreeMap<String, String> {
+    map.iter()
+        .filter(|(k, v)| {
+            is_qualified_name(k)
+                && exportable_key(k)
+                && (!labels || crate::names::is_label_value(v))
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The record annotation value of exported labels or annotations (a JSON object, keys sorted);
+/// `None` when there is nothing or it is larger than [`EXPORTED_METADATA_MAX`].
+pub fn format_exported_metadata(map: &BTreeMap<String, String>) -> Option<String> {
+    let value = serde_json::to_string(map).ok()?;
+    (!map.is_empty() && value.len() <= EXPORTED_METADATA_MAX).then_some(value)
+}
+
+/// The exported labels (`labels`) or annotations a record annotation value gives, checked as
+/// [`exported_metadata`] does; empty when it is no JSON object of strings or too large.
+pub fn parse_exported_metadata(value: &str, labels: bool) -> BTreeMap<String, String> {
+    if value.len() > EXPORTED_METADATA_MAX {
+        return BTreeMap::new();
+    }
+    serde_json::from_str::<BTreeMap<String, String>>(value)
+        .map(|m| exported_metadata(&m, labels))
+        .unwrap_or_default()
+}
+
+/// The exported (labels, annotations) a record carries.
+pub fn record_exported_metadata(
+    record: &crate::crd::ServiceRecord,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let get = |key: &str, labels: bool| {
+        record
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(|v| parse_exported_metadata(v, labels))
+            .unwrap_or_default()
+    };
+    (
+        get(EXPORTED_LABELS_ANNOTATION, true),
+        get(EXPORTED_ANNOTATIONS_ANNOTATION, false),
+    )
+}
 
 /// Whether a record is a headless export ([`HEADLESS_ANNOTATION`] is `true`).
 pub fn is_headless(record: &crate::crd::ServiceRecord) -> bool {
@@ -249,11 +611,11 @@ impl Resource for ServiceExport {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceExportSpec {
-    /// Labels the importers' ServiceImport should carry (optional for implementations; xcc
-    /// does not carry them).
+    /// Labels the importers' ServiceImport should carry ([`EXPORTED_LABELS_ANNOTATION`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported_labels: Option<BTreeMap<String, String>>,
-    /// Annotations the importers' ServiceImport should carry (optional; not carried by xcc).
+    /// Annotations the importers' ServiceImport should carry
+    /// ([`EXPORTED_ANNOTATIONS_ANNOTATION`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exported_annotations: Option<BTreeMap<String, String>>,
 }
@@ -294,6 +656,33 @@ pub struct ServiceImportSpec {
     /// `ClientIP` or `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_affinity: Option<String>,
+    /// The `ClientIP` affinity's timeout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity_config: Option<SessionAffinityConfig>,
+    /// `Cluster` or `Local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_traffic_policy: Option<String>,
+    /// How traffic is distributed to the endpoints (`PreferClose`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_distribution: Option<String>,
+}
+
+/// `sessionAffinityConfig` of a ServiceImport.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionAffinityConfig {
+    /// The `ClientIP` affinity's settings.
+    #[serde(default, rename = "clientIP", skip_serializing_if = "Option::is_none")]
+    pub client_ip: Option<ClientIpConfig>,
+}
+
+/// `sessionAffinityConfig.clientIP` of a ServiceImport.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientIpConfig {
+    /// Seconds a client sticks to one endpoint (1-86400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<i32>,
 }
 
 /// `spec.type` of a ServiceImport with a VIP.
@@ -356,15 +745,7 @@ pub struct ClusterPropertySpec {
 /// apply leaves them to whoever does.
 pub const NOT_MODELLED: [(&str, &[&str]); 3] = [
     ("ServiceExport", &[]),
-    (
-        "ServiceImport",
-        &[
-            ".spec.internalTrafficPolicy",
-            ".spec.sessionAffinityConfig",
-            ".spec.trafficDistribution",
-            ".status.conditions",
-        ],
-    ),
+    ("ServiceImport", &[".status.conditions"]),
     ("ClusterProperty", &[]),
 ];
 

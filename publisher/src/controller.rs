@@ -481,17 +481,16 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
                     )
                 });
                 // The clusterset namespace is the Service's own (no namespace mapping here).
-                Some((
-                    uid,
-                    desired::from_exported_service(
-                        &s,
-                        by,
-                        &key.namespace,
-                        &nodes,
-                        slices.as_deref(),
-                        &shared.settings.config,
-                    ),
-                ))
+                let mut desired = desired::from_exported_service(
+                    &s,
+                    by,
+                    &key.namespace,
+                    &nodes,
+                    slices.as_deref(),
+                    &shared.settings.config,
+                );
+                mcs::stamp_export(&mut desired, export.as_deref(), s.spec.as_ref());
+                Some((uid, desired))
             })
         }
     };

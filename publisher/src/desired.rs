@@ -248,6 +248,12 @@ fn passed_annotations(meta: &ObjectMeta) -> BTreeMap<String, String> {
         .flatten()
         .filter(|(k, _)| k.starts_with(&prefix))
         .filter(|(k, _)| k.as_str() != FQDN_ANNOTATION && k.as_str() != CLUSTERS_ANNOTATION)
+        // Only the publisher says when an export began and what its Service's MCS fields are
+        // (from its ServiceExport and Service).
+        .filter(|(k, _)| {
+            k.as_str() != xcc_proto::mcs::EXPORTED_AT_ANNOTATION
+                && !xcc_proto::mcs::TRAIT_KEYS.contains(&k.as_str())
+        })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }

@@ -12,16 +12,25 @@
 //!   says why;
 //! - `Conflict`: `OwnerConflict` (xcc's own, [`REASON_OWNER_CONFLICT`]) while that refusal is
 //!   because another service owns the name (checks `owner` and `collision`), the message naming
-//!   the owner; else `TypeConflict` when another cluster exports the same name headless and this
-//!   one not (or the other way round), else `PortConflict` when another cluster exports it with
-//!   other ports — seen in the imported ServiceRecords of that name ([`conflicts`]), so only in
-//!   a cluster that also imports the name; else `NoConflicts`.
+//!   the owner; else `TypeConflict` when the exports of the name differ in type (headless or
+//!   not), else `PortConflict` when they define a port differently (one name, another number or
+//!   protocol) — seen in this cluster's export and the imported ServiceRecords of that name
+//!   ([`conflicts`]), so only in a cluster that also imports the name; else
+//!   `SessionAffinityConflict`, `SessionAffinityConfigConflict`, `InternalTrafficPolicyConflict`
+//!   or `TrafficDistributionConflict` ([`TRAIT_REASONS`]) when they set that Service field
+//!   otherwise, else `LabelsConflict` / `AnnotationsConflict` when they export one label or
+//!   annotation with different values; else `NoConflicts`. The
+//!   oldest export wins (KEP-1645; [`oldest_first`], by the export time each record carries,
+//!   [`stamp_export`], then the cluster name), the verdict every binder reaches too, and
+//!   every export of the name reports the same conflict naming it. Other ports are no
+//!   conflict: the service has the union of the exports' ports.
 //!
 //! [`merge`] keeps each condition's `lastTransitionTime` while its status holds, so a reconcile
 //! that changes nothing writes nothing ([`up_to_date`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::api::core::v1::ServiceSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use xcc_proto::crd::{
     ANNOUNCED_REASON_COLLISION, ANNOUNCED_REASON_OWNER, CONDITION_ANNOUNCED, Protocol,
@@ -33,9 +42,13 @@ use xcc_proto::mcs::{
     REASON_PENDING, REASON_PORT_CONFLICT, REASON_REFUSED_PREFIX, REASON_TYPE_CONFLICT,
     REASON_VALID, ServiceExport, is_headless,
 };
+use xcc_proto::mcs::{
+    EXPORTED_ANNOTATIONS_ANNOTATION, EXPORTED_AT_ANNOTATION, EXPORTED_LABELS_ANNOTATION,
+    ExportPort, ServiceTraits, merge_ports, oldest_first, record_exported_metadata, shown_port,
+};
 use xcc_proto::names::{self, EXPORT_LABEL, SERVICE_PORT_ANNOTATION};
 
-use crate::desired::{ExportedBy, Skip};
+use crate::desired::{Desired, ExportedBy, Skip};
 
 /// Whether and how a Service is exported: by the XCC export label (with or without a
 /// ServiceExport), else by a ServiceExport of its name in its namespace that is not being
@@ -51,6 +64,61 @@ pub fn exported(service: &ObjectMeta, export: Option<&ServiceExport>) -> Exporte
         ExportedBy::ServiceExport
     } else {
         ExportedBy::Nothing
+    }
+}
+
+/// Mark the record `desired` publishes for a Service with what an MCS export carries, when a
+/// ServiceExport (not being deleted) names the Service: the time its export began
+/// ([`EXPORTED_AT_ANNOTATION`], the ServiceExport's `creationTimestamp`; it travels with the
+/// record, so every cluster orders the exports of one name the same, [`oldest_first`]) and the
+/// Service fields the ServiceImport carries ([`ServiceTraits`] of `service`: session affinity,
+/// internal traffic policy, traffic distribution) and the ServiceExport's `exportedLabels` and
+/// `exportedAnnotations` (the entries a ServiceImport may carry). Without a ServiceExport (an XCC label
+/// export) the record says neither, and ranks after every MCS export of its name.
+pub fn stamp_export(
+    desired: &mut Desired,
+    export: Option<&ServiceExport>,
+    service: Option<&ServiceSpec>,
+) {
+    let Desired::Publish(record) = desired else {
+        return;
+    };
+    let Some(export) = export.filter(|e| e.metadata.deletion_timestamp.is_none()) else {
+        return;
+    };
+    let annotations = record
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    if let Some(at) = export.metadata.creation_timestamp.as_ref() {
+        annotations.insert(
+            EXPORTED_AT_ANNOTATION.to_string(),
+            xcc_proto::mcs::format_exported_at(at.0),
+        );
+    }
+    if let Some(spec) = service {
+        annotations.extend(ServiceTraits::of_service(spec).annotations());
+    }
+    // The labels and annotations the ServiceExport asks the ServiceImports to carry.
+    for (key, map, labels) in [
+        (
+            EXPORTED_LABELS_ANNOTATION,
+            &export.spec.exported_labels,
+            true,
+        ),
+        (
+            EXPORTED_ANNOTATIONS_ANNOTATION,
+            &export.spec.exported_annotations,
+            false,
+        ),
+    ] {
+        let kept = map
+            .as_ref()
+            .map(|m| xcc_proto::mcs::exported_metadata(m, labels))
+            .unwrap_or_default();
+        if let Some(value) = xcc_proto::mcs::format_exported_metadata(&kept) {
+            annotations.insert(key.to_string(), value);
+        }
     }
 }
 
@@ -175,22 +243,13 @@ fn wanted(type_: &'static str, status: bool, reason: impl Into<String>, message:
     }
 }
 
-/// The ports of a record as importers see them, `port/PROTOCOL` or `name:port/PROTOCOL`,
-/// sorted: `spec.ports`, else the `service-port` annotation (one TCP port); empty when neither
-/// says.
-pub fn port_set(record: &ServiceRecord) -> BTreeSet<String> {
-    match record.spec.ports.as_ref().filter(|p| !p.is_empty()) {
+/// The ports of a record as importers see them, sorted: `spec.ports`, else the
+/// `service-port` annotation (one TCP port); empty when neither says.
+pub fn export_ports(record: &ServiceRecord) -> Vec<ExportPort> {
+    let mut out: Vec<ExportPort> = match record.spec.ports.as_ref().filter(|p| !p.is_empty()) {
         Some(ports) => ports
             .iter()
-            .map(|p| {
-                let name = p.name.as_deref().unwrap_or_default();
-                let prefix = if name.is_empty() {
-                    String::new()
-                } else {
-                    format!("{name}:")
-                };
-                format!("{prefix}{}/{}", p.port, p.protocol().as_str())
-            })
+            .map(|p| (p.name.clone().unwrap_or_default(), p.port, p.protocol()))
             .collect(),
         None => record
             .metadata
@@ -198,33 +257,81 @@ pub fn port_set(record: &ServiceRecord) -> BTreeSet<String> {
             .as_ref()
             .and_then(|a| a.get(SERVICE_PORT_ANNOTATION))
             .and_then(|v| v.trim().parse::<u16>().ok())
-            .map(|p| format!("{p}/{}", Protocol::Tcp.as_str()))
+            .map(|p| (String::new(), i32::from(p), Protocol::Tcp))
             .into_iter()
             .collect(),
-    }
-}
-
-fn shown(ports: &BTreeSet<String>) -> String {
-    ports.iter().cloned().collect::<Vec<_>>().join(",")
+    };
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn kind(headless: bool) -> &'static str {
     if headless { "Headless" } else { "ClusterSetIP" }
 }
 
-/// How other clusters' exports of the same name disagree with this cluster's.
+/// How the exports of this cluster's name disagree, and which one's definition wins — the
+/// verdict every cluster that sees the same exports reaches ([`oldest_first`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Conflicts {
-    /// Clusters exporting it headless when this one has a cluster IP, or the other way
-    /// round: `cluster (Headless)` / `cluster (ClusterSetIP)`, sorted.
+    /// The export whose definition wins, the oldest ([`xcc_proto::mcs::shown_export`]), when
+    /// there is a conflict; else empty.
+    pub winner: String,
+    /// The winner's type (`Headless` or `ClusterSetIP`) when there is a type conflict.
+    pub winner_type: &'static str,
+    /// Exports of the other type than the winner's, whose endpoints every cluster leaves out:
+    /// `cluster (Headless)` / `cluster (ClusterSetIP)`, sorted.
     pub types: Vec<String>,
-    /// Clusters exporting it with other ports: `cluster (ports)`, sorted.
+    /// Ports of later exports that the union of ports cannot hold (a port name with another
+    /// number or protocol, ...): `west's http:8080/TCP (east's http:80/TCP kept)`, oldest
+    /// export first.
     pub ports: Vec<String>,
+    /// Service fields a later export sets otherwise than the oldest (whose value the
+    /// ServiceImport has): (KEP-1645 reason, `west: ClientIP (east: None)`), in the order of
+    /// [`TRAIT_REASONS`], each field's exports oldest first; then exported labels and
+    /// annotations set to another value than an older export's ([`REASON_LABELS_CONFLICT`],
+    /// [`REASON_ANNOTATIONS_CONFLICT`]: `west: team=b (east: team=a)`).
+    pub traits: Vec<(&'static str, String)>,
 }
 
-/// The other clusters whose export of `own`'s FQDN (among the imported records `imported`)
-/// differs from `own` in type (headless or not) or ports. Records of this cluster or of other
-/// names are not compared, nor ports of records without ports.
+/// The `Conflict` reasons of the Service fields a ServiceImport carries, in the order they are
+/// reported.
+pub const TRAIT_REASONS: [&str; 4] = [
+    "SessionAffinityConflict",
+    "SessionAffinityConfigConflict",
+    "InternalTrafficPolicyConflict",
+    "TrafficDistributionConflict",
+];
+
+/// `Conflict=True`: exporters set one exported label to different values (KEP-1645).
+pub const REASON_LABELS_CONFLICT: &str = "LabelsConflict";
+/// `Conflict=True`: exporters set one exported annotation to different values (KEP-1645).
+pub const REASON_ANNOTATIONS_CONFLICT: &str = "AnnotationsConflict";
+
+type Map = BTreeMap<String, String>;
+
+/// The fields of `traits` as compared, one per [`TRAIT_REASONS`] entry, shown.
+fn trait_values(traits: &ServiceTraits) -> [String; 4] {
+    [
+        traits.session_affinity().to_string(),
+        traits
+            .client_ip_timeout
+            .map_or_else(|| "none".to_string(), |t| format!("timeoutSeconds {t}")),
+        traits.internal_traffic_policy().to_string(),
+        traits
+            .traffic_distribution
+            .clone()
+            .unwrap_or_else(|| "unset".to_string()),
+    ]
+}
+
+/// What the exports of `own`'s FQDN disagree about: `own` and the other clusters' exports among
+/// the imported records `imported` (records of this cluster or of other names are not
+/// compared), ordered oldest first ([`oldest_first`], KEP-1645: the oldest export wins). Exports
+/// of the other type than the oldest's conflict (`TypeConflict`); of the rest, the ports are
+/// merged into their union ([`merge_ports`]) and a port that cannot join it is a
+/// `PortConflict`. Every export of the name reports the same conflicts (KEP-1645 sets the
+/// condition on all of them). Records without ports add no ports.
 pub fn conflicts<'a>(
     own: &ServiceRecord,
     cluster: Option<&str>,
@@ -233,29 +340,117 @@ pub fn conflicts<'a>(
     let Ok(fqdn) = names::canonical_fqdn(&own.spec.fqdn) else {
         return Conflicts::default();
     };
-    let mine = port_set(own);
-    let headless = is_headless(own);
-    let mut types: BTreeSet<String> = BTreeSet::new();
-    let mut out: BTreeSet<String> = BTreeSet::new();
+    let mut exports: Vec<&ServiceRecord> = vec![own];
     for record in imported {
         if names::canonical_fqdn(&record.spec.fqdn).as_deref() != Ok(fqdn.as_str()) {
             continue;
         }
-        let from = xcc_proto::mcs::source_cluster(record).unwrap_or("an unnamed cluster");
-        if cluster == Some(from) {
+        let from = xcc_proto::mcs::source_cluster(record);
+        if from.is_some() && cluster == from {
             continue;
         }
-        if is_headless(record) != headless {
-            types.insert(format!("{from} ({})", kind(!headless)));
-        }
-        let theirs = port_set(record);
-        if !theirs.is_empty() && theirs != mine {
-            out.insert(format!("{from} ({})", shown(&theirs)));
+        exports.push(record);
+    }
+    exports.sort_by(|a, b| oldest_first(a, b));
+    let Some(winner) = exports.first().copied() else {
+        return Conflicts::default();
+    };
+    let headless = is_headless(winner);
+    let cluster_of = |r: &ServiceRecord| {
+        xcc_proto::mcs::source_cluster(r)
+            .or(if std::ptr::eq(r, own) { cluster } else { None })
+            .unwrap_or("an unnamed cluster")
+            .to_string()
+    };
+    let types: BTreeSet<String> = exports
+        .iter()
+        .filter(|r| is_headless(r) != headless)
+        .map(|r| format!("{} ({})", cluster_of(r), kind(!headless)))
+        .collect();
+    let same_type: Vec<&ServiceRecord> = exports
+        .iter()
+        .copied()
+        .filter(|r| is_headless(r) == headless)
+        .collect();
+    let ports: Vec<Vec<ExportPort>> = same_type.iter().map(|r| export_ports(r)).collect();
+    let (_, clashes) = merge_ports(ports.iter().map(Vec::as_slice));
+    let ports: Vec<String> = clashes
+        .iter()
+        .map(|c| {
+            format!(
+                "{}'s {} ({}'s {} kept)",
+                cluster_of(same_type[c.export]),
+                shown_port(&c.port),
+                cluster_of(same_type[c.kept_from]),
+                shown_port(&c.kept)
+            )
+        })
+        .collect();
+    // The Service fields: the oldest export's hold; another value is a conflict (session
+    // affinity's timeout only between two ClientIP exports).
+    let theirs: Vec<[String; 4]> = same_type
+        .iter()
+        .map(|r| trait_values(&ServiceTraits::of_record(r)))
+        .collect();
+    let mut traits = Vec::new();
+    for (field, reason) in TRAIT_REASONS.iter().enumerate() {
+        for (r, values) in same_type.iter().zip(&theirs).skip(1) {
+            let (mine, oldest) = (&values[field], &theirs[0][field]);
+            let comparable = field != 1 || (values[0] == theirs[0][0]);
+            if comparable && mine != oldest {
+                traits.push((
+                    *reason,
+                    format!(
+                        "{}: {mine} ({}: {oldest})",
+                        cluster_of(r),
+                        cluster_of(winner)
+                    ),
+                ));
+            }
         }
     }
+    // Exported labels and annotations: the union, the oldest export's value of a key holding;
+    // another value of a key is a conflict.
+    let metadata: Vec<_> = same_type
+        .iter()
+        .map(|r| record_exported_metadata(r))
+        .collect();
+    for (reason, pick) in [
+        (
+            REASON_LABELS_CONFLICT,
+            (|m: &(Map, Map)| &m.0) as fn(&(Map, Map)) -> &Map,
+        ),
+        (REASON_ANNOTATIONS_CONFLICT, |m: &(Map, Map)| &m.1),
+    ] {
+        let mut held: BTreeMap<&String, (&String, usize)> = BTreeMap::new();
+        for (index, m) in metadata.iter().enumerate() {
+            for (key, value) in pick(m) {
+                match held.get(key) {
+                    Some((v, from)) if *v != value => traits.push((
+                        reason,
+                        format!(
+                            "{}: {key}={value} ({}: {key}={v})",
+                            cluster_of(same_type[index]),
+                            cluster_of(same_type[*from])
+                        ),
+                    )),
+                    Some(_) => {}
+                    None => {
+                        held.insert(key, (value, index));
+                    }
+                }
+            }
+        }
+    }
+    if types.is_empty() && ports.is_empty() && traits.is_empty() {
+        return Conflicts::default();
+    }
     Conflicts {
+        winner: xcc_proto::mcs::shown_export(winner),
+        winner_type: if types.is_empty() { "" } else { kind(headless) },
         types: types.into_iter().collect(),
-        ports: out.into_iter().collect(),
+        ports,
+        traits,
     }
 }
 
@@ -332,21 +527,39 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
                     true,
                     REASON_TYPE_CONFLICT,
                     format!(
-                        "exported here as {}, by {}; importers serve one type and leave the other clusters' endpoints out",
-                        kind(is_headless(record)),
+                        "the exports of this name differ in type; the oldest export, {}, wins: every cluster serves it as {} and leaves out the endpoints of {}",
+                        conflicts.winner,
+                        conflicts.winner_type,
                         conflicts.types.join(", ")
                     ),
                 )
             } else if conflicts.ports.is_empty() {
-                no_conflict("no other cluster's export of this name differs")
+                match conflicts.traits.first() {
+                    Some((reason, _)) => wanted(
+                        CONDITION_CONFLICT,
+                        true,
+                        *reason,
+                        format!(
+                            "the exports of this name set a Service field, exported label or exported annotation differently; the oldest export's value holds (the oldest export is {}): {}",
+                            conflicts.winner,
+                            conflicts
+                                .traits
+                                .iter()
+                                .map(|(reason, what)| format!("{reason} {what}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ),
+                    None => no_conflict("no export of this name differs"),
+                }
             } else {
                 wanted(
                     CONDITION_CONFLICT,
                     true,
                     REASON_PORT_CONFLICT,
                     format!(
-                        "ports here ({}) differ from {}; importers serve one port set and leave the other clusters' endpoints out",
-                        shown(&port_set(record)),
+                        "the exports of this name define a port differently; the service has the union of their ports, the oldest export's definition winning (the oldest export is {}): {}",
+                        conflicts.winner,
                         conflicts.ports.join(", ")
                     ),
                 )

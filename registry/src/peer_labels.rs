@@ -23,7 +23,11 @@
 use std::collections::BTreeMap;
 
 use xcc_proto::mapping::{ORIGIN_NAME_ANNOTATION, ORIGIN_NAMESPACE_ANNOTATION, validate_namespace};
-use xcc_proto::mcs::{HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION};
+use xcc_proto::mcs::{
+    EXPORTED_ANNOTATIONS_ANNOTATION, EXPORTED_AT_ANNOTATION, EXPORTED_LABELS_ANNOTATION,
+    HEADLESS_ANNOTATION, HEADLESS_TRUE, HOSTNAMES_ANNOTATION, ServiceTraits, TRAIT_KEYS,
+    format_exported_metadata, parse_exported_metadata,
+};
 use xcc_proto::names::{
     CLUSTER_NAME_LABEL, CLUSTER_NAMESPACE_LABEL, CLUSTERS_ANNOTATION, EXPORT_LABEL,
     FQDN_ANNOTATION, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL, SERVICE_PORT_ANNOTATION,
@@ -33,13 +37,20 @@ use xcc_proto::names::{
 use crate::catalog::Endpoint;
 
 /// The control keys [`allowed`] may keep, in the order of its rules.
-pub const CONTROL_KEYS: [&str; 6] = [
+pub const CONTROL_KEYS: [&str; 13] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
     ORIGIN_NAME_ANNOTATION,
     HEADLESS_ANNOTATION,
     HOSTNAMES_ANNOTATION,
+    EXPORTED_AT_ANNOTATION,
+    TRAIT_KEYS[0],
+    TRAIT_KEYS[1],
+    TRAIT_KEYS[2],
+    TRAIT_KEYS[3],
+    EXPORTED_LABELS_ANNOTATION,
+    EXPORTED_ANNOTATIONS_ANNOTATION,
 ];
 
 /// The prefix of every label that travels (XCC's pass-through annotations, matched with the
@@ -48,13 +59,20 @@ pub const PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
 /// Keys under [`PREFIX`] that xcc itself uses: never policy labels, whatever their value (the
 /// control keys travel by their own rules, the others stay where they were written).
-pub const RESERVED_KEYS: [&str; 17] = [
+pub const RESERVED_KEYS: [&str; 24] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
     ORIGIN_NAME_ANNOTATION,
     HEADLESS_ANNOTATION,
     HOSTNAMES_ANNOTATION,
+    EXPORTED_AT_ANNOTATION,
+    TRAIT_KEYS[0],
+    TRAIT_KEYS[1],
+    TRAIT_KEYS[2],
+    TRAIT_KEYS[3],
+    EXPORTED_LABELS_ANNOTATION,
+    EXPORTED_ANNOTATIONS_ANNOTATION,
     xcc_proto::ports::PORTS_LABEL,
     WORKLOAD_SELECTOR_ANNOTATION,
     FQDN_ANNOTATION,
@@ -205,6 +223,14 @@ pub fn keep_origin_in_tree(labels: &mut BTreeMap<String, String>, fqdn: &str) ->
 /// - the headless marker (MCS), only as `true`; with it the pods' hostnames, only the valid
 ///   `address=hostname` pairs of addresses among `endpoints` (the others are dropped, not the
 ///   entry), and not at all when none is left;
+/// - the export's start time (MCS, [`EXPORTED_AT_ANNOTATION`]: the oldest export of a name
+///   wins), only as an RFC 3339 time, rewritten in its canonical form (UTC, whole seconds);
+/// - the Service fields a ServiceImport carries ([`ServiceTraits`]: `ClientIP` affinity and its
+///   timeout, `Local` internal traffic policy, the traffic distribution), only as values of
+///   those fields, in their canonical form;
+/// - the ServiceExport's exported labels and annotations (MCS), only as JSON objects of
+///   strings, each entry only with a Kubernetes key xcc does not set itself (and a label value
+///   for a label), at most 16 KiB;
 /// - the policy labels ([`policy_labels`]).
 ///
 /// Every other key is dropped. `keys` lists the labels' keys in order (to find the policy
@@ -254,6 +280,27 @@ pub fn allowed<'a>(
             }
         }
     }
+    // The Service fields an MCS ServiceImport carries, each only as one of its values.
+    kept.extend(ServiceTraits::of(get).annotations());
+    // The ServiceExport's exported labels and annotations, only the entries a ServiceImport
+    // may carry.
+    for (key, labels) in [
+        (EXPORTED_LABELS_ANNOTATION, true),
+        (EXPORTED_ANNOTATIONS_ANNOTATION, false),
+    ] {
+        if let Some(value) = get(key)
+            .map(|v| parse_exported_metadata(v, labels))
+            .and_then(|m| format_exported_metadata(&m))
+        {
+            kept.insert(key.to_string(), value);
+        }
+    }
+    if let Some(at) = get(EXPORTED_AT_ANNOTATION).and_then(xcc_proto::mcs::parse_exported_at) {
+        kept.insert(
+            EXPORTED_AT_ANNOTATION.to_string(),
+            xcc_proto::mcs::format_exported_at(at),
+        );
+    }
     kept
 }
 
@@ -298,6 +345,16 @@ mod tests {
             (ORIGIN_NAME_ANNOTATION, "db"),
             (HEADLESS_ANNOTATION, "true"),
             (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0,10.4.0.2=db-1"),
+            (EXPORTED_AT_ANNOTATION, "2026-11-29T07:16:06Z"),
+            (TRAIT_KEYS[0], "ClientIP"),
+            (TRAIT_KEYS[1], "600"),
+            (TRAIT_KEYS[2], "Local"),
+            (TRAIT_KEYS[3], "PreferClose"),
+            (EXPORTED_LABELS_ANNOTATION, r#"{"team":"pay"}"#),
+            (
+                EXPORTED_ANNOTATIONS_ANNOTATION,
+                r#"{"example.com/doc":"any text, even this"}"#,
+            ),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1", "10.4.0.2"])),
@@ -326,10 +383,41 @@ mod tests {
             (ORIGIN_NAME_ANNOTATION, "Not_A_Label"),
             (HEADLESS_ANNOTATION, "yes"),
             (HOSTNAMES_ANNOTATION, "10.4.0.1=db-0"),
+            (EXPORTED_AT_ANNOTATION, "last tuesday"),
+            (TRAIT_KEYS[0], "Sticky"),
+            (TRAIT_KEYS[1], "600"),
+            (TRAIT_KEYS[2], "Cluster"),
+            (TRAIT_KEYS[3], "Prefer Close!"),
+            (
+                EXPORTED_LABELS_ANNOTATION,
+                r#"{"team":"not a label value","Bad Key":"x"}"#,
+            ),
+            (
+                EXPORTED_ANNOTATIONS_ANNOTATION,
+                r#"{"app.kubernetes.io/managed-by":"me","connectivity.tanzu.vmware.com/vip":"1.2.3.4"}"#,
+            ),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1"])),
             BTreeMap::new()
+        );
+    }
+
+    /// The export time every importer orders exports by (the oldest wins) is kept in one
+    /// spelling, whatever offset or fraction the peer wrote it with, so two importers hearing
+    /// the same time from different paths compare the same value.
+    #[test]
+    fn the_export_time_is_kept_in_its_canonical_form() {
+        let labels = map(&[(EXPORTED_AT_ANNOTATION, "2026-11-29T09:16:06.75+02:00")]);
+        assert_eq!(
+            allowed_of(&labels, &[]),
+            map(&[(EXPORTED_AT_ANNOTATION, "2026-11-29T07:16:06Z")])
+        );
+        assert_eq!(
+            policy_label(EXPORTED_AT_ANNOTATION, "x"),
+            Some(Err(PolicyLabelError::Reserved(
+                EXPORTED_AT_ANNOTATION.into()
+            )))
         );
     }
 

@@ -13,6 +13,9 @@
 //! - a headless Service with a ServiceExport in `east` → in `west` a `Headless` ServiceImport
 //!   without IPs, a headless Service and a slice carrying east's pod addresses and hostnames
 //!   (they travel over Hamlet as record annotations);
+//! - in `east` too (the exporting cluster, its binder running) a `ServiceImport` of its own
+//!   export, `clusters: [east]`, with its slice in the service's namespace (MCS labels, east's
+//!   pod) and the clusterset IP of east's binder Service, whose slice holds east's own pod;
 //! - `xcc dns` running in `west` (deploy/dns/server's RBAC) answering over UDP:
 //!   `<svc>.<ns>.svc.clusterset.local` with the ServiceImport's IP, the headless name with
 //!   east's pods, and `<hostname>.east.<svc>.<ns>.svc.clusterset.local` with one pod; SRV at
@@ -142,6 +145,8 @@ async fn service_export_in_east_is_a_service_import_in_west() {
 
     east.start_registry(LOG).await;
     east.start_publisher(LOG).await;
+    // East's binder: the exporting cluster has the ServiceImport of its own export too.
+    east.start_binder(LOG).await;
     west.start_registry(LOG).await;
     west.start_binder(LOG).await;
     west.apply(
@@ -257,6 +262,68 @@ async fn service_export_in_east_is_a_service_import_in_west() {
         })
         .collect();
     assert_eq!(labels, [("api", "east")]);
+
+    // east, the exporting cluster: its own ServiceImport of `api` (KEP-1645: every cluster of
+    // the clusterset has it), east as its cluster, its slice in `shop` with the MCS labels and
+    // east's ready pod, and the IP of east's binder Service, which carries east's own pod.
+    let east_import = wait_for(
+        "east's own ServiceImport of api with its slice",
+        WAIT,
+        &[&east],
+        async || {
+            let i = east.get(MCS, "serviceimports", Some("shop"), "api").await?;
+            let slices = east
+                .list("discovery.k8s.io/v1", "endpointslices", Some("shop"))
+                .await;
+            let ours: Vec<(String, String, String)> = slices
+                .iter()
+                .filter(|s| s["metadata"]["labels"][MCS_SERVICE_NAME_LABEL] == "api")
+                .map(|s| {
+                    (
+                        s["metadata"]["labels"][MCS_SOURCE_CLUSTER_LABEL]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        s["endpoints"][0]["addresses"][0]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                    )
+                })
+                .collect();
+            (ours.len() == 1
+                && ours[0].2 == "10.5.0.1"
+                && i["status"]["clusters"].is_array()
+                && i["spec"]["ips"].is_array())
+            .then_some((i, ours))
+        },
+        || logs(&east, &west),
+    )
+    .await;
+    let east_service = east.get("v1", "services", Some(NS), &svc).await.unwrap();
+    let east_ip = east_service["spec"]["clusterIP"].as_str().unwrap();
+    assert_eq!(
+        east_import.0["spec"],
+        json!({"type": "ClusterSetIP", "ips": [east_ip], "ipFamilies": ["IPv4"],
+               "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]})
+    );
+    assert_eq!(slice_addresses(&east, NS, &svc).await, ["10.5.0.1"]);
+    assert_eq!(
+        east_import.0["status"],
+        json!({"clusters": [{"cluster": "east"}]})
+    );
+    assert_eq!(
+        east_import.1,
+        [(
+            "east".to_string(),
+            "xcc-binder".to_string(),
+            "10.5.0.1".to_string()
+        )]
+    );
 
     // A headless Service in east, exported with a ServiceExport: its pods (from its
     // EndpointSlice) and their hostnames travel over Hamlet; west writes a Headless

@@ -23,7 +23,7 @@ use xcc_proto::crd::{
 };
 use xcc_proto::names::FQDN_ANNOTATION;
 
-use super::{Port, PortError, non_empty, resolved_ports, uid};
+use super::{Port, PortError, non_empty, resolved_ports};
 
 /// The xcc install that made a global Service: the namespace of its binder. Not an XCC
 /// annotation (XCC has no Cilium mode); global Services without it are never touched.
@@ -49,8 +49,9 @@ pub enum CiliumSkip {
     NoPorts(PortError),
 }
 
-/// Imported records grouped by their origin (namespace, name); records without an origin
-/// cannot be materialised this way and are returned apart, sorted by name.
+/// Imported records grouped by their origin (namespace, name), oldest export first
+/// ([`xcc_proto::mcs::oldest_first`]); records without an origin cannot be materialised this way
+/// and are returned apart, sorted by name.
 pub fn group_by_origin<'a>(
     records: impl IntoIterator<Item = &'a ServiceRecord>,
 ) -> (
@@ -72,7 +73,7 @@ pub fn group_by_origin<'a>(
         }
     }
     for group in groups.values_mut() {
-        group.sort_by(|a, b| uid(a).cmp(uid(b)));
+        group.sort_by(|a, b| xcc_proto::mcs::oldest_first(a, b));
     }
     without.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     (groups, without)
@@ -86,14 +87,15 @@ pub(crate) fn source_cluster(record: &ServiceRecord) -> Option<String> {
 /// The global Service for one origin: name and namespace of the origin, annotations
 /// `service.cilium.io/global: "true"`, `service.cilium.io/shared: "false"`, the source
 /// cluster(s) (sorted, comma-separated), the FQDN and `install` ([`INSTALL_ANNOTATION`]); ports
-/// from the lowest-UID record with usable ports; no selector; the managed label.
+/// from the oldest export ([`xcc_proto::mcs::oldest_first`]) with usable ports; no selector;
+/// the managed label.
 pub fn global_service(
     key: &OriginKey,
     records: &[&ServiceRecord],
     install: &str,
 ) -> Result<Service, CiliumSkip> {
     let mut records = records.to_vec();
-    records.sort_by(|a, b| uid(a).cmp(uid(b)));
+    records.sort_by(|a, b| xcc_proto::mcs::oldest_first(a, b));
     let Some(first) = records.first() else {
         return Err(CiliumSkip::Empty);
     };

@@ -955,10 +955,13 @@ fn a_headless_export_is_a_headless_service_with_hostnames_and_other_types_lose()
         })
     );
 
-    // The same records with a cluster IP export winning: a ClusterIP Service, no hostnames,
-    // the headless exports left out.
+    // The same records with the cluster IP export the oldest (the only one that says when it
+    // was exported): a ClusterIP Service, no hostnames, the headless exports left out.
     let mut records = records;
-    records[2].metadata.uid = Some("0".into());
+    records[2].metadata.annotations.as_mut().unwrap().insert(
+        xcc_proto::mcs::EXPORTED_AT_ANNOTATION.into(),
+        "2026-11-29T07:00:00Z".into(),
+    );
     let m = group_for(&records, fqdn);
     assert_eq!(m.service.spec.as_ref().unwrap().cluster_ip, None);
     assert_eq!(m.slices.len(), 1);

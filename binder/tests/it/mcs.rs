@@ -5,9 +5,14 @@
 //! source clusters) beside the Service and the per-cluster EndpointSlices with the MCS labels;
 //! a ServiceImport someone else made is never touched; a headless export is a `Headless`
 //! ServiceImport without IPs beside a headless Service whose slices carry the pod hostnames;
-//! a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
+//! the ServiceImport's EndpointSlices in the service's namespace carry the MCS labels and are
+//! owned by it; this cluster's own MCS export gets a ServiceImport too, and a clusterset
+//! Service with its endpoints; a restarted binder writes nothing at steady state, with the
+//! conflicting, affinity and own exports in place too; a restarted binder rewrites nothing at steady state; hostname changes reach the slice, and
 //! an export that stops being headless gets a Service with a cluster IP and a ClusterSetIP
-//! ServiceImport; removing the imports removes the
+//! ServiceImport; two exports defining a port differently give the union of their ports with
+//! the oldest export's definition and its session affinity and traffic policy, in both orders of their export times (KEP-1645); removing
+//! the imports removes the
 //! binder's ServiceImport and slices. Waits wake on watches, never on time.
 
 #![allow(clippy::unwrap_used)]
@@ -24,8 +29,9 @@ use xcc_binder::controller::{Config, Controller, Metrics};
 use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
 use xcc_proto::mcs::{
-    HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
-    ServiceImport,
+    EXPORTED_AT_ANNOTATION, EXPORTED_LABELS_ANNOTATION, HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION,
+    INTERNAL_TRAFFIC_POLICY_ANNOTATION, MCS_SERVICE_NAME_LABEL, MCS_SOURCE_CLUSTER_LABEL,
+    SESSION_AFFINITY_ANNOTATION, SESSION_AFFINITY_TIMEOUT_ANNOTATION, ServiceImport,
 };
 use xcc_proto::names::{self, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL};
 use xcc_testkube::{McsPlane, poll};
@@ -170,6 +176,59 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         ]
     );
 
+    // KEP-1645's EndpointSlices of the ServiceImport, in the service's namespace: one per
+    // source cluster, the MCS labels, managed by xcc (not Kubernetes' controller), no
+    // `kubernetes.io/service-name` (they belong to no Service), owned by the ServiceImport.
+    let shop_slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), shop);
+    let api_slices =
+        |name: &str| ListParams::default().labels(&format!("{MCS_SERVICE_NAME_LABEL}={name}"));
+    let mcs_slices = changes
+        .wait_for("api's slices in its namespace", TIMEOUT, async || {
+            let items = shop_slices.list(&api_slices("api")).await.unwrap().items;
+            (items.len() == 2).then_some(items)
+        })
+        .await;
+    // (labels, addresses, ports) per slice.
+    type Seen = Vec<(
+        std::collections::BTreeMap<String, String>,
+        Vec<String>,
+        Vec<i32>,
+    )>;
+    let mut seen: Seen = mcs_slices
+        .iter()
+        .map(|s| {
+            let owner = &s.metadata.owner_references.as_ref().unwrap()[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.name.as_str(), Some(&owner.uid)),
+                ("ServiceImport", "api", api.metadata.uid.as_ref())
+            );
+            (
+                s.metadata.labels.clone().unwrap(),
+                s.endpoints.iter().map(|e| e.addresses[0].clone()).collect(),
+                s.ports.iter().flatten().filter_map(|p| p.port).collect(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let labels = |cluster: &str| {
+        [
+            (MCS_SERVICE_NAME_LABEL, "api"),
+            (MCS_SOURCE_CLUSTER_LABEL, cluster),
+            ("endpointslice.kubernetes.io/managed-by", "xcc-binder"),
+            ("app.kubernetes.io/managed-by", "xcc-binder"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        seen,
+        [
+            (labels("east"), vec!["10.1.0.1".to_string()], vec![8080]),
+            (labels("west"), vec!["10.2.0.1".to_string()], vec![8080]),
+        ]
+    );
+
     // A headless export: a headless ServiceImport without IPs, a headless Service, and the
     // slice's endpoints carry the exporter's pod hostnames.
     let db_fqdn = format!("db.{shop}.svc.clusterset.local");
@@ -244,7 +303,11 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
     let others: Vec<String> = cp
         .writes_since(&id.user, since)
         .into_iter()
-        .filter(|w| !w.contains(&late_service) && !w.contains("serviceimports"))
+        .filter(|w| {
+            !w.contains(&late_service)
+                && !w.contains("serviceimports")
+                && !w.contains(&format!("{shop}/late-"))
+        })
         .collect();
     assert_eq!(others, Vec::<String>::new());
     // The new ServiceImport is written once or twice (its IP may come in a second pass).
@@ -304,9 +367,315 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
         })
         .await;
 
+    // Two exports of `pay` defining `http` differently: the ServiceImport has the union of
+    // their ports, the oldest export's `http`; each cluster's slice serves the ports it keeps.
+    // Then the other order (west's export the older): the verdict turns.
+    let pay_fqdn = format!("pay.{shop}.svc.clusterset.local");
+    let pay = |cluster: &str, ip: &str, ports: serde_json::Value, at: &str| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+            "metadata": {"name": format!("pay-{cluster}"),
+                         "labels": {IMPORTED_LABEL: "", REMOTE_REGISTRY_LABEL: format!("{cluster}-registry")},
+                         // East's Service has ClientIP affinity and a Local policy.
+                         "annotations": if cluster == "east" {
+                             json!({EXPORTED_AT_ANNOTATION: at,
+                                    SESSION_AFFINITY_ANNOTATION: "ClientIP",
+                                    SESSION_AFFINITY_TIMEOUT_ANNOTATION: "600",
+                                    INTERNAL_TRAFFIC_POLICY_ANNOTATION: "Local",
+                                    EXPORTED_LABELS_ANNOTATION: r#"{"team":"pay"}"#})
+                         } else {
+                             json!({EXPORTED_AT_ANNOTATION: at})
+                         }},
+            "spec": {"fqdn": pay_fqdn, "endpoints": [{"address": ip, "port": 8080}],
+                     "ports": ports,
+                     "origin": {"cluster": cluster, "namespace": shop, "name": "pay"}},
+        }))
+        .unwrap()
+    };
+    records
+        .create(
+            &pp,
+            &pay(
+                "east",
+                "10.1.0.7",
+                json!([{"name": "http", "port": 80, "targetPort": 8080}]),
+                "2026-11-29T07:00:00Z",
+            ),
+        )
+        .await
+        .unwrap();
+    records
+        .create(
+            &pp,
+            &pay(
+                "west",
+                "10.2.0.7",
+                json!([{"name": "http", "port": 8081, "targetPort": 8080},
+                       {"name": "metrics", "port": 9090, "targetPort": 8080}]),
+                "2026-11-29T07:00:01Z",
+            ),
+        )
+        .await
+        .unwrap();
+    let pay_service = names::service_name(&pay_fqdn);
+    // (ServiceImport ports, its clusters, each cluster's slice ports, the ServiceImport's and
+    // the binder Service's session affinity and the import's traffic policy).
+    type PaySlices = Vec<(String, Vec<(String, i32)>)>;
+    type PayState = (
+        serde_json::Value,
+        serde_json::Value,
+        PaySlices,
+        (Option<String>, Option<String>, Option<String>),
+    );
+    let pay_state = async || -> Option<PayState> {
+        let i = imports.get_opt("pay").await.unwrap()?;
+        let service_affinity = services
+            .get_opt(&pay_service)
+            .await
+            .unwrap()?
+            .spec?
+            .session_affinity;
+        let fields = (
+            i.spec.session_affinity.clone(),
+            service_affinity,
+            i.spec.internal_traffic_policy.clone(),
+        );
+        let mut by_cluster: PaySlices = slices
+            .list(
+                &ListParams::default().labels(&format!("kubernetes.io/service-name={pay_service}")),
+            )
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|s| {
+                (
+                    s.metadata.labels.unwrap()[MCS_SOURCE_CLUSTER_LABEL].clone(),
+                    s.ports
+                        .into_iter()
+                        .flatten()
+                        .map(|p| (p.name.unwrap(), p.port.unwrap()))
+                        .collect(),
+                )
+            })
+            .collect();
+        by_cluster.sort();
+        Some((
+            serde_json::to_value(&i.spec.ports).unwrap(),
+            serde_json::to_value(&i.status?.clusters).unwrap(),
+            by_cluster,
+            fields,
+        ))
+    };
+    let east_oldest = (
+        json!([{"name": "http", "protocol": "TCP", "port": 80},
+               {"name": "metrics", "protocol": "TCP", "port": 9090}]),
+        json!([{"cluster": "east"}, {"cluster": "west"}]),
+        vec![
+            ("east".to_string(), vec![("http".to_string(), 8080)]),
+            ("west".to_string(), vec![("metrics".to_string(), 8080)]),
+        ],
+        (
+            Some("ClientIP".to_string()),
+            Some("ClientIP".to_string()),
+            Some("Local".to_string()),
+        ),
+    );
+    changes
+        .wait_for("pay: east's http and west's metrics", TIMEOUT, async || {
+            (pay_state().await? == east_oldest).then_some(())
+        })
+        .await;
+    // East's ServiceExport's exported label is on the ServiceImport.
+    let pay_import = imports.get("pay").await.unwrap();
+    assert_eq!(
+        pay_import
+            .metadata
+            .labels
+            .unwrap()
+            .get("team")
+            .map(String::as_str),
+        Some("pay")
+    );
+    records
+        .patch(
+            "pay-west",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {EXPORTED_AT_ANNOTATION: "2026-11-29T06:59:59Z"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    // West's export is now the oldest: its `http` wins, and east, with no other port, is left
+    // out of the service altogether.
+    let west_oldest = (
+        json!([{"name": "http", "protocol": "TCP", "port": 8081},
+               {"name": "metrics", "protocol": "TCP", "port": 9090}]),
+        json!([{"cluster": "west"}]),
+        vec![(
+            "west".to_string(),
+            vec![("http".to_string(), 8080), ("metrics".to_string(), 8080)],
+        )],
+        // West's Service fields, the defaults: no affinity (the API server's `None` on the
+        // binder's Service), no policy on the import.
+        (None, Some("None".to_string()), None),
+    );
+    changes
+        .wait_for("pay: west's ports only", TIMEOUT, async || {
+            (pay_state().await? == west_oldest).then_some(())
+        })
+        .await;
+
+    // This cluster's own MCS export (the publisher's record, in the service's namespace): the
+    // exporting cluster has the ServiceImport too, with its own endpoints in the slices, and
+    // the binder's Service (with the export's endpoints) gives it its clusterset IP.
+    let shop_records: Api<DynamicObject> = Api::namespaced_with(admin.clone(), shop, &ar);
+    let solo: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
+        "metadata": {"name": format!("solo.{shop}.svc.clusterset.local"),
+                     "labels": {"connectivity.tanzu.vmware.com/export": "",
+                                "app.kubernetes.io/managed-by": "xcc-publisher"},
+                     "annotations": {EXPORTED_AT_ANNOTATION: "2026-11-29T07:00:00Z"}},
+        "spec": {"fqdn": format!("solo.{shop}.svc.clusterset.local"),
+                 "endpoints": [{"address": "10.3.0.1", "port": 8080}],
+                 "ports": [{"name": "http", "port": 80, "targetPort": 8080}],
+                 "origin": {"cluster": "here", "namespace": shop, "name": "solo"}},
+    }))
+    .unwrap();
+    shop_records.create(&pp, &solo).await.unwrap();
+    let solo_import = changes
+        .wait_for(
+            "ServiceImport solo in the exporting cluster",
+            TIMEOUT,
+            async || {
+                let i = imports.get_opt("solo").await.unwrap()?;
+                i.status.as_ref()?.clusters.as_ref()?;
+                i.spec.ips.as_ref()?;
+                Some(i)
+            },
+        )
+        .await;
+    let solo_service = names::service_name(&format!("solo.{shop}.svc.clusterset.local"));
+    let solo_ip = services
+        .get(&solo_service)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .cluster_ip
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&solo_import.spec).unwrap(),
+        json!({"type": "ClusterSetIP", "ips": [solo_ip], "ipFamilies": ["IPv4"],
+               "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})
+    );
+    // The binder's Service carries this cluster's endpoints (its own slice, owned by nothing:
+    // the export lives in another namespace).
+    let own_slice = changes
+        .wait_for("the binder's slice of solo", TIMEOUT, async || {
+            slices
+                .list(
+                    &ListParams::default()
+                        .labels(&format!("kubernetes.io/service-name={solo_service}")),
+                )
+                .await
+                .unwrap()
+                .items
+                .pop()
+        })
+        .await;
+    assert_eq!(own_slice.endpoints[0].addresses, ["10.3.0.1"]);
+    assert_eq!(own_slice.metadata.owner_references, None);
+    assert_eq!(
+        serde_json::to_value(&solo_import.status).unwrap(),
+        json!({"clusters": [{"cluster": "here"}]})
+    );
+    let solo_slice = changes
+        .wait_for("solo's slice", TIMEOUT, async || {
+            shop_slices
+                .list(&api_slices("solo"))
+                .await
+                .unwrap()
+                .items
+                .pop()
+        })
+        .await;
+    assert_eq!(solo_slice.endpoints[0].addresses, ["10.3.0.1"]);
+    assert_eq!(
+        solo_slice.metadata.labels.unwrap()[MCS_SOURCE_CLUSTER_LABEL],
+        "here"
+    );
+
+    // Steady state again, now with this cluster's own export, the conflicting `pay` exports,
+    // their Service fields and exported labels: a restarted binder writes only the objects of
+    // a record imported after the restart (a full pass of both writers).
+    running.stop().await;
+    let since = std::time::SystemTime::now();
+    let running = Running::start(id, xcc).await;
+    let later_fqdn = format!("later.{shop}.svc.clusterset.local");
+    records
+        .create(
+            &pp,
+            &imported("later-east", &later_fqdn, "east", "10.1.0.9", shop, "later"),
+        )
+        .await
+        .unwrap();
+    changes
+        .wait_for("ServiceImport later with its slice", TIMEOUT, async || {
+            let i = imports.get_opt("later").await.unwrap()?;
+            i.status?.clusters?;
+            shop_slices
+                .list(&api_slices("later"))
+                .await
+                .unwrap()
+                .items
+                .pop()
+        })
+        .await;
+    cp.audit_flushed(&id.client().await, &id.user, xcc).await;
+    let later_service = names::service_name(&later_fqdn);
+    let others: Vec<String> = cp
+        .writes_since(&id.user, since)
+        .into_iter()
+        .filter(|w| {
+            !w.contains(&later_service)
+                && !w.contains(&format!("{shop}/later"))
+                && !w.contains("later-east")
+        })
+        .collect();
+    assert_eq!(others, Vec::<String>::new());
+    shop_records
+        .delete(
+            &format!("solo.{shop}.svc.clusterset.local"),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    changes
+        .wait_for(
+            "ServiceImport and Service of solo removed with the export",
+            TIMEOUT,
+            async || {
+                let import_gone = imports.get_opt("solo").await.unwrap().is_none();
+                let service_gone = services.get_opt(&solo_service).await.unwrap().is_none();
+                (import_gone && service_gone).then_some(())
+            },
+        )
+        .await;
+
     // Removing the imports removes the binder's ServiceImport and slices; the foreign
     // ServiceImport stays as it was.
-    for name in ["api-east", "api-west", "web-east", "db-east", "late-east"] {
+    for name in [
+        "api-east",
+        "api-west",
+        "web-east",
+        "db-east",
+        "late-east",
+        "pay-east",
+        "pay-west",
+        "later-east",
+    ] {
         records
             .delete(name, &DeleteParams::default())
             .await
@@ -330,6 +699,17 @@ async fn imports_become_service_imports_beside_the_binders_objects() {
                 (gone && no_slices).then_some(())
             },
         )
+        .await;
+    changes
+        .wait_for("the ServiceImports' slices removed", TIMEOUT, async || {
+            shop_slices
+                .list(&ListParams::default().labels("app.kubernetes.io/managed-by=xcc-binder"))
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+                .then_some(())
+        })
         .await;
     let still = imports.get("web").await.unwrap();
     assert_eq!(still.spec.type_, "Headless");

@@ -306,3 +306,126 @@ fn hostnames_count_only_on_headless_records() {
         BTreeMap::from([("10.0.0.1".to_string(), "web-0".to_string())])
     );
 }
+
+/// A record of `cluster`'s export, with `at` as its export time when given.
+fn export_record(cluster: &str, at: Option<&str>, uid: &str) -> crate::crd::ServiceRecord {
+    let mut record = crate::crd::ServiceRecord::default();
+    record.metadata.uid = Some(uid.to_string());
+    record.metadata.name = Some(format!("api-{cluster}"));
+    record.metadata.annotations =
+        at.map(|at| BTreeMap::from([(EXPORTED_AT_ANNOTATION.to_string(), at.to_string())]));
+    record.spec.origin = Some(crate::crd::Origin {
+        cluster: Some(cluster.to_string()),
+        namespace: "shop".into(),
+        name: "api".into(),
+        kind: None,
+    });
+    record
+}
+
+#[test]
+fn exported_at_is_rfc3339_utc_seconds_and_bad_values_say_nothing() {
+    let at = Timestamp::from_second(1_700_000_000).unwrap();
+    assert_eq!(format_exported_at(at), "2023-11-14T22:13:20Z");
+    let fraction = Timestamp::new(1_700_000_000, 500_000_000).unwrap();
+    assert_eq!(format_exported_at(fraction), "2023-11-14T22:13:20Z");
+    assert_eq!(parse_exported_at("2023-11-14T22:13:20Z"), Some(at));
+    // Another offset and a fraction name the same second.
+    assert_eq!(parse_exported_at("2023-11-15T00:13:20.9+02:00"), Some(at));
+    for bad in ["", "yesterday", "2023-13-01T00:00:00Z", &"9".repeat(65)] {
+        assert_eq!(parse_exported_at(bad), None, "{bad:?}");
+    }
+    let record = export_record("east", Some("not a time"), "u1");
+    assert_eq!(exported_at(&record), None);
+}
+
+/// KEP-1645: the oldest export wins, ties by cluster name, in whichever order the exports
+/// were made or are seen; a record that does not say when it was exported comes last.
+#[test]
+fn the_oldest_export_comes_first_whatever_the_order_seen() {
+    let older = "2026-11-29T07:00:00Z";
+    let newer = "2026-11-29T07:00:01Z";
+    // Both orders of creation: east first, then west first. UIDs favour the loser each time,
+    // so the UID (which differs per cluster) never decides.
+    for (east_at, west_at, first) in [(older, newer, "east"), (newer, older, "west")] {
+        let east = export_record("east", Some(east_at), "z");
+        let west = export_record("west", Some(west_at), "a");
+        for mut seen in [vec![&east, &west], vec![&west, &east]] {
+            seen.sort_by(|a, b| oldest_first(a, b));
+            assert_eq!(
+                source_cluster(seen[0]),
+                Some(first),
+                "east {east_at}, west {west_at}"
+            );
+        }
+    }
+    // The same second: the cluster name decides.
+    let east = export_record("east", Some(older), "z");
+    let west = export_record("west", Some(older), "a");
+    assert_eq!(oldest_first(&east, &west), std::cmp::Ordering::Less);
+    assert_eq!(oldest_first(&west, &east), std::cmp::Ordering::Greater);
+    // No time: after any record with one, however old the cluster's name sorts.
+    let unknown = export_record("aaa", None, "0");
+    assert_eq!(oldest_first(&west, &unknown), std::cmp::Ordering::Less);
+    assert_eq!(shown_export(&east), "east (exported 2026-11-29T07:00:00Z)");
+    assert_eq!(shown_export(&unknown), "aaa (export time unknown)");
+}
+
+#[test]
+fn ports_merge_as_the_union_and_the_oldest_definition_of_a_port_wins() {
+    use crate::crd::Protocol::{Tcp, Udp};
+    let p = |name: &str, port: i32, protocol| (name.to_string(), port, protocol);
+    let oldest = [p("http", 80, Tcp), p("dns", 53, Udp)];
+    let later = [
+        p("http", 80, Tcp),   // the same port: merged once
+        p("http", 8080, Tcp), // same name, other number: PortConflict
+        p("metrics", 9090, Tcp),
+        p("web", 80, Tcp), // same number and protocol, other name
+        p("dns", 53, Tcp), // same name, other protocol
+        p("", 7000, Tcp),  // unnamed beside others
+    ];
+    let (merged, clashes) = merge_ports([&oldest[..], &later[..]]);
+    assert_eq!(
+        merged.iter().map(shown_port).collect::<Vec<_>>(),
+        ["dns:53/UDP", "http:80/TCP", "metrics:9090/TCP"]
+    );
+    assert_eq!(
+        clashes
+            .iter()
+            .map(|c| (
+                c.export,
+                shown_port(&c.port),
+                shown_port(&c.kept),
+                c.kept_from
+            ))
+            .collect::<Vec<_>>(),
+        [
+            (1, "http:8080/TCP".to_string(), "http:80/TCP".to_string(), 0),
+            (1, "web:80/TCP".to_string(), "http:80/TCP".to_string(), 0),
+            (1, "dns:53/TCP".to_string(), "dns:53/UDP".to_string(), 0),
+            (1, "7000/TCP".to_string(), "http:80/TCP".to_string(), 0),
+        ]
+    );
+    // In the other order the other definitions win.
+    let (merged, clashes) = merge_ports([&later[..], &oldest[..]]);
+    assert_eq!(
+        merged.iter().map(shown_port).collect::<Vec<_>>(),
+        ["dns:53/TCP", "http:80/TCP", "metrics:9090/TCP"]
+    );
+    assert_eq!(
+        clashes
+            .iter()
+            .map(|c| (c.export, shown_port(&c.port)))
+            .collect::<Vec<_>>(),
+        [
+            (0, "http:8080/TCP".to_string()),
+            (0, "web:80/TCP".to_string()),
+            (0, "7000/TCP".to_string()),
+            (1, "dns:53/UDP".to_string()),
+        ]
+    );
+    // Two single unnamed ports: one port, the oldest's number.
+    let (merged, clashes) = merge_ports([&[p("", 80, Tcp)][..], &[p("", 81, Tcp)][..]]);
+    assert_eq!(merged, [p("", 80, Tcp)]);
+    assert_eq!(clashes.len(), 1);
+}

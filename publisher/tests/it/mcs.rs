@@ -3,8 +3,10 @@
 //! `deploy/overlays/mcs`'s RBAC (no request may be refused): a ServiceExport exports the
 //! Service of its name like the export label, a Service exported both ways is one record, the
 //! export's status carries the KEP-1645 conditions (written with server-side apply, next to a
-//! condition another controller owns), another cluster's export of the same name with other
-//! ports is a `PortConflict`, a headless Service exports its ready pods (from its
+//! condition another controller owns), the record carries the ServiceExport's creation time
+//! and the Service's session affinity and internal traffic policy,
+//! another cluster's export of the same name defining a port otherwise is a `PortConflict`
+//! whose message names the oldest export as the winner (in both orders of the two exports), a headless Service exports its ready pods (from its
 //! EndpointSlices) with their hostnames and another cluster's cluster IP export of its name
 //! is a `TypeConflict`, a record whose announcement the hierarchy refuses (`Announced=False`,
 //! another owner) makes its export not Ready with an `OwnerConflict` until the refusal ends, a
@@ -25,7 +27,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use xcc_controller::probes::Health;
 use xcc_proto::crd::ServiceRecord;
-use xcc_proto::mcs::{HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, ServiceExport};
+use xcc_proto::mcs::{
+    EXPORTED_AT_ANNOTATION, HEADLESS_ANNOTATION, HOSTNAMES_ANNOTATION, ServiceExport,
+    ServiceTraits, format_exported_at,
+};
 use xcc_proto::names::{
     EXPORT_LABEL, IMPORTED_LABEL, REMOTE_REGISTRY_LABEL, SERVICE_PORT_ANNOTATION,
 };
@@ -194,6 +199,62 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
     assert_eq!(names, [fqdn("api"), fqdn("both")]);
     let record = records.get(&fqdn("api")).await.unwrap();
     assert_eq!(record.spec.ports.as_ref().unwrap()[0].port, 80);
+    // The export's creation time travels with the record: every cluster orders the exports
+    // of a name by it (the oldest wins).
+    let api_created = api.metadata.creation_timestamp.clone().unwrap().0;
+    let east_at = format_exported_at(api_created);
+    assert_eq!(
+        record.metadata.annotations.as_ref().unwrap()[EXPORTED_AT_ANNOTATION],
+        east_at
+    );
+    // The Service's session affinity and traffic policy travel with the record too.
+    services
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"sessionAffinity": "ClientIP",
+                                          "internalTrafficPolicy": "Local"}})),
+        )
+        .await
+        .unwrap();
+    let record = changes
+        .wait_for(
+            "api's record with its Service's fields",
+            TIMEOUT,
+            async || {
+                let r = records.get(&fqdn("api")).await.unwrap();
+                (ServiceTraits::of_record(&r).client_ip_timeout.is_some()).then_some(r)
+            },
+        )
+        .await;
+    assert_eq!(
+        ServiceTraits::of_record(&record),
+        ServiceTraits {
+            client_ip_timeout: Some(10_800),
+            internal_local: true,
+            traffic_distribution: None,
+        }
+    );
+    // The ServiceExport's exported labels travel with the record.
+    exports
+        .patch(
+            "api",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"exportedLabels": {"team": "pay"}}})),
+        )
+        .await
+        .unwrap();
+    changes
+        .wait_for(
+            "api's record with its exported label",
+            TIMEOUT,
+            async || {
+                let r = records.get(&fqdn("api")).await.unwrap();
+                let (labels, _) = xcc_proto::mcs::record_exported_metadata(&r);
+                (labels.get("team").map(String::as_str) == Some("pay")).then_some(())
+            },
+        )
+        .await;
     // Exported by its ServiceExport alone: its ready pods (none yet), never its cluster IP;
     // `both` carries the label, which keeps XCC v1's cluster IP.
     assert!(record.spec.endpoints.is_empty());
@@ -272,9 +333,44 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ]),
     )
     .await;
+    // West's export says no time (as a label export's): east's, the oldest, keeps `http`.
     assert_eq!(
         message(&conflicted, "Conflict"),
-        "ports here (http:80/TCP) differ from west (http:8080/TCP); importers serve one port set and leave the other clusters' endpoints out"
+        format!(
+            "the exports of this name define a port differently; the service has the union of their ports, the oldest export's definition winning (the oldest export is east (exported {east_at})): west's http:8080/TCP (east's http:80/TCP kept)"
+        )
+    );
+    // The other order: west's export is older than east's. The verdict turns, as it does
+    // in every cluster.
+    let imported_records = Api::<DynamicObject>::namespaced_with(admin.clone(), xcc, &ar);
+    let older = format_exported_at(
+        k8s_openapi::jiff::Timestamp::from_second(api_created.as_second() - 3600).unwrap(),
+    );
+    imported_records
+        .patch(
+            "api-from-west",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {EXPORTED_AT_ANNOTATION: older}}})),
+        )
+        .await
+        .unwrap();
+    let turned = changes
+        .wait_for(
+            "api's conflict names west the oldest",
+            TIMEOUT,
+            async || {
+                let e = exports.get("api").await.unwrap();
+                message(&e, "Conflict")
+                    .contains("east's http:80/TCP (west's")
+                    .then_some(e)
+            },
+        )
+        .await;
+    assert_eq!(
+        message(&turned, "Conflict"),
+        format!(
+            "the exports of this name define a port differently; the service has the union of their ports, the oldest export's definition winning (the oldest export is west (exported {older})): east's http:80/TCP (west's http:8080/TCP kept)"
+        )
     );
 
     // The Service `ghost` appears: its export turns valid.
@@ -348,9 +444,21 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
         ]),
     )
     .await;
+    let web_at = format_exported_at(
+        exports
+            .get("web")
+            .await
+            .unwrap()
+            .metadata
+            .creation_timestamp
+            .unwrap()
+            .0,
+    );
     assert_eq!(
         message(&typed, "Conflict"),
-        "exported here as Headless, by west (ClusterSetIP); importers serve one type and leave the other clusters' endpoints out"
+        format!(
+            "the exports of this name differ in type; the oldest export, east (exported {web_at}), wins: every cluster serves it as Headless and leaves out the endpoints of west (ClusterSetIP)"
+        )
     );
 
     // The hierarchy refuses `api`'s announcement: another cluster owns the name. The registry

@@ -468,6 +468,29 @@ mod tests {
         }
     }
 
+    /// The MCS export time travels as a plain FederatedService label (Hamlet's wire unchanged)
+    /// in both Hamlet versions, and comes back as the import's annotation.
+    #[test]
+    fn the_export_time_travels_as_a_label() {
+        use xcc_proto::mcs::EXPORTED_AT_ANNOTATION;
+        let mut e = entry();
+        e.labels
+            .insert(EXPORTED_AT_ANNOTATION.into(), "2026-11-29T07:16:06Z".into());
+        assert_eq!(
+            to_v1alpha1(&e)
+                .labels
+                .get(EXPORTED_AT_ANNOTATION)
+                .map(String::as_str),
+            Some("2026-11-29T07:16:06Z")
+        );
+        assert_eq!(to_v1alpha2(&e).labels, to_v1alpha1(&e).labels);
+        let got = import_v1alpha1(&any_v1alpha1(&e)).expect("valid");
+        assert_eq!(
+            got.labels.get(EXPORTED_AT_ANNOTATION).map(String::as_str),
+            Some("2026-11-29T07:16:06Z")
+        );
+    }
+
     #[test]
     fn import_rejects_bad_input_with_reasons() {
         let mut any = any_v1alpha1(&entry());
