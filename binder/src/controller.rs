@@ -37,8 +37,10 @@ pub mod metrics;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
+use xcc_controller::plumbing::lock;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
@@ -156,10 +158,6 @@ struct Ctx {
     /// (kube-runtime's `wait_until_ready` wakes only its last poller), and that task would
     /// never learn that the store became ready.
     listed: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The binder controller, before it runs.

@@ -12,7 +12,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
 use std::time::Duration;
+use xcc_controller::plumbing::{is_conflict as conflict, is_not_found as not_found};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
@@ -46,14 +48,6 @@ pub struct Pass {
     pub slices_written: Vec<String>,
     /// ServiceImports' EndpointSlices deleted.
     pub slices_deleted: Vec<String>,
-}
-
-fn not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
-}
-
-fn conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
 }
 
 /// One pass: bring the ServiceImports to what the stores say.
