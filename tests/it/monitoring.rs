@@ -523,7 +523,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
     prom.until_value(&format!("xcc_peer_acks_total{exp} >= bool 4"), "1")
         .await;
 
-    // The rule file loaded into a real Prometheus: 11 alerting rules, none unhealthy.
+    // The rule file loaded into a real Prometheus: 12 alerting rules, none unhealthy.
     let rules = prom.get("/api/v1/rules?type=alert").await.unwrap();
     let rules: Vec<&Value> = rules["data"]["groups"]
         .as_array()
@@ -531,7 +531,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(rules.len(), 11);
+    assert_eq!(rules.len(), 12);
     for r in rules {
         assert_eq!(r["health"], "ok", "{r}");
     }
