@@ -49,6 +49,10 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// a certificate that is not renewed automatically.
 const MAX_EXPIRY_WARNING: time::Duration = time::Duration::days(30);
 
+/// Shortest advance warning: a certificate with less than a week left is always reported, however
+/// short its lifetime (one that lives under a week is reported once per certificate, at load).
+pub const MIN_EXPIRY_WARNING: time::Duration = time::Duration::days(7);
+
 /// How close a certificate is to its expiry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Expiry {
@@ -56,7 +60,8 @@ pub enum Expiry {
     Valid,
     /// Within the warning period: less than a third of its lifetime left (the point where
     /// cert-manager, by default, renews a certificate, so one this close should already have
-    /// been replaced), or less than 30 days, whichever is shorter.
+    /// been replaced) or less than 30 days, whichever is shorter; and always once less than
+    /// 7 days are left.
     Soon,
     /// Past `notAfter`: peers refuse it.
     Expired,
@@ -71,12 +76,40 @@ pub fn expiry_at(
     if now >= not_after {
         return Expiry::Expired;
     }
-    let lifetime: time::Duration = not_after - not_before;
-    let warning = (lifetime / 3_u32).min(MAX_EXPIRY_WARNING);
-    if not_after - now <= warning {
+    if now >= warning_from(not_before, not_after) {
         Expiry::Soon
     } else {
         Expiry::Valid
+    }
+}
+
+/// When a certificate valid from `not_before` to `not_after` enters its warning period
+/// ([`Expiry::Soon`]).
+pub fn warning_from(
+    not_before: time::OffsetDateTime,
+    not_after: time::OffsetDateTime,
+) -> time::OffsetDateTime {
+    let lifetime: time::Duration = not_after - not_before;
+    let warning = (lifetime / 3_u32)
+        .min(MAX_EXPIRY_WARNING)
+        .max(MIN_EXPIRY_WARNING);
+    not_after - warning
+}
+
+/// The next moment after `now` at which a certificate valid from `not_before` to `not_after`
+/// changes [`Expiry`] state (none once expired).
+pub fn next_expiry_change(
+    not_before: time::OffsetDateTime,
+    not_after: time::OffsetDateTime,
+    now: time::OffsetDateTime,
+) -> Option<time::OffsetDateTime> {
+    let soon = warning_from(not_before, not_after);
+    if now < soon {
+        Some(soon)
+    } else if now < not_after {
+        Some(not_after)
+    } else {
+        None
     }
 }
 
@@ -265,7 +298,8 @@ impl Metrics {
 }
 
 /// One CA of a bundle: who it is and how long it is valid.
-pub(crate) struct CaValidity {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaValidity {
     pub subject: String,
     pub serial: String,
     pub not_before: time::OffsetDateTime,
@@ -274,7 +308,7 @@ pub(crate) struct CaValidity {
 
 /// The validity of each CA of a bundle (certificates that do not parse are left out: the
 /// bundle was verified when it was loaded).
-pub(crate) fn ca_validity(certs: &[CertificateDer<'static>]) -> Vec<CaValidity> {
+pub fn ca_validity(certs: &[CertificateDer<'static>]) -> Vec<CaValidity> {
     certs
         .iter()
         .filter_map(|der| {
@@ -287,6 +321,14 @@ pub(crate) fn ca_validity(certs: &[CertificateDer<'static>]) -> Vec<CaValidity> 
             })
         })
         .collect()
+}
+
+/// The validity of each CA of a PEM bundle (a RemoteRegistry's `serverCA`); nothing when it
+/// does not parse (such a bundle is refused where it is used).
+pub fn pem_ca_validity(pem: &[u8]) -> Vec<CaValidity> {
+    parse_certs(pem, "CA bundle")
+        .map(|certs| ca_validity(&certs))
+        .unwrap_or_default()
 }
 
 /// Label values of `xcc_tls_handshake_failures_total`: TLS error, timeout, or a verified certificate that
@@ -404,6 +446,21 @@ impl ReloadingTls {
             );
         }
         Some(state)
+    }
+
+    /// How long from `now` until the leaf or a CA of the bundle in service changes [`Expiry`]
+    /// state (a little after it, so the check sees the new state; at most a day, after which it
+    /// is computed again).
+    fn until_next_expiry_change(&self, now: time::OffsetDateTime) -> Option<Duration> {
+        let material = self.current();
+        let next = ca_validity(&material.ca_certs)
+            .into_iter()
+            .map(|c| (c.not_before, c.not_after))
+            .chain([(material.not_before, material.not_after)])
+            .filter_map(|(from, to)| next_expiry_change(from, to, now))
+            .min()?;
+        let wait = (next - now).clamp(time::Duration::ZERO, time::Duration::DAY);
+        Some(Duration::try_from(wait).unwrap_or_default() + Duration::from_millis(10))
     }
 
     /// The files this instance follows.
@@ -553,9 +610,13 @@ impl ReloadingTls {
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // The moment the leaf or a CA enters its warning period or expires is checked then,
+            // not up to a poll later (a short-lived certificate could expire between polls).
+            let change = self.until_next_expiry_change(time::OffsetDateTime::now_utc());
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 _ = ticker.tick() => {}
+                _ = tokio::time::sleep(change.unwrap_or(Duration::MAX)), if change.is_some() => {}
                 Some(()) = events.recv() => {
                     // Debounce: reload once the directories have been quiet for DEBOUNCE.
                     loop {
@@ -935,7 +996,7 @@ mod tests {
     }
 
     #[test]
-    fn expiry_warns_within_a_third_of_the_lifetime_capped_at_30_days() {
+    fn expiry_warns_within_a_third_of_the_lifetime_between_7_and_30_days() {
         let t0 = time::OffsetDateTime::UNIX_EPOCH;
         let day = time::Duration::days(1);
         // A 90-day certificate: warned 30 days ahead (a third), expired at notAfter.
@@ -951,15 +1012,51 @@ mod tests {
         let to = t0 + day * 365;
         assert_eq!(expiry_at(t0, to, to - day * 31), Expiry::Valid);
         assert_eq!(expiry_at(t0, to, to - day * 30), Expiry::Soon);
-        // A 24-hour certificate: 8 hours ahead.
-        let to = t0 + day;
+        // A 15-day certificate: a third would be 5 days; warned 7 days ahead.
+        let to = t0 + day * 15;
+        assert_eq!(expiry_at(t0, to, t0 + day * 7), Expiry::Valid);
+        assert_eq!(expiry_at(t0, to, t0 + day * 8), Expiry::Soon);
+        assert_eq!(next_expiry_change(t0, to, t0), Some(t0 + day * 8));
+        assert_eq!(next_expiry_change(t0, to, t0 + day * 8), Some(to));
+        assert_eq!(next_expiry_change(t0, to, to), None);
+        // A certificate that lives two minutes is reported 50 s before its end (a third of its
+        // lifetime would have said nothing until 40 s before).
+        let to = t0 + time::Duration::minutes(2);
         assert_eq!(
-            expiry_at(t0, to, t0 + time::Duration::hours(15)),
-            Expiry::Valid
+            expiry_at(t0, to, to - time::Duration::seconds(50)),
+            Expiry::Soon
+        );
+    }
+
+    /// A certificate 50 s from its expiry is reported at load, and the watcher's next wake-up is
+    /// its expiry (not its next poll, which may come after it).
+    #[test]
+    fn a_certificate_close_to_its_end_is_reported_at_load_and_when_it_expires() {
+        let dir = tempfile::TempDir::new().expect("temp dir");
+        let ca = Ca::generate("xcc.test").expect("CA");
+        let now = time::OffsetDateTime::now_utc();
+        let mut req = IssueRequest::cluster("west");
+        req.not_before = Some(now - time::Duration::seconds(10));
+        req.not_after = Some(now + time::Duration::seconds(50));
+        let issued = ca.issue(&req).expect("issue");
+        let files = write_issued(dir.path(), &ca, &issued).expect("write");
+        let tls = ReloadingTls::load(files).expect("load");
+        assert_eq!(
+            *tls.inner.expiry_reported.lock().expect("lock"),
+            Some((1, Expiry::Soon)),
+            "reported at load"
+        );
+        let wait = tls
+            .until_next_expiry_change(now)
+            .expect("a change is due: the expiry");
+        assert!(
+            wait > Duration::from_secs(45) && wait <= Duration::from_secs(51),
+            "{wait:?}"
         );
         assert_eq!(
-            expiry_at(t0, to, t0 + time::Duration::hours(16)),
-            Expiry::Soon
+            tls.check_expiry(now + time::Duration::seconds(50)),
+            Some(Expiry::Expired),
+            "what the watcher finds when it wakes then"
         );
     }
 

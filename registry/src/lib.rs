@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod peer_labels;
 pub mod peer_metrics;
 pub mod peers;
+pub mod remote_ca;
 pub(crate) mod remotes;
 pub mod run;
 pub mod store;

@@ -99,7 +99,7 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
     };
     assert_success("promtool check rules", &check);
     assert!(
-        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 11 rules found"),
+        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 12 rules found"),
         "{}",
         String::from_utf8_lossy(&check.stdout)
     );
@@ -125,7 +125,7 @@ fn every_alert_has_a_unit_test() {
         .filter(|t| !t["exp_alerts"].as_array().unwrap().is_empty())
         .map(|t| t["alertname"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(alerts.len(), 11);
+    assert_eq!(alerts.len(), 12);
     assert_eq!(
         tested, alerts,
         "alerts never seen firing in rules.test.yaml"
@@ -235,6 +235,28 @@ async fn exported_metric_names() -> BTreeSet<String> {
     m.register(&mut files);
     m.set_rejected_files(&[], &["exports/web.yaml: bad".to_string()]);
     prometheus_client::encoding::text::encode(&mut text, &files).unwrap();
+    // ... and the serverCA expiry, which has series only for a RemoteRegistry with a serverCA.
+    let mut remotes = prometheus_client::registry::Registry::default();
+    let cas = xcc_registry::remote_ca::RemoteCaExpiry::default();
+    cas.register(&mut remotes);
+    let rr: xcc_proto::crd::RemoteRegistry = serde_json::from_value(serde_json::json!({
+        "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+        "kind": "RemoteRegistry",
+        "metadata": {"name": "west", "namespace": "xcc"},
+        "spec": {
+            "address": "west.example:443",
+            "tlsConfig": {
+                "serverCA": base64::engine::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    ca.cert_pem(),
+                ),
+                "serverName": "west.example",
+            },
+        },
+    }))
+    .unwrap();
+    let _ = cas.observe([&rr], time::OffsetDateTime::now_utc());
+    prometheus_client::encoding::text::encode(&mut text, &remotes).unwrap();
 
     // `# TYPE <family> <type>`: a counter's samples are `<family>_total`.
     let mut names = BTreeSet::new();
@@ -501,7 +523,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
     prom.until_value(&format!("xcc_peer_acks_total{exp} >= bool 4"), "1")
         .await;
 
-    // The rule file loaded into a real Prometheus: 11 alerting rules, none unhealthy.
+    // The rule file loaded into a real Prometheus: 12 alerting rules, none unhealthy.
     let rules = prom.get("/api/v1/rules?type=alert").await.unwrap();
     let rules: Vec<&Value> = rules["data"]["groups"]
         .as_array()
@@ -509,7 +531,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(rules.len(), 11);
+    assert_eq!(rules.len(), 12);
     for r in rules {
         assert_eq!(r["health"], "ok", "{r}");
     }

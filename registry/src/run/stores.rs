@@ -18,6 +18,7 @@ use crate::federation::grants::GrantMode;
 use crate::federation::link::ParentSpec;
 use crate::files::FileErrors;
 use crate::hamlet::client::{ClientContext, ImportSink, MemorySink, RemoteSpec};
+use crate::remote_ca::RemoteCaExpiry;
 use crate::remotes::{ParentWanted, Remotes, hierarchy_imports};
 use crate::store::file::{self, FileImportSink, YamlDir};
 use crate::store::kube::{self, GrantWiring, KubeImportSink, KubeMetrics, Owners};
@@ -51,6 +52,8 @@ pub(super) async fn start(
         .clone()
         .map(|p| (p, config.federation.imports.clone()));
     let file_errors = FileErrors::default();
+    let ca_expiry = RemoteCaExpiry::default();
+    ca_expiry.register(metrics);
     let remotes = match &config.store {
         super::StoreConfig::Memory => {
             let remotes = remotes(Arc::new(MemorySink), None);
@@ -68,7 +71,12 @@ pub(super) async fn start(
             if parent.is_some() {
                 remotes.reconcile_parent(parent).await;
             }
-            start_files(state_dir, *poll, core, &remotes, &file_errors, spawner).await?;
+            let watch = FileWatch {
+                remotes: &remotes,
+                errors: &file_errors,
+                ca_expiry,
+            };
+            start_files(state_dir, *poll, core, watch, spawner).await?;
             remotes
         }
         super::StoreConfig::Kube(k) => {
@@ -97,6 +105,7 @@ pub(super) async fn start(
                 metrics: kube_metrics,
                 grants: grant_wiring(config, core, level, metrics),
                 policy_synced,
+                ca_expiry,
             };
             kube::spawn(parts, k.clone(), spawner);
             remotes
@@ -132,16 +141,27 @@ fn state_dir_error(dir: &Path, source: std::io::Error) -> StartError {
     }
 }
 
+/// What the file store's watch keeps in step with the remote files.
+struct FileWatch<'a> {
+    remotes: &'a Remotes,
+    errors: &'a FileErrors,
+    ca_expiry: RemoteCaExpiry,
+}
+
 /// `--store file`: load exports and remotes once (then the registry is ready), then follow
 /// their directories.
 async fn start_files(
     state_dir: &Path,
     poll: Duration,
     core: &Core,
-    remotes: &Remotes,
-    errors: &FileErrors,
+    watch: FileWatch<'_>,
     spawner: &Spawner,
 ) -> Result<(), StartError> {
+    let FileWatch {
+        remotes,
+        errors,
+        ca_expiry,
+    } = watch;
     let exports_dir = state_dir.join(file::EXPORTS_DIR);
     let remotes_dir = state_dir.join(file::REMOTES_DIR);
     for d in [&exports_dir, &remotes_dir] {
@@ -159,6 +179,7 @@ async fn start_files(
     let (peers_wanted, parent_wanted) = split_remotes(&remote_files, remotes.level());
     remotes.reconcile(peers_wanted).await;
     remotes.reconcile_parent(parent_wanted).await;
+    let mut ca_due = observe_server_cas(&ca_expiry, &remote_files);
     let now = [exports.errors(), remote_files.errors()].concat();
     core.metrics.set_rejected_files(&[], &now);
     errors.set(now);
@@ -174,6 +195,7 @@ async fn start_files(
         events,
     );
     let (core, remotes, errors) = (core.clone(), remotes.clone(), errors.clone());
+
     spawner.spawn("state directory watch", async move {
         loop {
             // A change that takes something away waits to settle (see `file::SETTLE`): look
@@ -187,12 +209,18 @@ async fn start_files(
                 _ = cancel.cancelled() => break,
                 got = rx.recv() => if got.is_none() { break },
                 _ = sleep_until_due(due) => {}
+                // A serverCA entering its warning period or expiring is reported then.
+                _ = sleep_until_due(ca_due) => {
+                    ca_due = observe_server_cas(&ca_expiry, &remote_files);
+                    continue;
+                }
             }
             file::sync_exports(&core.catalog, &core.cluster, &mut exports);
             if remote_files.refresh(|rr| model::remote_spec(rr).map(|_| ())) {
                 let (peers_wanted, parent_wanted) = split_remotes(&remote_files, remotes.level());
                 remotes.reconcile(peers_wanted).await;
                 remotes.reconcile_parent(parent_wanted).await;
+                ca_due = observe_server_cas(&ca_expiry, &remote_files);
             }
             let now = [exports.errors(), remote_files.errors()].concat();
             core.metrics.set_rejected_files(&errors.get(), &now);
@@ -202,6 +230,16 @@ async fn start_files(
         Ok(())
     });
     Ok(())
+}
+
+/// The serverCAs of the remote files into the metric and the log; when to look again.
+fn observe_server_cas(
+    ca_expiry: &RemoteCaExpiry,
+    files: &YamlDir<RemoteRegistry>,
+) -> Option<std::time::Instant> {
+    let now = time::OffsetDateTime::now_utc();
+    let next = ca_expiry.observe(&files.items(), now).next_change;
+    crate::remote_ca::until(next, now).map(|d| std::time::Instant::now() + d)
 }
 
 /// Resolves at `due`; never without one.

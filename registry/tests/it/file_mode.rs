@@ -756,3 +756,147 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     s.read_to_string(&mut out).await.expect("read");
     out
 }
+
+/// `remote_rr` with `serverCA` holding `ca_pem` (base64, as the CRD wants it) and `server_name`.
+fn remote_rr_with_ca(addr: std::net::SocketAddr, ca_pem: &str, server_name: &str) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    remote_rr(addr)
+        .replace("serverCA: \"\"", &format!("serverCA: \"{ca}\""))
+        .replace(
+            "serverName: localhost",
+            &format!("serverName: {server_name}"),
+        )
+}
+
+/// A RemoteRegistry's `serverCA` and `serverName` apply to the next connection, and no change of
+/// them removes an import: east serves a certificate of CA A. West trusts A (its own bundle),
+/// then only B (the new connection is refused: unknown issuer), then A and B under a name east's
+/// certificate does not carry (refused: wrong name), then a `serverCA` that is no certificate at
+/// all (the file is rejected, the last good spec stays), then A again under the right name
+/// (connected and synced, and a change on east arrives). Neither catalog announces a removal at
+/// any step and west's import files keep the record.
+#[tokio::test]
+async fn a_server_ca_or_name_change_applies_to_the_next_connection_and_keeps_imports() {
+    let pki = Pki::new("xcc.test");
+    let other = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    write(
+        east_dir.path(),
+        "exports/foobar.yaml",
+        &exported_sr("    connectivity.tanzu.vmware.com/service-port: \"443\""),
+    );
+    let (east, _ec) = start_with(file_config(pki.cluster("east"), east_dir.path())).await;
+    let rr = "remotes/shared-services-cls.yaml";
+    write(west_dir.path(), rr, &remote_rr(east.hamlet_addr));
+    let mut west_cfg = file_config(pki.cluster("west"), west_dir.path());
+    west_cfg.client.backoff = xcc_registry::hamlet::client::Backoff {
+        min: Duration::from_millis(20),
+        max: Duration::from_millis(100),
+    };
+    let (west, _wc) = start_with(west_cfg).await;
+    imported_records(west_dir.path(), &west).await;
+    wait_peer(&west, "shared-services-cls", "synced", |p| {
+        p.last_sync().is_some()
+    })
+    .await;
+    let mut east_events = east.catalog.subscribe();
+    let mut west_events = west.catalog.subscribe();
+    let on_disk = || {
+        FileImportSink::reader(west_dir.path(), "cross-cluster-connectivity")
+            .records("shared-services-cls")
+            .expect("import files readable")
+            .iter()
+            .map(|r| r.spec.fqdn.clone())
+            .collect::<Vec<_>>()
+    };
+    let refused = |west: &xcc_registry::Registry| {
+        west.peers
+            .list()
+            .into_iter()
+            .find(|p| p.name == "shared-services-cls")
+            .map(|p| p.last_error())
+            .unwrap_or_default()
+    };
+
+    // Only B: the next connection verifies east against B and fails.
+    write(
+        west_dir.path(),
+        rr,
+        &remote_rr_with_ca(east.hamlet_addr, other.ca.cert_pem(), "localhost"),
+    );
+    wait_peer(&west, "shared-services-cls", "refused under B", |p| {
+        !p.last_error().is_empty()
+    })
+    .await;
+    let error = refused(&west);
+    assert!(
+        error.starts_with(&format!("refused server {}", east.hamlet_addr))
+            && error.contains("(unknown CA;"),
+        "{error}"
+    );
+    check(&west, "only B", &mut east_events, &mut west_events);
+    assert_eq!(on_disk(), ["foobar.some.domain"], "only B");
+
+    // A and B, under a name east's certificate does not carry.
+    let both = format!("{}{}", pki.ca.cert_pem(), other.ca.cert_pem());
+    write(
+        west_dir.path(),
+        rr,
+        &remote_rr_with_ca(east.hamlet_addr, &both, "east.elsewhere.test"),
+    );
+    wait_peer(&west, "shared-services-cls", "refused by name", |p| {
+        p.last_error().contains("(name mismatch)")
+    })
+    .await;
+    check(&west, "wrong name", &mut east_events, &mut west_events);
+    assert_eq!(on_disk(), ["foobar.some.domain"], "wrong name");
+
+    // A serverCA that holds no certificate: rejected with the file's name, nothing changes.
+    write(
+        west_dir.path(),
+        rr,
+        &remote_rr_with_ca(east.hamlet_addr, "not a certificate", "localhost"),
+    );
+    let mut fs_events = west.file_errors.subscribe();
+    tokio::time::timeout(WAIT, async {
+        while west.file_errors.get().is_empty() {
+            fs_events.changed().await.expect("alive");
+        }
+    })
+    .await
+    .expect("rejection reported in time");
+    let errors = west.file_errors.get();
+    assert!(
+        errors.len() == 1
+            && errors[0].starts_with(rr)
+            && errors[0].contains("spec.tlsConfig.serverCA"),
+        "{errors:?}"
+    );
+    check(&west, "bad serverCA", &mut east_events, &mut west_events);
+
+    // A under the right name: connected, resynced, and east's next change arrives.
+    write(
+        west_dir.path(),
+        rr,
+        &remote_rr_with_ca(east.hamlet_addr, pki.ca.cert_pem(), "localhost"),
+    );
+    wait_peer(&west, "shared-services-cls", "connected under A", |p| {
+        p.last_error().is_empty() && p.state() == xcc_registry::peers::PeerState::Connected
+    })
+    .await;
+    assert!(west.file_errors.get().is_empty());
+    write(east_dir.path(), "exports/second.yaml", &named_sr("second"));
+    wait_catalog(&west.catalog, "second imported", |c| {
+        imported_fqdns(c, "shared-services-cls").len() == 2
+    })
+    .await;
+    check(&west, "back on A", &mut east_events, &mut west_events);
+    assert_eq!(
+        on_disk(),
+        ["foobar.some.domain", "second.some.domain"],
+        "back on A"
+    );
+    assert_eq!(west.metrics.client_stale_removed.get(), 0);
+}

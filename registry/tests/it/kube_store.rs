@@ -1762,6 +1762,116 @@ fn ar_event() -> ApiResource {
     ApiResource::erase::<k8s_openapi::api::events::v1::Event>(&())
 }
 
+// ----- serverCA / serverName changes; a serverCA near its end -----
+
+/// A self-signed CA (CN `old CA`) that expires `days` days from now.
+fn expiring_ca_pem(days: i64) -> String {
+    use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair};
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "old CA");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(365);
+    params.not_after = now + time::Duration::days(days);
+    params.self_signed(&key).expect("self-signed").pem()
+}
+
+impl Lab {
+    /// Set the RemoteRegistry's `serverCA` (PEM, encoded here) and `serverName`.
+    async fn set_tls(&self, name: &str, ca_pem: &str, server_name: &str) {
+        use base64::Engine;
+        let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+        self.rrs(&self.ns)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"tlsConfig": {"serverCA": ca, "serverName": server_name}}}),
+                ),
+            )
+            .await
+            .expect("patch RR");
+    }
+}
+
+/// On the real API server: a RemoteRegistry's `serverCA` and `serverName` apply to the next
+/// connection and delete no import. Only another CA: `Connected=False` says "unknown CA", the
+/// records stay. East's CA plus a CA 5 days from its end: connected again, and
+/// `CertificateExpiring=True` (reason `ServerCAExpiresSoon`, naming that CA) with a Warning
+/// Event of the same reason on the RemoteRegistry. East's CA alone: the condition goes. No
+/// ServiceRecord was deleted at any point.
+#[tokio::test]
+async fn server_ca_changes_keep_imports_and_an_expiring_server_ca_is_reported() {
+    let Some(lab) =
+        Lab::new("server_ca_changes_keep_imports_and_an_expiring_server_ca_is_reported").await
+    else {
+        return;
+    };
+    let pki = Pki::new("xcc.test");
+    let other = Pki::new("xcc.test");
+    let (east, _ec) = east(&pki, &["a.some.domain"]).await;
+    let (_west, _wc) = lab.west(&pki).await;
+    lab.create_rr(RR, &lab.ns, east.hamlet_addr, None).await;
+    let names = imported_names(&["a.some.domain"]);
+    lab.wait_names(names.clone()).await;
+    lab.wait_synced(RR).await;
+
+    lab.set_tls(RR, other.ca.cert_pem(), "localhost").await;
+    let status = lab
+        .wait_rr(&lab.ns, RR, "refused under another CA", |s| {
+            condition(s, "Connected")
+                .is_some_and(|c| c.0 == "False" && c.2.contains("(unknown CA;"))
+        })
+        .await;
+    assert_eq!(condition(&status, "CertificateExpiring"), None);
+    assert_eq!(lab.sr_names().await, names, "only another CA");
+    assert_eq!(lab.sr_deletes(), 0, "only another CA");
+
+    let expiring = expiring_ca_pem(5);
+    lab.set_tls(RR, &format!("{}{expiring}", pki.ca.cert_pem()), "localhost")
+        .await;
+    let status = lab
+        .wait_rr(&lab.ns, RR, "connected, the old CA reported", |s| {
+            condition(s, "Connected").is_some_and(|c| c.0 == "True")
+                && condition(s, "CertificateExpiring").is_some()
+        })
+        .await;
+    let (state, reason, message) = condition(&status, "CertificateExpiring").expect("condition");
+    assert_eq!(
+        (state.as_str(), reason.as_str()),
+        ("True", "ServerCAExpiresSoon")
+    );
+    assert!(
+        message.starts_with(&format!(
+            "the serverCA of RemoteRegistry {RR} (CN=old CA, serial "
+        )) && message.contains("add the remote's new CA to spec.tlsConfig.serverCA"),
+        "{message}"
+    );
+    let regarding =
+        |e: &Value| e["regarding"]["name"] == RR && e["reason"] == "ServerCAExpiresSoon";
+    let events = await_objects(lab.api(&ar_event(), &lab.ns), "the Warning Event", |o| {
+        o.values().any(regarding)
+    })
+    .await;
+    let event: Vec<&Value> = events.values().filter(|e| regarding(e)).collect();
+    assert_eq!(event.len(), 1, "{event:#?}");
+    assert_eq!(event[0]["type"], "Warning");
+    assert_eq!(event[0]["note"], json!(message));
+
+    lab.set_tls(RR, pki.ca.cert_pem(), "localhost").await;
+    lab.wait_rr(&lab.ns, RR, "the old CA dropped", |s| {
+        condition(s, "CertificateExpiring").is_none()
+            && condition(s, "Synced").is_some_and(|c| c.0 == "True")
+    })
+    .await;
+    assert_eq!(lab.sr_names().await, names, "back on east's CA");
+    assert_eq!(lab.sr_deletes(), 0, "back on east's CA");
+    lab.assert_not_forbidden();
+}
+
 // ----- grants at the owner (kube mode) -----
 
 /// The owner runs on the kube store with `--grant-mode istio` (and the RBAC of

@@ -113,6 +113,8 @@ pub(crate) struct Parts {
     pub grants: Option<GrantWiring>,
     /// The policy ConfigMap watch's first list (readiness waits for it too).
     pub policy_synced: Option<watch::Receiver<bool>>,
+    /// The RemoteRegistries' serverCAs, watched for their expiry.
+    pub ca_expiry: crate::remote_ca::RemoteCaExpiry,
 }
 
 /// What the leader needs to write grant objects ([`KubeGrants`]).
@@ -648,9 +650,26 @@ impl Controller {
     async fn write_statuses(&mut self, classified: &[Classified]) {
         let stats = self.parts.peers.list();
         let mut total = 0;
+        // Every pass (at least every status_resync): a CA entering its warning period is
+        // noticed within one.
+        let cas = self.parts.ca_expiry.observe(
+            classified.iter().filter(|c| c.run.is_some()).map(|c| &c.rr),
+            time::OffsetDateTime::now_utc(),
+        );
         for c in classified {
             let name = c.rr.name_any();
             let ns = c.rr.namespace().unwrap_or_default();
+            if let Some(e) = cas.expiring.get(&name).filter(|e| e.new) {
+                let owner = Owner {
+                    name: name.clone(),
+                    uid: c.rr.uid().unwrap_or_default(),
+                };
+                let reason = expiring_reason(e);
+                self.parts
+                    .sink
+                    .warn_event(&owner, reason, e.message(&name))
+                    .await;
+            }
             let link = match &c.run {
                 Some(_) => stats
                     .iter()
@@ -705,6 +724,14 @@ impl Controller {
                 hierarchy,
             };
             let mut want = status::desired(c.rr.status.as_ref(), &obs, SystemTime::now());
+            status::set_certificate_expiring(
+                &mut want,
+                c.rr.status.as_ref(),
+                cas.expiring
+                    .get(&name)
+                    .map(|e| (expiring_reason(e), e.message(&name))),
+                SystemTime::now(),
+            );
             if c.run.is_some()
                 && let Some(summary) = rejections.summary()
                 && let Some(synced) = want
@@ -770,6 +797,14 @@ impl Controller {
             .await
             .with_context(|| format!("writing the status of RemoteRegistry {ns}/{name}"))?;
         Ok(written.metadata.resource_version)
+    }
+}
+
+/// The reason of the `CertificateExpiring` condition and Event for `e`.
+fn expiring_reason(e: &crate::remote_ca::Expiring) -> &'static str {
+    match e.state {
+        xcc_certs::reload::Expiry::Expired => "ServerCAExpired",
+        _ => "ServerCAExpiresSoon",
     }
 }
 

@@ -230,7 +230,7 @@ impl KubeImportSink {
     }
 
     /// A Warning Event on the RemoteRegistry; failing to write it fails nothing.
-    async fn warn_event(&self, owner: &Owner, reason: &str, note: String) {
+    pub(crate) async fn warn_event(&self, owner: &Owner, reason: &str, note: String) {
         let reference = ObjectReference {
             api_version: Some(xcc_proto::names::API_VERSION.to_string()),
             kind: Some(xcc_proto::names::REMOTE_REGISTRY_KIND.to_string()),

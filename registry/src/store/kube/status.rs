@@ -169,6 +169,31 @@ impl Conditions<'_> {
     }
 }
 
+/// Condition on a RemoteRegistry whose `serverCA` holds a CA close to its expiry (reason
+/// `ServerCAExpiresSoon`) or past it (`ServerCAExpired`); absent while every CA is fine.
+pub const CONDITION_CERTIFICATE_EXPIRING: &str = "CertificateExpiring";
+
+/// Add `CertificateExpiring=True` to `status` (whose conditions were set from `previous`) when
+/// `expiring` says so: `(reason, message)`.
+pub fn set_certificate_expiring(
+    status: &mut RemoteRegistryStatus,
+    previous: Option<&RemoteRegistryStatus>,
+    expiring: Option<(&str, String)>,
+    now: SystemTime,
+) {
+    let Some((reason, message)) = expiring else {
+        return;
+    };
+    let mut conditions = Conditions {
+        previous: previous.map(|s| s.conditions.as_slice()).unwrap_or(&[]),
+        generation: status.observed_generation,
+        now: seconds(now),
+        out: vec![],
+    };
+    conditions.set(CONDITION_CERTIFICATE_EXPIRING, true, reason, message);
+    status.conditions.extend(conditions.out);
+}
+
 /// The status the RemoteRegistry should have. An invalid (or foreign-namespace) registry has
 /// only `Valid=False`: nothing runs for it, so there is no connection or sync to report.
 pub fn desired(
