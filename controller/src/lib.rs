@@ -10,6 +10,7 @@ pub mod backoff;
 pub mod cluster_id;
 pub mod leader;
 pub mod probes;
+pub mod propagation;
 pub mod queue;
 pub mod runtime;
 pub mod tasks;
