@@ -99,7 +99,7 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
     };
     assert_success("promtool check rules", &check);
     assert!(
-        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 11 rules found"),
+        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 12 rules found"),
         "{}",
         String::from_utf8_lossy(&check.stdout)
     );
@@ -125,7 +125,7 @@ fn every_alert_has_a_unit_test() {
         .filter(|t| !t["exp_alerts"].as_array().unwrap().is_empty())
         .map(|t| t["alertname"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(alerts.len(), 11);
+    assert_eq!(alerts.len(), 12);
     assert_eq!(
         tested, alerts,
         "alerts never seen firing in rules.test.yaml"
@@ -153,7 +153,7 @@ fn every_dashboard_query_parses() {
         );
     }
     let queries = dashboard_queries();
-    assert_eq!(queries.len(), 12);
+    assert_eq!(queries.len(), 14);
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
     for (i, q) in queries.iter().enumerate() {
         rules.push_str(&format!(
@@ -243,10 +243,20 @@ async fn exported_metric_names() -> BTreeSet<String> {
         if let (Some("#"), Some("TYPE"), Some(family), Some(kind)) =
             (f.next(), f.next(), f.next(), f.next())
         {
-            names.insert(match kind {
-                "counter" => format!("{family}_total"),
-                _ => family.to_string(),
-            });
+            match kind {
+                "counter" => {
+                    names.insert(format!("{family}_total"));
+                }
+                // A histogram's samples: `_bucket`, `_sum`, `_count`.
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.insert(format!("{family}{suffix}"));
+                    }
+                }
+                _ => {
+                    names.insert(family.to_string());
+                }
+            }
         }
     }
     names
@@ -501,7 +511,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
     prom.until_value(&format!("xcc_peer_acks_total{exp} >= bool 4"), "1")
         .await;
 
-    // The rule file loaded into a real Prometheus: 11 alerting rules, none unhealthy.
+    // The rule file loaded into a real Prometheus: 12 alerting rules, none unhealthy.
     let rules = prom.get("/api/v1/rules?type=alert").await.unwrap();
     let rules: Vec<&Value> = rules["data"]["groups"]
         .as_array()
@@ -509,7 +519,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(rules.len(), 11);
+    assert_eq!(rules.len(), 12);
     for r in rules {
         assert_eq!(r["health"], "ok", "{r}");
     }
