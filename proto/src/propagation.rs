@@ -137,7 +137,10 @@ mod tests {
         assert_eq!(parse_stamp("-1"), Err(StampError::NotDigits));
         assert_eq!(parse_stamp("12.5"), Err(StampError::NotDigits));
         assert_eq!(parse_stamp("+123"), Err(StampError::NotDigits));
-        assert_eq!(parse_stamp("2026-11-29T08:00:00Z"), Err(StampError::Length(20)));
+        assert_eq!(
+            parse_stamp("2026-11-29T08:00:00Z"),
+            Err(StampError::Length(20))
+        );
         assert_eq!(parse_stamp("１２"), Err(StampError::NotDigits));
         // The largest accepted stamp is a valid time (year ~318857), observed as skew.
         let far = parse_stamp("9999999999999999").unwrap();

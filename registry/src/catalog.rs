@@ -15,8 +15,8 @@ use std::fmt;
 use std::sync::{Arc, OnceLock, RwLock};
 
 pub use smol_str::SmolStr;
-use xcc_proto::propagation::CHANGED_AT_ANNOTATION;
 use tokio::sync::broadcast;
+use xcc_proto::propagation::CHANGED_AT_ANNOTATION;
 
 /// Identity of a service in the catalog. The names are DNS labels or subdomains, almost always
 /// at most 23 bytes, which a [`SmolStr`] holds inline: a key allocates nothing of its own.
@@ -1198,11 +1198,16 @@ mod tests {
             .insert(CHANGED_AT_ANNOTATION.into(), "1".into());
         assert_eq!(c.upsert(again), None, "a stamp alone is no change");
         assert_eq!(c.get(&key).expect("stored").changed_at(), Some(stamp));
-        assert_eq!(c.upsert(local("a", "web", "web.xcc.test", "10.0.0.2")), Some(2));
+        assert_eq!(
+            c.upsert(local("a", "web", "web.xcc.test", "10.0.0.2")),
+            Some(2)
+        );
         assert!(c.get(&key).expect("stored").changed_at().expect("stamped") >= stamp);
         let mut remote = local("a", "db", "db.xcc.test", "10.0.0.3");
         remote.source = Source::Remote("west".into());
-        remote.labels.insert(CHANGED_AT_ANNOTATION.into(), "1234".into());
+        remote
+            .labels
+            .insert(CHANGED_AT_ANNOTATION.into(), "1234".into());
         c.upsert(remote);
         let got = c.get(&ServiceKey::new("east", "a", "db")).expect("stored");
         assert_eq!(got.labels.get(CHANGED_AT_ANNOTATION), Some("1234"));

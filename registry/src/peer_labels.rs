@@ -334,7 +334,10 @@ mod tests {
     fn a_hostile_propagation_stamp_costs_only_itself() {
         let huge = "9".repeat(100 * 1024);
         for bad in ["", "soon", "-5", "1.5", "0x10", huge.as_str()] {
-            let labels = map(&[(SERVICE_PORT_ANNOTATION, "443"), (CHANGED_AT_ANNOTATION, bad)]);
+            let labels = map(&[
+                (SERVICE_PORT_ANNOTATION, "443"),
+                (CHANGED_AT_ANNOTATION, bad),
+            ]);
             assert_eq!(
                 allowed_of(&labels, &[]),
                 map(&[(SERVICE_PORT_ANNOTATION, "443")]),

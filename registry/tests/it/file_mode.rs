@@ -820,7 +820,10 @@ async fn propagation_latency_counts_live_changes_only() {
     // The stamp travelled as the record's annotation, exactly as the exporter set it.
     let stamp = xcc_proto::propagation::CHANGED_AT_ANNOTATION;
     let exported = east.catalog.by_fqdn("foobar.some.domain");
-    let sent = exported[0].labels.get(stamp).expect("the export is stamped");
+    let sent = exported[0]
+        .labels
+        .get(stamp)
+        .expect("the export is stamped");
     let annotations = records[0].metadata.annotations.clone().unwrap_or_default();
     assert_eq!(annotations.get(stamp).map(String::as_str), Some(sent));
     // The initial snapshot is no propagation.
@@ -840,7 +843,9 @@ async fn propagation_latency_counts_live_changes_only() {
     }
     let m = http_get(metrics, "/metrics").await;
     assert!(
-        m.contains("xcc_propagation_seconds_bucket{le=\"60.0\",source_cluster=\"shared-services-cls\"} 2"),
+        m.contains(
+            "xcc_propagation_seconds_bucket{le=\"60.0\",source_cluster=\"shared-services-cls\"} 2"
+        ),
         "both within a minute: {m}"
     );
     assert!(
@@ -872,7 +877,11 @@ async fn propagation_latency_counts_live_changes_only() {
     })
     .await;
     let m = http_get(metrics, "/metrics").await;
-    assert_eq!(propagation_count(&m), 2, "a re-sent snapshot is no propagation: {m}");
+    assert_eq!(
+        propagation_count(&m),
+        2,
+        "a re-sent snapshot is no propagation: {m}"
+    );
     let held = west
         .catalog
         .by_fqdn("foobar.some.domain")
