@@ -227,13 +227,17 @@ async fn exported_metric_names() -> BTreeSet<String> {
     east.shutdown().await.unwrap();
 
     let mut binder = prometheus_client::registry::Registry::default();
-    let _m = xcc_binder::controller::metrics::Metrics::register(&mut binder);
+    let b = xcc_binder::controller::metrics::Metrics::register(&mut binder);
+    // A histogram family with no series is not printed: one observation each.
+    let now = std::time::SystemTime::now();
+    b.propagated("west", now, now);
     prometheus_client::encoding::text::encode(&mut text, &binder).unwrap();
     // A family with no series is not printed: the registry's metrics with a rejected file.
     let mut files = prometheus_client::registry::Registry::default();
     let m = xcc_registry::metrics::Metrics::default();
     m.register(&mut files);
     m.set_rejected_files(&[], &["exports/web.yaml: bad".to_string()]);
+    m.propagation.observe("west", now, now);
     prometheus_client::encoding::text::encode(&mut text, &files).unwrap();
 
     // `# TYPE <family> <type>`: a counter's samples are `<family>_total`.

@@ -58,7 +58,8 @@ impl Metrics {
         m
     }
 
-    pub(crate) fn propagated(
+    /// Observe the propagation of a change stamped `stamp`, written at `now`.
+    pub fn propagated(
         &self,
         source_cluster: &str,
         stamp: std::time::SystemTime,
