@@ -515,6 +515,24 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
     prom.until_value(&format!("xcc_peer_acks_total{exp} >= bool 4"), "1")
         .await;
 
+    // Propagation: the snapshot's three records were stamped before the stream started and are
+    // not observed; two exports added live are, each once (2, not 5).
+    for name in ["d", "e"] {
+        east.catalog.upsert(export(name));
+    }
+    prom.until_value(r#"xcc_catalog_services{job="xcc-west"}"#, "4")
+        .await;
+    prom.until_value(
+        r#"xcc_propagation_seconds_count{job="xcc-west",source_cluster="east-rr"}"#,
+        "2",
+    )
+    .await;
+    prom.until_value(
+        r#"xcc_propagation_seconds_bucket{job="xcc-west",source_cluster="east-rr",le="60.0"}"#,
+        "2",
+    )
+    .await;
+
     // The rule file loaded into a real Prometheus: 12 alerting rules, none unhealthy.
     let rules = prom.get("/api/v1/rules?type=alert").await.unwrap();
     let rules: Vec<&Value> = rules["data"]["groups"]
