@@ -38,8 +38,8 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
-use std::time::Duration;
 use xcc_controller::plumbing::lock;
 
 use futures::StreamExt;
@@ -62,6 +62,7 @@ use xcc_proto::crd::{
     MANAGED_BY_LABEL, Materialize, RemoteRegistry, ServiceRecord,
 };
 use xcc_proto::names::{self, IMPORTED_LABEL};
+use xcc_proto::propagation;
 
 use crate::apply::{self, ApplyError, FIELD_MANAGER, SyncError, Written};
 use crate::desired::cilium::{self, CiliumSkip, OriginKey, OrphanDecision};
@@ -158,6 +159,12 @@ struct Ctx {
     /// (kube-runtime's `wait_until_ready` wakes only its last poller), and that task would
     /// never learn that the store became ready.
     listed: AtomicBool,
+    /// The propagation stamp last observed per imported record (by UID), so a resync or a
+    /// relist observes no change twice; pruned to the listed records at each relist.
+    propagated: Mutex<HashMap<String, SystemTime>>,
+    /// Records stamped before the binder started changed while it was not watching: their
+    /// latency would measure the binder's downtime, not propagation, and is not observed.
+    started: SystemTime,
 }
 
 /// The binder controller, before it runs.
@@ -235,6 +242,8 @@ impl Controller {
             reconciles: AtomicU64::new(0),
             relists: AtomicU64::new(0),
             listed: AtomicBool::new(false),
+            propagated: Mutex::default(),
+            started: SystemTime::now(),
         });
         Self {
             ctx,
@@ -480,6 +489,7 @@ impl OnEvent<ServiceRecord> for RecordEvents {
                 ctx.queue.add_all(keys);
             }
             watcher::Event::Delete(r) => {
+                lock(&ctx.propagated).remove(&uid_of(r));
                 if let Some(old) = self.last.remove(&uid_of(r)) {
                     ctx.queue.add_all(old);
                 }
@@ -492,6 +502,7 @@ impl OnEvent<ServiceRecord> for RecordEvents {
             }
             watcher::Event::InitDone => {
                 let old = std::mem::replace(&mut self.last, std::mem::take(&mut self.listing));
+                ctx.prune_propagated(&self.last);
                 if ctx.listed_before() {
                     // Records deleted while the watch was down have no Delete event.
                     ctx.queue.add_all(old.into_values().flatten());
@@ -758,6 +769,7 @@ impl Ctx {
         {
             Ok(written) => {
                 self.count_written(&written, &group.namespace).await;
+                self.observe_propagation(&refs);
                 m.conflict.as_ref().map(|c| Found {
                     reason: conditions::PORTS_DISAGREE,
                     message: c.to_string(),
@@ -790,6 +802,7 @@ impl Ctx {
         let found = match apply::sync_global_service(&self.client, &desired, install).await {
             Ok(written) => {
                 self.count_written(&written, &origin.namespace).await;
+                self.observe_propagation(&refs);
                 None
             }
             Err(ApplyError::Api(e)) => return Err(e.into()),
@@ -1061,6 +1074,42 @@ impl Ctx {
             }
         }
         Ok(())
+    }
+
+    /// The objects for `records` are written: observe `xcc_binder_propagation_seconds` for each
+    /// record whose propagation stamp is new since the last observation and since the binder
+    /// started (labelled with its RemoteRegistry).
+    fn observe_propagation(&self, records: &[&ServiceRecord]) {
+        let now = SystemTime::now();
+        let mut seen = lock(&self.propagated);
+        for r in records {
+            let Some(stamp) = r
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(propagation::CHANGED_AT_ANNOTATION))
+                .and_then(|v| propagation::parse_stamp(v).ok())
+            else {
+                continue;
+            };
+            if seen.insert(uid_of(*r), stamp) == Some(stamp)
+                || !propagation::is_fresh(stamp, false, self.started)
+            {
+                continue;
+            }
+            let source = r
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(names::REMOTE_REGISTRY_LABEL))
+                .map_or("", String::as_str);
+            self.metrics.propagated(source, stamp, now);
+        }
+    }
+
+    /// Forget the stamps of records no longer listed (`uids`: those that are).
+    fn prune_propagated(&self, uids: &HashMap<String, Vec<Key>>) {
+        lock(&self.propagated).retain(|uid, _| uids.contains_key(uid));
     }
 
     async fn count_written(&self, written: &Written, namespace: &str) {

@@ -11,6 +11,7 @@ pub mod cluster_id;
 pub mod leader;
 pub mod plumbing;
 pub mod probes;
+pub mod propagation;
 pub mod queue;
 pub mod runtime;
 pub mod tasks;

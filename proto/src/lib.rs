@@ -14,6 +14,7 @@ pub mod mapping;
 pub mod mcs;
 pub mod names;
 pub mod ports;
+pub mod propagation;
 pub mod resources;
 
 /// `google.rpc.Status`, as Hamlet imports it.

@@ -16,6 +16,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 
 pub use smol_str::SmolStr;
 use tokio::sync::broadcast;
+use xcc_proto::propagation::CHANGED_AT_ANNOTATION;
 
 /// Identity of a service in the catalog. The names are DNS labels or subdomains, almost always
 /// at most 23 bytes, which a [`SmolStr`] holds inline: a key allocates nothing of its own.
@@ -132,13 +133,14 @@ pub struct Origin {
 /// Label keys every entry may carry, allocated once and shared by all entries that use them.
 /// A fixed list, so the set of shared keys cannot grow with input.
 fn shared_label_key(key: &str) -> Arc<str> {
-    static KNOWN: OnceLock<[Arc<str>; 4]> = OnceLock::new();
+    static KNOWN: OnceLock<[Arc<str>; 5]> = OnceLock::new();
     let known = KNOWN.get_or_init(|| {
         [
             Arc::from(xcc_proto::names::SERVICE_PORT_ANNOTATION),
             Arc::from(xcc_proto::names::VIP_ANNOTATION),
             Arc::from(xcc_proto::mapping::ORIGIN_NAMESPACE_ANNOTATION),
             Arc::from(xcc_proto::mapping::ORIGIN_NAME_ANNOTATION),
+            Arc::from(xcc_proto::propagation::CHANGED_AT_ANNOTATION),
         ]
     });
     known
@@ -200,6 +202,13 @@ impl Labels {
 
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
+    }
+
+    /// Whether `self` and `other` hold the same pairs, `key` aside.
+    pub fn eq_except(&self, other: &Labels, key: &str) -> bool {
+        self.iter()
+            .filter(|(k, _)| *k != key)
+            .eq(other.iter().filter(|(k, _)| *k != key))
     }
 
     pub fn to_btree_map(&self) -> BTreeMap<String, String> {
@@ -299,13 +308,22 @@ impl ServiceEntry {
         })
     }
 
+    /// The time the exporting registry saw this content change (its propagation stamp), when
+    /// it carries a valid one ([`xcc_proto::propagation`]).
+    pub fn changed_at(&self) -> Option<std::time::SystemTime> {
+        let value = self.labels.get(CHANGED_AT_ANNOTATION)?;
+        xcc_proto::propagation::parse_stamp(value).ok()
+    }
+
+    /// Same content, the propagation stamp aside: a stamp never makes an unchanged record look
+    /// changed.
     fn same_content(&self, other: &ServiceEntry) -> bool {
         self.key == other.key
             && self.source == other.source
             && self.fqdn == other.fqdn
             && self.endpoints == other.endpoints
             && self.ports == other.ports
-            && self.labels == other.labels
+            && self.labels.eq_except(&other.labels, CHANGED_AT_ANNOTATION)
             && self.allowed_requesters == other.allowed_requesters
             && self.origin == other.origin
     }
@@ -864,7 +882,9 @@ impl Catalog {
     }
 
     /// Stores `entry` (its revision is assigned here). Returns the new revision, or `None` when
-    /// the content was already stored (no event is emitted then).
+    /// the content was already stored (no event is emitted then). A changed local export is
+    /// stamped with the time the catalog accepted it ([`CHANGED_AT_ANNOTATION`], replacing any
+    /// stamp it came with): that stamp travels to importers, who measure propagation from it.
     pub fn upsert(&self, entry: ServiceEntry) -> Option<u64> {
         let mut st = self.write();
         self.upsert_locked(&mut st, entry)
@@ -876,6 +896,12 @@ impl Catalog {
             && prev.same_content(&entry)
         {
             return None;
+        }
+        if entry.source == Source::Local {
+            entry.labels.insert(
+                CHANGED_AT_ANNOTATION.to_string(),
+                xcc_proto::propagation::format_stamp(std::time::SystemTime::now()),
+            );
         }
         st.revision += 1;
         entry.revision = st.revision;
@@ -1151,6 +1177,40 @@ mod tests {
         assert!(matches!(rx.try_recv(), Ok(CatalogEvent::Upsert(e)) if e.revision == 1));
         assert!(matches!(rx.try_recv(), Ok(CatalogEvent::Upsert(e)) if e.revision == 2));
         assert!(rx.try_recv().is_err());
+    }
+
+    /// A changed local export is stamped when the catalog accepts it; an unchanged one keeps its
+    /// stamp (and makes no event), whatever stamp it comes with; other sources keep theirs.
+    #[test]
+    fn local_changes_are_stamped_and_a_stamp_alone_is_no_change() {
+        let c = Catalog::new();
+        let before = std::time::SystemTime::now();
+        c.upsert(local("a", "web", "web.xcc.test", "10.0.0.1"));
+        let key = ServiceKey::new("east", "a", "web");
+        let first = c.get(&key).expect("stored");
+        let stamp = first.changed_at().expect("stamped");
+        // Milliseconds: the stamp may round down below `before` by less than one.
+        assert!(stamp + std::time::Duration::from_millis(1) > before);
+        assert!(stamp <= std::time::SystemTime::now());
+        let mut again = local("a", "web", "web.xcc.test", "10.0.0.1");
+        again
+            .labels
+            .insert(CHANGED_AT_ANNOTATION.into(), "1".into());
+        assert_eq!(c.upsert(again), None, "a stamp alone is no change");
+        assert_eq!(c.get(&key).expect("stored").changed_at(), Some(stamp));
+        assert_eq!(
+            c.upsert(local("a", "web", "web.xcc.test", "10.0.0.2")),
+            Some(2)
+        );
+        assert!(c.get(&key).expect("stored").changed_at().expect("stamped") >= stamp);
+        let mut remote = local("a", "db", "db.xcc.test", "10.0.0.3");
+        remote.source = Source::Remote("west".into());
+        remote
+            .labels
+            .insert(CHANGED_AT_ANNOTATION.into(), "1234".into());
+        c.upsert(remote);
+        let got = c.get(&ServiceKey::new("east", "a", "db")).expect("stored");
+        assert_eq!(got.labels.get(CHANGED_AT_ANNOTATION), Some("1234"));
     }
 
     /// `xcc admin watch` printed the same `rev` for an upsert and the removal after it.

@@ -57,6 +57,9 @@ pub struct Metrics {
     pub store_errors: Counter,
     /// 1 for each watched file rejected now (its last good content in force).
     pub rejected_files: Family<RejectedFileLabels, Gauge>,
+    /// `xcc_propagation_seconds` and `xcc_propagation_clock_skew_total`: observed when an import
+    /// that changed arrives live (or in a snapshot, stamped after the stream started).
+    pub propagation: xcc_controller::propagation::PropagationMetrics,
 }
 
 impl Metrics {
@@ -145,6 +148,13 @@ impl Metrics {
             "rejected_files",
             "Watched files rejected now (their last good content stays), with the file and the reason",
             self.rejected_files.clone(),
+        );
+        self.propagation.register(
+            r,
+            "propagation_seconds",
+            "Seconds from the exporting registry seeing a change until this registry applied \
+             the import (the difference of two clocks; see docs/operations.md)",
+            "propagation_clock_skew",
         );
     }
 }

@@ -34,10 +34,12 @@ use xcc_proto::names::{
     VIP_ANNOTATION, WORKLOAD_SELECTOR_ANNOTATION,
 };
 
+use xcc_proto::propagation::CHANGED_AT_ANNOTATION;
+
 use crate::catalog::Endpoint;
 
 /// The control keys [`allowed`] may keep, in the order of its rules.
-pub const CONTROL_KEYS: [&str; 13] = [
+pub const CONTROL_KEYS: [&str; 14] = [
     SERVICE_PORT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
@@ -51,6 +53,7 @@ pub const CONTROL_KEYS: [&str; 13] = [
     TRAIT_KEYS[3],
     EXPORTED_LABELS_ANNOTATION,
     EXPORTED_ANNOTATIONS_ANNOTATION,
+    CHANGED_AT_ANNOTATION,
 ];
 
 /// The prefix of every label that travels (XCC's pass-through annotations, matched with the
@@ -59,8 +62,9 @@ pub const PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
 /// Keys under [`PREFIX`] that xcc itself uses: never policy labels, whatever their value (the
 /// control keys travel by their own rules, the others stay where they were written).
-pub const RESERVED_KEYS: [&str; 24] = [
+pub const RESERVED_KEYS: [&str; 25] = [
     SERVICE_PORT_ANNOTATION,
+    CHANGED_AT_ANNOTATION,
     VIP_ANNOTATION,
     ORIGIN_NAMESPACE_ANNOTATION,
     ORIGIN_NAME_ANNOTATION,
@@ -267,6 +271,14 @@ pub fn allowed<'a>(
         kept.insert(ORIGIN_NAMESPACE_ANNOTATION.to_string(), ns.to_string());
         kept.insert(ORIGIN_NAME_ANNOTATION.to_string(), name.to_string());
     }
+    // The exporter's propagation stamp: milliseconds, at most 16 digits; anything else (garbage,
+    // a 100 KB value) costs only the label. How far off the receiver's clock it may be is the
+    // observer's business (`xcc_proto::propagation::latency`), not the allow-list's.
+    if let Some(stamp) = get(CHANGED_AT_ANNOTATION)
+        && xcc_proto::propagation::parse_stamp(stamp).is_ok()
+    {
+        kept.insert(CHANGED_AT_ANNOTATION.to_string(), stamp.to_string());
+    }
     if get(HEADLESS_ANNOTATION) == Some(HEADLESS_TRUE) {
         kept.insert(HEADLESS_ANNOTATION.to_string(), HEADLESS_TRUE.to_string());
         if let Some(value) = get(HOSTNAMES_ANNOTATION) {
@@ -355,6 +367,7 @@ mod tests {
                 EXPORTED_ANNOTATIONS_ANNOTATION,
                 r#"{"example.com/doc":"any text, even this"}"#,
             ),
+            (CHANGED_AT_ANNOTATION, "1790000000123"),
         ]);
         assert_eq!(
             allowed_of(&labels, &endpoints(&["10.4.0.1", "10.4.0.2"])),
@@ -369,6 +382,31 @@ mod tests {
             },
             "the test covers every allowed key"
         );
+    }
+
+    /// A hostile propagation stamp costs only itself: garbage, a negative number, a 100 KB value
+    /// are dropped, the entry's other labels kept. (A far-future stamp is a valid number and is
+    /// kept; the observer refuses to observe it, `xcc_proto::propagation::latency`.)
+    #[test]
+    fn a_hostile_propagation_stamp_costs_only_itself() {
+        let huge = "9".repeat(100 * 1024);
+        for bad in ["", "soon", "-5", "1.5", "0x10", huge.as_str()] {
+            let labels = map(&[
+                (SERVICE_PORT_ANNOTATION, "443"),
+                (CHANGED_AT_ANNOTATION, bad),
+            ]);
+            assert_eq!(
+                allowed_of(&labels, &[]),
+                map(&[(SERVICE_PORT_ANNOTATION, "443")]),
+                "{:.20}",
+                bad
+            );
+        }
+        // Never a policy label either.
+        assert!(matches!(
+            policy_label(CHANGED_AT_ANNOTATION, "123"),
+            Some(Err(PolicyLabelError::Reserved(_)))
+        ));
     }
 
     #[test]

@@ -99,7 +99,7 @@ fn alert_rules_pass_promtool_and_their_unit_tests() {
     };
     assert_success("promtool check rules", &check);
     assert!(
-        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 12 rules found"),
+        String::from_utf8_lossy(&check.stdout).contains("SUCCESS: 13 rules found"),
         "{}",
         String::from_utf8_lossy(&check.stdout)
     );
@@ -125,7 +125,7 @@ fn every_alert_has_a_unit_test() {
         .filter(|t| !t["exp_alerts"].as_array().unwrap().is_empty())
         .map(|t| t["alertname"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(alerts.len(), 12);
+    assert_eq!(alerts.len(), 13);
     assert_eq!(
         tested, alerts,
         "alerts never seen firing in rules.test.yaml"
@@ -153,7 +153,7 @@ fn every_dashboard_query_parses() {
         );
     }
     let queries = dashboard_queries();
-    assert_eq!(queries.len(), 12);
+    assert_eq!(queries.len(), 14);
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
     for (i, q) in queries.iter().enumerate() {
         rules.push_str(&format!(
@@ -227,13 +227,17 @@ async fn exported_metric_names() -> BTreeSet<String> {
     east.shutdown().await.unwrap();
 
     let mut binder = prometheus_client::registry::Registry::default();
-    let _m = xcc_binder::controller::metrics::Metrics::register(&mut binder);
+    let b = xcc_binder::controller::metrics::Metrics::register(&mut binder);
+    // A histogram family with no series is not printed: one observation each.
+    let now = std::time::SystemTime::now();
+    b.propagated("west", now, now);
     prometheus_client::encoding::text::encode(&mut text, &binder).unwrap();
     // A family with no series is not printed: the registry's metrics with a rejected file.
     let mut files = prometheus_client::registry::Registry::default();
     let m = xcc_registry::metrics::Metrics::default();
     m.register(&mut files);
     m.set_rejected_files(&[], &["exports/web.yaml: bad".to_string()]);
+    m.propagation.observe("west", now, now);
     prometheus_client::encoding::text::encode(&mut text, &files).unwrap();
     // ... and the serverCA expiry, which has series only for a RemoteRegistry with a serverCA.
     let mut remotes = prometheus_client::registry::Registry::default();
@@ -265,10 +269,20 @@ async fn exported_metric_names() -> BTreeSet<String> {
         if let (Some("#"), Some("TYPE"), Some(family), Some(kind)) =
             (f.next(), f.next(), f.next(), f.next())
         {
-            names.insert(match kind {
-                "counter" => format!("{family}_total"),
-                _ => family.to_string(),
-            });
+            match kind {
+                "counter" => {
+                    names.insert(format!("{family}_total"));
+                }
+                // A histogram's samples: `_bucket`, `_sum`, `_count`.
+                "histogram" => {
+                    for suffix in ["_bucket", "_sum", "_count"] {
+                        names.insert(format!("{family}{suffix}"));
+                    }
+                }
+                _ => {
+                    names.insert(family.to_string());
+                }
+            }
         }
     }
     names
@@ -523,7 +537,25 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
     prom.until_value(&format!("xcc_peer_acks_total{exp} >= bool 4"), "1")
         .await;
 
-    // The rule file loaded into a real Prometheus: 12 alerting rules, none unhealthy.
+    // Propagation: the snapshot's three records were stamped before the stream started and are
+    // not observed; two exports added live are, each once (2, not 5).
+    for name in ["d", "e"] {
+        east.catalog.upsert(export(name));
+    }
+    prom.until_value(r#"xcc_catalog_services{job="xcc-west"}"#, "4")
+        .await;
+    prom.until_value(
+        r#"xcc_propagation_seconds_count{job="xcc-west",source_cluster="east-rr"}"#,
+        "2",
+    )
+    .await;
+    prom.until_value(
+        r#"xcc_propagation_seconds_bucket{job="xcc-west",source_cluster="east-rr",le="60.0"}"#,
+        "2",
+    )
+    .await;
+
+    // The rule file loaded into a real Prometheus: 13 alerting rules, none unhealthy.
     let rules = prom.get("/api/v1/rules?type=alert").await.unwrap();
     let rules: Vec<&Value> = rules["data"]["groups"]
         .as_array()
@@ -531,7 +563,7 @@ async fn a_real_prometheus_sees_the_per_peer_series() {
         .iter()
         .flat_map(|g| g["rules"].as_array().unwrap())
         .collect();
-    assert_eq!(rules.len(), 12);
+    assert_eq!(rules.len(), 13);
     for r in rules {
         assert_eq!(r["health"], "ok", "{r}");
     }

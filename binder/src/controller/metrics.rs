@@ -15,6 +15,7 @@ pub struct Metrics {
     writes: Family<Labels, Counter>,
     managed: Family<Labels, Gauge>,
     relists: Counter,
+    propagation: xcc_controller::propagation::PropagationMetrics,
 }
 
 impl Metrics {
@@ -46,7 +47,25 @@ impl Metrics {
             "Watches relisted after the initial list (e.g. after 410 Gone)",
             m.relists.clone(),
         );
+        m.propagation.register(
+            registry,
+            "xcc_binder_propagation_seconds",
+            "Seconds from the exporting registry seeing a change until the binder had written \
+             the objects for the imported record (the difference of two clocks; see \
+             docs/operations.md)",
+            "xcc_binder_propagation_clock_skew",
+        );
         m
+    }
+
+    /// Observe the propagation of a change stamped `stamp`, written at `now`.
+    pub fn propagated(
+        &self,
+        source_cluster: &str,
+        stamp: std::time::SystemTime,
+        now: std::time::SystemTime,
+    ) {
+        self.propagation.observe(source_cluster, stamp, now);
     }
 
     pub(crate) fn reconciled(&self, ok: bool) {

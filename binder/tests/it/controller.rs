@@ -1311,3 +1311,105 @@ async fn runs_under_the_xcc_binder_lease_and_stops_cleanly() {
     assert!(!handle.is_ready(), "not ready once stopped");
     env.assert_nothing_forbidden();
 }
+
+/// The binder observes `xcc_binder_propagation_seconds` once per propagation stamp, after it has
+/// written the objects: not for a record stamped before it started, not again on a resync; a
+/// stamp far ahead of its clock is counted as skew, not observed.
+#[tokio::test]
+async fn propagation_is_observed_once_per_stamp_after_the_write() {
+    let Some(mut env) = Env::new(
+        "propagation_is_observed_once_per_stamp_after_the_write",
+        IMPORTER,
+    )
+    .await
+    else {
+        return;
+    };
+    use xcc_proto::propagation::{CHANGED_AT_ANNOTATION, format_stamp};
+    let stamp_at = |t: SystemTime| {
+        json!({"connectivity.tanzu.vmware.com/service-port": "443",
+               CHANGED_AT_ANNOTATION: format_stamp(t)})
+    };
+    // Changed while the binder was not running: its latency would be the binder's downtime.
+    env.create_record(imported(
+        "foobar.some.domain-abcd1234",
+        "foobar.some.domain",
+        stamp_at(SystemTime::now() - Duration::from_secs(10)),
+        eps(&["10.0.0.5"], 443),
+    ))
+    .await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    env.pending = Some(Controller::new(
+        env.id.client().await,
+        Config::new(&env.ns),
+        metrics,
+        Health::default(),
+    ));
+    env.run().await;
+    env.poll("ready", |e| e.handle.is_ready()).await;
+    let scrape = || {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text
+    };
+    let value = |text: &str, series: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    let count = "xcc_binder_propagation_seconds_count{source_cluster=\"rr\"} ";
+    let skew = "xcc_binder_propagation_clock_skew_total{source_cluster=\"rr\"} ";
+    assert_eq!(value(&scrape(), count), 0, "{}", scrape());
+
+    // A change after the start: observed once its objects are written.
+    env.create_record(imported(
+        "test.some.domain-abcd1234",
+        "test.some.domain",
+        stamp_at(SystemTime::now()),
+        eps(&["10.0.0.1"], 443),
+    ))
+    .await;
+    env.wait_for("Endpoints written", async |e| {
+        e.endpoints(SVC)
+            .await
+            .is_some_and(|ep| endpoint_ips(&ep) == ["10.0.0.1"])
+    })
+    .await;
+    // Observed right after the writes, in the same reconcile: poll the in-process registry.
+    env.poll("observed", |_| value(&scrape(), count) == 1).await;
+    env.resync_round().await;
+    assert_eq!(
+        value(&scrape(), count),
+        1,
+        "a resync observes nothing again"
+    );
+
+    // The next change, stamped anew.
+    env.annotate_record(
+        "test.some.domain-abcd1234",
+        json!({CHANGED_AT_ANNOTATION: format_stamp(SystemTime::now())}),
+    )
+    .await;
+    env.poll("observed again", |_| value(&scrape(), count) == 2)
+        .await;
+    // A stamp a day ahead of this clock: counted as skew, not observed.
+    env.annotate_record(
+        "test.some.domain-abcd1234",
+        json!({CHANGED_AT_ANNOTATION: format_stamp(SystemTime::now() + Duration::from_secs(86400))}),
+    )
+    .await;
+    env.poll("skew counted", |_| value(&scrape(), skew) == 1)
+        .await;
+    let text = scrape();
+    assert_eq!(value(&text, count), 2, "{text}");
+    assert_eq!(
+        value(
+            &text,
+            "xcc_binder_propagation_seconds_bucket{le=\"60.0\",source_cluster=\"rr\"} "
+        ),
+        2,
+        "{text}"
+    );
+    env.stop().await;
+}

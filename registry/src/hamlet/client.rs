@@ -434,6 +434,13 @@ async fn stream_once(
     let mut imports = current_imports(&ctx.catalog, &spec.name);
     stats.records.store(imports.len() as u64, Ordering::Relaxed);
     let mut seen: HashSet<String> = HashSet::new();
+    // Propagation is measured for changes that arrive live (after the snapshot: its marker, or
+    // the sweep that stands for it) and for snapshot entries stamped after this stream started;
+    // a reconnect's re-sent snapshot is not a fresh propagation.
+    let started = std::time::SystemTime::now();
+    let mut live = false;
+    // The RemoteRegistry's name, as the binder labels its own observations of the same imports.
+    let source_cluster = spec.name.as_str();
     let mut swept = false;
     let mut healthy = false;
     let mut clock = SweepClock::new(
@@ -446,6 +453,7 @@ async fn stream_once(
             m = stream.message() => m,
             _ = tokio::time::sleep_until(clock.deadline()), if !marker && !swept => {
                 swept = true;
+                live = true;
                 healthy = true;
                 sweep(ctx, spec, &mut imports, &seen, stats).await;
                 continue;
@@ -472,6 +480,7 @@ async fn stream_once(
 
         let mut replies = Vec::with_capacity(batch.len());
         let mut changed: BTreeSet<String> = BTreeSet::new();
+        let mut fresh: Vec<std::time::SystemTime> = Vec::new();
         let mut marker_seen = false;
         for resp in batch {
             let op = rd1::stream_response::Operation::try_from(resp.operation)
@@ -537,7 +546,15 @@ async fn stream_once(
                 }
                 _ => {
                     seen.insert(imported.fqdn.clone());
-                    if imports.get(&imported.fqdn) != Some(&imported) {
+                    let unchanged = imports
+                        .get(&imported.fqdn)
+                        .is_some_and(|held| held.same_but_stamp(&imported));
+                    if !unchanged {
+                        if let Some(stamp) = imported.changed_at()
+                            && xcc_proto::propagation::is_fresh(stamp, live, started)
+                        {
+                            fresh.push(stamp);
+                        }
                         changed.insert(imported.fqdn.clone());
                         imports.insert(imported.fqdn.clone(), imported);
                     }
@@ -557,6 +574,15 @@ async fn stream_once(
                 loud: None,
             };
         }
+        // Observed as the batch is applied, before the catalog shows it (so whoever sees the
+        // import in the catalog also sees its observation).
+        let now = std::time::SystemTime::now();
+        for stamp in fresh {
+            let l = ctx.metrics.propagation.observe(source_cluster, stamp, now);
+            if l.is_skew() {
+                debug!(remote = %spec.name, latency = ?l, "propagation stamp off the local clock");
+            }
+        }
         if !changed.is_empty() {
             mirror(ctx, spec, &imports, &changed, stats);
         }
@@ -569,6 +595,7 @@ async fn stream_once(
             flush(ctx, spec).await;
         }
         if marker_seen || swept {
+            live = true;
             healthy = true;
             stats.mark_synced();
         }

@@ -197,6 +197,33 @@ impl Imported {
             ports: xcc_proto::ports::checked(e.ports.iter().map(NamedPort::raw)).0,
         }
     }
+
+    /// The exporter's propagation stamp, when it carries a valid one.
+    pub fn changed_at(&self) -> Option<std::time::SystemTime> {
+        let value = self
+            .labels
+            .get(xcc_proto::propagation::CHANGED_AT_ANNOTATION)?;
+        xcc_proto::propagation::parse_stamp(value).ok()
+    }
+
+    /// Whether `self` and `other` say the same, their propagation stamps aside (an exporter that
+    /// restarted stamps its unchanged records anew; that is no change to import).
+    pub fn same_but_stamp(&self, other: &Imported) -> bool {
+        let stamp = xcc_proto::propagation::CHANGED_AT_ANNOTATION;
+        let labels = |i: &'_ Imported| {
+            i.labels
+                .iter()
+                .filter(|(k, _)| k.as_str() != stamp)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect::<Vec<_>>()
+        };
+        self.fqdn == other.fqdn
+            && self.raw_fqdn == other.raw_fqdn
+            && self.endpoints == other.endpoints
+            && self.cluster == other.cluster
+            && self.ports == other.ports
+            && labels(self) == labels(other)
+    }
 }
 
 /// Decode and validate a v1alpha1 resource (the Go client's type check: the part after the last

@@ -75,6 +75,19 @@ async fn imported_records(west_dir: &Path, west: &xcc_registry::Registry) -> Vec
         .expect("import files readable")
 }
 
+/// An imported record's annotations without the exporter's propagation stamp, which every
+/// import carries (checked here: a valid stamp).
+fn without_stamp(
+    annotations: &Option<BTreeMap<String, String>>,
+) -> Option<BTreeMap<String, String>> {
+    let mut a = annotations.clone()?;
+    let stamp = a
+        .remove(xcc_proto::propagation::CHANGED_AT_ANNOTATION)
+        .expect("the import carries the exporter's stamp");
+    xcc_proto::propagation::parse_stamp(&stamp).expect("a valid stamp");
+    Some(a)
+}
+
 /// XCC v1's peering cases in one run (the imported record; the VIP travels; an unprefixed
 /// annotation does not): the exporter's annotations change, the importer's record follows.
 #[tokio::test]
@@ -122,7 +135,7 @@ async fn p01_p02_p03_imported_record_shape() {
         ]))
     );
     assert_eq!(
-        r.metadata.annotations,
+        without_stamp(&r.metadata.annotations),
         Some(BTreeMap::from([(
             "connectivity.tanzu.vmware.com/service-port".to_string(),
             "443".to_string()
@@ -156,7 +169,7 @@ async fn p01_p02_p03_imported_record_shape() {
         .records("shared-services-cls")
         .expect("read");
     assert_eq!(
-        records[0].metadata.annotations,
+        without_stamp(&records[0].metadata.annotations),
         Some(BTreeMap::from([
             (
                 "connectivity.tanzu.vmware.com/service-port".to_string(),
@@ -899,4 +912,138 @@ async fn a_server_ca_or_name_change_applies_to_the_next_connection_and_keeps_imp
         "back on A"
     );
     assert_eq!(west.metrics.client_stale_removed.get(), 0);
+}
+
+/// `xcc_propagation_seconds_count` for the remote `shared-services-cls` (0 when absent).
+fn propagation_count(metrics: &str) -> u64 {
+    let series = "xcc_propagation_seconds_count{source_cluster=\"shared-services-cls\"} ";
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series))
+        .map_or(0, |v| v.trim().parse().expect("a count"))
+}
+
+/// The import of `foobar.some.domain` at `west` has endpoint `address`.
+async fn import_has(west: &xcc_registry::Registry, address: &str) {
+    wait_catalog(&west.catalog, address, |c| {
+        c.by_fqdn("foobar.some.domain")
+            .iter()
+            .any(|e| e.endpoints.iter().any(|ep| ep.address == address))
+    })
+    .await;
+}
+
+/// The exporter stamps each change; the importer observes `xcc_propagation_seconds` once per
+/// change that arrives live — not for the snapshot it started with, not for the snapshot the
+/// exporter re-sends after a restart (which stamps its unchanged record anew).
+#[tokio::test]
+async fn propagation_latency_counts_live_changes_only() {
+    let pki = Pki::new("xcc.test");
+    let east_dir = tempfile::tempdir().expect("tempdir");
+    let west_dir = tempfile::tempdir().expect("tempdir");
+    let port = "    connectivity.tanzu.vmware.com/service-port: \"443\"";
+    write(east_dir.path(), "exports/foobar.yaml", &exported_sr(port));
+    let east_files = pki.cluster("east");
+    let (east, ec) = start_with(file_config(east_files.clone(), east_dir.path())).await;
+    let east_addr = east.hamlet_addr;
+    write(
+        west_dir.path(),
+        "remotes/shared-services-cls.yaml",
+        &remote_rr(east_addr),
+    );
+    let mut west_cfg = file_config(pki.cluster("west"), west_dir.path());
+    west_cfg.metrics_listen = Some("127.0.0.1:0".parse().expect("addr"));
+    let (west, _wc) = start_with(west_cfg).await;
+    let metrics = west.metrics_addr.expect("west metrics");
+    let records = imported_records(west_dir.path(), &west).await;
+    wait_peer(&west, "shared-services-cls", "synced", |p| {
+        p.last_sync().is_some()
+    })
+    .await;
+
+    // The stamp travelled as the record's annotation, exactly as the exporter set it.
+    let stamp = xcc_proto::propagation::CHANGED_AT_ANNOTATION;
+    let exported = east.catalog.by_fqdn("foobar.some.domain");
+    let sent = exported[0]
+        .labels
+        .get(stamp)
+        .expect("the export is stamped");
+    let annotations = records[0].metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(annotations.get(stamp).map(String::as_str), Some(sent));
+    // The initial snapshot is no propagation.
+    let m = http_get(metrics, "/metrics").await;
+    assert_eq!(propagation_count(&m), 0, "{m}");
+
+    // Two live changes: two observations.
+    for (n, address) in ["10.0.0.2", "10.0.0.3"].into_iter().enumerate() {
+        write(
+            east_dir.path(),
+            "exports/foobar.yaml",
+            &exported_sr(port).replace("10.0.0.1", address),
+        );
+        import_has(&west, address).await;
+        let m = http_get(metrics, "/metrics").await;
+        assert_eq!(propagation_count(&m), n as u64 + 1, "{m}");
+    }
+    let m = http_get(metrics, "/metrics").await;
+    assert!(
+        m.contains(
+            "xcc_propagation_seconds_bucket{le=\"60.0\",source_cluster=\"shared-services-cls\"} 2"
+        ),
+        "both within a minute: {m}"
+    );
+    assert!(
+        !m.contains("xcc_propagation_clock_skew_total{source_cluster=\"shared-services-cls\"}"),
+        "one clock, no skew: {m}"
+    );
+
+    // The exporter restarts on the same address: its unchanged record is stamped anew and sent
+    // in the snapshot of the new stream. Nothing changed, nothing is observed.
+    let synced_before = west
+        .peers
+        .list()
+        .iter()
+        .find(|p| p.name == "shared-services-cls")
+        .and_then(|p| p.last_sync())
+        .expect("synced");
+    ec.cancel();
+    east.shutdown().await.expect("clean shutdown");
+    let mut east_cfg = file_config(east_files, east_dir.path());
+    east_cfg.hamlet_listen = east_addr;
+    let (east2, _ec2) = start_with(east_cfg).await;
+    let restamped = east2.catalog.by_fqdn("foobar.some.domain")[0]
+        .labels
+        .get(stamp)
+        .expect("stamped")
+        .to_string();
+    wait_peer(&west, "shared-services-cls", "synced again", |p| {
+        p.last_sync().is_some_and(|t| t > synced_before)
+    })
+    .await;
+    let m = http_get(metrics, "/metrics").await;
+    assert_eq!(
+        propagation_count(&m),
+        2,
+        "a re-sent snapshot is no propagation: {m}"
+    );
+    let held = west
+        .catalog
+        .by_fqdn("foobar.some.domain")
+        .iter()
+        .find_map(|e| e.labels.get(stamp).map(str::to_string));
+    assert_ne!(
+        held.as_deref(),
+        Some(restamped.as_str()),
+        "a new stamp alone does not rewrite the import"
+    );
+
+    // The stream after the reconnect carries live changes again.
+    write(
+        east_dir.path(),
+        "exports/foobar.yaml",
+        &exported_sr(port).replace("10.0.0.1", "10.0.0.4"),
+    );
+    import_has(&west, "10.0.0.4").await;
+    let m = http_get(metrics, "/metrics").await;
+    assert_eq!(propagation_count(&m), 3, "{m}");
 }

@@ -336,6 +336,23 @@ fn kept_labels(hostnames: &str) -> std::collections::BTreeMap<String, String> {
     .collect()
 }
 
+/// [`kept_labels`] and the propagation stamp the exporting level (`origin`) set: the stamp travels
+/// up and down the tree unchanged.
+fn stamped(
+    origin: &xcc_registry::Catalog,
+    key: &ServiceKey,
+    hostnames: &str,
+) -> std::collections::BTreeMap<String, String> {
+    let stamp = xcc_proto::propagation::CHANGED_AT_ANNOTATION;
+    let mut labels = kept_labels(hostnames);
+    let entry = origin.get(key).expect("exported");
+    labels.insert(
+        stamp.to_string(),
+        entry.labels.get(stamp).expect("stamped").to_string(),
+    );
+    labels
+}
+
 /// A headless export reached through a hierarchy grant keeps its marker and its pods'
 /// hostnames. b2's export is announced up (each level keeps only the allow-listed annotations),
 /// c1 imports it as web through c and the root (the resolver) — an intermediate level that only
@@ -362,7 +379,7 @@ async fn a_headless_export_keeps_its_marker_and_hostnames_through_a_grant() {
     for level in [&w.b.0, &w.root.0] {
         assert_eq!(
             level.catalog.get(&db).expect("held").labels,
-            kept_labels("10.4.0.1=db-0,10.4.0.2=db-1"),
+            stamped(&w.b2.0.catalog, &db, "10.4.0.1=db-0,10.4.0.2=db-1"),
             "at {}",
             level.cluster
         );
@@ -381,7 +398,10 @@ async fn a_headless_export_keeps_its_marker_and_hostnames_through_a_grant() {
     })
     .await;
     let imported = w.c1.0.catalog.get(&db).expect("imported");
-    assert_eq!(imported.labels, kept_labels("10.4.0.1=db-0,10.4.0.2=db-1"));
+    assert_eq!(
+        imported.labels,
+        stamped(&w.b2.0.catalog, &db, "10.4.0.1=db-0,10.4.0.2=db-1")
+    );
     assert_eq!(
         imported
             .endpoints
@@ -396,7 +416,10 @@ async fn a_headless_export_keeps_its_marker_and_hostnames_through_a_grant() {
     );
     let answer = w.c1.0.level.cached(&db_target, "web").expect("cached");
     assert_eq!(answer.resolver_cluster, "root");
-    assert_eq!(answer.labels, kept_labels("10.4.0.1=db-0,10.4.0.2=db-1"));
+    assert_eq!(
+        answer.labels,
+        stamped(&w.b2.0.catalog, &db, "10.4.0.1=db-0,10.4.0.2=db-1")
+    );
 
     // A pod replaced: its address and hostname change, pushed to the holder of the answer.
     w.b2.0.catalog.upsert(headless_db(
@@ -404,9 +427,9 @@ async fn a_headless_export_keeps_its_marker_and_hostnames_through_a_grant() {
         &["c1/web"],
     ));
     wait_level(&w.c1.0, "the change pushed into the import", |r| {
-        r.catalog
-            .get(&db)
-            .is_some_and(|e| e.labels == kept_labels("10.4.0.2=db-1,10.4.0.3=db-2"))
+        r.catalog.get(&db).is_some_and(|e| {
+            e.labels == stamped(&w.b2.0.catalog, &db, "10.4.0.2=db-1,10.4.0.3=db-2")
+        })
     })
     .await;
     assert_eq!(

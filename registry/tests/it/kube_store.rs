@@ -533,8 +533,15 @@ async fn valid_rr_imports_named_labelled_owned_then_no_writes() {
         r["metadata"]["labels"],
         json!({IMPORTED: "", REMOTE_LABEL: RR})
     );
+    // The allow-listed annotations, and the exporter's propagation stamp.
+    let mut annotations = r["metadata"]["annotations"].clone();
+    let stamp = annotations
+        .as_object_mut()
+        .and_then(|a| a.remove(xcc_proto::propagation::CHANGED_AT_ANNOTATION))
+        .expect("the exporter's stamp");
+    assert!(xcc_proto::propagation::parse_stamp(stamp.as_str().unwrap_or_default()).is_ok());
     assert_eq!(
-        r["metadata"]["annotations"],
+        annotations,
         json!({"connectivity.tanzu.vmware.com/service-port": "443"})
     );
     assert_eq!(
@@ -1218,8 +1225,15 @@ async fn exports_label_removal_and_deletion_send_deletes_imported_never_exported
             "web.shop.example.org",
         ))
         .expect("entry");
+    // The export's annotation, and the stamp the catalog set when it accepted it.
+    assert!(entry.changed_at().is_some());
     assert_eq!(
-        entry.labels,
+        entry
+            .labels
+            .iter()
+            .filter(|(k, _)| *k != xcc_proto::propagation::CHANGED_AT_ANNOTATION)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>(),
         BTreeMap::from([(
             "connectivity.tanzu.vmware.com/service-port".to_string(),
             "443".to_string()

@@ -58,7 +58,7 @@ impl Owner {
 /// The annotations an imported record may carry: the control keys every path in keeps
 /// ([`crate::peer_labels`], which already validated the values). Policy labels are not written
 /// on imported records: no policy at the importer decides about its imports.
-const IMPORTED_ANNOTATIONS: [&str; 13] = crate::peer_labels::CONTROL_KEYS;
+const IMPORTED_ANNOTATIONS: [&str; 14] = crate::peer_labels::CONTROL_KEYS;
 
 fn allowed_annotations(all: Option<&BTreeMap<String, String>>) -> BTreeMap<String, String> {
     all.into_iter()
