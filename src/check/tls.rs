@@ -152,69 +152,62 @@ pub fn expiry_check(not_after: time::OffsetDateTime, now: time::OffsetDateTime) 
     }
 }
 
-/// Why a handshake or a stream failed, and the fix, from the TLS error in `e`'s sources.
+/// Why a handshake or a stream failed, and the fix, from the TLS error in `e`'s sources (found
+/// and classified as every xcc log line does it: [`xcc_certs::explain`]).
 pub fn tls_failure(
     e: &(dyn std::error::Error + 'static),
     spec: &RemoteSpec,
 ) -> Option<(String, String)> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if let Some(r) = err.downcast_ref::<rustls::Error>() {
-            return Some(explain_rustls(r, spec));
-        }
-        if let Some(io) = err.downcast_ref::<std::io::Error>()
-            && let Some(r) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
-        {
-            return Some(explain_rustls(r, spec));
-        }
-        cur = err.source();
-    }
-    None
+    xcc_certs::explain::find_tls_error(e).map(|r| explain_rustls(&r, spec))
 }
 
 fn explain_rustls(e: &rustls::Error, spec: &RemoteSpec) -> (String, String) {
-    use rustls::CertificateError as C;
+    use xcc_certs::explain::{Cause, cause};
     let ca_source = if spec.roots.is_some() {
         "spec.tlsConfig.serverCA"
     } else {
         "this registry's ca.crt (spec.tlsConfig.serverCA is empty)"
     };
-    match e {
-        rustls::Error::InvalidCertificate(C::UnknownIssuer) => (
+    match cause(e) {
+        Cause::PeerUnknownCa => (
             "this registry refused the remote's certificate: it is not issued by a CA it trusts"
-                .into(),
-            format!("put the remote's CA into {ca_source}"),
-        ),
-        rustls::Error::InvalidCertificate(C::BadSignature) => (
-            "this registry refused the remote's certificate: it is not issued by a CA it trusts (a trusted CA has the issuer's name but did not sign it: was the CA re-created?)"
                 .into(),
             format!("put the remote's current CA into {ca_source}"),
         ),
-        rustls::Error::InvalidCertificate(C::NotValidForName)
-        | rustls::Error::InvalidCertificate(C::NotValidForNameContext { .. }) => (
+        Cause::PeerWrongName => (
             format!(
                 "this registry refused the remote's certificate: it does not name {:?}",
                 spec.server_name
             ),
             "set spec.tlsConfig.serverName to a DNS name or IP the remote's certificate carries, or reissue it with that name (xcc certs issue --dns/--ip)".into(),
         ),
-        rustls::Error::InvalidCertificate(C::Expired)
-        | rustls::Error::InvalidCertificate(C::ExpiredContext { .. }) => (
-            "this registry refused the remote's certificate: it has expired".into(),
-            "the remote must renew its certificate (or this machine's clock is wrong)".into(),
+        Cause::PeerExpired => (
+            "this registry refused the remote's certificate: it has expired or is not valid yet"
+                .into(),
+            "the remote must renew its certificate, or one of the two clocks is wrong".into(),
         ),
-        rustls::Error::InvalidCertificate(C::NotValidYet)
-        | rustls::Error::InvalidCertificate(C::NotValidYetContext { .. }) => (
-            "this registry refused the remote's certificate: it is not valid yet".into(),
-            "check the clocks of both machines".into(),
+        Cause::UsUnknownCa
+        | Cause::UsExpired
+        | Cause::UsBadCertificate
+        | Cause::UsNoCertificate => {
+            let alert = match e {
+                rustls::Error::AlertReceived(a) => format!("{a:?}"),
+                other => other.to_string(),
+            };
+            (
+                format!("the remote refused this registry's certificate (TLS alert {alert})"),
+                "the remote must trust the CA that issued this registry's certificate (add it to the remote's CA bundle), and this registry must be a cluster of the remote's trust domain".into(),
+            )
+        }
+        Cause::NotTls => (
+            format!("{} does not answer TLS", spec.address),
+            "is spec.address the remote's Hamlet listener (8443 in deploy/)? The metrics port 9090 is plain HTTP".into(),
         ),
-        rustls::Error::AlertReceived(alert) => (
-            format!("the remote refused this registry's certificate (TLS alert {alert:?})"),
-            "the remote must trust the CA that issued this registry's certificate (add it to the remote's CA bundle), and this registry must be a cluster of the remote's trust domain".into(),
-        ),
-        other => (
-            format!("TLS failed: {other}"),
-            format!("check {ca_source} and spec.tlsConfig.serverName against the remote's certificate"),
+        _ => (
+            format!("TLS failed: {e}"),
+            format!(
+                "check {ca_source} and spec.tlsConfig.serverName against the remote's certificate"
+            ),
         ),
     }
 }
@@ -459,7 +452,10 @@ mod tests {
         let unknown = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
         let (d, h) = explain_rustls(&unknown, &spec(true));
         assert!(d.contains("not issued by a CA it trusts"), "{d}");
-        assert_eq!(h, "put the remote's CA into spec.tlsConfig.serverCA");
+        assert_eq!(
+            h,
+            "put the remote's current CA into spec.tlsConfig.serverCA"
+        );
         let (_, h) = explain_rustls(&unknown, &spec(false));
         assert!(h.contains("this registry's ca.crt"), "{h}");
         let name = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
