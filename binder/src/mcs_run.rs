@@ -168,42 +168,48 @@ pub async fn sync(
         &desired_slices,
         install,
     ) {
-        let (Some(ns), Some(name)) = (&old.metadata.namespace, &old.metadata.name) else {
-            continue;
-        };
-        let api: Api<EndpointSlice> = Api::namespaced(client.clone(), ns);
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: old.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(name, &dp).await {
-            Ok(_) => pass.slices_deleted.push(format!("{ns}/{name}")),
-            Err(e) if not_found(&e) || conflict(&e) => {}
-            Err(e) => return Err(e),
+        if let Some(gone) = delete_if_same::<EndpointSlice>(client, &old.metadata).await? {
+            pass.slices_deleted.push(gone);
         }
     }
     for old in mcs::stale(existing.iter().map(|e| e.as_ref()), &desired, install) {
-        let (Some(ns), Some(name)) = (&old.metadata.namespace, &old.metadata.name) else {
-            continue;
-        };
-        let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: old.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(name, &dp).await {
-            Ok(_) => pass.deleted.push(format!("{ns}/{name}")),
-            Err(e) if not_found(&e) || conflict(&e) => {}
-            Err(e) => return Err(e),
+        if let Some(gone) = delete_if_same::<ServiceImport>(client, &old.metadata).await? {
+            pass.deleted.push(gone);
         }
     }
     Ok(pass)
+}
+
+/// Delete the object `meta` names only if it is still that object (its UID): `Some("ns/name")`
+/// when it was deleted now, `None` when it is gone already or the name is someone else's.
+async fn delete_if_same<K>(
+    client: &Client,
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Result<Option<String>, kube::Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+        return Ok(None);
+    };
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: meta.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match Api::<K>::namespaced(client.clone(), ns)
+        .delete(name, &dp)
+        .await
+    {
+        Ok(_) => Ok(Some(format!("{ns}/{name}"))),
+        Err(e) if not_found(&e) || conflict(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// Bring one of a ServiceImport's EndpointSlices to `want` (server-side apply), unless it is up
