@@ -60,23 +60,10 @@ pub const CONTROL_KEYS: [&str; 14] = [
 /// slash).
 pub const PREFIX: &str = "connectivity.tanzu.vmware.com/";
 
-/// Keys under [`PREFIX`] that xcc itself uses: never policy labels, whatever their value (the
-/// control keys travel by their own rules, the others stay where they were written).
-pub const RESERVED_KEYS: [&str; 25] = [
-    SERVICE_PORT_ANNOTATION,
-    CHANGED_AT_ANNOTATION,
-    VIP_ANNOTATION,
-    ORIGIN_NAMESPACE_ANNOTATION,
-    ORIGIN_NAME_ANNOTATION,
-    HEADLESS_ANNOTATION,
-    HOSTNAMES_ANNOTATION,
-    EXPORTED_AT_ANNOTATION,
-    TRAIT_KEYS[0],
-    TRAIT_KEYS[1],
-    TRAIT_KEYS[2],
-    TRAIT_KEYS[3],
-    EXPORTED_LABELS_ANNOTATION,
-    EXPORTED_ANNOTATIONS_ANNOTATION,
+/// Keys under [`PREFIX`] that xcc itself uses besides the [`CONTROL_KEYS`]: with those, never
+/// policy labels, whatever their value (the control keys travel by their own rules, these stay
+/// where they were written).
+pub const OTHER_RESERVED_KEYS: [&str; 11] = [
     xcc_proto::ports::PORTS_LABEL,
     WORKLOAD_SELECTOR_ANNOTATION,
     FQDN_ANNOTATION,
@@ -89,6 +76,11 @@ pub const RESERVED_KEYS: [&str; 25] = [
     CLUSTER_NAMESPACE_LABEL,
     "connectivity.tanzu.vmware.com/managed-by",
 ];
+
+/// Whether `key` is one xcc itself uses (a control key or another of its own).
+pub fn is_reserved(key: &str) -> bool {
+    CONTROL_KEYS.contains(&key) || OTHER_RESERVED_KEYS.contains(&key)
+}
 
 /// At most this many policy labels per service (a Kubernetes object rarely carries more; with
 /// names and values of at most 63 bytes they cost at most ~5 KiB per service at every level).
@@ -136,7 +128,7 @@ pub fn policy_label<'a>(
     value: &'a str,
 ) -> Option<Result<(&'a str, &'a str), PolicyLabelError>> {
     let name = key.strip_prefix(PREFIX)?;
-    Some(if RESERVED_KEYS.contains(&key) {
+    Some(if is_reserved(key) {
         Err(PolicyLabelError::Reserved(key.to_string()))
     } else if !is_label_text(name, false) {
         Err(PolicyLabelError::Name(name.to_string()))
