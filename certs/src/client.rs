@@ -16,6 +16,7 @@ use http::Uri;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, RootCertStore};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
@@ -90,7 +91,7 @@ impl TlsConnector {
         }
     }
 
-    async fn connect(self, uri: Uri) -> io::Result<TokioIo<TlsStream<TcpStream>>> {
+    async fn connect(self, uri: Uri) -> io::Result<TokioIo<Primed>> {
         let (host, port) = host_port(&uri)?;
         let tcp = TcpStream::connect((host.as_str(), port)).await?;
         if let Err(e) = tcp.set_nodelay(true) {
@@ -129,9 +130,102 @@ impl TlsConnector {
             .and_then(|leaf| {
                 parse_identity(leaf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
             })?;
+        let stream = first_bytes(stream, &peer()).await?;
         tracing::debug!(%uri, server = %identity, "TLS connection established");
         self.lock().last_peer = Some(identity);
         Ok(TokioIo::new(stream))
+    }
+}
+
+/// How long a new connection waits for the server's first bytes (see [`first_bytes`]).
+const FIRST_BYTES_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// With TLS 1.3 the client's side of the handshake ends before the server has verified the
+/// client's certificate, so a server that refuses it says so in an alert after the handshake.
+/// An HTTP/2 server speaks first (its SETTINGS), so the first read either brings those bytes or
+/// that alert: read them here, and a refusal becomes a handshake error with its reason instead
+/// of a request that fails with "connection closed". The byte read is replayed to the caller.
+/// A server that has said nothing within [`FIRST_BYTES_WAIT`] is used as it is.
+async fn first_bytes(mut stream: TlsStream<TcpStream>, peer: &str) -> io::Result<Primed> {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(FIRST_BYTES_WAIT, stream.read(&mut first)).await {
+        Ok(Ok(1)) => Ok(Primed {
+            first: Some(first[0]),
+            inner: stream,
+        }),
+        Ok(Ok(_)) => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "server {peer} closed the connection right after the TLS handshake (it may have refused our certificate: see its log)"
+            ),
+        )),
+        Ok(Err(e)) => Err(explain_handshake_error(e, peer)),
+        Err(_) => Ok(Primed {
+            first: None,
+            inner: stream,
+        }),
+    }
+}
+
+/// A client TLS stream whose first byte was already read (by [`first_bytes`]) and is handed out
+/// again before anything else.
+#[derive(Debug)]
+pub struct Primed {
+    first: Option<u8>,
+    inner: TlsStream<TcpStream>,
+}
+
+impl Primed {
+    /// The TLS stream underneath (its connection state, the peer's certificates).
+    pub fn get_ref(&self) -> &TlsStream<TcpStream> {
+        &self.inner
+    }
+}
+
+impl AsyncRead for Primed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if buf.remaining() > 0
+            && let Some(byte) = this.first.take()
+        {
+            buf.put_slice(&[byte]);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Primed {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -152,7 +246,7 @@ fn explain_handshake_error(e: io::Error, peer: &str) -> io::Error {
 }
 
 impl tower::Service<Uri> for TlsConnector {
-    type Response = TokioIo<TlsStream<TcpStream>>;
+    type Response = TokioIo<Primed>;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send + 'static>>;
 

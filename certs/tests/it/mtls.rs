@@ -34,7 +34,13 @@ async fn mutual_tls_success_reports_both_identities() {
     let conn = server.next_conn().await;
 
     assert_eq!(conn.peer().identity, cluster("west"));
-    let client_addr = io.inner().get_ref().0.local_addr().expect("client addr");
+    let client_addr = io
+        .inner()
+        .get_ref()
+        .get_ref()
+        .0
+        .local_addr()
+        .expect("client addr");
     assert_eq!(conn.peer().remote_addr, client_addr);
     assert_eq!(conn.get_ref().get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     assert_eq!(connector.last_peer(), Some(cluster("east")));
@@ -397,4 +403,57 @@ async fn closer_fails_pending_and_later_io() {
             std::io::ErrorKind::ConnectionAborted
         )
     );
+}
+
+/// A server that refuses the client's certificate says so after the client's side of the TLS 1.3
+/// handshake has ended: the connector waits for the server's first bytes, so the refusal is the
+/// connection's error, with its reason, not a later request's "connection closed".
+#[tokio::test]
+async fn connector_reports_a_refusal_that_comes_after_the_handshake() {
+    let ca = ca();
+    let (_sd, server_tls, _) = tls_dir(&ca, &server_request());
+    let mut server = start_server(server_tls).await;
+    // The client trusts the server's CA, but its own certificate is another CA's.
+    let other = ca_other();
+    let (_cd, client_tls, _) = tls_dir(&other, &IssueRequest::cluster("west"));
+    let mut connector =
+        TlsConnector::new(client_tls, SERVER_NAME.into(), Some(roots_of(&ca))).expect("connector");
+    let err = within(
+        "connect",
+        connector.ready().await.expect("ready").call(uri(&server)),
+    )
+    .await
+    .expect_err("refused by the server");
+    let text = err.to_string();
+    assert!(
+        text.contains("refused our certificate: it does not trust the CA that issued it"),
+        "{text}"
+    );
+    server.assert_nothing_yielded();
+}
+
+/// The byte the connector reads to see the server speak first is handed to the caller first.
+#[tokio::test]
+async fn the_servers_first_bytes_reach_the_caller_whole() {
+    let ca = ca();
+    let (_sd, server_tls, _) = tls_dir(&ca, &server_request());
+    let (_cd, client_tls, _) = tls_dir(&ca, &IssueRequest::cluster("west"));
+    let mut server = start_server(server_tls).await;
+    let mut connector = TlsConnector::new(client_tls, SERVER_NAME.into(), None).expect("connector");
+    let target = uri(&server);
+    let connecting =
+        tokio::spawn(async move { connector.ready().await.expect("ready").call(target).await });
+    let mut conn = server.next_conn().await;
+    conn.write_all(b"hello").await.expect("write");
+    conn.flush().await.expect("flush");
+    let io = within("connect", connecting)
+        .await
+        .expect("join")
+        .expect("connected");
+    let mut stream = io.into_inner();
+    let mut buf = [0u8; 5];
+    within("client read", stream.read_exact(&mut buf))
+        .await
+        .expect("read");
+    assert_eq!(&buf, b"hello");
 }

@@ -450,7 +450,7 @@ async fn tls_refusals_are_explained_on_both_sides_once() {
         let err = err.expect("refused");
         assert!(
             err.starts_with(&format!(
-                "admin API at {addr}: server {addr} refused our certificate: it does not trust the CA that issued it (unknown CA"
+                "admin API at {addr}: server {addr} (verified as localhost) refused our certificate: it does not trust the CA that issued it (unknown CA"
             )),
             "attempt {attempt}: {err}"
         );
