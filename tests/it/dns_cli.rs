@@ -164,7 +164,7 @@ fn inconsistent_flags_are_refused() {
 }
 
 /// A child process killed when the test ends, also when it fails.
-struct Killed(Option<std::process::Child>);
+pub(crate) struct Killed(Option<std::process::Child>);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -178,7 +178,7 @@ impl Drop for Killed {
 /// Start `xcc dns` for zone `xcc.test` with `extra` flags, through `sh -c` so the child can run
 /// under a lower open-file limit (`ulimit -n`) than this test process. Returns the child, its
 /// stderr reader and the UDP/TCP address from the "serving" line.
-fn spawn_dns(
+pub(crate) fn spawn_dns(
     ulimit: Option<u32>,
     extra: &[&std::ffi::OsStr],
 ) -> (Killed, BufReader<std::process::ChildStderr>, SocketAddr) {
@@ -214,7 +214,7 @@ fn spawn_dns(
     (child, stderr, addr)
 }
 
-fn stop(mut running: Killed) {
+pub(crate) fn stop(mut running: Killed) {
     let mut child = running.0.take().unwrap();
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

@@ -14,5 +14,6 @@ mod monitoring;
 mod names;
 mod readme;
 mod rotation;
+mod rotation_load;
 mod tree_processes;
 mod two_clusters;

@@ -23,7 +23,7 @@ use xcc_registry::{Registry, RegistryConfig};
 const WAIT: Duration = Duration::from_secs(30);
 
 /// `xcc <args>` in `dir`; its exit code and stdout + stderr.
-fn xcc(dir: &Path, args: &[&str]) -> (i32, String) {
+pub(crate) fn xcc(dir: &Path, args: &[&str]) -> (i32, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_xcc"))
         .args(args)
         .current_dir(dir)
@@ -37,13 +37,13 @@ fn xcc(dir: &Path, args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap(), text)
 }
 
-fn ok(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn ok(dir: &Path, args: &[&str]) -> String {
     let (code, out) = xcc(dir, args);
     assert_eq!(code, 0, "xcc {args:?}:\n{out}");
     out
 }
 
-fn issue(dir: &Path, ca: &str, name: &str) {
+pub(crate) fn issue(dir: &Path, ca: &str, name: &str) {
     ok(
         dir,
         &[
@@ -63,7 +63,7 @@ fn issue(dir: &Path, ca: &str, name: &str) {
     );
 }
 
-fn entry(name: &str, port: u32) -> ServiceEntry {
+pub(crate) fn entry(name: &str, port: u32) -> ServiceEntry {
     ServiceEntry {
         key: ServiceKey::new("east", "shop", name),
         source: Source::Local,
@@ -93,7 +93,7 @@ async fn start(files: TlsFiles) -> (Registry, CancellationToken) {
 }
 
 /// Wait until `r` serves material of generation `generation` or later.
-async fn reloaded(r: &Registry, generation: u64) {
+pub(crate) async fn reloaded(r: &Registry, generation: u64) {
     let mut rx = r.tls.subscribe();
     tokio::time::timeout(WAIT, rx.wait_for(|m| m.generation >= generation))
         .await
