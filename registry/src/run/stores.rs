@@ -108,6 +108,14 @@ pub(super) async fn start(
                 ca_expiry,
             };
             kube::spawn(parts, k.clone(), spawner);
+            if let Some(pod) = k.pod.clone() {
+                let (client, tls) = (k.client.clone(), core.tls.clone());
+                let cancel = spawner.token().clone();
+                spawner.spawn_infallible(
+                    "certificate events",
+                    kube::own_certs::run(client, tls, pod, cancel),
+                );
+            }
             remotes
         }
     };

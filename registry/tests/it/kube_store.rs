@@ -1886,6 +1886,56 @@ async fn server_ca_changes_keep_imports_and_an_expiring_server_ca_is_reported() 
     lab.assert_not_forbidden();
 }
 
+/// On the real API server, as the registry's ServiceAccount: a registry whose own certificate
+/// has 3 days left writes one Warning Event `CertificateExpiring` on its Pod (named by the
+/// downward API; here given directly), saying which certificate and when it ends.
+#[tokio::test]
+async fn a_registry_whose_certificate_expires_soon_says_so_on_its_pod() {
+    let Some(lab) = Lab::new("a_registry_whose_certificate_expires_soon_says_so_on_its_pod").await
+    else {
+        return;
+    };
+    let pki = Pki::new("xcc.test");
+    let now = time::OffsetDateTime::now_utc();
+    let mut req = xcc_certs::pki::IssueRequest::cluster("west");
+    req.not_before = Some(now - time::Duration::days(87));
+    req.not_after = Some(now + time::Duration::days(3));
+    let files = pki.issue_req("west-short", req);
+    let pod = "xcc-registry-7d9f-abcde";
+    let (_west, _wc) = lab
+        .west_with(&pki, |cfg| {
+            cfg.tls = files;
+            if let StoreConfig::Kube(k) = &mut cfg.store {
+                k.pod = Some(xcc_registry::store::kube::own_certs::PodRef {
+                    name: pod.into(),
+                    namespace: lab.ns.clone(),
+                    uid: None,
+                });
+            }
+        })
+        .await;
+    let regarding = |e: &Value| {
+        e["regarding"]["kind"] == "Pod"
+            && e["regarding"]["name"] == pod
+            && e["reason"] == "CertificateExpiring"
+    };
+    let events = await_objects(lab.api(&ar_event(), &lab.ns), "the Warning Event", |o| {
+        o.values().any(regarding)
+    })
+    .await;
+    let event: Vec<&Value> = events.values().filter(|e| regarding(e)).collect();
+    assert_eq!(event.len(), 1, "{event:#?}");
+    assert_eq!(event[0]["type"], "Warning");
+    assert_eq!(event[0]["reportingController"], "xcc-registry");
+    let note = event[0]["note"].as_str().expect("note");
+    assert!(
+        note.starts_with("the serving certificate tls.crt (cluster/west) expires at ")
+            && note.ends_with(": renew it before then (docs/operations.md; a CA: Rotating the CA)"),
+        "{note}"
+    );
+    lab.assert_not_forbidden();
+}
+
 // ----- grants at the owner (kube mode) -----
 
 /// The owner runs on the kube store with `--grant-mode istio` (and the RBAC of

@@ -33,6 +33,7 @@
 //!   [`KubeGrants`]; routes recorded before this replica led are applied when it starts to.
 
 pub mod metrics;
+pub mod own_certs;
 pub mod records;
 pub mod refusals;
 pub mod sink;
@@ -77,6 +78,9 @@ pub struct KubeConfig {
     pub leader_elect: bool,
     /// Status recomputation period (a safety net; changes are picked up as they happen).
     pub status_resync: Duration,
+    /// The Pod this registry runs in, for Events about its own certificates
+    /// ([`own_certs`]); from the downward API by default.
+    pub pod: Option<own_certs::PodRef>,
 }
 
 impl KubeConfig {
@@ -85,6 +89,7 @@ impl KubeConfig {
             client,
             leader_elect,
             status_resync: Duration::from_secs(10),
+            pod: own_certs::PodRef::from_env(),
         }
     }
 }
@@ -94,6 +99,7 @@ impl std::fmt::Debug for KubeConfig {
         f.debug_struct("KubeConfig")
             .field("leader_elect", &self.leader_elect)
             .field("status_resync", &self.status_resync)
+            .field("pod", &self.pod)
             .finish_non_exhaustive()
     }
 }
