@@ -1,10 +1,10 @@
 //! `xcc admin …`: a command-line client of `xcc.admin.v1`, printing tables or JSON.
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use xcc_proto::xcc::admin::v1 as api;
 
-use crate::cli::TlsArgs;
+use crate::args::{Output, TlsArgs, table};
 
 #[derive(Args, Debug)]
 pub struct AdminArgs {
@@ -21,12 +21,6 @@ pub struct AdminArgs {
     pub output: Output,
     #[command(subcommand)]
     pub command: AdminCommand,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Output {
-    Table,
-    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -323,33 +317,6 @@ fn plain(v: &Value) -> String {
         Value::String(s) => s.clone(),
         other => other.to_string(),
     }
-}
-
-/// Render rows as an aligned table.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.len());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
-    let mut out = line(headers.to_vec());
-    out.push('\n');
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-        out.push('\n');
-    }
-    out
 }
 
 pub fn print_services(services: &[api::Service], output: Output) {

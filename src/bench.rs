@@ -44,7 +44,7 @@ use xcc_proto::resources;
 use xcc_registry::catalog::{ServiceEntry, Source};
 use xcc_registry::{Registry, RegistryConfig};
 
-use crate::admin_cli::{Output, table};
+use crate::args::{Output, table};
 
 /// Cluster name of the measured registry (its certificate identity).
 const SERVER_CLUSTER: &str = "east";

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::admin_cli::table;
+use crate::args::table;
 
 /// One benchmark target: what was measured against which limit, and the verdict.
 #[derive(Clone, Debug, Serialize)]

@@ -55,7 +55,7 @@ use xcc_registry::federation::{Level, Target};
 use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::{Catalog, Registry, RegistryConfig};
 
-use crate::admin_cli::{Output, table};
+use crate::args::{Output, table};
 
 const ROOT: &str = "root";
 const PROBE_ROOT: &str = "probe-root";

@@ -30,7 +30,7 @@ use xcc_registry::hamlet::client::{self, ClientConfig, ClientContext, RemoteSpec
 use xcc_registry::store::file::FileImportSink;
 use xcc_registry::{Registry, RegistryConfig};
 
-use crate::admin_cli::{Output, table};
+use crate::args::{Output, table};
 use crate::bench_common::{Target, loadavg, targets_table};
 
 #[derive(Args, Debug)]

@@ -25,7 +25,7 @@ pub struct BinderArgs {
 }
 
 pub async fn run(args: BinderArgs) -> anyhow::Result<()> {
-    let metrics_addr = crate::cli::metrics_listen(&args.metrics_listen)?;
+    let metrics_addr = crate::args::metrics_listen(&args.metrics_listen)?;
     let client = xcc_controller::client().await?;
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);

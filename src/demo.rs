@@ -35,8 +35,9 @@ use xcc_registry::store::file::{IMPORTS_DIR, REMOTES_DIR};
 use xcc_registry::{Registry, RegistryConfig};
 
 use crate::admin_cli::{
-    Output, endpoints, print_decision, print_peers, print_routes, print_services, print_tree, table,
+    endpoints, print_decision, print_peers, print_routes, print_services, print_tree,
 };
+use crate::args::{Output, table};
 use xcc_registry::federation::link::ParentSpec;
 
 fn export(ns: &str, name: &str, fqdn: &str, ips: &[&str], allowed: &[&str]) -> ServiceEntry {

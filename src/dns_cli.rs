@@ -109,7 +109,7 @@ pub struct DnsArgs {
     )]
     pub udp_sockets: UdpSockets,
     /// Close TCP connections idle this long (seconds).
-    #[arg(long, env = "XCC_DNS_TCP_IDLE_SECONDS", default_value_t = 10, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_DNS_TCP_IDLE_SECONDS", default_value_t = 10, value_parser = crate::args::seconds())]
     pub tcp_idle_seconds: u64,
     /// Open TCP connections at most (lowered to fit under the open-file limit).
     #[arg(long, env = "XCC_DNS_MAX_TCP_CONNECTIONS", default_value_t = 1024)]
@@ -171,7 +171,7 @@ pub async fn run(args: DnsArgs) -> anyhow::Result<()> {
         DnsServer::bind_with(args.listen, args.udp_sockets == UdpSockets::PerWorker).await?;
     let runtime = Runtime::new(CancellationToken::new());
     let cancel = runtime.token().clone();
-    if let Some(addr) = crate::cli::metrics_listen(&args.metrics_listen)? {
+    if let Some(addr) = crate::args::metrics_listen(&args.metrics_listen)? {
         runtime
             .serve_probes(addr, metrics::probes(registry, feed.subscribe()))
             .await?;

@@ -1,6 +1,7 @@
 //! `xcc`: one binary for every role. Thin wiring only; the work happens in the crates.
 
 mod admin_cli;
+mod args;
 // `xcc bench ...` only with the `bench` feature: not in the production binary. The unit tests
 // build it always, so that `cargo test --workspace` runs the benchmarks' own tests too.
 #[cfg(any(feature = "bench", test))]

@@ -39,7 +39,7 @@ pub struct PublisherArgs {
 }
 
 pub async fn run(args: PublisherArgs) -> anyhow::Result<()> {
-    let metrics_addr = crate::cli::metrics_listen(&args.metrics_listen)?;
+    let metrics_addr = crate::args::metrics_listen(&args.metrics_listen)?;
     let client = xcc_controller::client().await?;
     let leader = args
         .leader_elect

@@ -5,22 +5,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use tokio_util::sync::CancellationToken;
 use xcc_registry::hamlet::client::{Backoff, ClientConfig};
 use xcc_registry::hamlet::server::HamletConfig;
 use xcc_registry::{Registry, RegistryConfig, StoreConfig};
 
-use crate::cli::TlsArgs;
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-pub enum Store {
-    /// Exports, remotes and imports in YAML files under --state-dir.
-    File,
-    /// Kubernetes: exports are ServiceRecords with the export label (all namespaces),
-    /// RemoteRegistries and imported ServiceRecords live in --namespace.
-    Kube,
-}
+use crate::args::{Store, TlsArgs};
 
 #[derive(Args, Debug)]
 pub struct RegistryArgs {
@@ -50,23 +41,23 @@ pub struct RegistryArgs {
     pub leader_elect: bool,
     /// Plain Hamlet peers send no end-of-snapshot marker: stale imports are removed after the
     /// stream has been quiet this long (seconds).
-    #[arg(long, env = "XCC_QUIET_PERIOD_SECONDS", default_value_t = 10, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_QUIET_PERIOD_SECONDS", default_value_t = 10, value_parser = crate::args::seconds())]
     pub quiet_period_seconds: u64,
     /// ... or, when changes never leave the stream quiet, at the latest this long after
     /// connecting, once the peer's snapshot is over (seconds; at least the quiet period).
-    #[arg(long, env = "XCC_MAX_SWEEP_DELAY_SECONDS", default_value_t = 30, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_MAX_SWEEP_DELAY_SECONDS", default_value_t = 30, value_parser = crate::args::seconds())]
     pub max_sweep_delay_seconds: u64,
     /// Reconnect backoff cap (seconds); the floor is 1 s.
-    #[arg(long, env = "XCC_BACKOFF_MAX_SECONDS", default_value_t = 120, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_BACKOFF_MAX_SECONDS", default_value_t = 120, value_parser = crate::args::seconds())]
     pub backoff_max_seconds: u64,
     /// Close a Hamlet stream whose oldest response is unacknowledged this long (seconds). A
     /// consumer that stopped reading (its HTTP/2 window is full) has its whole connection closed
     /// at most 1 s later instead; either way its peer entry is released and it must reconnect.
-    #[arg(long, env = "XCC_ACK_TIMEOUT_SECONDS", default_value_t = 120, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_ACK_TIMEOUT_SECONDS", default_value_t = 120, value_parser = crate::args::seconds())]
     pub ack_timeout_seconds: u64,
     /// On shutdown, how long open streams and connections may take to finish before they are
     /// dropped (seconds). Keep it below the pod's terminationGracePeriodSeconds.
-    #[arg(long, env = "XCC_SHUTDOWN_GRACE_SECONDS", default_value_t = 10, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_SHUTDOWN_GRACE_SECONDS", default_value_t = 10, value_parser = crate::args::seconds())]
     pub shutdown_grace_seconds: u64,
     /// Responses in flight per Hamlet consumer.
     #[arg(long, env = "XCC_WINDOW", default_value_t = 128)]
@@ -76,7 +67,7 @@ pub struct RegistryArgs {
     #[arg(long, env = "XCC_WINDOW_BYTES", default_value_t = 8 * 1024 * 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub window_bytes: u32,
     /// Poll period for file changes, as a fallback to filesystem events (seconds).
-    #[arg(long, env = "XCC_POLL_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_POLL_SECONDS", default_value_t = 5, value_parser = crate::args::seconds())]
     pub poll_seconds: u64,
     /// Directory of extra Cedar policies (`*.cedar`), watched; the default policies always apply.
     #[arg(long, env = "XCC_POLICY_DIR")]
@@ -106,7 +97,7 @@ pub struct RegistryArgs {
     #[arg(long, env = "XCC_NAME_HOLD_HOURS", default_value_t = 168)]
     pub name_hold_hours: u64,
     /// How long a hierarchy query waits for its answer (seconds).
-    #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_QUERY_TIMEOUT_SECONDS", default_value_t = 5, value_parser = crate::args::seconds())]
     pub query_timeout_seconds: u64,
     /// Most messages queued for one federation peer (each child session, and up to the
     /// parent). A peer that falls further behind is cut with `Unavailable` and resynchronises.
@@ -119,7 +110,7 @@ pub struct RegistryArgs {
     pub federation_queue_bytes: u32,
     /// A child's messages are read only while its queue is less than half full (back-pressure);
     /// a child whose queue stays fuller this long (seconds) is cut with `Unavailable`.
-    #[arg(long, env = "XCC_FEDERATION_QUEUE_STALL_SECONDS", default_value_t = 60, value_parser = crate::cli::seconds())]
+    #[arg(long, env = "XCC_FEDERATION_QUEUE_STALL_SECONDS", default_value_t = 60, value_parser = crate::args::seconds())]
     pub federation_queue_stall_seconds: u64,
     /// Multi-Cluster Services: at start-up, refuse to run when the ClusterProperty
     /// `cluster.clusterset.k8s.io` names this cluster otherwise than the certificate does.
@@ -141,7 +132,7 @@ pub async fn run(args: RegistryArgs) -> anyhow::Result<()> {
             args.leader_elect,
         )),
     };
-    let metrics_listen = crate::cli::metrics_listen(&args.metrics_listen)?;
+    let metrics_listen = crate::args::metrics_listen(&args.metrics_listen)?;
     let config = RegistryConfig {
         tls: args.tls.files()?,
         namespace: args.namespace,

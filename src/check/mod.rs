@@ -18,8 +18,8 @@ use xcc_registry::store::model;
 
 pub use self::kube::Component;
 use self::report::{Check, Report};
-use crate::cli::TlsArgs;
-use crate::registry_cli::Store;
+use crate::args::Store;
+use crate::args::TlsArgs;
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 pub enum Output {
@@ -53,7 +53,7 @@ pub struct CheckArgs {
     #[arg(long, default_value = "clusterset.local")]
     pub dns_zone: String,
     /// How long each network probe may take (seconds).
-    #[arg(long, default_value_t = 5, value_parser = crate::cli::seconds())]
+    #[arg(long, default_value_t = 5, value_parser = crate::args::seconds())]
     pub timeout_seconds: u64,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
