@@ -97,7 +97,7 @@ fn service_ports(service: &Service) -> Vec<(Option<String>, i32, Option<String>)
 }
 
 #[test]
-fn sb_01_one_record() {
+fn one_imported_record_becomes_a_service_and_its_endpoints() {
     let (_, m) = only_group(&[record(
         "test.some.domain-abcd1234",
         "1",
@@ -183,7 +183,7 @@ fn sb_01_one_record() {
 }
 
 #[test]
-fn sb_02_and_03_vip_and_service_port() {
+fn the_service_carries_the_records_virtual_ip_and_service_port() {
     let (_, m) = only_group(&[record(
         "test.some.domain-abcd1234",
         "1",
@@ -218,7 +218,7 @@ fn sb_02_and_03_vip_and_service_port() {
     assert_eq!(spec.allocate_load_balancer_node_ports, Some(false));
 }
 
-fn sb_04_records() -> Vec<ServiceRecord> {
+fn two_records_of_one_fqdn() -> Vec<ServiceRecord> {
     vec![
         record(
             "test.some.domain-bcde2345",
@@ -238,8 +238,8 @@ fn sb_04_records() -> Vec<ServiceRecord> {
 }
 
 #[test]
-fn sb_04_records_of_one_fqdn_merge() {
-    let (_, m) = only_group(&sb_04_records());
+fn records_of_one_fqdn_merge_into_one_service() {
+    let (_, m) = only_group(&two_records_of_one_fqdn());
     let expected_owners = vec![
         ("test.some.domain-abcd1234".to_string(), "1".to_string()),
         ("test.some.domain-bcde2345".to_string(), "2".to_string()),
@@ -253,8 +253,8 @@ fn sb_04_records_of_one_fqdn_merge() {
 }
 
 #[test]
-fn sb_05_and_06_other_fqdns_and_exported_records_stay_out() {
-    let mut records = sb_04_records();
+fn other_fqdns_and_exported_records_stay_out_of_a_group() {
+    let mut records = two_records_of_one_fqdn();
     records.push(record(
         "foobar.some.domain-bcde2345",
         "3",
@@ -263,7 +263,7 @@ fn sb_05_and_06_other_fqdns_and_exported_records_stay_out() {
         &[("10.0.0.5", 443), ("10.0.0.6", 443)],
     ));
     let m = group_for(&records, "test.some.domain");
-    let (_, alone) = only_group(&sb_04_records());
+    let (_, alone) = only_group(&two_records_of_one_fqdn());
     assert_eq!(m, alone);
 
     // An exported record with the same FQDN is neither owner nor source.
@@ -307,7 +307,7 @@ fn sb_05_and_06_other_fqdns_and_exported_records_stay_out() {
 }
 
 #[test]
-fn sb_07_long_fqdn() {
+fn a_long_fqdn_gets_a_valid_hashed_service_name() {
     let fqdn = format!("{}.some.domain", "a".repeat(62));
     let (_, m) = only_group(&[record(
         "long",
@@ -334,8 +334,8 @@ fn sb_07_long_fqdn() {
 }
 
 #[test]
-fn sb_08_a_deleted_source_leaves_the_rest() {
-    let mut records = sb_04_records();
+fn a_deleted_source_record_leaves_the_rest_of_its_group() {
+    let mut records = two_records_of_one_fqdn();
     records.retain(|r| r.metadata.uid.as_deref() != Some("1"));
     let (_, m) = only_group(&records);
     assert_eq!(

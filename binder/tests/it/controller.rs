@@ -380,8 +380,8 @@ fn sorted(mut v: Vec<String>) -> Vec<String> {
 const SVC: &str = "test-some-domain-cc9e50dd";
 
 #[tokio::test]
-async fn sb_cases_through_the_running_controller() {
-    let Some(env) = Env::start("sb_cases_through_the_running_controller", IMPORTER).await else {
+async fn xcc_v1_binder_cases_through_the_running_controller() {
+    let Some(env) = Env::start("xcc_v1_binder_cases_through_the_running_controller", IMPORTER).await else {
         return;
     };
 
