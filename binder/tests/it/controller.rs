@@ -381,7 +381,12 @@ const SVC: &str = "test-some-domain-cc9e50dd";
 
 #[tokio::test]
 async fn xcc_v1_binder_cases_through_the_running_controller() {
-    let Some(env) = Env::start("xcc_v1_binder_cases_through_the_running_controller", IMPORTER).await else {
+    let Some(env) = Env::start(
+        "xcc_v1_binder_cases_through_the_running_controller",
+        IMPORTER,
+    )
+    .await
+    else {
         return;
     };
 
