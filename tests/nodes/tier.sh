@@ -11,7 +11,9 @@
 # busybox client pod in west, resolved by `xcc dns` (deploy/dns) as the pod's nameserver, and
 # the changes of the issue: server pod replaced, exporting registry away and back, binder
 # restarted, certificate Secret replaced in place, an HTTPProxy export, unexport; then MCS mode
-# on both clusters (a ServiceExport's ServiceImport IP, a headless export's per-pod names).
+# on both clusters (a ServiceExport's ServiceImport IP, a headless export's per-pod names), and
+# both ways: one service exported and imported by both clusters, TCP and UDP per port and DNS
+# (A, AAAA, SRV) asked from a pod in each.
 # Every xcc container is checked for its uid, capabilities and read-only root, and at the end
 # for 0 restarts. Every wait is on an event or a bounded re-check (`eventually`, see there).
 #
