@@ -13,7 +13,7 @@
 # restarted, certificate Secret replaced in place, an HTTPProxy export, unexport; then MCS mode
 # on both clusters (a ServiceExport's ServiceImport IP, a headless export's per-pod names), and
 # both ways: one service exported and imported by both clusters, TCP and UDP per port and DNS
-# (A, AAAA, SRV) asked from a pod in each.
+# (A, AAAA, SRV) asked from a pod in each; then a CA rotation of both registries' Secrets in place.
 # Every xcc container is checked for its uid, capabilities and read-only root, and at the end
 # for 0 restarts. Every wait is on an event or a bounded re-check (`eventually`, see there).
 #
@@ -761,6 +761,128 @@ for c in east west; do
     check "MCS DNS from a pod in $c: ${p#*/}.${p%/*}.db.shop.svc.clusterset.local A, AAAA, SRV" \
       "A: Address: $(pod_ip ${p%/*} ${p#*/}) AAAA: SRV:" "$(dns_answers $c ${p#*/}.${p%/*}.db.shop.svc.clusterset.local)"
   done
+done
+
+# ---- a CA rotation, Secrets replaced in place (docs/operations.md, "Rotating the CA") ---------
+# Both registries (each serves the other now) go through the three steps, each applied to both
+# clusters' Secrets before the next: (1) the new CA added to every bundle, (2) every leaf
+# reissued from the new CA, (3) the old CA removed. After each step, once both registry pods
+# have reloaded (their xcc_certificate_reloads_total{result="ok"} went up; the kubelet brings a
+# replaced Secret within its sync period): no reload refused, each RemoteRegistry still Connected
+# since before (its streams went on), a new export in each cluster reaches the other, and what a
+# new connection presents is accepted or refused as the step says. TLS 1.2 for those probes, so
+# that a refused client certificate fails the handshake itself.
+say "CA rotation on both clusters"
+ROT=$W/rot
+mkdir -p "$ROT/east" "$ROT/west"
+cp "$W/pki/east-2/ca.crt" "$W/pki/east-2/tls.crt" "$W/pki/east-2/tls.key" "$ROT/east/"
+cp "$W/pki/west/ca.crt" "$W/pki/west/tls.crt" "$W/pki/west/tls.key" "$ROT/west/"
+xcc certs init --trust-domain xcc.example --out "$W/pki-2" >/dev/null
+# Clients of each registry, as its peer: the other cluster's certificate of the old CA and one
+# of the new CA, and a bundle of both CAs to verify whichever the server presents.
+for c in east west; do
+  xcc certs issue --ca-dir "$W/pki-2" --cluster $c --dns $c.registry.xcc.example --out "$ROT/new-$c" >/dev/null
+done
+OLD_CLIENT_east=$ROT/old-west OLD_CLIENT_west=$ROT/old-east
+NEW_CLIENT_east=$ROT/new-west NEW_CLIENT_west=$ROT/new-east
+cp -r "$ROT/west" "$ROT/old-west"
+cp -r "$ROT/east" "$ROT/old-east"
+cat "$W/pki/ca.crt" "$W/pki-2/ca.crt" >"$ROT/both-cas.crt"
+REGISTRY_ADDRESS_east=$EAST_REGISTRY
+REGISTRY_ADDRESS_west=$WEST_REGISTRY
+accepts() { # cluster old|new: yes when that cluster's registry completes a handshake with a
+  # client (its peer's identity) of the old or the new CA
+  local a=REGISTRY_ADDRESS_$1 k=${2^^}_CLIENT_$1
+  openssl s_client -tls1_2 -connect "${!a}" -servername $1.registry.xcc.example -cert "${!k}/tls.crt" \
+    -key "${!k}/tls.key" -CAfile "$ROT/both-cas.crt" -verify_return_error </dev/null >/dev/null 2>&1 && echo yes || echo no
+}
+presents() { # cluster CA-file: the fingerprint of the certificate its registry serves, verified
+  # against that CA alone (empty when it does not verify)
+  local a=REGISTRY_ADDRESS_$1 k=NEW_CLIENT_$1
+  openssl s_client -connect "${!a}" -servername $1.registry.xcc.example -cert "${!k}/tls.crt" \
+    -key "${!k}/tls.key" -CAfile "$2" -verify_return_error </dev/null 2>/dev/null |
+    openssl x509 -noout -fingerprint -sha256 2>/dev/null
+}
+reloads() { # cluster result: the registry pod's xcc_certificate_reloads_total{result=...}
+  local ip m
+  ip=$(kubectl --context $1 -n cross-cluster-connectivity get pods -l app.kubernetes.io/name=xcc-registry -o jsonpath='{.items[0].status.podIP}')
+  m=$(curl -fsS "http://$ip:9090/metrics") || { echo "no metrics from $ip"; return; }
+  printf '%s\n' "$m" | awk -v k="xcc_certificate_reloads_total{result=\"$2\"}" '$1 == k { print $2; f = 1 } END { if (!f) print 0 }'
+}
+connected_since_on() { # cluster remote
+  kubectl --context $1 -n cross-cluster-connectivity get remoteregistry $2 \
+    -o jsonpath='{.status.conditions[?(@.type=="Connected")].status} {.status.conditions[?(@.type=="Connected")].lastTransitionTime}'
+}
+put_secret() { # cluster
+  kubectl --context $1 -n cross-cluster-connectivity create secret generic xcc-registry-tls \
+    --from-file="$ROT/$1/ca.crt" --from-file="$ROT/$1/tls.crt" --from-file="$ROT/$1/tls.key" \
+    --dry-run=client -o yaml | kubectl --context $1 replace -f - >/dev/null
+}
+CONNECTED_WEST_ON_EAST=$(connected_since_on east west)
+CONNECTED_EAST_ON_WEST=$(connected_since_on west east)
+check "before the rotation: east's registry refuses a client of the new CA" no "$(accepts east new)"
+check "... and accepts one of the old CA" yes "$(accepts east old)"
+rotation_step() { # n what: after the Secrets of both clusters were replaced
+  local n=$1 what=$2 c other
+  for c in east west; do
+    eval "reloaded_$c() { [ \"\$(reloads $c ok)\" -gt ${RELOADS[$c]} ]; }"
+    eventually 90 reloaded_$c || true
+    check "CA rotation step $n ($what): $c's registry pod reloaded its files" yes \
+      "$([ "$(reloads $c ok)" -gt "${RELOADS[$c]}" ] && echo yes || echo no)"
+    check "... none refused" 0 "$(reloads $c error)"
+    RELOADS[$c]=$(reloads $c ok)
+  done
+  check "... east's RemoteRegistry west Connected throughout (same transition)" "$CONNECTED_WEST_ON_EAST" "$(connected_since_on east west)"
+  check "... west's RemoteRegistry east Connected throughout (same transition)" "$CONNECTED_EAST_ON_WEST" "$(connected_since_on west east)"
+  # A new export in each cluster, through the streams that went on.
+  for c in east west; do
+    kubectl --context $c -n shop apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: rot$n-$c, namespace: shop}
+spec:
+  selector: {app: echo}
+  ports: [{name: tcp, port: 7000, protocol: TCP}]
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: rot$n-$c, namespace: shop}
+YAML
+  done
+  for c in east west; do
+    other=west; [ $c = east ] || other=east
+    eval "imported_$c() { [ \"\$(kubectl --context $other -n shop get serviceimport rot$n-$c -o jsonpath='{.status.clusters[*].cluster}')\" = $c ]; }"
+    eventually 60 imported_$c || true
+    check "... $c's new export rot$n-$c is imported by $other" $c \
+      "$(kubectl --context $other -n shop get serviceimport rot$n-$c -o jsonpath='{.status.clusters[*].cluster}' 2>/dev/null)"
+  done
+  check "... and east's echo still answers from west" "east tcp 7001" "$(reach west tcp 7001 4)"
+}
+declare -A RELOADS=([east]=$(reloads east ok) [west]=$(reloads west ok))
+# Step 1: the new CA in every bundle.
+for c in east west; do xcc certs bundle add --bundle "$ROT/$c/ca.crt" --ca "$W/pki-2/ca.crt" >/dev/null; put_secret $c; done
+rotation_step 1 "both CAs in every bundle"
+for c in east west; do
+  check "... $c's registry accepts a client of the new CA" yes "$(accepts $c new)"
+  check "... and one of the old CA" yes "$(accepts $c old)"
+done
+# Step 2: every leaf reissued from the new CA.
+for c in east west; do
+  xcc certs issue --ca-dir "$W/pki-2" --cluster $c --dns $c.registry.xcc.example --out "$ROT/$c" >/dev/null
+  put_secret $c
+done
+rotation_step 2 "leaves of the new CA"
+for c in east west; do
+  check "... $c's registry presents its leaf of the new CA" \
+    "$(openssl x509 -in "$ROT/$c/tls.crt" -noout -fingerprint -sha256)" "$(presents $c "$W/pki-2/ca.crt")"
+  check "... and still accepts a client of the old CA" yes "$(accepts $c old)"
+done
+# Step 3: the old CA removed.
+for c in east west; do xcc certs bundle remove --bundle "$ROT/$c/ca.crt" --ca "$W/pki/ca.crt" >/dev/null; put_secret $c; done
+rotation_step 3 "the old CA removed"
+for c in east west; do
+  check "... $c's registry refuses a client of the old CA" no "$(accepts $c old)"
+  check "... and accepts one of the new CA" yes "$(accepts $c new)"
 done
 pods_as_deployed n-east east
 pods_as_deployed n-west west
