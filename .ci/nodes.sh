@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "== real nodes: packages"
-# What ../shared/kube/node needs (its README); gcc + libc6-dev build its pause binary.
+# What ../shared/kube/node needs (its README); gcc + libc6-dev build its pause binary and the
+# tier's static UDP server/client (tests/nodes/udp.c).
 pkgs=(containerd runc containernetworking-plugins iptables iproute2 util-linux python3 xz-utils
     curl busybox-static gcc libc6-dev openssl)
 missing=()

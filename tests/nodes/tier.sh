@@ -11,7 +11,9 @@
 # busybox client pod in west, resolved by `xcc dns` (deploy/dns) as the pod's nameserver, and
 # the changes of the issue: server pod replaced, exporting registry away and back, binder
 # restarted, certificate Secret replaced in place, an HTTPProxy export, unexport; then MCS mode
-# on both clusters (a ServiceExport's ServiceImport IP, a headless export's per-pod names).
+# on both clusters (a ServiceExport's ServiceImport IP, a headless export's per-pod names), and
+# both ways: one service exported and imported by both clusters, TCP and UDP per port and DNS
+# (A, AAAA, SRV) asked from a pod in each; then a CA rotation of both registries' Secrets in place.
 # Every xcc container is checked for its uid, capabilities and read-only root, and at the end
 # for 0 restarts. Every wait is on an event or a bounded re-check (`eventually`, see there).
 #
@@ -26,6 +28,7 @@
 #   XCC_NODES_KEEP=1    leave the work directory (logs) behind; clusters are always torn down
 #   XCC_NODES_POD_CIDRS the two pod CIDRs (default "10.244.41.0/24 10.244.42.0/24")
 #   XCC_NODES_BENCH=N   also measure N exports and N pod replacements (docs/benchmarks.md)
+#   XCC_NODES_ROLLOUT   how the bench replaces the server pod: surge (default) or recreate
 #   XCC_NODES_TRACE=DIR with XCC_NODES_BENCH: keep a packet capture, conntrack's events,
 #                       kube-proxy's log and iptables-save of west's node during the exports
 #   TMPDIR              where the work directory (clusters, nodes, containerd) goes (default
@@ -50,7 +53,7 @@ unavailable() {
 KUBE_SHARED=${XCC_KUBE_SHARED:-$REPO/../shared/kube}
 [ -x "$KUBE_SHARED/node" ] && [ -x "$KUBE_SHARED/control-plane" ] ||
   unavailable "no control-plane/node scripts in $KUBE_SHARED (set XCC_KUBE_SHARED)"
-for c in kubectl openssl python3 containerd runc iptables ip nsenter xz curl busybox; do
+for c in kubectl openssl python3 containerd runc iptables ip nsenter xz curl busybox gcc; do
   command -v "$c" >/dev/null || unavailable "needs $c (see .ci/nodes.sh for the packages)"
 done
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$REPO/Cargo.toml" | head -1)
@@ -67,7 +70,7 @@ fi
 read -r CIDR_EAST CIDR_WEST <<<"${XCC_NODES_POD_CIDRS:-10.244.41.0/24 10.244.42.0/24}"
 
 W=$(mktemp -d "${TMPDIR:-/tmp}/xcc-nodes.XXXXXX")
-mkdir -p "$W/bin"
+mkdir -p "$W/bin" "$W/xt"
 ln -s "$XCC_BIN" "$W/bin/xcc"
 ln -s "$REPO/deploy" "$W/deploy"
 export PATH="$W/bin:$PATH"
@@ -97,6 +100,8 @@ cleanup() {
   exit $rc
 }
 trap cleanup EXIT
+# The UDP server and client of the pods (tests/nodes/udp.c), static: busybox pods mount it.
+gcc -static -O2 -o "$W/xt/udp" "$HERE/udp.c" || unavailable "cannot build tests/nodes/udp.c (gcc, libc6-dev)"
 
 die() { echo "nodes tier: FAIL: $*" >&2; fail=1; exit 1; }
 check() { # name expected actual
@@ -250,20 +255,31 @@ pods_as_deployed n-east east
 pods_as_deployed n-west west
 
 # ---- an exported NodePort Service in east, a client in west -----------------------------------
-web_pod() { # name
+# An HTTP server pod answering "east <name>". With a preStop delay (seconds), as deploy/README.md
+# advises for rollouts: deleted, it keeps serving that long while the kube-proxies (and, for an
+# MCS export, xcc) drop its address, then stops at once on SIGTERM.
+web_pod() { # name [preStop seconds]
   cat <<YAML
 apiVersion: v1
 kind: Pod
 metadata: {name: $1, namespace: shop, labels: {app: web}}
 spec:
-  terminationGracePeriodSeconds: 1
+  terminationGracePeriodSeconds: $(( ${2:-0} + 1 ))
   containers:
   - name: httpd
     image: localhost/busybox:1
     imagePullPolicy: Never
-    command: ["sh", "-c", "mkdir -p /www && echo east $1 > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    command:
+    - sh
+    - -c
+    - |
+      mkdir -p /www && echo east $1 > /www/index.html
+      httpd -f -p 8080 -h /www &
+      trap 'kill \$!; exit 0' TERM
+      wait
     readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
 YAML
+  if [ "${2:-0}" -gt 0 ]; then echo "    lifecycle: {preStop: {sleep: {seconds: $2}}}"; fi
 }
 kubectl --context east create namespace shop >/dev/null
 { web_pod web-1; cat <<YAML; } | kubectl --context east apply -f - >/dev/null
@@ -348,7 +364,7 @@ check "an exported HTTPProxy: west's binder Service for www.shop.xcc.test points
 # ---- the server pod replaced (new IP) -----------------------------------------------------
 OLD_IP=$(kubectl --context east -n shop get pod web-1 -o jsonpath='{.status.podIP}')
 kubectl --context east -n shop delete pod web-1 --wait=true >/dev/null
-web_pod web-2 | kubectl --context east apply -f - >/dev/null
+web_pod web-2 3 | kubectl --context east apply -f - >/dev/null
 kubectl --context east -n shop wait --for=condition=Ready pod/web-2 --timeout=60s >/dev/null || die "web-2 not Ready"
 NEW_IP=$(kubectl --context east -n shop get pod web-2 -o jsonpath='{.status.podIP}')
 [ "$OLD_IP" != "$NEW_IP" ] || say "note: web-2 got web-1's address $OLD_IP"
@@ -468,8 +484,12 @@ metadata: {name: cluster.clusterset.k8s.io}
 spec: {value: $c}
 YAML
 done
+# west's registry becomes reachable from east the same way (its node port) for the two-way
+# section below, where east imports from west too.
+mkdir -p "$W/west-mcs"
+sed 's/value: LoadBalancer/value: NodePort/' "$W/east-mcs/kustomization.yaml" >"$W/west-mcs/kustomization.yaml"
 kubectl --context east apply -k "$W/east-mcs" >/dev/null
-(cd "$W" && kubectl --context west apply -k deploy/overlays/mcs >/dev/null)
+kubectl --context west apply -k "$W/west-mcs" >/dev/null
 for c in east west; do
   for d in xcc-registry xcc-publisher xcc-binder; do
     kubectl --context $c -n cross-cluster-connectivity rollout status deployment/$d --timeout=120s >/dev/null ||
@@ -481,7 +501,7 @@ check "east's registry Service kept its node port" "$EAST_PORT" \
 
 # east: a ClusterIP Service exported by a ServiceExport alone (MCS mode exports its ready pods'
 # addresses: reachable on this flat pod network), and a headless one with two named pods.
-db_pod() { # name
+db_pod() { # name [cluster, default east]
   cat <<YAML
 apiVersion: v1
 kind: Pod
@@ -494,7 +514,7 @@ spec:
   - name: httpd
     image: localhost/busybox:1
     imagePullPolicy: Never
-    command: ["sh", "-c", "mkdir -p /www && echo east $1 > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    command: ["sh", "-c", "mkdir -p /www && echo ${2:-east} $1 > /www/index.html && exec httpd -f -p 8080 -h /www"]
     readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 1}
 YAML
 }
@@ -547,6 +567,323 @@ for p in db-0 db-1; do
 done
 check "MCS: west's ServiceImport shop/db is Headless" Headless \
   "$(kubectl --context west -n shop get serviceimport db -o jsonpath='{.spec.type}')"
+
+# ---- MCS both ways (KEP-1645): each cluster exports and imports one service -------------------
+# east imports from west too (a RemoteRegistry for west's registry, by its node port) and its
+# pods resolve clusterset names through its own xcc dns (deploy/dns), as west's do. `echo` in
+# namespace shop is exported by a ServiceExport in both clusters, one pod each, on ports `tcp`
+# 7000/TCP and `udp` 7000/UDP (both clusters), `east-tcp` 7001/TCP and `east-udp` 7001/UDP (east
+# only), `west-tcp` 7002/TCP and `west-udp` 7002/UDP (west only); each port answers
+# "<cluster> <proto> <port>" (busybox httpd for TCP; tests/nodes/udp.c for UDP, as busybox's nc
+# has none). The headless `db` gets a third pod, db-0 in west (the same hostname as east's).
+say "MCS both ways: east imports from west, echo and db exported by both"
+WEST_REGISTRY=$(kubectl --context west get nodes -o jsonpath='{.items[0].status.addresses[?(@.type=="InternalIP")].address}'):$(
+  kubectl --context west -n cross-cluster-connectivity get service xcc-registry -o jsonpath='{.spec.ports[?(@.name=="grpc")].nodePort}')
+(cd "$W" && kubectl --context east apply -k deploy/dns >/dev/null)
+kubectl --context east apply -f - >/dev/null <<YAML
+apiVersion: connectivity.tanzu.vmware.com/v1alpha1
+kind: RemoteRegistry
+metadata: {name: west, namespace: cross-cluster-connectivity}
+spec:
+  address: $WEST_REGISTRY
+  tlsConfig: {serverCA: "", serverName: west.registry.xcc.example}
+  allowedDomains: [svc.clusterset.local]
+YAML
+echo_pod() { # cluster port-of-its-own
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: echo-$1, namespace: shop, labels: {app: echo}}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes: [{name: xt, hostPath: {path: "$W/xt", type: Directory}}]
+  containers:
+  - name: echo
+    image: localhost/busybox:1
+    imagePullPolicy: Never
+    volumeMounts: [{name: xt, mountPath: /xt, readOnly: true}]
+    command:
+    - sh
+    - -c
+    - |
+      for p in 7000 $2; do
+        mkdir -p /www/\$p && echo "$1 tcp \$p" >/www/\$p/index.html
+        httpd -f -p \$p -h /www/\$p &
+        /xt/udp serve \$p "$1 udp \$p" &
+      done
+      wait
+    readinessProbe: {httpGet: {path: /, port: 7000}, periodSeconds: 1}
+YAML
+}
+echo_service() { # cluster port-of-its-own
+  cat <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: shop}
+spec:
+  selector: {app: echo}
+  ports:
+  - {name: tcp, port: 7000, protocol: TCP}
+  - {name: udp, port: 7000, protocol: UDP}
+  - {name: $1-tcp, port: $2, protocol: TCP}
+  - {name: $1-udp, port: $2, protocol: UDP}
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: echo, namespace: shop}
+YAML
+}
+probe_pod() { # nameserver: a client whose resolver is xcc dns
+  cat <<YAML
+apiVersion: v1
+kind: Pod
+metadata: {name: probe, namespace: default}
+spec:
+  terminationGracePeriodSeconds: 1
+  dnsPolicy: None
+  dnsConfig: {nameservers: ["$1"], options: [{name: ndots, value: "1"}]}
+  volumes: [{name: xt, hostPath: {path: "$W/xt", type: Directory}}]
+  containers:
+  - name: probe
+    image: localhost/busybox:1
+    imagePullPolicy: Never
+    volumeMounts: [{name: xt, mountPath: /xt, readOnly: true}]
+    command: ["sleep", "100000"]
+YAML
+}
+{ echo_pod east 7001; echo ---; echo_service east 7001; } | kubectl --context east apply -f - >/dev/null
+{ echo_pod west 7002; echo ---; echo_service west 7002; echo ---; db_pod db-0 west; cat <<YAML; } |
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: shop}
+spec:
+  clusterIP: None
+  selector: {app: db}
+  ports: [{name: http, port: 8080, targetPort: 8080}]
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: db, namespace: shop}
+YAML
+  kubectl --context west apply -f - >/dev/null
+kubectl --context east -n cross-cluster-connectivity rollout status deployment/xcc-dns --timeout=120s >/dev/null ||
+  die "east: xcc-dns not rolled out"
+for c in east west; do
+  dns_ip=$(kubectl --context $c -n cross-cluster-connectivity get service xcc-dns -o jsonpath='{.spec.clusterIP}')
+  probe_pod "$dns_ip" | kubectl --context $c apply -f - >/dev/null
+done
+kubectl --context east -n cross-cluster-connectivity wait remoteregistry/west --for=condition=Synced --timeout=120s >/dev/null ||
+  die "east's RemoteRegistry west not Synced"
+for c in east west; do
+  kubectl --context $c -n shop wait --for=condition=Ready pod/echo-$c --timeout=60s >/dev/null || die "echo-$c not Ready"
+  kubectl --context $c wait --for=condition=Ready pod/probe --timeout=60s >/dev/null || die "$c: probe not Ready"
+done
+kubectl --context west -n shop wait --for=condition=Ready pod/db-0 --timeout=60s >/dev/null || die "west db-0 not Ready"
+
+# What TRIES connections from CLUSTER's probe pod to echo.shop.svc.clusterset.local:PORT got,
+# distinct and sorted, comma-separated; "fail" for a try that got no answer. The name is
+# resolved by the pod's resolver (xcc dns) for each try: wget's for TCP, nslookup's for UDP.
+reach() { # cluster proto port tries
+  kubectl --context $1 exec probe -- sh -c '
+    n=echo.shop.svc.clusterset.local
+    i=0
+    while [ $i -lt $3 ]; do
+      i=$((i + 1))
+      if [ "$1" = tcp ]; then timeout 2 wget -qO- "http://$n:$2/" || echo fail
+      else ip=$(nslookup $n | sed -n "s/^Address: \([0-9.]*\)$/\1/p"); /xt/udp ask "$ip" "$2" || echo fail
+      fi
+    done 2>/dev/null' sh "$2" "$3" "$4" 2>/dev/null | LC_ALL=C sort -u | paste -sd, -
+}
+# The answer wanted from each port: both clusters on the shared ones, else its exporter only.
+wanted() { # proto port
+  case $2 in
+    7000) echo "east $1 7000,west $1 7000" ;;
+    7001) echo "east $1 7001" ;;
+    7002) echo "west $1 7002" ;;
+  esac
+}
+# Settled: each cluster's ServiceImport lists both clusters and every port answers as wanted
+# (a bounded re-check: the other cluster's records, the binder's slices and each node's
+# kube-proxy arrive on their own schedules; 6 tries, so a shared port may need another round).
+settled() {
+  local c proto port
+  for c in east west; do
+    [ "$(kubectl --context $c -n shop get serviceimport echo -o jsonpath='{.status.clusters[*].cluster}')" = "east west" ] || return 1
+    for proto in tcp udp; do
+      for port in 7000 7001 7002; do
+        [ "$(reach $c $proto $port 6)" = "$(wanted $proto $port)" ] || return 1
+      done
+    done
+  done
+}
+eventually 120 settled || true
+for c in east west; do
+  check "MCS both ways: $c's ServiceImport shop/echo lists both clusters" "east west" \
+    "$(kubectl --context $c -n shop get serviceimport echo -o jsonpath='{.status.clusters[*].cluster}')"
+  check "MCS both ways: $c's ServiceImport shop/echo has the union of the ports" \
+    "east-tcp 7001 TCP,east-udp 7001 UDP,tcp 7000 TCP,udp 7000 UDP,west-tcp 7002 TCP,west-udp 7002 UDP" \
+    "$(kubectl --context $c -n shop get serviceimport echo -o jsonpath='{range .spec.ports[*]}{.name} {.port} {.protocol}{"\n"}{end}' | LC_ALL=C sort | paste -sd, -)"
+  for proto in tcp udp; do
+    for port in 7000 7001 7002; do
+      check "MCS both ways: from $c, 16 $proto connections to echo.shop.svc.clusterset.local:$port reach" \
+        "$(wanted $proto $port)" "$(reach $c $proto $port 16)"
+    done
+  done
+done
+
+# DNS asked from each cluster's probe pod (busybox nslookup, its resolver xcc dns): A, AAAA
+# and SRV of the ClusterSetIP name, the headless name and a pod's name, each type's answers
+# sorted: "Address: <ip>" for A and AAAA, "<priority> <weight> <port> <target>" for SRV; an
+# empty answer section shows as nothing (busybox prints "can't find" lines for NXDOMAIN or
+# other errors, which would show). The clusters are IPv4-only, so every AAAA is NODATA.
+dns_answers() { # cluster name
+  kubectl --context $1 exec probe -- sh -c '
+    for t in A AAAA SRV; do
+      echo "$t:"
+      nslookup -type=$t "$1" 2>&1 | sed "1,/^\$/d" |
+        sed -n -e "s/^Address: /Address: /p" -e "s/.*service = //p" -e "/find\|NXDOMAIN\|SERVFAIL\|REFUSED/p" | sort
+    done' sh "$2" 2>/dev/null | paste -sd' ' -
+}
+pod_ip() { kubectl --context $1 -n shop get pod $2 -o jsonpath='{.status.podIP}'; }
+DB_ADDRESSES=$(for a in "$(pod_ip east db-0)" "$(pod_ip east db-1)" "$(pod_ip west db-0)"; do echo "Address: $a"; done | LC_ALL=C sort | paste -sd' ' -)
+for c in east west; do
+  echo_ip=$(kubectl --context $c -n shop get serviceimport echo -o jsonpath='{.spec.ips[*]}')
+  # SRV: one per port number; `tcp` and `udp` share 7000, and one SRV record cannot tell the
+  # protocols apart, so they are one record (the name's RRset has no duplicates).
+  check "MCS DNS from a pod in $c: echo.shop.svc.clusterset.local (ClusterSetIP) A, AAAA, SRV" \
+    "A: Address: $echo_ip AAAA: SRV: 0 100 7000 echo.shop.svc.clusterset.local 0 100 7001 echo.shop.svc.clusterset.local 0 100 7002 echo.shop.svc.clusterset.local" \
+    "$(dns_answers $c echo.shop.svc.clusterset.local)"
+  check "MCS DNS from a pod in $c: db.shop.svc.clusterset.local (headless, 3 pods in 2 clusters) A, AAAA, SRV" \
+    "A: $DB_ADDRESSES AAAA: SRV: 0 100 8080 db-0.east.db.shop.svc.clusterset.local 0 100 8080 db-0.west.db.shop.svc.clusterset.local 0 100 8080 db-1.east.db.shop.svc.clusterset.local" \
+    "$(dns_answers $c db.shop.svc.clusterset.local)"
+  for p in east/db-0 east/db-1 west/db-0; do
+    check "MCS DNS from a pod in $c: ${p#*/}.${p%/*}.db.shop.svc.clusterset.local A, AAAA, SRV" \
+      "A: Address: $(pod_ip ${p%/*} ${p#*/}) AAAA: SRV:" "$(dns_answers $c ${p#*/}.${p%/*}.db.shop.svc.clusterset.local)"
+  done
+done
+
+# ---- a CA rotation, Secrets replaced in place (docs/operations.md, "Rotating the CA") ---------
+# Both registries (each serves the other now) go through the three steps, each applied to both
+# clusters' Secrets before the next: (1) the new CA added to every bundle, (2) every leaf
+# reissued from the new CA, (3) the old CA removed. After each step, once both registry pods
+# have reloaded (their xcc_certificate_reloads_total{result="ok"} went up; the kubelet brings a
+# replaced Secret within its sync period): no reload refused, each RemoteRegistry still Connected
+# since before (its streams went on), a new export in each cluster reaches the other, and what a
+# new connection presents is accepted or refused as the step says. TLS 1.2 for those probes, so
+# that a refused client certificate fails the handshake itself.
+say "CA rotation on both clusters"
+ROT=$W/rot
+mkdir -p "$ROT/east" "$ROT/west"
+cp "$W/pki/east-2/ca.crt" "$W/pki/east-2/tls.crt" "$W/pki/east-2/tls.key" "$ROT/east/"
+cp "$W/pki/west/ca.crt" "$W/pki/west/tls.crt" "$W/pki/west/tls.key" "$ROT/west/"
+xcc certs init --trust-domain xcc.example --out "$W/pki-2" >/dev/null
+# Clients of each registry, as its peer: the other cluster's certificate of the old CA and one
+# of the new CA, and a bundle of both CAs to verify whichever the server presents.
+for c in east west; do
+  xcc certs issue --ca-dir "$W/pki-2" --cluster $c --dns $c.registry.xcc.example --out "$ROT/new-$c" >/dev/null
+done
+OLD_CLIENT_east=$ROT/old-west OLD_CLIENT_west=$ROT/old-east
+NEW_CLIENT_east=$ROT/new-west NEW_CLIENT_west=$ROT/new-east
+cp -r "$ROT/west" "$ROT/old-west"
+cp -r "$ROT/east" "$ROT/old-east"
+cat "$W/pki/ca.crt" "$W/pki-2/ca.crt" >"$ROT/both-cas.crt"
+REGISTRY_ADDRESS_east=$EAST_REGISTRY
+REGISTRY_ADDRESS_west=$WEST_REGISTRY
+accepts() { # cluster old|new: yes when that cluster's registry completes a handshake with a
+  # client (its peer's identity) of the old or the new CA
+  local a=REGISTRY_ADDRESS_$1 k=${2^^}_CLIENT_$1
+  openssl s_client -tls1_2 -connect "${!a}" -servername $1.registry.xcc.example -cert "${!k}/tls.crt" \
+    -key "${!k}/tls.key" -CAfile "$ROT/both-cas.crt" -verify_return_error </dev/null >/dev/null 2>&1 && echo yes || echo no
+}
+presents() { # cluster CA-file: the fingerprint of the certificate its registry serves, verified
+  # against that CA alone (empty when it does not verify)
+  local a=REGISTRY_ADDRESS_$1 k=NEW_CLIENT_$1
+  openssl s_client -connect "${!a}" -servername $1.registry.xcc.example -cert "${!k}/tls.crt" \
+    -key "${!k}/tls.key" -CAfile "$2" -verify_return_error </dev/null 2>/dev/null |
+    openssl x509 -noout -fingerprint -sha256 2>/dev/null
+}
+reloads() { # cluster result: the registry pod's xcc_certificate_reloads_total{result=...}
+  local ip m
+  ip=$(kubectl --context $1 -n cross-cluster-connectivity get pods -l app.kubernetes.io/name=xcc-registry -o jsonpath='{.items[0].status.podIP}')
+  m=$(curl -fsS "http://$ip:9090/metrics") || { echo "no metrics from $ip"; return; }
+  printf '%s\n' "$m" | awk -v k="xcc_certificate_reloads_total{result=\"$2\"}" '$1 == k { print $2; f = 1 } END { if (!f) print 0 }'
+}
+connected_since_on() { # cluster remote
+  kubectl --context $1 -n cross-cluster-connectivity get remoteregistry $2 \
+    -o jsonpath='{.status.conditions[?(@.type=="Connected")].status} {.status.conditions[?(@.type=="Connected")].lastTransitionTime}'
+}
+put_secret() { # cluster
+  kubectl --context $1 -n cross-cluster-connectivity create secret generic xcc-registry-tls \
+    --from-file="$ROT/$1/ca.crt" --from-file="$ROT/$1/tls.crt" --from-file="$ROT/$1/tls.key" \
+    --dry-run=client -o yaml | kubectl --context $1 replace -f - >/dev/null
+}
+CONNECTED_WEST_ON_EAST=$(connected_since_on east west)
+CONNECTED_EAST_ON_WEST=$(connected_since_on west east)
+check "before the rotation: east's registry refuses a client of the new CA" no "$(accepts east new)"
+check "... and accepts one of the old CA" yes "$(accepts east old)"
+rotation_step() { # n what: after the Secrets of both clusters were replaced
+  local n=$1 what=$2 c other
+  for c in east west; do
+    eval "reloaded_$c() { [ \"\$(reloads $c ok)\" -gt ${RELOADS[$c]} ]; }"
+    eventually 90 reloaded_$c || true
+    check "CA rotation step $n ($what): $c's registry pod reloaded its files" yes \
+      "$([ "$(reloads $c ok)" -gt "${RELOADS[$c]}" ] && echo yes || echo no)"
+    check "... none refused" 0 "$(reloads $c error)"
+    RELOADS[$c]=$(reloads $c ok)
+  done
+  check "... east's RemoteRegistry west Connected throughout (same transition)" "$CONNECTED_WEST_ON_EAST" "$(connected_since_on east west)"
+  check "... west's RemoteRegistry east Connected throughout (same transition)" "$CONNECTED_EAST_ON_WEST" "$(connected_since_on west east)"
+  # A new export in each cluster, through the streams that went on.
+  for c in east west; do
+    kubectl --context $c -n shop apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: rot$n-$c, namespace: shop}
+spec:
+  selector: {app: echo}
+  ports: [{name: tcp, port: 7000, protocol: TCP}]
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: rot$n-$c, namespace: shop}
+YAML
+  done
+  for c in east west; do
+    other=west; [ $c = east ] || other=east
+    eval "imported_$c() { [ \"\$(kubectl --context $other -n shop get serviceimport rot$n-$c -o jsonpath='{.status.clusters[*].cluster}')\" = $c ]; }"
+    eventually 60 imported_$c || true
+    check "... $c's new export rot$n-$c is imported by $other" $c \
+      "$(kubectl --context $other -n shop get serviceimport rot$n-$c -o jsonpath='{.status.clusters[*].cluster}' 2>/dev/null)"
+  done
+  check "... and east's echo still answers from west" "east tcp 7001" "$(reach west tcp 7001 4)"
+}
+declare -A RELOADS=([east]=$(reloads east ok) [west]=$(reloads west ok))
+# Step 1: the new CA in every bundle.
+for c in east west; do xcc certs bundle add --bundle "$ROT/$c/ca.crt" --ca "$W/pki-2/ca.crt" >/dev/null; put_secret $c; done
+rotation_step 1 "both CAs in every bundle"
+for c in east west; do
+  check "... $c's registry accepts a client of the new CA" yes "$(accepts $c new)"
+  check "... and one of the old CA" yes "$(accepts $c old)"
+done
+# Step 2: every leaf reissued from the new CA.
+for c in east west; do
+  xcc certs issue --ca-dir "$W/pki-2" --cluster $c --dns $c.registry.xcc.example --out "$ROT/$c" >/dev/null
+  put_secret $c
+done
+rotation_step 2 "leaves of the new CA"
+for c in east west; do
+  check "... $c's registry presents its leaf of the new CA" \
+    "$(openssl x509 -in "$ROT/$c/tls.crt" -noout -fingerprint -sha256)" "$(presents $c "$W/pki-2/ca.crt")"
+  check "... and still accepts a client of the old CA" yes "$(accepts $c old)"
+done
+# Step 3: the old CA removed.
+for c in east west; do xcc certs bundle remove --bundle "$ROT/$c/ca.crt" --ca "$W/pki/ca.crt" >/dev/null; put_secret $c; done
+rotation_step 3 "the old CA removed"
+for c in east west; do
+  check "... $c's registry refuses a client of the old CA" no "$(accepts $c old)"
+  check "... and accepts one of the new CA" yes "$(accepts $c new)"
+done
 pods_as_deployed n-east east
 pods_as_deployed n-west west
 
@@ -566,21 +903,24 @@ pods_as_deployed n-west west
 # that connection the same way even once the rules are in: only a new connection gets
 # through (with `timeout 2`, as before, such a try cost 2 s). One rejected (kube-proxy has the
 # Service, not yet its endpoints) would wait for TCP's retransmission a second later. Prints
+# Each loop has its own page file (/tmp/page.<pid>): two run at once in the pod replacements.
 # "page <uptime when the try that succeeded began> <uptime at its page> <tries> <tries that
-# timed out>".
-fetch_loop='n=0; slow=0
+# timed out> <tries that failed (timed out, refused, ...)>", after a line "try <start> <end> <exit code> <page>" per try (for traces).
+fetch_loop='n=0; slow=0; failed=0
   while :; do
     n=$((n + 1)); s=$(cut -d" " -f1 /proc/uptime)
-    rm -f /tmp/page
-    wget -qO /tmp/page "$1" 2>/dev/null & w=$!
+    rm -f /tmp/page.$$
+    wget -qO /tmp/page.$$ "$1" 2>/dev/null & w=$!
     ( usleep 300000; kill $w 2>/dev/null ) & k=$!
     wait $w; rc=$?
     kill $k 2>/dev/null; wait $k 2>/dev/null
-    if [ $rc = 0 ] && { [ -z "$2" ] || [ "$(cat /tmp/page)" = "$2" ]; }; then break; fi
+    echo "try $s $(cut -d" " -f1 /proc/uptime) $rc $(cat /tmp/page.$$ 2>/dev/null)"
+    if [ $rc = 0 ] && { [ -z "$2" ] || [ "$(cat /tmp/page.$$)" = "$2" ]; }; then break; fi
     if [ $rc = 143 ]; then slow=$((slow + 1)); fi
+    if [ $rc != 0 ]; then failed=$((failed + 1)); fi
     usleep 10000
   done
-  echo "page $s $(cut -d" " -f1 /proc/uptime) $n $slow"'
+  echo "page $s $(cut -d" " -f1 /proc/uptime) $n $slow $failed"'
 if [ -n "${XCC_NODES_BENCH:-}" ]; then
   say "bench: $XCC_NODES_BENCH exports"
   uptime_s() { cut -d' ' -f1 /proc/uptime; }
@@ -627,6 +967,9 @@ if [ -n "${XCC_NODES_BENCH:-}" ]; then
     awk -v n="$1" -v s="$2" '{ t += $n; o += $s; if ($s > 0) k++ } END {
       printf "%d tries in all, %d timed out (in %d samples)", t, o, k }' "$W/bench.txt"
   }
+  failed() { # column: failed tries over the samples
+    awk -v f="$1" '{ t += $f; if ($f > 0) k++ } END { printf "%d (in %d samples)", t, k }' "$W/bench.txt"
+  }
   say "bench: export -> name answers (xcc's share):          $(stats 1)"
   say "bench: name answers -> first page (west's kube-proxy): $(stats 3)"
   say "bench: export -> first page in west:                  $(stats 2)"
@@ -646,13 +989,33 @@ if [ -n "${XCC_NODES_BENCH:-}" ]; then
   for i in $(seq 1 "$XCC_NODES_BENCH"); do
     kubectl --context east -n shop delete service b$i --wait=false >/dev/null
   done
-  # Server pod replaced -> first page from the new pod, from the moment the new pod is created
-  # and the old one deleted (a rollout's surge), through two exports of the same pods at once:
-  # `web2` (NodePort: its record names the nodes, so xcc changes nothing; pod start-up,
-  # readiness, east's EndpointSlice and kube-proxy) and `api` (a ServiceExport in MCS mode: its
-  # record carries the pod addresses, so xcc's whole chain runs on every replacement).
+  # Server pod replaced -> first page from the new pod, from the moment the new pod is created,
+  # through two exports of the same pods at once: `web2` (NodePort: its record names the nodes,
+  # so xcc changes nothing; pod start-up, readiness, east's EndpointSlice and kube-proxy) and
+  # `api` (a ServiceExport in MCS mode: its record carries the pod addresses, so xcc's whole
+  # chain runs on every replacement). XCC_NODES_ROLLOUT says how the pod is replaced:
+  # `surge` (the default; a Deployment's rollout with maxSurge 1, maxUnavailable 0, as
+  # deploy/README.md advises): the old pod is deleted once the new one is Ready, and serves for
+  # its preStop delay (3 s) while the kube-proxies and xcc drop it; `recreate`: the old pod
+  # (no preStop) is deleted as the new one is created.
+  rollout=${XCC_NODES_ROLLOUT:-surge}
+  case $rollout in surge|recreate) ;; *) die "XCC_NODES_ROLLOUT: surge or recreate, not '$rollout'" ;; esac
+  say "bench: $XCC_NODES_BENCH server pod replacements ($rollout)"
   : >"$W/bench-pods.txt"
   prev=web-2
+  # XCC_NODES_TRACE: the same on east's node for the replacements (its kube-proxy routes the
+  # NodePort export's connections to the pods).
+  if [ -n "${XCC_NODES_TRACE:-}" ]; then
+    east_ns=knode$(. "$W/n-east/state"; echo "$IDX")
+    nsenter --net=/run/netns/$east_ns tcpdump -i any -n -tt -U -w "$XCC_NODES_TRACE/east.pcap" \
+      'tcp port 8080 or arp or icmp' >"$XCC_NODES_TRACE/tcpdump-east.log" 2>&1 &
+    RELAYS+=($!)
+    nsenter --net=/run/netns/$east_ns conntrack -E -p tcp -o timestamp,id >"$XCC_NODES_TRACE/conntrack-east.log" 2>&1 &
+    RELAYS+=($!)
+    kubectl --context east -n shop get pods -w -o wide --output-watch-events 2>&1 |
+      while IFS= read -r l; do echo "$(date +%s.%N) $l"; done >"$XCC_NODES_TRACE/east-pods.log" &
+    RELAYS+=($!)
+  fi
   for i in $(seq 3 $((XCC_NODES_BENCH + 2))); do
     for svc in web2 api; do
       rm -f "$W/bench-pod-$svc.out"
@@ -664,23 +1027,39 @@ if [ -n "${XCC_NODES_BENCH:-}" ]; then
     pod_loops_started() { grep -x go "$W/bench-pod-web2.out" && grep -x go "$W/bench-pod-api.out"; }
     eventually 30 pod_loops_started || die "bench: the client's loops did not start"
     t=$(uptime_s)
-    web_pod web-$i | kubectl --context east apply -f - >/dev/null
-    kubectl --context east -n shop delete pod $prev --wait=false >/dev/null
+    if [ "$rollout" = recreate ]; then
+      web_pod web-$i | kubectl --context east apply -f - >/dev/null
+      kubectl --context east -n shop delete pod $prev --wait=false >/dev/null
+    else
+      web_pod web-$i 3 | kubectl --context east apply -f - >/dev/null
+    fi
     # When the new pod turns Ready (seen through a watch): the kubelet's part ends there.
     ready=$(kubectl --context east -n shop wait --for=condition=Ready pod/web-$i --timeout=60s >/dev/null && uptime_s)
+    if [ "$rollout" = surge ]; then
+      kubectl --context east -n shop delete pod $prev --wait=false >/dev/null
+    fi
     wait "$exec_web2" || die "bench: web-$i never answered through web2"
     wait "$exec_api" || die "bench: web-$i never answered through api"
     printf '%s %s\n' "$(grep '^page ' "$W/bench-pod-web2.out")" "$(grep '^page ' "$W/bench-pod-api.out")" |
-      awk -v t="$t" -v ready="$ready" '{ printf "%d %d %d %d %d %d %d %d\n", ($3 - t) * 1000,
-        ($3 - ready) * 1000, ($8 - t) * 1000, ($8 - ready) * 1000, $4, $5, $9, $10 }' >>"$W/bench-pods.txt"
+      awk -v t="$t" -v ready="$ready" '{ printf "%d %d %d %d %d %d %d %d %d %d\n", ($3 - t) * 1000,
+        ($3 - ready) * 1000, ($9 - t) * 1000, ($9 - ready) * 1000, $4, $5, $10, $11, $6, $12 }' >>"$W/bench-pods.txt"
+    if [ -n "${XCC_NODES_TRACE:-}" ]; then
+      for svc in web2 api; do cp "$W/bench-pod-$svc.out" "$XCC_NODES_TRACE/pod-$i-$svc.out"; done
+      echo "web-$i start $t ready $ready" >>"$XCC_NODES_TRACE/pods-clock"
+    fi
     prev=web-$i
   done
+  if [ -n "${XCC_NODES_TRACE:-}" ]; then
+    cp "$W/bench-pods.txt" "$XCC_NODES_TRACE/"
+    cp "$W/n-east/kube-proxy.log" "$XCC_NODES_TRACE/kube-proxy-east.log"
+  fi
   cp "$W/bench-pods.txt" "$W/bench.txt"
   say "bench: pod replaced -> first page from the new pod, NodePort export: $(stats 1)"
   say "bench: ... of which new pod Ready -> first page:                   $(stats 2)"
   say "bench: pod replaced -> first page from the new pod, MCS export:      $(stats 3)"
   say "bench: ... of which new pod Ready -> first page:                   $(stats 4)"
   say "bench: client, NodePort export: $(tries 5 6); MCS export: $(tries 7 8)"
+  say "bench: tries that failed (no page), NodePort export: $(failed 9); MCS export: $(failed 10)"
 fi
 
 # ---- 0 restarts over the whole tier -------------------------------------------------------
