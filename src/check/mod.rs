@@ -3,6 +3,7 @@
 //! the same `XCC_*` environment and files as the registry), or on a file-mode host with the
 //! registry's flags. Exit code 0 when nothing failed (warnings allowed), 1 otherwise.
 
+mod cluster;
 mod kube;
 mod report;
 mod tls;
@@ -49,7 +50,7 @@ pub struct CheckArgs {
     /// An `xcc dns` server (host:port) that must answer --dns-zone.
     #[arg(long)]
     pub dns: Option<SocketAddr>,
-    /// The zone --dns must be authoritative for.
+    /// The zone --dns must be authoritative for (and, kube store, that CoreDNS must forward).
     #[arg(long, default_value = "clusterset.local")]
     pub dns_zone: String,
     /// How long each network probe may take (seconds).
@@ -124,7 +125,7 @@ async fn checks(args: &CheckArgs) -> Report {
             }
             file_store(args.state_dir.as_deref(), cluster.as_deref(), &mut report).await
         }
-        Store::Kube => kube_store(args, &mut report).await,
+        Store::Kube => kube_store(args, cluster.as_deref(), &mut report).await,
     };
 
     if registry {
@@ -242,7 +243,11 @@ async fn file_store(
 }
 
 /// The CRDs, the component's RBAC and (registry) the RemoteRegistries with their sync state.
-async fn kube_store(args: &CheckArgs, report: &mut Report) -> Vec<RemoteRegistry> {
+async fn kube_store(
+    args: &CheckArgs,
+    cert_cluster: Option<&str>,
+    report: &mut Report,
+) -> Vec<RemoteRegistry> {
     let client = match xcc_controller::client().await {
         Ok(c) => c,
         Err(e) => {
@@ -258,6 +263,10 @@ async fn kube_store(args: &CheckArgs, report: &mut Report) -> Vec<RemoteRegistry
     let served = crds.status == report::Status::Ok;
     report.push(crds);
     report.push(kube::rbac(&client, args.component, &args.namespace).await);
+    if args.component == Component::Registry {
+        report.push(cluster::cluster_property(&client, cert_cluster).await);
+        report.push(cluster::coredns(&client, &args.dns_zone).await);
+    }
     if args.component != Component::Registry || !served {
         return vec![];
     }

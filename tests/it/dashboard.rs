@@ -479,7 +479,7 @@ async fn the_dashboard_in_headless_chromium() {
     let tree = eval(
         &page,
         &dom_wait(
-            "document.querySelector('#tree li[data-cluster=\"c1\"]') && \
+            "document.querySelector('#tree li[data-cluster=\"c1\"]')?.innerText.includes('2 refusals') && \
              document.querySelector('#tree').innerText",
             15_000,
         ),
@@ -487,6 +487,13 @@ async fn the_dashboard_in_headless_chromium() {
     .await;
     let tree_text = tree["value"].as_str().unwrap().to_string();
     let lines: Vec<&str> = tree_text.lines().map(str::trim).collect();
+    // c1 is marked in the tree with its two refusals.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("c1") && l.ends_with("2 refusals")),
+        "{tree_text}"
+    );
     for want in ["root", "b", "b1", "b2", "c", "c1"] {
         assert!(
             lines
@@ -606,6 +613,24 @@ async fn the_dashboard_in_headless_chromium() {
     )
     .await
     .unwrap();
+    // c1's section, with its two refusals, at the same size.
+    eval(
+        &page,
+        &format!(
+            "() => {{ {}.scrollIntoView(); return true; }}",
+            section("c1")
+        ),
+    )
+    .await;
+    page.save_screenshot(
+        ScreenshotParams::builder()
+            .format(CaptureScreenshotFormat::Png)
+            .build(),
+        shot("dashboard-c1-refusals-1280x800.png"),
+    )
+    .await
+    .unwrap();
+    eval(&page, "() => { window.scrollTo(0, 0); return true; }").await;
     // A phone: 390 px wide. Nothing is wider than the screen (wide tables scroll in their box).
     page.execute(SetDeviceMetricsOverrideParams::new(390, 844, 2.0, true))
         .await

@@ -140,7 +140,12 @@
     return section;
   }
 
-  function treeNode(node, sections) {
+  // What a registry refuses or was refused: its parent's refusals and its denied imports.
+  function refusals(r) {
+    return r.refused.total + r.requested.rows.filter((x) => x.state === "Denied").length;
+  }
+
+  function treeNode(node, sections, registries) {
     const index = sections.get(node.cluster);
     const label = index === undefined
       ? el("span", { class: "cluster" }, node.cluster)
@@ -148,9 +153,14 @@
     const li = el("li", { "data-cluster": node.cluster }, label);
     if (node.link) li.append(" ", badge(node.link));
     if (node.inferred) li.append(" ", el("span", { class: "note" }, "(somewhere below)"));
-    if (index === undefined) li.append(" ", el("span", { class: "note" }, "not read by this dashboard"));
+    if (index === undefined) {
+      li.append(" ", el("span", { class: "note" }, "not read by this dashboard"));
+    } else {
+      const n = refusals(registries[index]);
+      if (n > 0) li.append(" ", el("span", { class: "badge bad" }, n === 1 ? "1 refusal" : n + " refusals"));
+    }
     if (node.children.length) {
-      li.appendChild(el("ul", null, node.children.map((c) => treeNode(c, sections))));
+      li.appendChild(el("ul", null, node.children.map((c) => treeNode(c, sections, registries))));
     }
     return li;
   }
@@ -168,10 +178,10 @@
     const sections = new Map();
     doc.registries.forEach((r, i) => { if (r.cluster && !sections.has(r.cluster)) sections.set(r.cluster, i); });
     document.getElementById("tree").replaceChildren(doc.tree.length
-      ? el("ul", { class: "tree" }, doc.tree.map((n) => treeNode(n, sections)))
+      ? el("ul", { class: "tree" }, doc.tree.map((n) => treeNode(n, sections, doc.registries)))
       : el("p", null, "No registry read yet."));
     document.getElementById("nav").replaceChildren(...doc.registries.map((r, i) =>
-      el("li", null, el("a", { href: "#r" + i, "data-key": "nav:" + i }, r.cluster || r.addr, " ", badge(r.status)))));
+      el("li", null, el("a", { href: "#r" + i, "data-key": "nav:" + i }, r.cluster || r.addr), " ", badge(r.status))));
     document.getElementById("registries").replaceChildren(...doc.registries.map((r, i) => registry(doc, r, i)));
     const now = keyed(document);
     for (const [k, left] of scrolls) if (now.has(k)) now.get(k).scrollLeft = left;
