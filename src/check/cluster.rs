@@ -1,9 +1,10 @@
 //! The cluster's own pieces a registry relies on (kube store): the MCS ClusterProperty
-//! `cluster.clusterset.k8s.io` naming the cluster as its certificate does, and CoreDNS
+//! `cluster.clusterset.k8s.io` naming the cluster as its certificate does, CoreDNS
 //! forwarding the clusterset zone to `xcc dns` (the stanza of
-//! `deploy/dns/cluster-dns/coredns-configmap.yaml`).
+//! `deploy/dns/cluster-dns/coredns-configmap.yaml`), and what the parent refuses.
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use xcc_proto::crd::{CONDITION_ANNOUNCED, RemoteRegistry, ServiceRecord};
 use xcc_proto::mcs::CLUSTER_ID_PROPERTY;
 
 use super::report::Check;
@@ -125,6 +126,88 @@ pub async fn coredns(client: &kube::Client, zone: &str) -> Check {
             fix,
         ),
     }
+}
+
+/// `parent refusals <name>`: what the parent refuses of this cluster, as the registry records
+/// it: exported ServiceRecords with `Announced=False` (the failed check as the reason, the
+/// parent's reason and Cedar policy ids as the message) and the parent RemoteRegistry's
+/// imports answered `Denied` or `Refused`. A warning, not a failure: the install works, and the
+/// parent's policy decided.
+pub fn parent_refusals(parent: &RemoteRegistry, records: &[ServiceRecord]) -> Check {
+    let name = parent.metadata.name.clone().unwrap_or_default();
+    let id = format!("parent refusals {name}");
+    let mut refused: Vec<String> = records
+        .iter()
+        .filter_map(|r| {
+            let c = r
+                .status
+                .as_ref()?
+                .conditions
+                .iter()
+                .find(|c| c.type_ == CONDITION_ANNOUNCED && c.status == "False")?;
+            Some(format!(
+                "export {}/{} ({}: {})",
+                r.metadata.namespace.as_deref().unwrap_or_default(),
+                r.metadata.name.as_deref().unwrap_or_default(),
+                c.reason,
+                c.message
+            ))
+        })
+        .collect();
+    let imports = parent
+        .status
+        .as_ref()
+        .and_then(|s| s.imports.clone())
+        .unwrap_or_default();
+    refused.extend(
+        imports
+            .iter()
+            .filter(|i| i.state == "Denied" || i.state == "Refused")
+            .map(|i| {
+                let target = match (&i.fqdn, &i.namespace, &i.name) {
+                    (Some(f), _, _) => f.clone(),
+                    (None, ns, n) => format!(
+                        "{}/{}",
+                        ns.as_deref().unwrap_or_default(),
+                        n.as_deref().unwrap_or_default()
+                    ),
+                };
+                let mut line = format!("import {target}");
+                if let Some(svc) = &i.requester_service {
+                    line.push_str(&format!(" as {svc}"));
+                }
+                line.push_str(&format!(
+                    ": {} {}",
+                    i.state,
+                    i.reason.as_deref().unwrap_or_default()
+                ));
+                if let Some(m) = i.message.as_deref().filter(|m| !m.is_empty()) {
+                    line.push_str(&format!(" ({m})"));
+                }
+                line
+            }),
+    );
+    if refused.is_empty() {
+        return Check::ok(
+            id,
+            format!(
+                "the parent refuses nothing of this cluster ({} records, {} imports asked)",
+                records.len(),
+                imports.len()
+            ),
+        );
+    }
+    Check::warn(
+        id,
+        format!(
+            "the parent refuses {}: {}",
+            refused.len(),
+            refused.join("; ")
+        ),
+        "the parent decided (its Cedar policies, each service's allowed requesters): change the \
+         export or the import, or ask the parent's operator, whose xcc admin explain-policy names \
+         the deciding policy",
+    )
 }
 
 fn forbidden(e: &anyhow::Error) -> bool {

@@ -270,13 +270,16 @@ async fn kube_store(
     if args.component != Component::Registry || !served {
         return vec![];
     }
-    let api: ::kube::Api<RemoteRegistry> = ::kube::Api::namespaced(client, &args.namespace);
+    let api: ::kube::Api<RemoteRegistry> = ::kube::Api::namespaced(client.clone(), &args.namespace);
     match api.list(&Default::default()).await {
         Ok(list) => {
             let mut rrs = list.items;
             rrs.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             for rr in &rrs {
                 report.push(sync_state(rr, time::OffsetDateTime::now_utc()));
+            }
+            if let Some(parent) = rrs.iter().find(|rr| rr.spec.role() == Role::Parent) {
+                report.push(parent_refusals(client.clone(), parent, &args.namespace).await);
             }
             rrs
         }
@@ -288,6 +291,26 @@ async fn kube_store(
             ));
             vec![]
         }
+    }
+}
+
+/// `parent refusals <name>`: the exports and imports the parent refuses, as recorded here.
+async fn parent_refusals(
+    client: ::kube::Client,
+    parent: &RemoteRegistry,
+    namespace: &str,
+) -> Check {
+    let api: ::kube::Api<ServiceRecord> = ::kube::Api::namespaced(client, namespace);
+    match api.list(&Default::default()).await {
+        Ok(list) => cluster::parent_refusals(parent, &list.items),
+        Err(e) => Check::fail(
+            format!(
+                "parent refusals {}",
+                parent.metadata.name.as_deref().unwrap_or_default()
+            ),
+            format!("cannot list ServiceRecords in {namespace}: {e}"),
+            "see the rbac check",
+        ),
     }
 }
 

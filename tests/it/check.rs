@@ -659,3 +659,131 @@ async fn kube_store_checks_the_cluster_property_and_the_coredns_stanza() {
         )
     );
 }
+
+/// What the parent refuses, as the registry records it: an export's `Announced=False` and the
+/// parent RemoteRegistry's imports answered `Denied`. Each is written here as the registry
+/// writes it (status subresource), then withdrawn.
+#[tokio::test]
+async fn kube_store_reports_what_the_parent_refuses() {
+    let Some(cp) = xcc_testkube::ControlPlane::start("check-parent") else {
+        return;
+    };
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+    cp.apply(&[
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+        serde_json::json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+            "kind": "RemoteRegistry",
+            "metadata": {"name": "root", "namespace": NS},
+            "spec": {"address": "127.0.0.1:1", "role": "Parent",
+                     "tlsConfig": {"serverCA": "", "serverName": "root.xcc.test"}}
+        }),
+        serde_json::json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+            "kind": "ServiceRecord",
+            "metadata": {"name": "secret", "namespace": NS},
+            "spec": {"fqdn": "secret.data.svc.clusterset.local",
+                     "endpoints": [{"address": "10.3.0.11", "port": 443}]}
+        }),
+    ])
+    .await;
+    let id = cp.identity(NS, "base", "xcc-registry").await;
+    let pki = Pki::new();
+    let tls = pki.issue(&pki.a, "c1", None);
+    let work = tempfile::tempdir().unwrap();
+    let check = || {
+        let (tls, kubeconfig, state) = (
+            tls.clone(),
+            id.kubeconfig.clone(),
+            work.path().to_path_buf(),
+        );
+        async move {
+            let (_, checks) = check_env(
+                &tls,
+                &state,
+                &["--store", "kube", "--namespace", NS],
+                &[("KUBECONFIG", kubeconfig.as_os_str())],
+            )
+            .await;
+            by_id(&checks, "parent refusals root").clone()
+        }
+    };
+    let c = check().await;
+    assert_eq!(c["status"], "ok", "{c}");
+    assert_eq!(
+        c["detail"],
+        "the parent refuses nothing of this cluster (1 records, 0 imports asked)"
+    );
+
+    // Refused: as the registry records it when root's policy `no-secret` forbids the export
+    // and b2 does not admit c1/batch.
+    let client = cp.client().await;
+    let records: kube::Api<xcc_proto::crd::ServiceRecord> =
+        kube::Api::namespaced(client.clone(), NS);
+    let remotes: kube::Api<xcc_proto::crd::RemoteRegistry> = kube::Api::namespaced(client, NS);
+    let merge = |v: Value| kube::api::Patch::Merge(v);
+    records
+        .patch_status(
+            "secret",
+            &Default::default(),
+            &merge(serde_json::json!({"status": {"conditions": [{
+                "type": "Announced", "status": "False", "reason": "Announce",
+                "message": "c1 may not announce secret.data.svc.clusterset.local: forbidden by no-secret (policies: no-secret)",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+        )
+        .await
+        .unwrap();
+    remotes
+        .patch_status(
+            "root",
+            &Default::default(),
+            &merge(serde_json::json!({"status": {"imports": [
+                {"namespace": "shop", "name": "api", "requesterService": "batch",
+                 "state": "Denied", "reason": "NotAllowedByCallee",
+                 "message": "b2/shop/api allows [b1/web]; c1/batch is not among them"},
+                {"namespace": "shop", "name": "web", "state": "Granted"}]}})),
+        )
+        .await
+        .unwrap();
+    let c = check().await;
+    assert_eq!(c["status"], "warn", "{c}");
+    assert_eq!(
+        c["detail"],
+        "the parent refuses 2: export cross-cluster-connectivity/secret (Announce: c1 may not announce \
+         secret.data.svc.clusterset.local: forbidden by no-secret (policies: no-secret)); import \
+         shop/api as batch: Denied NotAllowedByCallee (b2/shop/api allows [b1/web]; c1/batch is not among them)"
+    );
+    assert_eq!(
+        c["hint"],
+        "the parent decided (its Cedar policies, each service's allowed requesters): change the \
+         export or the import, or ask the parent's operator, whose xcc admin explain-policy names \
+         the deciding policy"
+    );
+
+    // Withdrawn: the parent accepts the export again and grants the import.
+    records
+        .patch_status(
+            "secret",
+            &Default::default(),
+            &merge(serde_json::json!({"status": {"conditions": [{
+                "type": "Announced", "status": "True", "reason": "Accepted", "message": "",
+                "lastTransitionTime": "2026-01-01T00:01:00Z"}]}})),
+        )
+        .await
+        .unwrap();
+    remotes
+        .patch_status(
+            "root",
+            &Default::default(),
+            &merge(serde_json::json!({"status": {"imports": [
+                {"namespace": "shop", "name": "api", "requesterService": "batch", "state": "Granted"}]}})),
+        )
+        .await
+        .unwrap();
+    let c = check().await;
+    assert_eq!(c["status"], "ok", "{c}");
+    assert_eq!(
+        c["detail"],
+        "the parent refuses nothing of this cluster (1 records, 1 imports asked)"
+    );
+}
