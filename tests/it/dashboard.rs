@@ -189,13 +189,22 @@ const DENIED: &str = "The caller does not have permission to execute the specifi
 
 /// `xcc dashboard` reading `registries`, and the URL it prints.
 async fn dashboard(h: &Hierarchy, registries: &[&str]) -> (tokio::process::Child, String) {
+    let addrs: Vec<String> = registries
+        .iter()
+        .map(|r| h.node(r).admin_addr.to_string())
+        .collect();
+    dashboard_of(h, &addrs).await
+}
+
+/// `xcc dashboard` reading the admin APIs at `addrs`, and the URL it prints.
+async fn dashboard_of(h: &Hierarchy, addrs: &[String]) -> (tokio::process::Child, String) {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_xcc"));
     cmd.arg("dashboard")
         .arg("--tls-dir")
         .arg(h.admin_dir())
         .args(["--listen", "127.0.0.1:0", "--refresh-seconds", "1"]);
-    for r in registries {
-        cmd.arg("--addr").arg(h.node(r).admin_addr.to_string());
+    for a in addrs {
+        cmd.arg("--addr").arg(a);
     }
     let mut child = cmd
         .env("XCC_LOG", "warn")
@@ -264,7 +273,13 @@ fn a_non_loopback_address_is_refused_with_the_reason() {
 async fn the_dashboard_serves_only_reads_to_local_hosts_with_a_strict_policy() {
     let h = Hierarchy::start().await;
     h.settled().await;
-    let (mut child, url) = dashboard(&h, &["root", "c1"]).await;
+    // Two registries, and an address where nothing listens.
+    let addrs = [
+        h.node("root").admin_addr.to_string(),
+        h.node("c1").admin_addr.to_string(),
+        "127.0.0.1:1".to_string(),
+    ];
+    let (mut child, url) = dashboard_of(&h, &addrs).await;
     let host = url.trim_start_matches("http://").trim_end_matches('/');
 
     let (status, headers, body) = http(&url, "GET", "/", host).await;
@@ -315,7 +330,16 @@ async fn the_dashboard_serves_only_reads_to_local_hosts_with_a_strict_policy() {
         let (_, _, body) = http(&url, "GET", "/api/state", host).await;
         let doc: Value = serde_json::from_str(&body).unwrap();
         let c1 = doc["registries"][1].clone();
-        if c1["refused"]["total"] == 1 && c1["status"] == "live" {
+        if c1["refused"]["total"] == 1
+            && c1["status"] == "live"
+            && doc["registries"][2]["status"] == "error"
+        {
+            // The unreachable one is shown with why.
+            assert_eq!(
+                doc["registries"][2]["error"],
+                "connecting to the admin API at 127.0.0.1:1: transport error: Connection refused (os error 111): Connection refused (os error 111)",
+                "{doc:#}"
+            );
             break c1;
         }
         assert!(tokio::time::Instant::now() < deadline, "{doc:#}");
@@ -585,6 +609,29 @@ async fn the_dashboard_in_headless_chromium() {
         latency[1].ends_with(" ms") || latency[1].ends_with(" s"),
         "{latency:?}"
     );
+
+    // Names are hostile input: markup in one is shown as text, never parsed (no element is
+    // created from it, and the CSP would report an inline handler as a console error).
+    let hostile = "<img src=x onerror=console.error('xss')>";
+    h.node("b1")
+        .catalog
+        .upsert(export("b1", "shop", "odd", "10.1.0.30", &[hostile]));
+    let odd = xcc_proto::names::clusterset_fqdn("odd", "shop");
+    let cells = eval(
+        &page,
+        &dom_wait(
+            &format!(
+                "(() => {{ const r = {}?.querySelector('tr[data-row={}]'); return r && [...r.cells].map(c => c.textContent); }})()",
+                section("b1"),
+                serde_json::to_string(&odd).unwrap()
+            ),
+            15_000,
+        ),
+    )
+    .await;
+    assert_eq!(cells["value"][3], hostile, "{cells}");
+    let images = eval(&page, "() => document.images.length").await;
+    assert_eq!(images, 0);
 
     // Keyboard: Tab reaches the skip link, the pause button, then the first registry link,
     // and Enter follows it; the focused element is outlined.
