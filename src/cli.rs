@@ -65,6 +65,9 @@ pub enum Command {
     /// Exit codes: 0 nothing failed (warnings allowed); 1 a check failed (the report says
     /// which, and how to fix it); 2 a usage error.
     Check(crate::check::CheckArgs),
+    /// Serve a read-only web page of the federation on loopback, read live through the admin
+    /// API with the operator's admin certificate (the TLS flags of `xcc admin`).
+    Dashboard(crate::dashboard::DashboardArgs),
     /// Run a two-registry federation on loopback and print what it did.
     Demo,
     /// Measure a registry under load (snapshot time, update fan-out, memory). Built with
@@ -83,6 +86,7 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Admin(args) => crate::admin_cli::run(args).await,
         Command::Dns(args) => crate::dns_cli::run(args).await,
         Command::Check(args) => crate::check::run(args).await,
+        Command::Dashboard(args) => crate::dashboard::run(args).await,
         Command::Demo => crate::demo::run().await,
         #[cfg(any(feature = "bench", test))]
         Command::Bench(args) => crate::bench::run(args).await,

@@ -25,6 +25,7 @@ mod certs_cli;
 mod check;
 mod cli;
 mod crds_cli;
+mod dashboard;
 mod demo;
 mod dns_cli;
 mod publisher_cli;

@@ -3,6 +3,7 @@
 //! the same `XCC_*` environment and files as the registry), or on a file-mode host with the
 //! registry's flags. Exit code 0 when nothing failed (warnings allowed), 1 otherwise.
 
+mod cluster;
 mod kube;
 mod report;
 mod tls;
@@ -49,7 +50,7 @@ pub struct CheckArgs {
     /// An `xcc dns` server (host:port) that must answer --dns-zone.
     #[arg(long)]
     pub dns: Option<SocketAddr>,
-    /// The zone --dns must be authoritative for.
+    /// The zone --dns must be authoritative for (and, kube store, that CoreDNS must forward).
     #[arg(long, default_value = "clusterset.local")]
     pub dns_zone: String,
     /// How long each network probe may take (seconds).
@@ -124,7 +125,7 @@ async fn checks(args: &CheckArgs) -> Report {
             }
             file_store(args.state_dir.as_deref(), cluster.as_deref(), &mut report).await
         }
-        Store::Kube => kube_store(args, &mut report).await,
+        Store::Kube => kube_store(args, cluster.as_deref(), &mut report).await,
     };
 
     if registry {
@@ -242,7 +243,11 @@ async fn file_store(
 }
 
 /// The CRDs, the component's RBAC and (registry) the RemoteRegistries with their sync state.
-async fn kube_store(args: &CheckArgs, report: &mut Report) -> Vec<RemoteRegistry> {
+async fn kube_store(
+    args: &CheckArgs,
+    cert_cluster: Option<&str>,
+    report: &mut Report,
+) -> Vec<RemoteRegistry> {
     let client = match xcc_controller::client().await {
         Ok(c) => c,
         Err(e) => {
@@ -258,16 +263,23 @@ async fn kube_store(args: &CheckArgs, report: &mut Report) -> Vec<RemoteRegistry
     let served = crds.status == report::Status::Ok;
     report.push(crds);
     report.push(kube::rbac(&client, args.component, &args.namespace).await);
+    if args.component == Component::Registry {
+        report.push(cluster::cluster_property(&client, cert_cluster).await);
+        report.push(cluster::coredns(&client, &args.dns_zone).await);
+    }
     if args.component != Component::Registry || !served {
         return vec![];
     }
-    let api: ::kube::Api<RemoteRegistry> = ::kube::Api::namespaced(client, &args.namespace);
+    let api: ::kube::Api<RemoteRegistry> = ::kube::Api::namespaced(client.clone(), &args.namespace);
     match api.list(&Default::default()).await {
         Ok(list) => {
             let mut rrs = list.items;
             rrs.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
             for rr in &rrs {
                 report.push(sync_state(rr, time::OffsetDateTime::now_utc()));
+            }
+            if let Some(parent) = rrs.iter().find(|rr| rr.spec.role() == Role::Parent) {
+                report.push(parent_refusals(client.clone(), parent, &args.namespace).await);
             }
             rrs
         }
@@ -279,6 +291,26 @@ async fn kube_store(args: &CheckArgs, report: &mut Report) -> Vec<RemoteRegistry
             ));
             vec![]
         }
+    }
+}
+
+/// `parent refusals <name>`: the exports and imports the parent refuses, as recorded here.
+async fn parent_refusals(
+    client: ::kube::Client,
+    parent: &RemoteRegistry,
+    namespace: &str,
+) -> Check {
+    let api: ::kube::Api<ServiceRecord> = ::kube::Api::namespaced(client, namespace);
+    match api.list(&Default::default()).await {
+        Ok(list) => cluster::parent_refusals(parent, &list.items),
+        Err(e) => Check::fail(
+            format!(
+                "parent refusals {}",
+                parent.metadata.name.as_deref().unwrap_or_default()
+            ),
+            format!("cannot list ServiceRecords in {namespace}: {e}"),
+            "see the rbac check",
+        ),
     }
 }
 

@@ -454,7 +454,9 @@ async fn kube_store_checks_crds_rbac_and_remotes_as_the_registry() {
             "certificate expiry=ok",
             "ca expiry=ok",
             "crds=fail",
-            "rbac=ok"
+            "rbac=ok",
+            "cluster property=skip",
+            "cluster dns=skip"
         ],
         "{checks:#?}"
     );
@@ -488,6 +490,8 @@ async fn kube_store_checks_crds_rbac_and_remotes_as_the_registry() {
             "ca expiry=ok",
             "crds=ok",
             "rbac=ok",
+            "cluster property=skip",
+            "cluster dns=skip",
             "sync east=warn",
             "remote east=fail"
         ],
@@ -525,4 +529,261 @@ async fn kube_store_checks_crds_rbac_and_remotes_as_the_registry() {
     );
     // The ClusterRole's permissions are still bound.
     assert!(!detail.contains("(all namespaces)"), "{detail}");
+}
+
+/// The cluster's own pieces, each broken and then fixed, read with the control plane's admin
+/// kubeconfig (the registry's own identity may read neither: see the test above): the MCS
+/// ClusterProperty naming another cluster than the certificate, and CoreDNS without the stanza
+/// that forwards the clusterset zone to xcc dns.
+#[tokio::test]
+async fn kube_store_checks_the_cluster_property_and_the_coredns_stanza() {
+    let Some(cp) = xcc_testkube::ControlPlane::start("check-cluster") else {
+        return;
+    };
+    let pki = Pki::new();
+    let tls = pki.issue(&pki.a, "west", None);
+    let work = tempfile::tempdir().unwrap();
+    let kubeconfig = cp.kubeconfig().to_path_buf();
+    let check = || {
+        let (tls, kubeconfig, state) = (tls.clone(), kubeconfig.clone(), work.path().to_path_buf());
+        async move {
+            let (_, checks) = check_env(
+                &tls,
+                &state,
+                &["--store", "kube", "--namespace", NS],
+                &[("KUBECONFIG", kubeconfig.as_os_str())],
+            )
+            .await;
+            let get = |id: &str| {
+                let c = by_id(&checks, id);
+                (
+                    c["status"].as_str().unwrap().to_string(),
+                    c["detail"].as_str().unwrap().to_string(),
+                    c["hint"].as_str().unwrap_or("").to_string(),
+                )
+            };
+            (get("cluster property"), get("cluster dns"))
+        }
+    };
+
+    let (property, dns) = check().await;
+    assert_eq!(
+        property,
+        (
+            "skip".to_string(),
+            "no ClusterProperty cluster.clusterset.k8s.io (the About API is not installed, or the property not set)".to_string(),
+            String::new()
+        )
+    );
+    assert_eq!(
+        dns,
+        (
+            "skip".to_string(),
+            "no ConfigMap kube-system/coredns: not CoreDNS; forward clusterset.local from the cluster's DNS to xcc dns (deploy/dns/README.md)".to_string(),
+            String::new()
+        )
+    );
+
+    // Broken: the property names another cluster; CoreDNS has no block for the zone.
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("mcs/crds"))
+        .await;
+    let property = |value: &str| {
+        serde_json::json!({"apiVersion": "about.k8s.io/v1alpha1", "kind": "ClusterProperty",
+            "metadata": {"name": "cluster.clusterset.k8s.io"}, "spec": {"value": value}})
+    };
+    let coredns = |corefile: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "coredns", "namespace": "kube-system"},
+            "data": {"Corefile": corefile}})
+    };
+    cp.apply(&[
+        property("east"),
+        coredns(".:53 {\n    errors\n    forward . /etc/resolv.conf\n    cache 30\n}\n"),
+    ])
+    .await;
+    let (property_check, dns) = check().await;
+    assert_eq!(
+        property_check,
+        (
+            "fail".to_string(),
+            "ClusterProperty cluster.clusterset.k8s.io names this cluster \"east\" but the certificate names it \"west\"; make them agree".to_string(),
+            "the registry refuses to start so: set the property to the certificate's name (kubectl patch clusterproperty cluster.clusterset.k8s.io --type merge -p '{\"spec\":{\"value\":\"west\"}}') or issue the certificate for \"east\"".to_string()
+        )
+    );
+    let fix = "add a server block for clusterset.local that forwards to the xcc-dns Service's cluster IP (deploy/dns/cluster-dns/coredns-configmap.yaml): kubectl -n kube-system edit configmap coredns";
+    assert_eq!(
+        dns,
+        (
+            "fail".to_string(),
+            "the CoreDNS Corefile has no server block for clusterset.local: pods cannot resolve its names".to_string(),
+            fix.to_string()
+        )
+    );
+    // Half fixed: the block is there, without its forward line.
+    cp.apply(&[coredns(
+        "clusterset.local:53 {\n    errors\n}\n.:53 {\n    forward . /etc/resolv.conf\n}\n",
+    )])
+    .await;
+    let (_, dns) = check().await;
+    assert_eq!(
+        dns,
+        (
+            "fail".to_string(),
+            "the CoreDNS server block for clusterset.local forwards nowhere (no forward line)"
+                .to_string(),
+            fix.to_string()
+        )
+    );
+
+    // Fixed.
+    cp.apply(&[
+        property("west"),
+        coredns("xcc.test:53 clusterset.local:53 {\n    cache 5\n    forward . 10.96.0.53\n}\n.:53 {\n    forward . /etc/resolv.conf\n}\n"),
+    ])
+    .await;
+    let (property_check, dns) = check().await;
+    assert_eq!(
+        property_check,
+        (
+            "ok".to_string(),
+            "cluster.clusterset.k8s.io is \"west\", the certificate's cluster name".to_string(),
+            String::new()
+        )
+    );
+    assert_eq!(
+        dns,
+        (
+            "ok".to_string(),
+            "CoreDNS forwards clusterset.local to 10.96.0.53".to_string(),
+            String::new()
+        )
+    );
+}
+
+/// What the parent refuses, as the registry records it: an export's `Announced=False` and the
+/// parent RemoteRegistry's imports answered `Denied`. Each is written here as the registry
+/// writes it (status subresource), then withdrawn.
+#[tokio::test]
+async fn kube_store_reports_what_the_parent_refuses() {
+    let Some(cp) = xcc_testkube::ControlPlane::start("check-parent") else {
+        return;
+    };
+    cp.apply_dir(&xcc_testkube::deploy_dir().join("crds")).await;
+    cp.apply(&[
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}),
+        serde_json::json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+            "kind": "RemoteRegistry",
+            "metadata": {"name": "root", "namespace": NS},
+            "spec": {"address": "127.0.0.1:1", "role": "Parent",
+                     "tlsConfig": {"serverCA": "", "serverName": "root.xcc.test"}}
+        }),
+        serde_json::json!({
+            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1",
+            "kind": "ServiceRecord",
+            "metadata": {"name": "secret", "namespace": NS},
+            "spec": {"fqdn": "secret.data.svc.clusterset.local",
+                     "endpoints": [{"address": "10.3.0.11", "port": 443}]}
+        }),
+    ])
+    .await;
+    let id = cp.identity(NS, "base", "xcc-registry").await;
+    let pki = Pki::new();
+    let tls = pki.issue(&pki.a, "c1", None);
+    let work = tempfile::tempdir().unwrap();
+    let check = || {
+        let (tls, kubeconfig, state) = (
+            tls.clone(),
+            id.kubeconfig.clone(),
+            work.path().to_path_buf(),
+        );
+        async move {
+            let (_, checks) = check_env(
+                &tls,
+                &state,
+                &["--store", "kube", "--namespace", NS],
+                &[("KUBECONFIG", kubeconfig.as_os_str())],
+            )
+            .await;
+            by_id(&checks, "parent refusals root").clone()
+        }
+    };
+    let c = check().await;
+    assert_eq!(c["status"], "ok", "{c}");
+    assert_eq!(
+        c["detail"],
+        "the parent refuses nothing of this cluster (1 records, 0 imports asked)"
+    );
+
+    // Refused: as the registry records it when root's policy `no-secret` forbids the export
+    // and b2 does not admit c1/batch.
+    let client = cp.client().await;
+    let records: kube::Api<xcc_proto::crd::ServiceRecord> =
+        kube::Api::namespaced(client.clone(), NS);
+    let remotes: kube::Api<xcc_proto::crd::RemoteRegistry> = kube::Api::namespaced(client, NS);
+    let merge = |v: Value| kube::api::Patch::Merge(v);
+    records
+        .patch_status(
+            "secret",
+            &Default::default(),
+            &merge(serde_json::json!({"status": {"conditions": [{
+                "type": "Announced", "status": "False", "reason": "Announce",
+                "message": "c1 may not announce secret.data.svc.clusterset.local: forbidden by no-secret (policies: no-secret)",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+        )
+        .await
+        .unwrap();
+    remotes
+        .patch_status(
+            "root",
+            &Default::default(),
+            &merge(serde_json::json!({"status": {"imports": [
+                {"namespace": "shop", "name": "api", "requesterService": "batch",
+                 "state": "Denied", "reason": "NotAllowedByCallee",
+                 "message": "b2/shop/api allows [b1/web]; c1/batch is not among them"},
+                {"namespace": "shop", "name": "web", "state": "Granted"}]}})),
+        )
+        .await
+        .unwrap();
+    let c = check().await;
+    assert_eq!(c["status"], "warn", "{c}");
+    assert_eq!(
+        c["detail"],
+        "the parent refuses 2: export cross-cluster-connectivity/secret (Announce: c1 may not announce \
+         secret.data.svc.clusterset.local: forbidden by no-secret (policies: no-secret)); import \
+         shop/api as batch: Denied NotAllowedByCallee (b2/shop/api allows [b1/web]; c1/batch is not among them)"
+    );
+    assert_eq!(
+        c["hint"],
+        "the parent decided (its Cedar policies, each service's allowed requesters): change the \
+         export or the import, or ask the parent's operator, whose xcc admin explain-policy names \
+         the deciding policy"
+    );
+
+    // Withdrawn: the parent accepts the export again and grants the import.
+    records
+        .patch_status(
+            "secret",
+            &Default::default(),
+            &merge(serde_json::json!({"status": {"conditions": [{
+                "type": "Announced", "status": "True", "reason": "Accepted", "message": "",
+                "lastTransitionTime": "2026-01-01T00:01:00Z"}]}})),
+        )
+        .await
+        .unwrap();
+    remotes
+        .patch_status(
+            "root",
+            &Default::default(),
+            &merge(serde_json::json!({"status": {"imports": [
+                {"namespace": "shop", "name": "api", "requesterService": "batch", "state": "Granted"}]}})),
+        )
+        .await
+        .unwrap();
+    let c = check().await;
+    assert_eq!(c["status"], "ok", "{c}");
+    assert_eq!(
+        c["detail"],
+        "the parent refuses nothing of this cluster (1 records, 1 imports asked)"
+    );
 }

@@ -5,6 +5,7 @@
 mod check;
 #[path = "../common/mod.rs"]
 mod common;
+mod dashboard;
 mod demo;
 mod deploy;
 mod dns_cli;
