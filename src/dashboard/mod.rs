@@ -23,7 +23,7 @@ use anyhow::Context as _;
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::TlsArgs;
+use crate::args::TlsArgs;
 
 #[derive(Args, Debug)]
 pub struct DashboardArgs {
