@@ -276,6 +276,30 @@ fn page_key(token: &str) -> Option<ServiceKey> {
     Some(ServiceKey::new(c, ns, n))
 }
 
+/// A gRPC status code's canonical name, as `RefusedEntry.code` carries it (`PERMISSION_DENIED`).
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
@@ -728,7 +752,7 @@ impl api::admin_server::Admin for AdminService {
                 .rejections()
                 .into_iter()
                 .map(|(at, r)| api::RefusedEntry {
-                    code: tonic::Code::from_i32(r.code).description().to_string(),
+                    code: code_name(tonic::Code::from_i32(r.code)).to_string(),
                     kind: r.kind,
                     cluster: r.cluster,
                     namespace: r.namespace,

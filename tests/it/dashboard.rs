@@ -184,8 +184,8 @@ forbid (principal, action == Xcc::Action::"announce", resource) when { resource.
     }
 }
 
-/// How the admin API words a refusal's gRPC code (tonic's description of PERMISSION_DENIED).
-const DENIED: &str = "The caller does not have permission to execute the specified operation";
+/// A refusal's gRPC code as the admin API names it.
+const DENIED: &str = "PERMISSION_DENIED";
 
 /// `xcc dashboard` reading `registries`, and the URL it prints.
 async fn dashboard(h: &Hierarchy, registries: &[&str]) -> (tokio::process::Child, String) {
