@@ -309,6 +309,20 @@ pub(crate) fn non_empty(name: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
+/// The ports of a Service the binder writes: each port's name (none for the single unnamed
+/// port), number and protocol; the endpoint side is its EndpointSlices'.
+pub(crate) fn service_ports(ports: &[Port]) -> Vec<KubeServicePort> {
+    ports
+        .iter()
+        .map(|p| KubeServicePort {
+            name: non_empty(&p.name),
+            port: p.port,
+            protocol: Some(p.protocol.as_str().into()),
+            ..KubeServicePort::default()
+        })
+        .collect()
+}
+
 /// The exports of one name merged: the winner (the oldest export with usable ports), its type,
 /// the union of the ports of the exports of that type, what each of them contributes.
 #[derive(Clone, Debug)]
@@ -566,17 +580,7 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
             }),
             load_balancer_class: vip.as_ref().map(|_| VIP_LOAD_BALANCER_CLASS.into()),
             allocate_load_balancer_node_ports: vip.as_ref().map(|_| false),
-            ports: Some(
-                ports
-                    .iter()
-                    .map(|p| KubeServicePort {
-                        name: non_empty(&p.name),
-                        port: p.port,
-                        protocol: Some(p.protocol.as_str().into()),
-                        ..KubeServicePort::default()
-                    })
-                    .collect(),
-            ),
+            ports: Some(service_ports(&ports)),
             ..ServiceSpec::default()
         }),
         status: None,
