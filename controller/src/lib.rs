@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod cluster_id;
+pub mod conditions;
 pub mod leader;
 pub mod plumbing;
 pub mod probes;
