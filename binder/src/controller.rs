@@ -42,14 +42,13 @@ use std::time::{Duration, SystemTime};
 
 use xcc_controller::plumbing::lock;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::json;
@@ -57,6 +56,7 @@ use tokio_util::sync::CancellationToken;
 use xcc_controller::probes::Health;
 use xcc_controller::queue;
 use xcc_controller::tasks::{Spawner, Tasks};
+use xcc_controller::watch;
 use xcc_proto::crd::{
     BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
     MANAGED_BY_LABEL, Materialize, RemoteRegistry, ServiceRecord,
@@ -571,8 +571,8 @@ impl<K: Managed + Send + Sync + 'static> OnEvent<K> for ManagedEvents {
     }
 }
 
-/// Run one reflector-backed watch until `stop`, mapping events to keys. After a relist
-/// (every listing but the first) all keys are reconciled again.
+/// Run one reflector-backed watch until `stop` ([`watch::follow`]), mapping events to keys.
+/// After a relist (every listing but the first) all keys are reconciled again.
 async fn follow<K, H>(
     api: Api<K>,
     config: watcher::Config,
@@ -585,39 +585,24 @@ async fn follow<K, H>(
     H: OnEvent<K>,
 {
     let kind = K::kind(&()).to_string();
-    let mut stream = watcher::watcher(api, config)
-        .default_backoff()
-        .reflect(writer)
-        .boxed();
     let mut listed = false;
-    loop {
-        let event = tokio::select! {
-            _ = stop.cancelled() => return,
-            e = stream.next() => match e {
-                Some(e) => e,
-                None => return,
-            },
-        };
-        match event {
-            Ok(event) => {
-                handler.on_event(&ctx, &event);
-                if matches!(event, watcher::Event::InitDone) {
-                    if listed {
-                        tracing::info!(%kind, "relisted; reconciling every key");
-                        if ctx.listed_before() {
-                            ctx.queue.add_all(ctx.all_keys());
-                        }
-                        // Counted after the keys are queued, so a test that saw the count
-                        // and then an idle queue knows the relist was handled.
-                        ctx.relists.fetch_add(1, Ordering::SeqCst);
-                        ctx.metrics.relisted();
-                    }
-                    listed = true;
+    watch::follow(&kind, watch::watch(api, config), writer, stop, |event| {
+        handler.on_event(&ctx, event);
+        if matches!(event, watcher::Event::InitDone) {
+            if listed {
+                tracing::info!(%kind, "relisted; reconciling every key");
+                if ctx.listed_before() {
+                    ctx.queue.add_all(ctx.all_keys());
                 }
+                // Counted after the keys are queued, so a test that saw the count and then an
+                // idle queue knows the relist was handled.
+                ctx.relists.fetch_add(1, Ordering::SeqCst);
+                ctx.metrics.relisted();
             }
-            Err(e) => tracing::warn!(%kind, error = %e, "watch error; retrying with backoff"),
+            listed = true;
         }
-    }
+    })
+    .await;
 }
 
 fn object_ref<K: Resource<DynamicType = ()>>(o: &K) -> ObjectReference {

@@ -16,18 +16,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use xcc_controller::plumbing::{is_conflict as conflict, is_not_found as not_found};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use xcc_controller::backoff::Backoff;
+use xcc_controller::watch;
 use xcc_proto::crd::{BINDER_MANAGER, MANAGED_BY_LABEL, ServiceRecord};
 use xcc_proto::mcs::ServiceImport;
 use xcc_proto::names::IMPORTED_LABEL;
@@ -254,7 +254,7 @@ async fn write_slice(
     Ok(())
 }
 
-/// Feed a watch into its store and wake `changed` on every event.
+/// Feed a watch into its store ([`watch::follow`]) and wake `changed` on every event.
 async fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -262,28 +262,13 @@ async fn follow<K>(
     changed: Arc<Notify>,
     stop: CancellationToken,
 ) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let stream = watcher::watcher(api, config)
-        .default_backoff()
-        .reflect(writer);
-    tokio::pin!(stream);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            next = stream.next() => match next {
-                Some(Ok(_)) => changed.notify_one(),
-                Some(Err(e)) => tracing::warn!(error = %e, "MCS watch failed; retrying"),
-                None => return,
-            },
-        }
-    }
+    let what = format!("MCS {}", K::kind(&()));
+    watch::follow(&what, watch::watch(api, config), writer, stop, |_| {
+        changed.notify_one()
+    })
+    .await;
 }
 
 /// Run until `stop` fires: the binder in `namespace` keeps the ServiceImports of its imports.

@@ -35,11 +35,10 @@ use std::time::Duration;
 use xcc_controller::plumbing::{is_not_found, lock};
 
 use anyhow::Context as _;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
@@ -54,6 +53,7 @@ use tracing::{debug, info, warn};
 use xcc_controller::probes::Health;
 use xcc_controller::queue::{Backoff, Queue};
 use xcc_controller::tasks::{Spawner, Tasks};
+use xcc_controller::watch;
 use xcc_proto::crd::{
     ENDPOINTSLICE_SERVICE_NAME_LABEL, MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord,
 };
@@ -729,49 +729,32 @@ fn spawn_watch<K, F>(
     );
 }
 
-/// Drive one watch into its store, calling `on_event` after each event is applied; returns when
-/// `cancel` fires or the stream ends.
+/// Follow one watch into its store ([`watch::follow`]), calling `on_event` after each event is
+/// applied and counting its listings; returns when `cancel` fires or the stream ends.
 async fn drive<K, F>(
     stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
-    mut writer: reflector::store::Writer<K>,
+    writer: reflector::store::Writer<K>,
     what: &'static str,
     metrics: Metrics,
     cancel: CancellationToken,
     mut on_event: F,
 ) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource<DynamicType = ()> + Clone + 'static,
     F: FnMut(&Event<K>),
 {
     let relists = metrics
         .relists
         .get_or_create(&vec![("watch".into(), what.into())])
         .clone();
-    tokio::pin!(stream);
-    loop {
-        let next = tokio::select! {
-            next = stream.next() => next,
-            _ = cancel.cancelled() => return,
-        };
-        match next {
-            Some(Ok(event)) => {
-                writer.apply_watcher_event(&event);
-                on_event(&event);
-                // Counted after the relist's keys are queued, so a relist that is counted has
-                // its work visible in the queue depth.
-                if matches!(event, Event::InitDone) {
-                    relists.inc();
-                }
-            }
-            Some(Err(e)) => warn!(watch = what, error = %e, "watch failed; retrying"),
-            None => return,
+    watch::follow(what, stream, writer, cancel, |event| {
+        on_event(event);
+        // Counted after the relist's keys are queued, so a relist that is counted has its
+        // work visible in the queue depth.
+        if matches!(event, Event::InitDone) {
+            relists.inc();
         }
-    }
+    })
+    .await;
 }
 
 /// For a source watch: on a relist, also reconcile the keys that were there before (a deletion
@@ -877,7 +860,7 @@ async fn watch_proxies(
     );
     let s = shared.clone();
     drive(
-        watcher::watcher(api, config).default_backoff(),
+        watch::watch(api, config),
         writer,
         "httpproxies",
         shared.metrics.clone(),
@@ -957,7 +940,7 @@ pub async fn run(
         let on = source_events(shared.clone(), SourceKind::Service, services.clone());
         spawn_watch(
             &spawner,
-            watcher::watcher(api, config).default_backoff(),
+            watch::watch(api, config),
             service_writer,
             "services",
             shared.metrics.clone(),
@@ -970,7 +953,7 @@ pub async fn run(
         let s = shared.clone();
         spawn_watch(
             &spawner,
-            watcher::watcher(api, watcher::Config::default()).default_backoff(),
+            watch::watch(api, watcher::Config::default()),
             export_writer,
             "serviceexports",
             shared.metrics.clone(),
@@ -988,11 +971,10 @@ pub async fn run(
         let s = shared.clone();
         spawn_watch(
             &spawner,
-            watcher::watcher(
+            watch::watch(
                 api,
                 watcher::Config::default().labels(ENDPOINTSLICE_SERVICE_NAME_LABEL),
-            )
-            .default_backoff(),
+            ),
             slice_writer,
             "endpointslices",
             shared.metrics.clone(),
@@ -1019,8 +1001,7 @@ pub async fn run(
         let s = shared.clone();
         spawn_watch(
             &spawner,
-            watcher::watcher(api, watcher::Config::default().labels(IMPORTED_LABEL))
-                .default_backoff(),
+            watch::watch(api, watcher::Config::default().labels(IMPORTED_LABEL)),
             imported_writer,
             "imported-servicerecords",
             shared.metrics.clone(),
@@ -1049,7 +1030,7 @@ pub async fn run(
         let mut last = None;
         spawn_watch(
             &spawner,
-            watcher::watcher(api, watcher::Config::default()).default_backoff(),
+            watch::watch(api, watcher::Config::default()),
             node_writer,
             "nodes",
             shared.metrics.clone(),
@@ -1076,7 +1057,7 @@ pub async fn run(
         let mut last = None;
         spawn_watch(
             &spawner,
-            watcher::watcher(api, config).default_backoff(),
+            watch::watch(api, config),
             ingress_writer,
             "ingress-service",
             shared.metrics.clone(),
@@ -1103,7 +1084,7 @@ pub async fn run(
         let mut before: Vec<SourceKey> = Vec::new();
         spawn_watch(
             &spawner,
-            watcher::watcher(api, config).default_backoff(),
+            watch::watch(api, config),
             record_writer,
             "servicerecords",
             shared.metrics.clone(),
