@@ -875,6 +875,75 @@ async fn watch_proxies(
     .await;
 }
 
+/// The store writers of the publisher's watches, handed to each watch when it starts.
+struct Writers {
+    proxies: reflector::store::Writer<HTTPProxy>,
+    services: reflector::store::Writer<Service>,
+    ingress: reflector::store::Writer<Service>,
+    nodes: reflector::store::Writer<Node>,
+    records: reflector::store::Writer<ServiceRecord>,
+    exports: reflector::store::Writer<ServiceExport>,
+    imported: reflector::store::Writer<ServiceRecord>,
+    slices: reflector::store::Writer<EndpointSlice>,
+}
+
+impl Shared {
+    /// The publisher's state with every store empty, and the writers that fill the stores.
+    fn new(
+        client: Client,
+        settings: Settings,
+        metrics: Metrics,
+        health: Health,
+    ) -> (Arc<Self>, Writers) {
+        let (proxies, proxy_writer) = reflector::store::<HTTPProxy>();
+        let (services, service_writer) = reflector::store::<Service>();
+        let (ingress, ingress_writer) = reflector::store::<Service>();
+        let (nodes, node_writer) = reflector::store::<Node>();
+        let (records, record_writer) = reflector::store::<ServiceRecord>();
+        let (exports, export_writer) = reflector::store::<ServiceExport>();
+        let (imported, imported_writer) = reflector::store::<ServiceRecord>();
+        let (slices, slice_writer) = reflector::store::<EndpointSlice>();
+        let reporter = Reporter {
+            controller: LEASE_NAME.into(),
+            instance: settings.instance.clone(),
+        };
+        let shared = Arc::new(Shared {
+            reporter,
+            client,
+            queue: Arc::new(Queue::new(
+                settings.backoff.clone(),
+                Some(metrics.queue_depth.clone()),
+            )),
+            metrics,
+            proxies,
+            services,
+            ingress,
+            nodes,
+            records,
+            exports,
+            imported,
+            slices,
+            proxy_api: tokio::sync::watch::Sender::new(ProxyApi::Unknown),
+            reported: Mutex::default(),
+            initial: Mutex::new(Some(HashSet::new())),
+            health,
+            reconciles: AtomicU64::new(0),
+            settings,
+        });
+        let writers = Writers {
+            proxies: proxy_writer,
+            services: service_writer,
+            ingress: ingress_writer,
+            nodes: node_writer,
+            records: record_writer,
+            exports: export_writer,
+            imported: imported_writer,
+            slices: slice_writer,
+        };
+        (shared, writers)
+    }
+}
+
 /// Run the publisher until `cancel` fires. `health` turns ready after the first full sync.
 pub async fn run(
     client: Client,
@@ -886,289 +955,24 @@ pub async fn run(
     if settings.workers == 0 {
         anyhow::bail!("the publisher needs at least one worker");
     }
-    let (proxies, proxy_writer) = reflector::store::<HTTPProxy>();
-    let (services, service_writer) = reflector::store::<Service>();
-    let (ingress, ingress_writer) = reflector::store::<Service>();
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let (records, record_writer) = reflector::store::<ServiceRecord>();
-    let (exports, export_writer) = reflector::store::<ServiceExport>();
-    let (imported, imported_writer) = reflector::store::<ServiceRecord>();
-    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
-    let reporter = Reporter {
-        controller: LEASE_NAME.into(),
-        instance: settings.instance.clone(),
-    };
-    let shared = Arc::new(Shared {
-        reporter,
-        client: client.clone(),
-        queue: Arc::new(Queue::new(
-            settings.backoff.clone(),
-            Some(metrics.queue_depth.clone()),
-        )),
-        metrics,
-        proxies,
-        services: services.clone(),
-        ingress: ingress.clone(),
-        nodes: nodes.clone(),
-        records: records.clone(),
-        exports: exports.clone(),
-        imported: imported.clone(),
-        slices: slices.clone(),
-        proxy_api: tokio::sync::watch::Sender::new(ProxyApi::Unknown),
-        reported: Mutex::default(),
-        initial: Mutex::new(Some(HashSet::new())),
-        health: health.clone(),
-        reconciles: AtomicU64::new(0),
-        settings,
-    });
+    let (shared, writers) = Shared::new(client, settings, metrics, health.clone());
     health.set_ready(false);
     // Every watch and worker runs until shutdown: one that ends early, fails or panics stops the
     // publisher with an error naming it, and the others are told to stop.
     let tasks = Tasks::new(cancel.child_token());
     let spawner = tasks.spawner().clone();
-    let cancel = spawner.token().clone();
-
-    let mcs_mode = shared.settings.mcs;
-    // Exported Services; every Service in MCS mode (a ServiceExport may name any).
-    {
-        let api: Api<Service> = Api::all(client.clone());
-        let config = if mcs_mode {
-            watcher::Config::default()
-        } else {
-            watcher::Config::default().labels(EXPORT_LABEL)
-        };
-        let on = source_events(shared.clone(), SourceKind::Service, services.clone());
-        spawn_watch(
-            &spawner,
-            watch::watch(api, config),
-            service_writer,
-            "services",
-            shared.metrics.clone(),
-            on,
-        );
-    }
-    if mcs_mode {
-        // ServiceExports: each stands for the Service of its name.
-        let api: Api<ServiceExport> = Api::all(client.clone());
-        let s = shared.clone();
-        spawn_watch(
-            &spawner,
-            watch::watch(api, watcher::Config::default()),
-            export_writer,
-            "serviceexports",
-            shared.metrics.clone(),
-            move |event| match event {
-                Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) => {
-                    if let Some(key) = SourceKey::of(SourceKind::Service, e) {
-                        s.queue.add(key);
-                    }
-                }
-                Event::Init | Event::InitDone => {}
-            },
-        );
-        // EndpointSlices: a headless Service exports its pods.
-        let api: Api<EndpointSlice> = Api::all(client.clone());
-        let s = shared.clone();
-        spawn_watch(
-            &spawner,
-            watch::watch(
-                api,
-                watcher::Config::default().labels(ENDPOINTSLICE_SERVICE_NAME_LABEL),
-            ),
-            slice_writer,
-            "endpointslices",
-            shared.metrics.clone(),
-            move |event| {
-                if let Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) = event
-                    && let (Some(namespace), Some(name)) = (
-                        e.metadata.namespace.as_ref(),
-                        e.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(ENDPOINTSLICE_SERVICE_NAME_LABEL)),
-                    )
-                {
-                    s.queue.add(SourceKey {
-                        kind: SourceKind::Service,
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                    });
-                }
-            },
-        );
-        // Imported records: another cluster's export of a name exported here may conflict.
-        let api: Api<ServiceRecord> = Api::all(client.clone());
-        let s = shared.clone();
-        spawn_watch(
-            &spawner,
-            watch::watch(api, watcher::Config::default().labels(IMPORTED_LABEL)),
-            imported_writer,
-            "imported-servicerecords",
-            shared.metrics.clone(),
-            move |event| {
-                if let Event::Apply(r) | Event::Delete(r) | Event::InitApply(r) = event
-                    && let Some(origin) = &r.spec.origin
-                {
-                    s.queue.add(SourceKey {
-                        kind: SourceKind::Service,
-                        namespace: origin.namespace.clone(),
-                        name: origin.name.clone(),
-                    });
-                }
-            },
-        );
-    }
-    // HTTPProxies, once their API is served.
-    spawner.spawn_infallible(
-        "watch httpproxies",
-        watch_proxies(shared.clone(), proxy_writer, cancel.clone()),
-    );
-    // Nodes: fan out to proxies and NodePort Services when what feeds records changes.
-    {
-        let api: Api<Node> = Api::all(client.clone());
-        let s = shared.clone();
-        let mut last = None;
-        spawn_watch(
-            &spawner,
-            watch::watch(api, watcher::Config::default()),
-            node_writer,
-            "nodes",
-            shared.metrics.clone(),
-            move |event| {
-                if matches!(event, Event::Init | Event::InitApply(_)) {
-                    return;
-                }
-                let now = node_fingerprint(&s.nodes());
-                if last.as_ref() != Some(&now) {
-                    debug!(nodes = now.len(), "node inputs changed");
-                    last = Some(now);
-                    s.queue.add_all(s.proxy_keys());
-                    s.queue.add_all(s.service_keys(true));
-                }
-            },
-        );
-    }
-    // The ingress Service: its LoadBalancer addresses become every proxy's endpoints.
-    {
-        let (ns, name) = shared.settings.ingress_service.clone();
-        let api: Api<Service> = Api::namespaced(client.clone(), &ns);
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let s = shared.clone();
-        let mut last = None;
-        spawn_watch(
-            &spawner,
-            watch::watch(api, config),
-            ingress_writer,
-            "ingress-service",
-            shared.metrics.clone(),
-            move |event| {
-                if matches!(event, Event::Init | Event::InitApply(_)) {
-                    return;
-                }
-                let svc = s.ingress_service();
-                let now = desired::ingress_endpoints(svc.as_deref(), &[], 0);
-                if last.as_ref() != Some(&now) {
-                    last = Some(now);
-                    s.queue.add_all(s.proxy_keys());
-                }
-            },
-        );
-    }
-    // The publisher's own records: drift repair and removal follow their owner.
-    {
-        let api: Api<ServiceRecord> = Api::all(client.clone());
-        let config =
-            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={PUBLISHER_MANAGER}"));
-        let s = shared.clone();
-        let store = records.clone();
-        let mut before: Vec<SourceKey> = Vec::new();
-        spawn_watch(
-            &spawner,
-            watch::watch(api, config),
-            record_writer,
-            "servicerecords",
-            shared.metrics.clone(),
-            move |event| match event {
-                Event::Apply(r) | Event::Delete(r) => {
-                    if let Some(key) = SourceKey::owning(r) {
-                        s.queue.add(key);
-                    }
-                }
-                Event::Init => {
-                    before = store
-                        .state()
-                        .iter()
-                        .filter_map(|r| SourceKey::owning(r))
-                        .collect();
-                }
-                Event::InitApply(_) => {}
-                Event::InitDone => {
-                    s.queue.add_all(std::mem::take(&mut before));
-                    s.queue.add_all(s.owner_keys(None));
-                }
-            },
-        );
-    }
-
-    // First full sync: every store listed, the HTTPProxy API found or known absent.
-    let synced = async {
-        let mut proxy_api = shared.proxy_api.subscribe();
-        let stores = async {
-            services.wait_until_ready().await?;
-            ingress.wait_until_ready().await?;
-            nodes.wait_until_ready().await?;
-            if mcs_mode {
-                exports.wait_until_ready().await?;
-                imported.wait_until_ready().await?;
-                slices.wait_until_ready().await?;
-            }
-            records.wait_until_ready().await
-        };
-        // Map the borrowed value away at once: it must not be held across an await.
-        let proxies = async {
-            proxy_api
-                .wait_for(|s| *s != ProxyApi::Unknown)
-                .await
-                .map(|_| ())
-        };
-        let (stores, proxies) = tokio::join!(stores, proxies);
-        stores.map_err(|e| anyhow::anyhow!("{e}"))?;
-        proxies.map_err(|e| anyhow::anyhow!("{e}"))?;
-        anyhow::Ok(())
-    };
+    spawn_watches(&spawner, &shared, writers);
     let mut supervised = std::pin::pin!(tasks.run());
     // The first sync, unless the tasks stop before it (shutdown, or one that failed).
     let first = tokio::select! {
-        r = synced => Ok(r),
+        r = first_sync(&shared) => Ok(r),
         outcome = &mut supervised => Err(outcome),
     };
     let outcome = match first {
         Err(outcome) => outcome,
         Ok(result) => {
             result?;
-            let mut keys: HashSet<SourceKey> = shared.service_keys(false).into_iter().collect();
-            if *shared.proxy_api.borrow() == ProxyApi::Synced {
-                keys.extend(shared.proxy_keys());
-            }
-            keys.extend(shared.owner_keys(Some(SourceKind::Service)));
-            if *shared.proxy_api.borrow() == ProxyApi::Synced {
-                keys.extend(shared.owner_keys(Some(SourceKind::HTTPProxy)));
-            }
-            info!(sources = keys.len(), "watches listed; reconciling");
-            if keys.is_empty() {
-                *lock(&shared.initial) = None;
-                info!("first sync complete; ready");
-                health.set_ready(true);
-            } else {
-                *lock(&shared.initial) = Some(keys.clone());
-                shared.queue.add_all(keys);
-            }
-            for i in 0..shared.settings.workers {
-                spawner.spawn_infallible(
-                    format!("worker {i}"),
-                    worker(shared.clone(), cancel.clone()),
-                );
-            }
+            start_reconciling(&shared, &spawner);
             supervised.await
         }
     };
@@ -1179,6 +983,290 @@ pub async fn run(
         "publisher stopped"
     );
     Ok(())
+}
+
+/// Start every watch of the publisher, each a supervised task.
+fn spawn_watches(spawner: &Spawner, shared: &Arc<Shared>, writers: Writers) {
+    watch_services(spawner, shared, writers.services);
+    if shared.settings.mcs {
+        watch_exports(spawner, shared, writers.exports);
+        watch_endpoint_slices(spawner, shared, writers.slices);
+        watch_imported(spawner, shared, writers.imported);
+    }
+    // HTTPProxies, once their API is served.
+    spawner.spawn_infallible(
+        "watch httpproxies",
+        watch_proxies(shared.clone(), writers.proxies, spawner.token().clone()),
+    );
+    watch_nodes(spawner, shared, writers.nodes);
+    watch_ingress_service(spawner, shared, writers.ingress);
+    watch_own_records(spawner, shared, writers.records);
+}
+
+/// Exported Services; every Service in MCS mode (a ServiceExport may name any).
+fn watch_services(
+    spawner: &Spawner,
+    shared: &Arc<Shared>,
+    writer: reflector::store::Writer<Service>,
+) {
+    let api: Api<Service> = Api::all(shared.client.clone());
+    let config = if shared.settings.mcs {
+        watcher::Config::default()
+    } else {
+        watcher::Config::default().labels(EXPORT_LABEL)
+    };
+    let on = source_events(shared.clone(), SourceKind::Service, shared.services.clone());
+    spawn_watch(
+        spawner,
+        watch::watch(api, config),
+        writer,
+        "services",
+        shared.metrics.clone(),
+        on,
+    );
+}
+
+/// ServiceExports: each stands for the Service of its name.
+fn watch_exports(
+    spawner: &Spawner,
+    shared: &Arc<Shared>,
+    writer: reflector::store::Writer<ServiceExport>,
+) {
+    let api: Api<ServiceExport> = Api::all(shared.client.clone());
+    let s = shared.clone();
+    spawn_watch(
+        spawner,
+        watch::watch(api, watcher::Config::default()),
+        writer,
+        "serviceexports",
+        shared.metrics.clone(),
+        move |event| match event {
+            Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) => {
+                if let Some(key) = SourceKey::of(SourceKind::Service, e) {
+                    s.queue.add(key);
+                }
+            }
+            Event::Init | Event::InitDone => {}
+        },
+    );
+}
+
+/// EndpointSlices: a headless Service exports its pods.
+fn watch_endpoint_slices(
+    spawner: &Spawner,
+    shared: &Arc<Shared>,
+    writer: reflector::store::Writer<EndpointSlice>,
+) {
+    let api: Api<EndpointSlice> = Api::all(shared.client.clone());
+    let s = shared.clone();
+    spawn_watch(
+        spawner,
+        watch::watch(
+            api,
+            watcher::Config::default().labels(ENDPOINTSLICE_SERVICE_NAME_LABEL),
+        ),
+        writer,
+        "endpointslices",
+        shared.metrics.clone(),
+        move |event| {
+            if let Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) = event
+                && let (Some(namespace), Some(name)) = (
+                    e.metadata.namespace.as_ref(),
+                    e.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(ENDPOINTSLICE_SERVICE_NAME_LABEL)),
+                )
+            {
+                s.queue.add(SourceKey {
+                    kind: SourceKind::Service,
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                });
+            }
+        },
+    );
+}
+
+/// Imported records: another cluster's export of a name exported here may conflict.
+fn watch_imported(
+    spawner: &Spawner,
+    shared: &Arc<Shared>,
+    writer: reflector::store::Writer<ServiceRecord>,
+) {
+    let api: Api<ServiceRecord> = Api::all(shared.client.clone());
+    let s = shared.clone();
+    spawn_watch(
+        spawner,
+        watch::watch(api, watcher::Config::default().labels(IMPORTED_LABEL)),
+        writer,
+        "imported-servicerecords",
+        shared.metrics.clone(),
+        move |event| {
+            if let Event::Apply(r) | Event::Delete(r) | Event::InitApply(r) = event
+                && let Some(origin) = &r.spec.origin
+            {
+                s.queue.add(SourceKey {
+                    kind: SourceKind::Service,
+                    namespace: origin.namespace.clone(),
+                    name: origin.name.clone(),
+                });
+            }
+        },
+    );
+}
+
+/// Nodes: fan out to proxies and NodePort Services when what feeds records changes.
+fn watch_nodes(spawner: &Spawner, shared: &Arc<Shared>, writer: reflector::store::Writer<Node>) {
+    let api: Api<Node> = Api::all(shared.client.clone());
+    let s = shared.clone();
+    let mut last = None;
+    spawn_watch(
+        spawner,
+        watch::watch(api, watcher::Config::default()),
+        writer,
+        "nodes",
+        shared.metrics.clone(),
+        move |event| {
+            if matches!(event, Event::Init | Event::InitApply(_)) {
+                return;
+            }
+            let now = node_fingerprint(&s.nodes());
+            if last.as_ref() != Some(&now) {
+                debug!(nodes = now.len(), "node inputs changed");
+                last = Some(now);
+                s.queue.add_all(s.proxy_keys());
+                s.queue.add_all(s.service_keys(true));
+            }
+        },
+    );
+}
+
+/// The ingress Service: its LoadBalancer addresses become every proxy's endpoints.
+fn watch_ingress_service(
+    spawner: &Spawner,
+    shared: &Arc<Shared>,
+    writer: reflector::store::Writer<Service>,
+) {
+    let (ns, name) = shared.settings.ingress_service.clone();
+    let api: Api<Service> = Api::namespaced(shared.client.clone(), &ns);
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let s = shared.clone();
+    let mut last = None;
+    spawn_watch(
+        spawner,
+        watch::watch(api, config),
+        writer,
+        "ingress-service",
+        shared.metrics.clone(),
+        move |event| {
+            if matches!(event, Event::Init | Event::InitApply(_)) {
+                return;
+            }
+            let svc = s.ingress_service();
+            let now = desired::ingress_endpoints(svc.as_deref(), &[], 0);
+            if last.as_ref() != Some(&now) {
+                last = Some(now);
+                s.queue.add_all(s.proxy_keys());
+            }
+        },
+    );
+}
+
+/// The publisher's own records: drift repair and removal follow their owner.
+fn watch_own_records(
+    spawner: &Spawner,
+    shared: &Arc<Shared>,
+    writer: reflector::store::Writer<ServiceRecord>,
+) {
+    let api: Api<ServiceRecord> = Api::all(shared.client.clone());
+    let config =
+        watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={PUBLISHER_MANAGER}"));
+    let s = shared.clone();
+    let store = shared.records.clone();
+    let mut before: Vec<SourceKey> = Vec::new();
+    spawn_watch(
+        spawner,
+        watch::watch(api, config),
+        writer,
+        "servicerecords",
+        shared.metrics.clone(),
+        move |event| match event {
+            Event::Apply(r) | Event::Delete(r) => {
+                if let Some(key) = SourceKey::owning(r) {
+                    s.queue.add(key);
+                }
+            }
+            Event::Init => {
+                before = store
+                    .state()
+                    .iter()
+                    .filter_map(|r| SourceKey::owning(r))
+                    .collect();
+            }
+            Event::InitApply(_) => {}
+            Event::InitDone => {
+                s.queue.add_all(std::mem::take(&mut before));
+                s.queue.add_all(s.owner_keys(None));
+            }
+        },
+    );
+}
+
+/// The first full sync: every store listed, the HTTPProxy API found or known absent.
+async fn first_sync(shared: &Shared) -> anyhow::Result<()> {
+    let mut proxy_api = shared.proxy_api.subscribe();
+    let stores = async {
+        shared.services.wait_until_ready().await?;
+        shared.ingress.wait_until_ready().await?;
+        shared.nodes.wait_until_ready().await?;
+        if shared.settings.mcs {
+            shared.exports.wait_until_ready().await?;
+            shared.imported.wait_until_ready().await?;
+            shared.slices.wait_until_ready().await?;
+        }
+        shared.records.wait_until_ready().await
+    };
+    // Map the borrowed value away at once: it must not be held across an await.
+    let proxies = async {
+        proxy_api
+            .wait_for(|s| *s != ProxyApi::Unknown)
+            .await
+            .map(|_| ())
+    };
+    let (stores, proxies) = tokio::join!(stores, proxies);
+    stores.map_err(|e| anyhow::anyhow!("{e}"))?;
+    proxies.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// After the first sync: queue every source and owner (ready at once when there are none) and
+/// start the workers.
+fn start_reconciling(shared: &Arc<Shared>, spawner: &Spawner) {
+    let mut keys: HashSet<SourceKey> = shared.service_keys(false).into_iter().collect();
+    if *shared.proxy_api.borrow() == ProxyApi::Synced {
+        keys.extend(shared.proxy_keys());
+    }
+    keys.extend(shared.owner_keys(Some(SourceKind::Service)));
+    if *shared.proxy_api.borrow() == ProxyApi::Synced {
+        keys.extend(shared.owner_keys(Some(SourceKind::HTTPProxy)));
+    }
+    info!(sources = keys.len(), "watches listed; reconciling");
+    if keys.is_empty() {
+        *lock(&shared.initial) = None;
+        info!("first sync complete; ready");
+        shared.health.set_ready(true);
+    } else {
+        *lock(&shared.initial) = Some(keys.clone());
+        shared.queue.add_all(keys);
+    }
+    let cancel = spawner.token();
+    for i in 0..shared.settings.workers {
+        spawner.spawn_infallible(
+            format!("worker {i}"),
+            worker(shared.clone(), cancel.clone()),
+        );
+    }
 }
 
 /// [`run`] under leader election on the `xcc-publisher` Lease (`leader: None` runs at once).
