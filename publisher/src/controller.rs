@@ -432,99 +432,18 @@ fn reference(key: &SourceKey, uid: Option<String>) -> ObjectReference {
 
 /// Reconcile one source: publish what it should publish, remove what it no longer should.
 async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
-    let nodes = shared.nodes();
     let present = match key.kind {
         SourceKind::HTTPProxy => {
             if *shared.proxy_api.borrow() != ProxyApi::Synced {
                 // No HTTPProxy API (yet): nothing can be known about proxies; touch nothing.
                 return Ok(());
             }
-            let proxy = shared
-                .proxies
-                .get(&ObjectRef::new(&key.name).within(&key.namespace));
-            proxy.and_then(|p| {
-                let uid = p.metadata.uid.clone()?;
-                let ingress = shared.ingress_service();
-                Some((
-                    uid,
-                    desired::from_httpproxy(
-                        &p,
-                        ingress.as_deref(),
-                        &nodes,
-                        &shared.settings.config,
-                    ),
-                ))
-            })
+            desired_of_proxy(shared, key)
         }
-        SourceKind::Service => {
-            let service = shared
-                .services
-                .get(&ObjectRef::new(&key.name).within(&key.namespace));
-            let export = shared.export_of(key);
-            service.and_then(|s| {
-                let uid = s.metadata.uid.clone()?;
-                let by = mcs::exported(&s.metadata, export.as_deref());
-                // Only a headless Service, or one a ServiceExport alone exports, exports its
-                // pods from its slices (read in MCS mode only).
-                let headless =
-                    s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
-                let all_slices = if headless || by == desired::ExportedBy::ServiceExport {
-                    shared.slices.state()
-                } else {
-                    Vec::new()
-                };
-                let slices = shared.settings.mcs.then(|| {
-                    desired::slices_of(
-                        &key.namespace,
-                        &key.name,
-                        all_slices.iter().map(|s| s.as_ref()),
-                    )
-                });
-                // The clusterset namespace is the Service's own (no namespace mapping here).
-                let mut desired = desired::from_exported_service(
-                    &s,
-                    by,
-                    &key.namespace,
-                    &nodes,
-                    slices.as_deref(),
-                    &shared.settings.config,
-                );
-                mcs::stamp_export(&mut desired, export.as_deref(), s.spec.as_ref());
-                Some((uid, desired))
-            })
-        }
+        SourceKind::Service => desired_of_service(shared, key),
     };
     let Some((uid, desired)) = present else {
-        // Deleted, or no longer labelled for export: its records go.
-        let known = shared.records_in(&key.namespace);
-        let removal = apply::remove_source_records_known(
-            &shared.client,
-            &key.namespace,
-            key.kind.api_version(),
-            key.kind.kind(),
-            &key.name,
-            known.iter().map(|r| r.as_ref()),
-        )
-        .await?;
-        shared.newly_reported(key, None);
-        if !removal.removed.is_empty() {
-            shared
-                .metrics
-                .wrote("ServiceRecord", "delete", removal.removed.len());
-            info!(source = %key, records = ?removal.removed, "removed ServiceRecords of a source no longer exported");
-            shared
-                .event(
-                    &reference(key, removal.owner_uid),
-                    EventType::Normal,
-                    "Removed",
-                    format!(
-                        "no longer exported; removed ServiceRecord {}",
-                        removal.removed.join(", ")
-                    ),
-                    removal.removed.first().map(String::as_str),
-                )
-                .await;
-        }
+        remove_records(shared, key).await?;
         write_export_status(shared, key, mcs::State::NoService).await?;
         return Ok(());
     };
@@ -558,6 +477,96 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
         (None, None, None) => return Ok(()),
     };
     write_export_status(shared, key, state).await?;
+    Ok(())
+}
+
+/// The HTTPProxy `key`'s uid and what it should publish; `None` when it is gone.
+fn desired_of_proxy(shared: &Shared, key: &SourceKey) -> Option<(String, Desired)> {
+    let nodes = shared.nodes();
+    let proxy = shared
+        .proxies
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    proxy.and_then(|p| {
+        let uid = p.metadata.uid.clone()?;
+        let ingress = shared.ingress_service();
+        Some((
+            uid,
+            desired::from_httpproxy(&p, ingress.as_deref(), &nodes, &shared.settings.config),
+        ))
+    })
+}
+
+/// The Service `key`'s uid and what it should publish; `None` when it is gone.
+fn desired_of_service(shared: &Shared, key: &SourceKey) -> Option<(String, Desired)> {
+    let nodes = shared.nodes();
+    let service = shared
+        .services
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    let export = shared.export_of(key);
+    service.and_then(|s| {
+        let uid = s.metadata.uid.clone()?;
+        let by = mcs::exported(&s.metadata, export.as_deref());
+        // Only a headless Service, or one a ServiceExport alone exports, exports its
+        // pods from its slices (read in MCS mode only).
+        let headless = s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
+        let all_slices = if headless || by == desired::ExportedBy::ServiceExport {
+            shared.slices.state()
+        } else {
+            Vec::new()
+        };
+        let slices = shared.settings.mcs.then(|| {
+            desired::slices_of(
+                &key.namespace,
+                &key.name,
+                all_slices.iter().map(|s| s.as_ref()),
+            )
+        });
+        // The clusterset namespace is the Service's own (no namespace mapping here).
+        let mut desired = desired::from_exported_service(
+            &s,
+            by,
+            &key.namespace,
+            &nodes,
+            slices.as_deref(),
+            &shared.settings.config,
+        );
+        mcs::stamp_export(&mut desired, export.as_deref(), s.spec.as_ref());
+        Some((uid, desired))
+    })
+}
+
+/// The source `key` is deleted, or no longer labelled for export: its records go.
+async fn remove_records(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
+    // Deleted, or no longer labelled for export: its records go.
+    let known = shared.records_in(&key.namespace);
+    let removal = apply::remove_source_records_known(
+        &shared.client,
+        &key.namespace,
+        key.kind.api_version(),
+        key.kind.kind(),
+        &key.name,
+        known.iter().map(|r| r.as_ref()),
+    )
+    .await?;
+    shared.newly_reported(key, None);
+    if !removal.removed.is_empty() {
+        shared
+            .metrics
+            .wrote("ServiceRecord", "delete", removal.removed.len());
+        info!(source = %key, records = ?removal.removed, "removed ServiceRecords of a source no longer exported");
+        shared
+            .event(
+                &reference(key, removal.owner_uid),
+                EventType::Normal,
+                "Removed",
+                format!(
+                    "no longer exported; removed ServiceRecord {}",
+                    removal.removed.join(", ")
+                ),
+                removal.removed.first().map(String::as_str),
+            )
+            .await;
+    }
     Ok(())
 }
 
