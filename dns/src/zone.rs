@@ -610,134 +610,14 @@ impl ZoneSet {
         previous: Option<&ZoneSet>,
         now_unix: u32,
     ) -> ZoneSet {
-        let mut zones: Vec<DraftZone> = apexes
-            .iter()
-            .filter_map(|a| fqdn_name(a))
-            .map(DraftZone::new)
-            .collect();
-        zones.sort_by(|a, b| {
-            (b.apex.num_labels().cmp(&a.apex.num_labels())).then_with(|| a.apex.cmp(&b.apex))
-        });
-        zones.dedup_by(|a, b| a.apex == b.apex);
-
+        let mut zones = draft_zones(apexes);
         let mut rejected = Vec::new();
-        // (canonical name, zone index, claimant), sorted below: one allocation, not a map. A
-        // name already canonical is borrowed from its Service: a copy per name, freed after the
-        // build, would leave that much of the heap in holes between the zone's arrays.
-        let mut claims: Vec<NameClaim<'a>> = Vec::new();
-        for svc in services {
-            for (raw, how) in candidate_names(svc, &mut rejected) {
-                let reject = |reason: String| Rejected {
-                    key: svc.key.clone(),
-                    name: raw.clone(),
-                    reason,
-                };
-                let canonical = match canonical_fqdn(&raw) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        rejected.push(reject(e.to_string()));
-                        continue;
-                    }
-                };
-                if svc.cluster_ips.is_empty() {
-                    rejected.push(reject("the Service has no cluster IP".into()));
-                    continue;
-                }
-                let Some(name) = fqdn_name(&canonical) else {
-                    rejected.push(reject("not a DNS name".into()));
-                    continue;
-                };
-                let Some(zi) = zones.iter().position(|z| in_zone(&name, &z.apex)) else {
-                    rejected.push(reject("outside every configured zone".into()));
-                    continue;
-                };
-                let canonical = match svc.annotations.fqdn.as_deref() {
-                    Some(fqdn) if fqdn == canonical => Cow::Borrowed(fqdn),
-                    _ => Cow::Owned(canonical),
-                };
-                claims.push((canonical, how, zi, svc));
-            }
-        }
-
-        // By name, then how it is claimed (its FQDN first), then key; one claim per Service
-        // and name (the best).
-        claims.sort_by(|a, b| (&a.0, a.1, &a.3.key).cmp(&(&b.0, b.1, &b.3.key)));
-        claims.dedup_by(|a, b| a.0 == b.0 && a.3.key == b.3.key);
+        let claims = claim_names(services, &zones, &mut rejected);
         let mut conflicts = Vec::new();
-        let mut winners: Vec<(Name, usize, &[NameClaim<'a>])> = Vec::new();
-        for group in claims.chunk_by(|a, b| a.0 == b.0) {
-            let Some((canonical, how, zi, winner)) = group.first() else {
-                continue;
-            };
-            // Rule 3: every claim through the origin counts, when no FQDN claims the name.
-            let owners = match how {
-                Claim::Fqdn => 1,
-                Claim::Origin => group.len(),
-            };
-            let (owners, losers) = group.split_at(owners.min(group.len()));
-            let losers: Vec<ServiceKey> = losers.iter().map(|c| c.3.key.clone()).collect();
-            if !losers.is_empty() {
-                conflicts.push(Conflict {
-                    name: canonical.to_string(),
-                    winner: winner.key.clone(),
-                    losers,
-                });
-            }
-            if let Some(name) = fqdn_name(canonical) {
-                winners.push((name, *zi, owners));
-            }
-        }
-        // Pods' names first (a headless service's `<hostname>.<cluster>.…`, keyed
-        // `<service>/<hostname>.<cluster>`), so their service's SRV records can target them.
-        // (zone, namespace, service) → the draft nodes of its pods' names.
-        let mut pods: BTreeMap<(usize, &str, &str), Vec<u32>> = BTreeMap::new();
-        for (name, zi, owners) in &winners {
-            let Some(first) = owners.first().map(|c| c.3) else {
-                continue;
-            };
-            if let (Some((service, _)), Some(zone)) =
-                (first.key.name.split_once('/'), zones.get_mut(*zi))
-                && let Some(node) = add_service(zone, name, owners.iter().map(|c| c.3), None)
-            {
-                pods.entry((*zi, &*first.key.namespace, service))
-                    .or_default()
-                    .push(node);
-            }
-        }
-        for (name, zi, owners) in &winners {
-            let Some(first) = owners.first().map(|c| c.3) else {
-                continue;
-            };
-            if first.key.name.contains('/') {
-                continue;
-            }
-            let targets = pods
-                .get(&(*zi, &*first.key.namespace, &*first.key.name))
-                .map(Vec::as_slice);
-            if let Some(zone) = zones.get_mut(*zi) {
-                add_service(
-                    zone,
-                    name,
-                    owners.iter().map(|c| c.3),
-                    Some(targets.unwrap_or_default()),
-                );
-            }
-        }
-        let zones = zones
-            .into_iter()
-            .map(|draft| {
-                let mut zone = draft.finish();
-                let prev = previous.and_then(|p| p.zones.iter().find(|z| z.apex == zone.apex));
-                zone.serial = match prev {
-                    Some(p) if p.records == zone.records => p.serial,
-                    Some(p) => p.serial.wrapping_add(1).max(now_unix),
-                    None => now_unix,
-                };
-                zone
-            })
-            .collect();
+        let winners = owners_of(&claims, &mut conflicts);
+        add_names(&mut zones, &winners);
         ZoneSet {
-            zones,
+            zones: finish_zones(zones, previous, now_unix),
             conflicts,
             rejected,
         }
@@ -776,6 +656,164 @@ enum Claim {
     Fqdn,
     /// The name is its MCS name, from the origin annotations.
     Origin,
+}
+
+/// The zones `apexes` to fill, most specific first (so a name goes to its longest apex), each
+/// once.
+fn draft_zones(apexes: &[String]) -> Vec<DraftZone> {
+    let mut zones: Vec<DraftZone> = apexes
+        .iter()
+        .filter_map(|a| fqdn_name(a))
+        .map(DraftZone::new)
+        .collect();
+    zones.sort_by(|a, b| {
+        (b.apex.num_labels().cmp(&a.apex.num_labels())).then_with(|| a.apex.cmp(&b.apex))
+    });
+    zones.dedup_by(|a, b| a.apex == b.apex);
+    zones
+}
+
+/// Every name the `services` claim in one of the `zones`, sorted by name, then how it is
+/// claimed, then Service; a name that cannot be served is `rejected`, with why.
+fn claim_names<'a>(
+    services: impl IntoIterator<Item = &'a ServiceInfo>,
+    zones: &[DraftZone],
+    rejected: &mut Vec<Rejected>,
+) -> Vec<NameClaim<'a>> {
+    // (canonical name, zone index, claimant), sorted below: one allocation, not a map. A
+    // name already canonical is borrowed from its Service: a copy per name, freed after the
+    // build, would leave that much of the heap in holes between the zone's arrays.
+    let mut claims: Vec<NameClaim<'a>> = Vec::new();
+    for svc in services {
+        for (raw, how) in candidate_names(svc, rejected) {
+            let reject = |reason: String| Rejected {
+                key: svc.key.clone(),
+                name: raw.clone(),
+                reason,
+            };
+            let canonical = match canonical_fqdn(&raw) {
+                Ok(c) => c,
+                Err(e) => {
+                    rejected.push(reject(e.to_string()));
+                    continue;
+                }
+            };
+            if svc.cluster_ips.is_empty() {
+                rejected.push(reject("the Service has no cluster IP".into()));
+                continue;
+            }
+            let Some(name) = fqdn_name(&canonical) else {
+                rejected.push(reject("not a DNS name".into()));
+                continue;
+            };
+            let Some(zi) = zones.iter().position(|z| in_zone(&name, &z.apex)) else {
+                rejected.push(reject("outside every configured zone".into()));
+                continue;
+            };
+            let canonical = match svc.annotations.fqdn.as_deref() {
+                Some(fqdn) if fqdn == canonical => Cow::Borrowed(fqdn),
+                _ => Cow::Owned(canonical),
+            };
+            claims.push((canonical, how, zi, svc));
+        }
+    }
+
+    // By name, then how it is claimed (its FQDN first), then key; one claim per Service
+    // and name (the best).
+    claims.sort_by(|a, b| (&a.0, a.1, &a.3.key).cmp(&(&b.0, b.1, &b.3.key)));
+    claims.dedup_by(|a, b| a.0 == b.0 && a.3.key == b.3.key);
+    claims
+}
+
+/// For each claimed name, the claims that own it (the FQDN's, else every origin claim), and
+/// the Services that lose it as `conflicts`.
+fn owners_of<'c, 'a>(
+    claims: &'c [NameClaim<'a>],
+    conflicts: &mut Vec<Conflict>,
+) -> Vec<(Name, usize, &'c [NameClaim<'a>])> {
+    let mut winners: Vec<(Name, usize, &'c [NameClaim<'a>])> = Vec::new();
+    for group in claims.chunk_by(|a, b| a.0 == b.0) {
+        let Some((canonical, how, zi, winner)) = group.first() else {
+            continue;
+        };
+        // Rule 3: every claim through the origin counts, when no FQDN claims the name.
+        let owners = match how {
+            Claim::Fqdn => 1,
+            Claim::Origin => group.len(),
+        };
+        let (owners, losers) = group.split_at(owners.min(group.len()));
+        let losers: Vec<ServiceKey> = losers.iter().map(|c| c.3.key.clone()).collect();
+        if !losers.is_empty() {
+            conflicts.push(Conflict {
+                name: canonical.to_string(),
+                winner: winner.key.clone(),
+                losers,
+            });
+        }
+        if let Some(name) = fqdn_name(canonical) {
+            winners.push((name, *zi, owners));
+        }
+    }
+    winners
+}
+
+/// Add each owned name to its zone: pods' names first, then the services (whose SRV records
+/// may target their pods).
+fn add_names(zones: &mut [DraftZone], winners: &[(Name, usize, &[NameClaim<'_>])]) {
+    // Pods' names first (a headless service's `<hostname>.<cluster>.…`, keyed
+    // `<service>/<hostname>.<cluster>`), so their service's SRV records can target them.
+    // (zone, namespace, service) → the draft nodes of its pods' names.
+    let mut pods: BTreeMap<(usize, &str, &str), Vec<u32>> = BTreeMap::new();
+    for (name, zi, owners) in winners {
+        let Some(first) = owners.first().map(|c| c.3) else {
+            continue;
+        };
+        if let (Some((service, _)), Some(zone)) =
+            (first.key.name.split_once('/'), zones.get_mut(*zi))
+            && let Some(node) = add_service(zone, name, owners.iter().map(|c| c.3), None)
+        {
+            pods.entry((*zi, &*first.key.namespace, service))
+                .or_default()
+                .push(node);
+        }
+    }
+    for (name, zi, owners) in winners {
+        let Some(first) = owners.first().map(|c| c.3) else {
+            continue;
+        };
+        if first.key.name.contains('/') {
+            continue;
+        }
+        let targets = pods
+            .get(&(*zi, &*first.key.namespace, &*first.key.name))
+            .map(Vec::as_slice);
+        if let Some(zone) = zones.get_mut(*zi) {
+            add_service(
+                zone,
+                name,
+                owners.iter().map(|c| c.3),
+                Some(targets.unwrap_or_default()),
+            );
+        }
+    }
+}
+
+/// The finished zones; a zone whose records are unchanged from `previous` keeps its serial, a
+/// changed or new one gets `max(previous + 1, now_unix)`.
+fn finish_zones(zones: Vec<DraftZone>, previous: Option<&ZoneSet>, now_unix: u32) -> Vec<Zone> {
+    zones
+        .into_iter()
+        .map(|draft| {
+            let mut zone = draft.finish();
+            let prev = previous.and_then(|p| p.zones.iter().find(|z| z.apex == zone.apex));
+            zone.serial = match prev {
+                Some(p) if p.records == zone.records => p.serial,
+                Some(p) => p.serial.wrapping_add(1).max(now_unix),
+                None => now_unix,
+            };
+            zone
+        })
+        .collect()
 }
 
 /// The names `svc` asks for: its FQDN annotation and its MCS name (raw, not yet validated).
