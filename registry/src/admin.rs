@@ -30,6 +30,16 @@ pub struct AdminService {
 }
 
 impl AdminService {
+    /// How many services the child `cluster` announces (its entries in the catalog).
+    fn announced_by(&self, cluster: &str) -> u64 {
+        self.catalog
+            .list(&ListFilter {
+                source: Some(crate::catalog::Source::Child(cluster.into())),
+                ..Default::default()
+            })
+            .len() as u64
+    }
+
     pub fn new(
         catalog: Catalog,
         peers: PeerTable,
@@ -385,6 +395,77 @@ fn decision_from_answer(a: &xcc_proto::xcc::federation::v1::ServiceQueryResponse
     }
 }
 
+/// The import status of `target` for `requester_service` as the admin API shows it: pending
+/// until the hierarchy answers, then the answer's condition, reason, owner and endpoints.
+fn import_status(
+    target: &Target,
+    requester_service: String,
+    answer: Option<&xcc_proto::xcc::federation::v1::ServiceQueryResponse>,
+) -> api::ImportStatus {
+    let (state, reason, owner, endpoints) = match answer {
+        None => ("Pending".to_string(), String::new(), String::new(), vec![]),
+        Some(a) => {
+            let d = decision_from_answer(a);
+            let state = match api::Condition::try_from(d.condition)
+                .unwrap_or(api::Condition::Unspecified)
+            {
+                api::Condition::Granted => "Granted",
+                api::Condition::NotFound => "NotFound",
+                api::Condition::Unavailable => "Unavailable",
+                _ => "Denied",
+            };
+            (
+                state.to_string(),
+                d.reason.clone(),
+                d.owner_cluster.clone(),
+                d.service.map(|s| s.endpoints).unwrap_or_default(),
+            )
+        }
+    };
+    api::ImportStatus {
+        target: target.to_string(),
+        requester_service,
+        state,
+        reason,
+        owner_cluster: owner,
+        endpoints,
+    }
+}
+
+/// A refusal from the parent as one line of text.
+fn rejection_line(r: &xcc_proto::xcc::federation::v1::Rejection) -> String {
+    format!(
+        "{} {}/{}/{}: {:?}: {} (refused by {})",
+        r.kind,
+        r.cluster,
+        r.namespace,
+        r.name,
+        tonic::Code::from_i32(r.code),
+        r.reason,
+        r.refused_by
+    )
+}
+
+/// A refusal from the parent, received `at`, as the admin API shows it.
+fn refused_entry(
+    at: SystemTime,
+    r: xcc_proto::xcc::federation::v1::Rejection,
+) -> api::RefusedEntry {
+    api::RefusedEntry {
+        code: tonic::Code::from_i32(r.code).description().to_string(),
+        kind: r.kind,
+        cluster: r.cluster,
+        namespace: r.namespace,
+        name: r.name,
+        fqdn: r.fqdn,
+        reason: r.reason,
+        check: r.check,
+        policy_ids: r.policy_ids,
+        refused_by: r.refused_by,
+        at: timestamp(Some(at)),
+    }
+}
+
 #[tonic::async_trait]
 impl api::admin_server::Admin for AdminService {
     async fn list_services(
@@ -671,13 +752,7 @@ impl api::admin_server::Admin for AdminService {
             .children()
             .into_iter()
             .map(|(cluster, subtree, address, since, queued)| {
-                let announced = self
-                    .catalog
-                    .list(&ListFilter {
-                        source: Some(crate::catalog::Source::Child(cluster.as_str().into())),
-                        ..Default::default()
-                    })
-                    .len() as u64;
+                let announced = self.announced_by(&cluster);
                 api::Child {
                     cluster,
                     subtree,
@@ -692,36 +767,7 @@ impl api::admin_server::Admin for AdminService {
             .level
             .subscriptions()
             .into_iter()
-            .map(|(target, service, answer)| {
-                let (state, reason, owner, endpoints) = match &answer {
-                    None => ("Pending".to_string(), String::new(), String::new(), vec![]),
-                    Some(a) => {
-                        let d = decision_from_answer(a);
-                        let state = match api::Condition::try_from(d.condition)
-                            .unwrap_or(api::Condition::Unspecified)
-                        {
-                            api::Condition::Granted => "Granted",
-                            api::Condition::NotFound => "NotFound",
-                            api::Condition::Unavailable => "Unavailable",
-                            _ => "Denied",
-                        };
-                        (
-                            state.to_string(),
-                            d.reason.clone(),
-                            d.owner_cluster.clone(),
-                            d.service.map(|s| s.endpoints).unwrap_or_default(),
-                        )
-                    }
-                };
-                api::ImportStatus {
-                    target: target.to_string(),
-                    requester_service: service,
-                    state,
-                    reason,
-                    owner_cluster: owner,
-                    endpoints,
-                }
-            })
+            .map(|(target, service, answer)| import_status(&target, service, answer.as_ref()))
             .collect();
         Ok(Response::new(api::Tree {
             cluster: self.level.cluster().to_string(),
@@ -734,36 +780,13 @@ impl api::admin_server::Admin for AdminService {
                 .level
                 .rejections()
                 .iter()
-                .map(|(_, r)| {
-                    format!(
-                        "{} {}/{}/{}: {:?}: {} (refused by {})",
-                        r.kind,
-                        r.cluster,
-                        r.namespace,
-                        r.name,
-                        tonic::Code::from_i32(r.code),
-                        r.reason,
-                        r.refused_by
-                    )
-                })
+                .map(|(_, r)| rejection_line(r))
                 .collect(),
             refused: self
                 .level
                 .rejections()
                 .into_iter()
-                .map(|(at, r)| api::RefusedEntry {
-                    code: tonic::Code::from_i32(r.code).description().to_string(),
-                    kind: r.kind,
-                    cluster: r.cluster,
-                    namespace: r.namespace,
-                    name: r.name,
-                    fqdn: r.fqdn,
-                    reason: r.reason,
-                    check: r.check,
-                    policy_ids: r.policy_ids,
-                    refused_by: r.refused_by,
-                    at: timestamp(Some(at)),
-                })
+                .map(|(at, r)| refused_entry(at, r))
                 .collect(),
             overflows: self.level.overflows().get(),
             held_names: Some({
