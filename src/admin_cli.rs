@@ -178,14 +178,7 @@ async fn call(args: AdminArgs) -> anyhow::Result<()> {
                 })
                 .await?
                 .into_inner();
-            match args.output {
-                Output::Json => println!("{:#}", service_json(&svc)),
-                Output::Table => {
-                    for (k, v) in service_json(&svc).as_object().into_iter().flatten() {
-                        println!("{k:<20} {}", plain(v));
-                    }
-                }
-            }
+            print_service(&svc, args.output);
         }
         AdminCommand::Peers => {
             let resp = client
@@ -238,32 +231,53 @@ async fn call(args: AdminArgs) -> anyhow::Result<()> {
             let tree = client.get_tree(api::GetTreeRequest {}).await?.into_inner();
             print_tree(&tree, args.output);
         }
-        AdminCommand::Watch { snapshot } => {
-            let mut stream = client
-                .watch(api::WatchRequest { snapshot })
-                .await?
-                .into_inner();
-            while let Some(ev) = stream.message().await? {
-                let kind = api::catalog_event::Kind::try_from(ev.kind)
-                    .map(|k| k.as_str_name().to_string())
-                    .unwrap_or_else(|_| ev.kind.to_string());
-                match args.output {
-                    Output::Json => println!(
-                        "{}",
-                        json!({"kind": kind, "revision": ev.revision,
-                               "service": ev.service.as_ref().map(service_json)})
-                    ),
-                    Output::Table => match &ev.service {
-                        Some(s) => println!(
-                            "{kind:<18} rev={:<6} {} {}",
-                            ev.revision,
-                            s.fqdn,
-                            endpoints(s)
-                        ),
-                        None => println!("{kind:<18} rev={}", ev.revision),
-                    },
-                }
+        AdminCommand::Watch { snapshot } => watch(&mut client, snapshot, args.output).await?,
+    }
+    Ok(())
+}
+
+/// One service, as a JSON document or as `key value` lines.
+fn print_service(svc: &api::Service, output: Output) {
+    match output {
+        Output::Json => println!("{:#}", service_json(svc)),
+        Output::Table => {
+            for (k, v) in service_json(svc).as_object().into_iter().flatten() {
+                println!("{k:<20} {}", plain(v));
             }
+        }
+    }
+}
+
+/// Print the catalog's events as they come (after the snapshot, when asked for) until the
+/// registry ends the stream.
+async fn watch(
+    client: &mut api::admin_client::AdminClient<tonic::transport::Channel>,
+    snapshot: bool,
+    output: Output,
+) -> anyhow::Result<()> {
+    let mut stream = client
+        .watch(api::WatchRequest { snapshot })
+        .await?
+        .into_inner();
+    while let Some(ev) = stream.message().await? {
+        let kind = api::catalog_event::Kind::try_from(ev.kind)
+            .map(|k| k.as_str_name().to_string())
+            .unwrap_or_else(|_| ev.kind.to_string());
+        match output {
+            Output::Json => println!(
+                "{}",
+                json!({"kind": kind, "revision": ev.revision,
+                       "service": ev.service.as_ref().map(service_json)})
+            ),
+            Output::Table => match &ev.service {
+                Some(s) => println!(
+                    "{kind:<18} rev={:<6} {} {}",
+                    ev.revision,
+                    s.fqdn,
+                    endpoints(s)
+                ),
+                None => println!("{kind:<18} rev={}", ev.revision),
+            },
         }
     }
     Ok(())

@@ -324,45 +324,8 @@ pub async fn sync_group_known<'a>(
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
     let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), namespace);
 
-    // Every object of the group is read at once, and checked before anything is written.
-    let (service, stored_slices, stored_endpoints) = futures::try_join!(
-        services
-            .get_opt(&service_name)
-            .map_err(error("get", "Service", namespace, &service_name)),
-        futures::future::try_join_all(m.slices.iter().map(|slice| {
-            let slice_name = slice.name_any();
-            let slices = &slices;
-            async move {
-                slices.get_opt(&slice_name).await.map_err(error(
-                    "get",
-                    "EndpointSlice",
-                    namespace,
-                    &slice_name,
-                ))
-            }
-        })),
-        endpoints.get_opt(&service_name).map_err(error(
-            "get",
-            "Endpoints",
-            namespace,
-            &service_name
-        )),
-    )?;
-    if service.as_ref().is_some_and(|c| !managed(&c.metadata)) {
-        return Err(not_managed("Service", namespace, &service_name));
-    }
-    for (slice, stored) in m.slices.iter().zip(&stored_slices) {
-        // A slice of this name without the binder's labels: someone else's.
-        if stored.as_ref().is_some_and(|s| !slice_of(s, &service_name)) {
-            return Err(not_managed("EndpointSlice", namespace, &slice.name_any()));
-        }
-    }
-    if stored_endpoints
-        .as_ref()
-        .is_some_and(|c| !managed(&c.metadata))
-    {
-        return Err(not_managed("Endpoints", namespace, &service_name));
-    }
+    let (service, stored_slices, stored_endpoints) =
+        read_group(&services, &slices, &endpoints, namespace, m).await?;
 
     // A Service that does not exist yet (or is made again, see below) is written before its
     // EndpointSlices, so that the node's kube-proxy hears of the Service first. A sync of it
@@ -378,53 +341,7 @@ pub async fn sync_group_known<'a>(
         .is_none_or(|c| headless(c) != headless(&m.service));
     // Otherwise the objects do not depend on one another (the owners are the records): written
     // at once.
-    let service_writes = async {
-        let mut applied = vec![];
-        let existed = service.is_some();
-        let current = match service {
-            Some(c) if service_up_to_date(&c, &m.service) => c,
-            _ => {
-                // A cluster IP cannot be added to or taken from a Service: one that turns
-                // headless or back (its export changed type) is made again.
-                let service = match service {
-                    Some(c) if headless(&c) != headless(&m.service) => {
-                        let uid = c.metadata.uid.clone().unwrap_or_default();
-                        delete_exact(&services, "Service", namespace, &service_name, &uid).await?;
-                        applied.push(format!("Service/{service_name} (deleted: type changed)"));
-                        None
-                    }
-                    other => other,
-                };
-                if let Some(c) = &service {
-                    let mut taken = Written::default();
-                    take_back_ports(&services, c, &m.service, &mut taken).await?;
-                    applied.extend(taken.applied);
-                }
-                let stored = services
-                    .patch(&service_name, &params, &Patch::Apply(&m.service))
-                    .await
-                    .map_err(error("apply", "Service", namespace, &service_name))?;
-                applied.push(format!("Service/{service_name}"));
-                stored
-            }
-        };
-        let want_ips: Vec<String> = m.vip.iter().cloned().collect();
-        if ingress_ips(&current) != want_ips {
-            let ingress: Vec<_> = want_ips.iter().map(|ip| json!({"ip": ip})).collect();
-            let status = json!({
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": service_name},
-                "status": {"loadBalancer": {"ingress": ingress}},
-            });
-            services
-                .patch_status(&service_name, &params, &Patch::Apply(&status))
-                .await
-                .map_err(error("apply status", "Service", namespace, &service_name))?;
-            applied.push(format!("Service/{service_name}/status"));
-        }
-        Ok::<_, SyncError>((applied, existed))
-    };
+    let service_writes = write_service(&services, &params, namespace, m, service);
     let (slices, params) = (&slices, &params);
     let slice_writes = futures::future::try_join_all(m.slices.iter().zip(&stored_slices).map(
         |(slice, stored)| async move {
@@ -487,6 +404,123 @@ pub async fn sync_group_known<'a>(
         }
     }
     Ok(written)
+}
+
+/// A group's objects as stored: its Service, each desired EndpointSlice, its Endpoints.
+type Stored = (
+    Option<Service>,
+    Vec<Option<EndpointSlice>>,
+    Option<Endpoints>,
+);
+
+/// The group's objects as stored (Service, each desired EndpointSlice, Endpoints), read at once;
+/// [`ApplyError::NotManaged`] when any of them is someone else's.
+async fn read_group(
+    services: &Api<Service>,
+    slices: &Api<EndpointSlice>,
+    endpoints: &Api<Endpoints>,
+    namespace: &str,
+    m: &Materialized,
+) -> Result<Stored, ApplyError> {
+    let service_name = m.service.name_any();
+    // Every object of the group is read at once, and checked before anything is written.
+    let (service, stored_slices, stored_endpoints) = futures::try_join!(
+        services
+            .get_opt(&service_name)
+            .map_err(error("get", "Service", namespace, &service_name)),
+        futures::future::try_join_all(m.slices.iter().map(|slice| {
+            let slice_name = slice.name_any();
+            async move {
+                slices.get_opt(&slice_name).await.map_err(error(
+                    "get",
+                    "EndpointSlice",
+                    namespace,
+                    &slice_name,
+                ))
+            }
+        })),
+        endpoints.get_opt(&service_name).map_err(error(
+            "get",
+            "Endpoints",
+            namespace,
+            &service_name
+        )),
+    )?;
+    if service.as_ref().is_some_and(|c| !managed(&c.metadata)) {
+        return Err(not_managed("Service", namespace, &service_name));
+    }
+    for (slice, stored) in m.slices.iter().zip(&stored_slices) {
+        // A slice of this name without the binder's labels: someone else's.
+        if stored.as_ref().is_some_and(|s| !slice_of(s, &service_name)) {
+            return Err(not_managed("EndpointSlice", namespace, &slice.name_any()));
+        }
+    }
+    if stored_endpoints
+        .as_ref()
+        .is_some_and(|c| !managed(&c.metadata))
+    {
+        return Err(not_managed("Endpoints", namespace, &service_name));
+    }
+
+    Ok((service, stored_slices, stored_endpoints))
+}
+
+/// Bring the group's Service to `m` (`service`: as stored): applied unless up to date, made
+/// again when it turns headless or back, its ports taken back from other managers, and its
+/// load-balancer status set to the VIP. What was written, and whether the Service existed.
+async fn write_service(
+    services: &Api<Service>,
+    params: &PatchParams,
+    namespace: &str,
+    m: &Materialized,
+    service: Option<Service>,
+) -> Result<(Vec<String>, bool), SyncError> {
+    let service_name = m.service.name_any();
+    let mut applied = vec![];
+    let existed = service.is_some();
+    let current = match service {
+        Some(c) if service_up_to_date(&c, &m.service) => c,
+        _ => {
+            // A cluster IP cannot be added to or taken from a Service: one that turns
+            // headless or back (its export changed type) is made again.
+            let service = match service {
+                Some(c) if headless(&c) != headless(&m.service) => {
+                    let uid = c.metadata.uid.clone().unwrap_or_default();
+                    delete_exact(services, "Service", namespace, &service_name, &uid).await?;
+                    applied.push(format!("Service/{service_name} (deleted: type changed)"));
+                    None
+                }
+                other => other,
+            };
+            if let Some(c) = &service {
+                let mut taken = Written::default();
+                take_back_ports(services, c, &m.service, &mut taken).await?;
+                applied.extend(taken.applied);
+            }
+            let stored = services
+                .patch(&service_name, params, &Patch::Apply(&m.service))
+                .await
+                .map_err(error("apply", "Service", namespace, &service_name))?;
+            applied.push(format!("Service/{service_name}"));
+            stored
+        }
+    };
+    let want_ips: Vec<String> = m.vip.iter().cloned().collect();
+    if ingress_ips(&current) != want_ips {
+        let ingress: Vec<_> = want_ips.iter().map(|ip| json!({"ip": ip})).collect();
+        let status = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": service_name},
+            "status": {"loadBalancer": {"ingress": ingress}},
+        });
+        services
+            .patch_status(&service_name, params, &Patch::Apply(&status))
+            .await
+            .map_err(error("apply status", "Service", namespace, &service_name))?;
+        applied.push(format!("Service/{service_name}/status"));
+    }
+    Ok((applied, existed))
 }
 
 /// Apply a Cilium global Service (from [`crate::desired::cilium::global_service`]):

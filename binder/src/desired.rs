@@ -309,6 +309,20 @@ pub(crate) fn non_empty(name: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
+/// The ports of a Service the binder writes: each port's name (none for the single unnamed
+/// port), number and protocol; the endpoint side is its EndpointSlices'.
+pub(crate) fn service_ports(ports: &[Port]) -> Vec<KubeServicePort> {
+    ports
+        .iter()
+        .map(|p| KubeServicePort {
+            name: non_empty(&p.name),
+            port: p.port,
+            protocol: Some(p.protocol.as_str().into()),
+            ..KubeServicePort::default()
+        })
+        .collect()
+}
+
 /// The exports of one name merged: the winner (the oldest export with usable ports), its type,
 /// the union of the ports of the exports of that type, what each of them contributes.
 #[derive(Clone, Debug)]
@@ -458,15 +472,52 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
         winner: name(winner).to_string(),
         losers,
     });
+    let Served {
+        groups,
+        hostnames,
+        dropped,
+    } = served(&contributing);
+    let objects = Objects::of(key, &sources);
+    // A headless Service has no address to put a VIP on.
+    let vip = annotation(winner, VIP_ANNOTATION)
+        .filter(|_| !headless)
+        .and_then(|v| v.trim().parse::<IpAddr>().ok())
+        .map(|ip| ip.to_string());
+    Ok(Materialized {
+        service: objects.service(winner, headless, &ports, vip.as_deref()),
+        slices: objects.endpoint_slices(winner, &groups, &hostnames),
+        endpoints: objects.endpoints(&groups),
+        vip,
+        conflict,
+        dropped,
+    })
+}
 
-    // address → port sets it serves; grouped per (source cluster, family, port set).
+/// (source cluster, family is IPv6, port set) → addresses, sorted.
+type Groups = BTreeMap<(String, bool, PortSet), Vec<String>>;
+/// (source cluster, address) → the pod's hostname, of headless exports.
+type Hostnames = BTreeMap<(String, String), String>;
+
+/// What the contributing exports' endpoints serve.
+struct Served {
+    /// The addresses, grouped per (source cluster, family, port set).
+    groups: Groups,
+    /// The pods' hostnames, of headless exports.
+    hostnames: Hostnames,
+    /// Endpoints left out, with why.
+    dropped: Vec<Dropped>,
+}
+
+/// The port sets each address of the `contributing` exports serves, grouped per (source
+/// cluster, family, port set); an endpoint that is not an IP or serves no port of the service
+/// is dropped.
+fn served(contributing: &[(&ServiceRecord, Vec<Port>)]) -> Served {
     let mut dropped = Vec::new();
     // (source cluster, address) → (is IPv6, the (name, protocol, endpoint port) entries it
     // serves).
     let mut served: BTreeMap<(String, String), (bool, BTreeSet<PortEntry>)> = BTreeMap::new();
-    // (source cluster, address) → the pod's hostname, of headless exports.
-    let mut hostnames: BTreeMap<(String, String), String> = BTreeMap::new();
-    for (record, ports) in &contributing {
+    let mut hostnames: Hostnames = BTreeMap::new();
+    for (record, ports) in contributing {
         let cluster = cilium::source_cluster(record).unwrap_or_default();
         for (address, host) in record_hostnames(record) {
             hostnames.entry((cluster.clone(), address)).or_insert(host);
@@ -501,204 +552,232 @@ pub fn materialize(key: &GroupKey, sources: &[&ServiceRecord]) -> Result<Materia
             entry.1.extend(matching);
         }
     }
-    // (source cluster, family is IPv6, port set) → addresses, sorted.
-    let mut groups: BTreeMap<(String, bool, PortSet), Vec<String>> = BTreeMap::new();
+    let mut groups: Groups = BTreeMap::new();
     for ((cluster, address), (v6, set)) in served {
         groups
             .entry((cluster, v6, set.into_iter().collect()))
             .or_default()
             .push(address);
     }
-
-    let service_name = names::service_name(&key.fqdn);
-    // Owners in the objects' namespace only (this cluster's own MCS export lives in the
-    // service's namespace, and an owner elsewhere would read as gone to the garbage collector).
-    let mut owners: Vec<OwnerReference> = sources
-        .iter()
-        .filter(|r| r.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
-        .map(|r| owner_reference(r))
-        .collect();
-    owners.sort_by(|a, b| a.uid.cmp(&b.uid));
-    let managed = (MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string());
-    let meta = |name: String, labels: BTreeMap<String, String>| ObjectMeta {
-        name: Some(name),
-        namespace: Some(key.namespace.clone()),
-        labels: Some(labels),
-        owner_references: Some(owners.clone()),
-        ..ObjectMeta::default()
-    };
-
-    let mut annotations = BTreeMap::from([(FQDN_ANNOTATION.to_string(), key.fqdn.clone())]);
-    if let Some(origin) = &winner.spec.origin {
-        annotations.insert(
-            ORIGIN_NAMESPACE_ANNOTATION.to_string(),
-            origin.namespace.clone(),
-        );
-        annotations.insert(ORIGIN_NAME_ANNOTATION.to_string(), origin.name.clone());
-    }
-    // A headless Service has no address to put a VIP on.
-    let vip = annotation(winner, VIP_ANNOTATION)
-        .filter(|_| !headless)
-        .and_then(|v| v.trim().parse::<IpAddr>().ok())
-        .map(|ip| ip.to_string());
-    let traits = ServiceTraits::of_record(winner);
-    let service = Service {
-        metadata: ObjectMeta {
-            annotations: Some(annotations),
-            ..meta(service_name.clone(), BTreeMap::from([managed.clone()]))
-        },
-        spec: Some(ServiceSpec {
-            type_: Some(
-                if vip.is_some() {
-                    "LoadBalancer"
-                } else {
-                    "ClusterIP"
-                }
-                .into(),
-            ),
-            cluster_ip: headless.then(|| "None".into()),
-            // KEP-1645: the oldest export's session affinity, which kube-proxy applies.
-            session_affinity: traits.client_ip_timeout.map(|_| CLIENT_IP.into()),
-            session_affinity_config: traits.client_ip_timeout.map(|t| SessionAffinityConfig {
-                client_ip: Some(ClientIPConfig {
-                    timeout_seconds: Some(t),
-                }),
-            }),
-            load_balancer_class: vip.as_ref().map(|_| VIP_LOAD_BALANCER_CLASS.into()),
-            allocate_load_balancer_node_ports: vip.as_ref().map(|_| false),
-            ports: Some(
-                ports
-                    .iter()
-                    .map(|p| KubeServicePort {
-                        name: non_empty(&p.name),
-                        port: p.port,
-                        protocol: Some(p.protocol.as_str().into()),
-                        ..KubeServicePort::default()
-                    })
-                    .collect(),
-            ),
-            ..ServiceSpec::default()
-        }),
-        status: None,
-    };
-
-    let mcs_name = winner.spec.origin.as_ref().map(|o| o.name.clone());
-    let mut slices = groups
-        .iter()
-        .map(|((cluster, v6, set), addresses)| {
-            let family = if *v6 { "IPv6" } else { "IPv4" };
-            // One slice per source cluster, so each carries the MCS source-cluster label.
-            let id = if cluster.is_empty() {
-                port_set_id(set)
-            } else {
-                format!("{cluster}/{}", port_set_id(set))
-            };
-            let slice_name = format!(
-                "{service_name}-{}-{}",
-                family.to_ascii_lowercase(),
-                names::hash8(&id)
-            );
-            let mut labels = BTreeMap::from([
-                (
-                    ENDPOINTSLICE_SERVICE_NAME_LABEL.to_string(),
-                    service_name.clone(),
-                ),
-                (
-                    ENDPOINTSLICE_MANAGED_BY_LABEL.to_string(),
-                    BINDER_MANAGER.to_string(),
-                ),
-                managed.clone(),
-            ]);
-            if let Some(name) = &mcs_name {
-                labels.insert(MCS_SERVICE_NAME_LABEL.to_string(), name.clone());
-            }
-            if !cluster.is_empty() {
-                labels.insert(MCS_SOURCE_CLUSTER_LABEL.to_string(), cluster.clone());
-            }
-            EndpointSlice {
-                metadata: meta(slice_name, labels),
-                address_type: family.into(),
-                endpoints: addresses
-                    .iter()
-                    .map(|a| SliceEndpoint {
-                        addresses: vec![a.clone()],
-                        hostname: hostnames.get(&(cluster.clone(), a.clone())).cloned(),
-                        conditions: Some(EndpointConditions {
-                            ready: Some(true),
-                            ..EndpointConditions::default()
-                        }),
-                        ..SliceEndpoint::default()
-                    })
-                    .collect(),
-                ports: Some(
-                    set.iter()
-                        .map(|(name, protocol, port)| EndpointPort {
-                            name: non_empty(name),
-                            port: Some(*port),
-                            protocol: Some(protocol.as_str().into()),
-                            ..EndpointPort::default()
-                        })
-                        .collect(),
-                ),
-            }
-        })
-        .collect::<Vec<_>>();
-    slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-
-    // Legacy Endpoints: one subset per port set, both families together.
-    let mut subsets: BTreeMap<&PortSet, Vec<String>> = BTreeMap::new();
-    for ((_, _, set), addresses) in &groups {
-        subsets
-            .entry(set)
-            .or_default()
-            .extend(addresses.iter().cloned());
-    }
-    let subsets: Vec<EndpointSubset> = subsets
-        .into_iter()
-        .map(|(set, mut addresses)| {
-            addresses.sort();
-            // Two clusters may list the same address.
-            addresses.dedup();
-            EndpointSubset {
-                addresses: Some(
-                    addresses
-                        .into_iter()
-                        .map(|ip| EndpointAddress {
-                            ip,
-                            ..EndpointAddress::default()
-                        })
-                        .collect(),
-                ),
-                ports: Some(
-                    set.iter()
-                        .map(|(name, protocol, port)| LegacyPort {
-                            name: non_empty(name),
-                            port: *port,
-                            protocol: Some(protocol.as_str().into()),
-                            ..LegacyPort::default()
-                        })
-                        .collect(),
-                ),
-                ..EndpointSubset::default()
-            }
-        })
-        .collect();
-    let endpoints = Endpoints {
-        metadata: meta(
-            service_name.clone(),
-            BTreeMap::from([managed, (SKIP_MIRROR_LABEL.to_string(), "true".to_string())]),
-        ),
-        subsets: (!subsets.is_empty()).then_some(subsets),
-    };
-
-    Ok(Materialized {
-        service,
-        vip,
-        slices,
-        endpoints,
-        conflict,
+    Served {
+        groups,
+        hostnames,
         dropped,
-    })
+    }
+}
+
+/// What every object of a group shares: its FQDN, namespace and Service name, and its owners.
+struct Objects<'a> {
+    key: &'a GroupKey,
+    service_name: String,
+    owners: Vec<OwnerReference>,
+}
+
+impl<'a> Objects<'a> {
+    fn of(key: &'a GroupKey, sources: &[&ServiceRecord]) -> Self {
+        // Owners in the objects' namespace only (this cluster's own MCS export lives in the
+        // service's namespace, and an owner elsewhere would read as gone to the garbage
+        // collector).
+        let mut owners: Vec<OwnerReference> = sources
+            .iter()
+            .filter(|r| r.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
+            .map(|r| owner_reference(r))
+            .collect();
+        owners.sort_by(|a, b| a.uid.cmp(&b.uid));
+        Objects {
+            key,
+            service_name: names::service_name(&key.fqdn),
+            owners,
+        }
+    }
+
+    fn meta(&self, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.key.namespace.clone()),
+            labels: Some(labels),
+            owner_references: Some(self.owners.clone()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// The Service: the winner's type, VIP, origin and session affinity, the union's ports.
+    fn service(
+        &self,
+        winner: &ServiceRecord,
+        headless: bool,
+        ports: &[Port],
+        vip: Option<&str>,
+    ) -> Service {
+        let mut annotations =
+            BTreeMap::from([(FQDN_ANNOTATION.to_string(), self.key.fqdn.clone())]);
+        if let Some(origin) = &winner.spec.origin {
+            annotations.insert(
+                ORIGIN_NAMESPACE_ANNOTATION.to_string(),
+                origin.namespace.clone(),
+            );
+            annotations.insert(ORIGIN_NAME_ANNOTATION.to_string(), origin.name.clone());
+        }
+        let traits = ServiceTraits::of_record(winner);
+        Service {
+            metadata: ObjectMeta {
+                annotations: Some(annotations),
+                ..self.meta(self.service_name.clone(), BTreeMap::from([managed()]))
+            },
+            spec: Some(ServiceSpec {
+                type_: Some(
+                    if vip.is_some() {
+                        "LoadBalancer"
+                    } else {
+                        "ClusterIP"
+                    }
+                    .into(),
+                ),
+                cluster_ip: headless.then(|| "None".into()),
+                // KEP-1645: the oldest export's session affinity, which kube-proxy applies.
+                session_affinity: traits.client_ip_timeout.map(|_| CLIENT_IP.into()),
+                session_affinity_config: traits.client_ip_timeout.map(|t| SessionAffinityConfig {
+                    client_ip: Some(ClientIPConfig {
+                        timeout_seconds: Some(t),
+                    }),
+                }),
+                load_balancer_class: vip.map(|_| VIP_LOAD_BALANCER_CLASS.into()),
+                allocate_load_balancer_node_ports: vip.map(|_| false),
+                ports: Some(service_ports(ports)),
+                ..ServiceSpec::default()
+            }),
+            status: None,
+        }
+    }
+
+    /// One EndpointSlice per (source cluster, family, port set), sorted by name.
+    fn endpoint_slices(
+        &self,
+        winner: &ServiceRecord,
+        groups: &Groups,
+        hostnames: &Hostnames,
+    ) -> Vec<EndpointSlice> {
+        let service_name = &self.service_name;
+        let mcs_name = winner.spec.origin.as_ref().map(|o| o.name.clone());
+        let mut slices = groups
+            .iter()
+            .map(|((cluster, v6, set), addresses)| {
+                let family = if *v6 { "IPv6" } else { "IPv4" };
+                // One slice per source cluster, so each carries the MCS source-cluster label.
+                let id = if cluster.is_empty() {
+                    port_set_id(set)
+                } else {
+                    format!("{cluster}/{}", port_set_id(set))
+                };
+                let slice_name = format!(
+                    "{service_name}-{}-{}",
+                    family.to_ascii_lowercase(),
+                    names::hash8(&id)
+                );
+                let mut labels = BTreeMap::from([
+                    (
+                        ENDPOINTSLICE_SERVICE_NAME_LABEL.to_string(),
+                        service_name.clone(),
+                    ),
+                    (
+                        ENDPOINTSLICE_MANAGED_BY_LABEL.to_string(),
+                        BINDER_MANAGER.to_string(),
+                    ),
+                    managed(),
+                ]);
+                if let Some(name) = &mcs_name {
+                    labels.insert(MCS_SERVICE_NAME_LABEL.to_string(), name.clone());
+                }
+                if !cluster.is_empty() {
+                    labels.insert(MCS_SOURCE_CLUSTER_LABEL.to_string(), cluster.clone());
+                }
+                EndpointSlice {
+                    metadata: self.meta(slice_name, labels),
+                    address_type: family.into(),
+                    endpoints: addresses
+                        .iter()
+                        .map(|a| SliceEndpoint {
+                            addresses: vec![a.clone()],
+                            hostname: hostnames.get(&(cluster.clone(), a.clone())).cloned(),
+                            conditions: Some(EndpointConditions {
+                                ready: Some(true),
+                                ..EndpointConditions::default()
+                            }),
+                            ..SliceEndpoint::default()
+                        })
+                        .collect(),
+                    ports: Some(
+                        set.iter()
+                            .map(|(name, protocol, port)| EndpointPort {
+                                name: non_empty(name),
+                                port: Some(*port),
+                                protocol: Some(protocol.as_str().into()),
+                                ..EndpointPort::default()
+                            })
+                            .collect(),
+                    ),
+                }
+            })
+            .collect::<Vec<_>>();
+        slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        slices
+    }
+
+    /// Legacy Endpoints: one subset per port set, both families together.
+    fn endpoints(&self, groups: &Groups) -> Endpoints {
+        let mut subsets: BTreeMap<&PortSet, Vec<String>> = BTreeMap::new();
+        for ((_, _, set), addresses) in groups {
+            subsets
+                .entry(set)
+                .or_default()
+                .extend(addresses.iter().cloned());
+        }
+        let subsets: Vec<EndpointSubset> = subsets
+            .into_iter()
+            .map(|(set, mut addresses)| {
+                addresses.sort();
+                // Two clusters may list the same address.
+                addresses.dedup();
+                EndpointSubset {
+                    addresses: Some(
+                        addresses
+                            .into_iter()
+                            .map(|ip| EndpointAddress {
+                                ip,
+                                ..EndpointAddress::default()
+                            })
+                            .collect(),
+                    ),
+                    ports: Some(
+                        set.iter()
+                            .map(|(name, protocol, port)| LegacyPort {
+                                name: non_empty(name),
+                                port: *port,
+                                protocol: Some(protocol.as_str().into()),
+                                ..LegacyPort::default()
+                            })
+                            .collect(),
+                    ),
+                    ..EndpointSubset::default()
+                }
+            })
+            .collect();
+        Endpoints {
+            metadata: self.meta(
+                self.service_name.clone(),
+                BTreeMap::from([
+                    managed(),
+                    (SKIP_MIRROR_LABEL.to_string(), "true".to_string()),
+                ]),
+            ),
+            subsets: (!subsets.is_empty()).then_some(subsets),
+        }
+    }
+}
+
+/// The label of every object the binder manages.
+fn managed() -> (String, String) {
+    (MANAGED_BY_LABEL.to_string(), BINDER_MANAGER.to_string())
 }
 
 /// The MCS type name of a headless or cluster IP service, for messages.

@@ -16,18 +16,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use xcc_controller::plumbing::{is_conflict as conflict, is_not_found as not_found};
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use xcc_controller::backoff::Backoff;
+use xcc_controller::watch;
 use xcc_proto::crd::{BINDER_MANAGER, MANAGED_BY_LABEL, ServiceRecord};
 use xcc_proto::mcs::ServiceImport;
 use xcc_proto::names::IMPORTED_LABEL;
@@ -99,69 +99,17 @@ pub async fn sync(
         .collect();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for want in &desired {
-        let (Some(ns), Some(name)) = (&want.metadata.namespace, &want.metadata.name) else {
-            continue;
-        };
-        let shown = format!("{ns}/{name}");
-        let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
-        // The watch sees only the binder's own; anything else of the name is read first, so
-        // a ServiceImport another implementation made is never taken over.
-        let current = match ours.get(&(Some(ns), Some(name))) {
-            Some(c) => Some((*c).clone()),
-            None => api.get_opt(name).await?,
-        };
-        if !mcs::may_write(current.as_ref(), install) {
-            pass.skipped.push(format!(
-                "{shown}: exists and is not this binder's; left unchanged"
-            ));
-            continue;
-        }
-        let (spec_differs, status_differs) = mcs::differs(current.as_ref(), want);
-        // The stored ServiceImport, for its UID (its slices' owner).
-        let mut stored = current.clone();
-        if spec_differs {
-            let body = json!({
-                "apiVersion": ServiceImport::api_version(&()),
-                "kind": ServiceImport::kind(&()),
-                "metadata": {
-                    "name": name, "namespace": ns,
-                    "labels": want.metadata.labels, "annotations": want.metadata.annotations,
-                },
-                "spec": want.spec,
-            });
-            match api.patch(name, &params, &Patch::Apply(&body)).await {
-                Ok(written) => stored = Some(written),
-                Err(e) if not_found(&e) => {
-                    pass.skipped
-                        .push(format!("{shown}: namespace {ns} does not exist here"));
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if status_differs || spec_differs {
-            let body = json!({
-                "apiVersion": ServiceImport::api_version(&()),
-                "kind": ServiceImport::kind(&()),
-                "status": want.status,
-            });
-            api.patch_status(name, &params, &Patch::Apply(&body))
-                .await?;
-        }
-        if spec_differs || status_differs {
-            pass.written.push(shown);
-        }
-        let Some(stored) = stored else { continue };
-        for slice in desired_slices
-            .get(&(ns.clone(), name.clone()))
-            .into_iter()
-            .flatten()
-        {
-            let Some(slice) = mcs::owned_by(slice.clone(), &stored) else {
-                continue;
-            };
-            write_slice(client, install, slice, &known_slices, &params, &mut pass).await?;
-        }
+        write_import(
+            client,
+            install,
+            want,
+            &ours,
+            &desired_slices,
+            &known_slices,
+            &params,
+            &mut pass,
+        )
+        .await?;
     }
     for old in mcs::stale_import_slices(
         existing_slices.iter().map(|e| e.as_ref()),
@@ -178,6 +126,87 @@ pub async fn sync(
         }
     }
     Ok(pass)
+}
+
+/// Bring one ServiceImport to `want` (spec and metadata, then status, each only when it
+/// differs) and its EndpointSlices to `desired_slices`; one of the name that is not this
+/// binder's, or in a namespace that does not exist here, is skipped.
+#[allow(clippy::too_many_arguments)]
+async fn write_import(
+    client: &Client,
+    install: &str,
+    want: &ServiceImport,
+    ours: &BTreeMap<(Option<&String>, Option<&String>), &ServiceImport>,
+    desired_slices: &BTreeMap<(String, String), Vec<EndpointSlice>>,
+    known_slices: &BTreeMap<(Option<&String>, Option<&String>), &EndpointSlice>,
+    params: &PatchParams,
+    pass: &mut Pass,
+) -> Result<(), kube::Error> {
+    let (Some(ns), Some(name)) = (&want.metadata.namespace, &want.metadata.name) else {
+        return Ok(());
+    };
+    let shown = format!("{ns}/{name}");
+    let api: Api<ServiceImport> = Api::namespaced(client.clone(), ns);
+    // The watch sees only the binder's own; anything else of the name is read first, so
+    // a ServiceImport another implementation made is never taken over.
+    let current = match ours.get(&(Some(ns), Some(name))) {
+        Some(c) => Some((*c).clone()),
+        None => api.get_opt(name).await?,
+    };
+    if !mcs::may_write(current.as_ref(), install) {
+        pass.skipped.push(format!(
+            "{shown}: exists and is not this binder's; left unchanged"
+        ));
+        return Ok(());
+    }
+    let (spec_differs, status_differs) = mcs::differs(current.as_ref(), want);
+    // The stored ServiceImport, for its UID (its slices' owner).
+    let mut stored = current.clone();
+    if spec_differs {
+        let body = json!({
+            "apiVersion": ServiceImport::api_version(&()),
+            "kind": ServiceImport::kind(&()),
+            "metadata": {
+                "name": name, "namespace": ns,
+                "labels": want.metadata.labels, "annotations": want.metadata.annotations,
+            },
+            "spec": want.spec,
+        });
+        match api.patch(name, params, &Patch::Apply(&body)).await {
+            Ok(written) => stored = Some(written),
+            Err(e) if not_found(&e) => {
+                pass.skipped
+                    .push(format!("{shown}: namespace {ns} does not exist here"));
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if status_differs || spec_differs {
+        let body = json!({
+            "apiVersion": ServiceImport::api_version(&()),
+            "kind": ServiceImport::kind(&()),
+            "status": want.status,
+        });
+        api.patch_status(name, params, &Patch::Apply(&body)).await?;
+    }
+    if spec_differs || status_differs {
+        pass.written.push(shown);
+    }
+    let Some(stored) = stored else {
+        return Ok(());
+    };
+    for slice in desired_slices
+        .get(&(ns.clone(), name.clone()))
+        .into_iter()
+        .flatten()
+    {
+        let Some(slice) = mcs::owned_by(slice.clone(), &stored) else {
+            continue;
+        };
+        write_slice(client, install, slice, known_slices, params, pass).await?;
+    }
+    Ok(())
 }
 
 /// Delete the object `meta` names only if it is still that object (its UID): `Some("ns/name")`
@@ -254,7 +283,7 @@ async fn write_slice(
     Ok(())
 }
 
-/// Feed a watch into its store and wake `changed` on every event.
+/// Feed a watch into its store ([`watch::follow`]) and wake `changed` on every event.
 async fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -262,28 +291,13 @@ async fn follow<K>(
     changed: Arc<Notify>,
     stop: CancellationToken,
 ) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    let stream = watcher::watcher(api, config)
-        .default_backoff()
-        .reflect(writer);
-    tokio::pin!(stream);
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            next = stream.next() => match next {
-                Some(Ok(_)) => changed.notify_one(),
-                Some(Err(e)) => tracing::warn!(error = %e, "MCS watch failed; retrying"),
-                None => return,
-            },
-        }
-    }
+    let what = format!("MCS {}", K::kind(&()));
+    watch::follow(&what, watch::watch(api, config), writer, stop, |_| {
+        changed.notify_one()
+    })
+    .await;
 }
 
 /// Run until `stop` fires: the binder in `namespace` keeps the ServiceImports of its imports.

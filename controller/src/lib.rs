@@ -1,13 +1,15 @@
 //! Plumbing every xcc process shares: the process [`runtime`] (signals, probes, leader Lease and
 //! supervised tasks, [`tasks`]), Lease-based leader election ([`leader`]), the `/healthz`,
 //! `/readyz` and `/metrics` endpoint ([`probes`]), the work queue of reconcile keys ([`queue`])
-//! and the Kubernetes client ([`client`]). Nothing here knows about ServiceRecords; the registry,
+//! the Kubernetes client ([`client`]), the watch → store loop ([`watch`]), the
+//! condition-transition rule ([`conditions`]) and the API-error predicates ([`plumbing`]). Nothing here knows about ServiceRecords; the registry,
 //! the publisher, the binder and the DNS server build on it.
 
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod backoff;
 pub mod cluster_id;
+pub mod conditions;
 pub mod leader;
 pub mod plumbing;
 pub mod probes;
@@ -15,6 +17,7 @@ pub mod propagation;
 pub mod queue;
 pub mod runtime;
 pub mod tasks;
+pub mod watch;
 
 /// What xcc's requests say they come from (the API server's audit log and managed fields show
 /// it): `xcc/<version>`.

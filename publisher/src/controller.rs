@@ -27,43 +27,38 @@
 //! Clusters without Contour are normal: when the HTTPProxy API is not served, Services are
 //! still exported, and the API is looked up again every [`Settings::discovery_retry`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use std::time::Duration;
-use xcc_controller::plumbing::{is_not_found, lock};
+use xcc_controller::plumbing::lock;
 
 use anyhow::Context as _;
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::Api;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::watcher::{self, Event};
-use kube::{Client, Resource, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 use xcc_controller::probes::Health;
 use xcc_controller::queue::{Backoff, Queue};
 use xcc_controller::tasks::{Spawner, Tasks};
-use xcc_proto::crd::{
-    ENDPOINTSLICE_SERVICE_NAME_LABEL, MANAGED_BY_LABEL, PUBLISHER_MANAGER, ServiceRecord,
-};
+use xcc_proto::crd::ServiceRecord;
 use xcc_proto::mcs::ServiceExport;
-use xcc_proto::names::{EXPORT_LABEL, IMPORTED_LABEL};
 
 use crate::apply::{self, FIELD_MANAGER, Outcome, SyncError};
 use crate::desired::{self, Config, Desired, Skip};
 use crate::httpproxy::HTTPProxy;
 use crate::mcs;
+
+mod watches;
+use watches::spawn_watches;
 
 /// Name of the leader-election Lease and the Events' reporting controller.
 pub const LEASE_NAME: &str = "xcc-publisher";
@@ -432,99 +427,18 @@ fn reference(key: &SourceKey, uid: Option<String>) -> ObjectReference {
 
 /// Reconcile one source: publish what it should publish, remove what it no longer should.
 async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
-    let nodes = shared.nodes();
     let present = match key.kind {
         SourceKind::HTTPProxy => {
             if *shared.proxy_api.borrow() != ProxyApi::Synced {
                 // No HTTPProxy API (yet): nothing can be known about proxies; touch nothing.
                 return Ok(());
             }
-            let proxy = shared
-                .proxies
-                .get(&ObjectRef::new(&key.name).within(&key.namespace));
-            proxy.and_then(|p| {
-                let uid = p.metadata.uid.clone()?;
-                let ingress = shared.ingress_service();
-                Some((
-                    uid,
-                    desired::from_httpproxy(
-                        &p,
-                        ingress.as_deref(),
-                        &nodes,
-                        &shared.settings.config,
-                    ),
-                ))
-            })
+            desired_of_proxy(shared, key)
         }
-        SourceKind::Service => {
-            let service = shared
-                .services
-                .get(&ObjectRef::new(&key.name).within(&key.namespace));
-            let export = shared.export_of(key);
-            service.and_then(|s| {
-                let uid = s.metadata.uid.clone()?;
-                let by = mcs::exported(&s.metadata, export.as_deref());
-                // Only a headless Service, or one a ServiceExport alone exports, exports its
-                // pods from its slices (read in MCS mode only).
-                let headless =
-                    s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
-                let all_slices = if headless || by == desired::ExportedBy::ServiceExport {
-                    shared.slices.state()
-                } else {
-                    Vec::new()
-                };
-                let slices = shared.settings.mcs.then(|| {
-                    desired::slices_of(
-                        &key.namespace,
-                        &key.name,
-                        all_slices.iter().map(|s| s.as_ref()),
-                    )
-                });
-                // The clusterset namespace is the Service's own (no namespace mapping here).
-                let mut desired = desired::from_exported_service(
-                    &s,
-                    by,
-                    &key.namespace,
-                    &nodes,
-                    slices.as_deref(),
-                    &shared.settings.config,
-                );
-                mcs::stamp_export(&mut desired, export.as_deref(), s.spec.as_ref());
-                Some((uid, desired))
-            })
-        }
+        SourceKind::Service => desired_of_service(shared, key),
     };
     let Some((uid, desired)) = present else {
-        // Deleted, or no longer labelled for export: its records go.
-        let known = shared.records_in(&key.namespace);
-        let removal = apply::remove_source_records_known(
-            &shared.client,
-            &key.namespace,
-            key.kind.api_version(),
-            key.kind.kind(),
-            &key.name,
-            known.iter().map(|r| r.as_ref()),
-        )
-        .await?;
-        shared.newly_reported(key, None);
-        if !removal.removed.is_empty() {
-            shared
-                .metrics
-                .wrote("ServiceRecord", "delete", removal.removed.len());
-            info!(source = %key, records = ?removal.removed, "removed ServiceRecords of a source no longer exported");
-            shared
-                .event(
-                    &reference(key, removal.owner_uid),
-                    EventType::Normal,
-                    "Removed",
-                    format!(
-                        "no longer exported; removed ServiceRecord {}",
-                        removal.removed.join(", ")
-                    ),
-                    removal.removed.first().map(String::as_str),
-                )
-                .await;
-        }
+        remove_records(shared, key).await?;
         write_export_status(shared, key, mcs::State::NoService).await?;
         return Ok(());
     };
@@ -558,6 +472,96 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
         (None, None, None) => return Ok(()),
     };
     write_export_status(shared, key, state).await?;
+    Ok(())
+}
+
+/// The HTTPProxy `key`'s uid and what it should publish; `None` when it is gone.
+fn desired_of_proxy(shared: &Shared, key: &SourceKey) -> Option<(String, Desired)> {
+    let nodes = shared.nodes();
+    let proxy = shared
+        .proxies
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    proxy.and_then(|p| {
+        let uid = p.metadata.uid.clone()?;
+        let ingress = shared.ingress_service();
+        Some((
+            uid,
+            desired::from_httpproxy(&p, ingress.as_deref(), &nodes, &shared.settings.config),
+        ))
+    })
+}
+
+/// The Service `key`'s uid and what it should publish; `None` when it is gone.
+fn desired_of_service(shared: &Shared, key: &SourceKey) -> Option<(String, Desired)> {
+    let nodes = shared.nodes();
+    let service = shared
+        .services
+        .get(&ObjectRef::new(&key.name).within(&key.namespace));
+    let export = shared.export_of(key);
+    service.and_then(|s| {
+        let uid = s.metadata.uid.clone()?;
+        let by = mcs::exported(&s.metadata, export.as_deref());
+        // Only a headless Service, or one a ServiceExport alone exports, exports its
+        // pods from its slices (read in MCS mode only).
+        let headless = s.spec.as_ref().and_then(|s| s.cluster_ip.as_deref()) == Some("None");
+        let all_slices = if headless || by == desired::ExportedBy::ServiceExport {
+            shared.slices.state()
+        } else {
+            Vec::new()
+        };
+        let slices = shared.settings.mcs.then(|| {
+            desired::slices_of(
+                &key.namespace,
+                &key.name,
+                all_slices.iter().map(|s| s.as_ref()),
+            )
+        });
+        // The clusterset namespace is the Service's own (no namespace mapping here).
+        let mut desired = desired::from_exported_service(
+            &s,
+            by,
+            &key.namespace,
+            &nodes,
+            slices.as_deref(),
+            &shared.settings.config,
+        );
+        mcs::stamp_export(&mut desired, export.as_deref(), s.spec.as_ref());
+        Some((uid, desired))
+    })
+}
+
+/// The source `key` is deleted, or no longer labelled for export: its records go.
+async fn remove_records(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
+    // Deleted, or no longer labelled for export: its records go.
+    let known = shared.records_in(&key.namespace);
+    let removal = apply::remove_source_records_known(
+        &shared.client,
+        &key.namespace,
+        key.kind.api_version(),
+        key.kind.kind(),
+        &key.name,
+        known.iter().map(|r| r.as_ref()),
+    )
+    .await?;
+    shared.newly_reported(key, None);
+    if !removal.removed.is_empty() {
+        shared
+            .metrics
+            .wrote("ServiceRecord", "delete", removal.removed.len());
+        info!(source = %key, records = ?removal.removed, "removed ServiceRecords of a source no longer exported");
+        shared
+            .event(
+                &reference(key, removal.owner_uid),
+                EventType::Normal,
+                "Removed",
+                format!(
+                    "no longer exported; removed ServiceRecord {}",
+                    removal.removed.join(", ")
+                ),
+                removal.removed.first().map(String::as_str),
+            )
+            .await;
+    }
     Ok(())
 }
 
@@ -703,195 +707,6 @@ async fn worker(shared: Arc<Shared>, cancel: CancellationToken) {
     }
 }
 
-/// Start [`drive`] as the supervised task `watch <what>`, stopped with the process; a stream
-/// that ends before then stops the process, naming the watch.
-fn spawn_watch<K, F>(
-    spawner: &Spawner,
-    stream: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
-    writer: reflector::store::Writer<K>,
-    what: &'static str,
-    metrics: Metrics,
-    on_event: F,
-) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    F: FnMut(&Event<K>) + Send + 'static,
-{
-    let cancel = spawner.token().clone();
-    spawner.spawn_infallible(
-        format!("watch {what}"),
-        drive(stream, writer, what, metrics, cancel, on_event),
-    );
-}
-
-/// Drive one watch into its store, calling `on_event` after each event is applied; returns when
-/// `cancel` fires or the stream ends.
-async fn drive<K, F>(
-    stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
-    mut writer: reflector::store::Writer<K>,
-    what: &'static str,
-    metrics: Metrics,
-    cancel: CancellationToken,
-    mut on_event: F,
-) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    F: FnMut(&Event<K>),
-{
-    let relists = metrics
-        .relists
-        .get_or_create(&vec![("watch".into(), what.into())])
-        .clone();
-    tokio::pin!(stream);
-    loop {
-        let next = tokio::select! {
-            next = stream.next() => next,
-            _ = cancel.cancelled() => return,
-        };
-        match next {
-            Some(Ok(event)) => {
-                writer.apply_watcher_event(&event);
-                on_event(&event);
-                // Counted after the relist's keys are queued, so a relist that is counted has
-                // its work visible in the queue depth.
-                if matches!(event, Event::InitDone) {
-                    relists.inc();
-                }
-            }
-            Some(Err(e)) => warn!(watch = what, error = %e, "watch failed; retrying"),
-            None => return,
-        }
-    }
-}
-
-/// For a source watch: on a relist, also reconcile the keys that were there before (a deletion
-/// during a watch gap shows up only as absence) and the owners of existing records.
-fn source_events<K>(shared: Arc<Shared>, kind: SourceKind, store: Store<K>) -> impl FnMut(&Event<K>)
-where
-    K: Resource<DynamicType = ()> + Clone + 'static,
-{
-    let mut before: Vec<SourceKey> = Vec::new();
-    move |event| match event {
-        Event::Apply(obj) | Event::Delete(obj) => {
-            if let Some(key) = SourceKey::of(kind, obj) {
-                shared.queue.add(key);
-            }
-        }
-        Event::Init => {
-            before = store
-                .state()
-                .iter()
-                .filter_map(|o| SourceKey::of(kind, o.as_ref()))
-                .collect();
-        }
-        Event::InitApply(_) => {}
-        Event::InitDone => {
-            let now = store
-                .state()
-                .iter()
-                .filter_map(|o| SourceKey::of(kind, o.as_ref()))
-                .collect::<Vec<_>>();
-            shared.queue.add_all(std::mem::take(&mut before));
-            shared.queue.add_all(now);
-            shared.queue.add_all(shared.owner_keys(Some(kind)));
-        }
-    }
-}
-
-/// What of the nodes feeds records: per node, readiness, whether it runs the ingress, and its
-/// InternalIPs. Node heartbeats change none of it.
-fn node_fingerprint(nodes: &[Node]) -> BTreeMap<String, (bool, bool, Vec<String>)> {
-    nodes
-        .iter()
-        .map(|n| {
-            (
-                n.name_any(),
-                (
-                    desired::node_is_ready(n),
-                    desired::node_runs_ingress(n),
-                    desired::node_internal_ips(n),
-                ),
-            )
-        })
-        .collect()
-}
-
-/// Whether `projectcontour.io/v1` serves `httpproxies`.
-async fn proxy_api_served(client: &Client) -> Result<bool, kube::Error> {
-    match client
-        .list_api_group_resources(HTTPProxy::api_version(&()).as_ref())
-        .await
-    {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "httpproxies")),
-        Err(e) if is_not_found(&e) => Ok(false),
-        Err(e) => Err(e),
-    }
-}
-
-/// Look for the HTTPProxy API until it is served, then watch proxies.
-async fn watch_proxies(
-    shared: Arc<Shared>,
-    writer: reflector::store::Writer<HTTPProxy>,
-    cancel: CancellationToken,
-) {
-    let mut logged_absent = false;
-    loop {
-        match proxy_api_served(&shared.client).await {
-            Ok(true) => break,
-            Ok(false) => {
-                if !logged_absent {
-                    info!(
-                        retry = ?shared.settings.discovery_retry,
-                        "HTTPProxy API (projectcontour.io/v1) not served; exporting Services only until it is"
-                    );
-                    logged_absent = true;
-                }
-                shared.proxy_api.send_replace(ProxyApi::Absent);
-            }
-            Err(e) => warn!(error = %e, "looking up the HTTPProxy API failed; retrying"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(shared.settings.discovery_retry) => {}
-            _ = cancel.cancelled() => return,
-        }
-    }
-    if logged_absent {
-        info!("HTTPProxy API now served; watching HTTPProxies");
-    }
-    let api: Api<HTTPProxy> = Api::all(shared.client.clone());
-    let config = watcher::Config::default().labels(EXPORT_LABEL);
-    let mut on_source = source_events(
-        shared.clone(),
-        SourceKind::HTTPProxy,
-        shared.proxies.clone(),
-    );
-    let s = shared.clone();
-    drive(
-        watcher::watcher(api, config).default_backoff(),
-        writer,
-        "httpproxies",
-        shared.metrics.clone(),
-        cancel,
-        move |event| {
-            if matches!(event, Event::InitDone) {
-                s.proxy_api.send_replace(ProxyApi::Synced);
-            }
-            on_source(event);
-        },
-    )
-    .await;
-}
-
 /// Run the publisher until `cancel` fires. `health` turns ready after the first full sync.
 pub async fn run(
     client: Client,
@@ -903,291 +718,24 @@ pub async fn run(
     if settings.workers == 0 {
         anyhow::bail!("the publisher needs at least one worker");
     }
-    let (proxies, proxy_writer) = reflector::store::<HTTPProxy>();
-    let (services, service_writer) = reflector::store::<Service>();
-    let (ingress, ingress_writer) = reflector::store::<Service>();
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let (records, record_writer) = reflector::store::<ServiceRecord>();
-    let (exports, export_writer) = reflector::store::<ServiceExport>();
-    let (imported, imported_writer) = reflector::store::<ServiceRecord>();
-    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
-    let reporter = Reporter {
-        controller: LEASE_NAME.into(),
-        instance: settings.instance.clone(),
-    };
-    let shared = Arc::new(Shared {
-        reporter,
-        client: client.clone(),
-        queue: Arc::new(Queue::new(
-            settings.backoff.clone(),
-            Some(metrics.queue_depth.clone()),
-        )),
-        metrics,
-        proxies,
-        services: services.clone(),
-        ingress: ingress.clone(),
-        nodes: nodes.clone(),
-        records: records.clone(),
-        exports: exports.clone(),
-        imported: imported.clone(),
-        slices: slices.clone(),
-        proxy_api: tokio::sync::watch::Sender::new(ProxyApi::Unknown),
-        reported: Mutex::default(),
-        initial: Mutex::new(Some(HashSet::new())),
-        health: health.clone(),
-        reconciles: AtomicU64::new(0),
-        settings,
-    });
+    let (shared, writers) = Shared::new(client, settings, metrics, health.clone());
     health.set_ready(false);
     // Every watch and worker runs until shutdown: one that ends early, fails or panics stops the
     // publisher with an error naming it, and the others are told to stop.
     let tasks = Tasks::new(cancel.child_token());
     let spawner = tasks.spawner().clone();
-    let cancel = spawner.token().clone();
-
-    let mcs_mode = shared.settings.mcs;
-    // Exported Services; every Service in MCS mode (a ServiceExport may name any).
-    {
-        let api: Api<Service> = Api::all(client.clone());
-        let config = if mcs_mode {
-            watcher::Config::default()
-        } else {
-            watcher::Config::default().labels(EXPORT_LABEL)
-        };
-        let on = source_events(shared.clone(), SourceKind::Service, services.clone());
-        spawn_watch(
-            &spawner,
-            watcher::watcher(api, config).default_backoff(),
-            service_writer,
-            "services",
-            shared.metrics.clone(),
-            on,
-        );
-    }
-    if mcs_mode {
-        // ServiceExports: each stands for the Service of its name.
-        let api: Api<ServiceExport> = Api::all(client.clone());
-        let s = shared.clone();
-        spawn_watch(
-            &spawner,
-            watcher::watcher(api, watcher::Config::default()).default_backoff(),
-            export_writer,
-            "serviceexports",
-            shared.metrics.clone(),
-            move |event| match event {
-                Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) => {
-                    if let Some(key) = SourceKey::of(SourceKind::Service, e) {
-                        s.queue.add(key);
-                    }
-                }
-                Event::Init | Event::InitDone => {}
-            },
-        );
-        // EndpointSlices: a headless Service exports its pods.
-        let api: Api<EndpointSlice> = Api::all(client.clone());
-        let s = shared.clone();
-        spawn_watch(
-            &spawner,
-            watcher::watcher(
-                api,
-                watcher::Config::default().labels(ENDPOINTSLICE_SERVICE_NAME_LABEL),
-            )
-            .default_backoff(),
-            slice_writer,
-            "endpointslices",
-            shared.metrics.clone(),
-            move |event| {
-                if let Event::Apply(e) | Event::Delete(e) | Event::InitApply(e) = event
-                    && let (Some(namespace), Some(name)) = (
-                        e.metadata.namespace.as_ref(),
-                        e.metadata
-                            .labels
-                            .as_ref()
-                            .and_then(|l| l.get(ENDPOINTSLICE_SERVICE_NAME_LABEL)),
-                    )
-                {
-                    s.queue.add(SourceKey {
-                        kind: SourceKind::Service,
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                    });
-                }
-            },
-        );
-        // Imported records: another cluster's export of a name exported here may conflict.
-        let api: Api<ServiceRecord> = Api::all(client.clone());
-        let s = shared.clone();
-        spawn_watch(
-            &spawner,
-            watcher::watcher(api, watcher::Config::default().labels(IMPORTED_LABEL))
-                .default_backoff(),
-            imported_writer,
-            "imported-servicerecords",
-            shared.metrics.clone(),
-            move |event| {
-                if let Event::Apply(r) | Event::Delete(r) | Event::InitApply(r) = event
-                    && let Some(origin) = &r.spec.origin
-                {
-                    s.queue.add(SourceKey {
-                        kind: SourceKind::Service,
-                        namespace: origin.namespace.clone(),
-                        name: origin.name.clone(),
-                    });
-                }
-            },
-        );
-    }
-    // HTTPProxies, once their API is served.
-    spawner.spawn_infallible(
-        "watch httpproxies",
-        watch_proxies(shared.clone(), proxy_writer, cancel.clone()),
-    );
-    // Nodes: fan out to proxies and NodePort Services when what feeds records changes.
-    {
-        let api: Api<Node> = Api::all(client.clone());
-        let s = shared.clone();
-        let mut last = None;
-        spawn_watch(
-            &spawner,
-            watcher::watcher(api, watcher::Config::default()).default_backoff(),
-            node_writer,
-            "nodes",
-            shared.metrics.clone(),
-            move |event| {
-                if matches!(event, Event::Init | Event::InitApply(_)) {
-                    return;
-                }
-                let now = node_fingerprint(&s.nodes());
-                if last.as_ref() != Some(&now) {
-                    debug!(nodes = now.len(), "node inputs changed");
-                    last = Some(now);
-                    s.queue.add_all(s.proxy_keys());
-                    s.queue.add_all(s.service_keys(true));
-                }
-            },
-        );
-    }
-    // The ingress Service: its LoadBalancer addresses become every proxy's endpoints.
-    {
-        let (ns, name) = shared.settings.ingress_service.clone();
-        let api: Api<Service> = Api::namespaced(client.clone(), &ns);
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let s = shared.clone();
-        let mut last = None;
-        spawn_watch(
-            &spawner,
-            watcher::watcher(api, config).default_backoff(),
-            ingress_writer,
-            "ingress-service",
-            shared.metrics.clone(),
-            move |event| {
-                if matches!(event, Event::Init | Event::InitApply(_)) {
-                    return;
-                }
-                let svc = s.ingress_service();
-                let now = desired::ingress_endpoints(svc.as_deref(), &[], 0);
-                if last.as_ref() != Some(&now) {
-                    last = Some(now);
-                    s.queue.add_all(s.proxy_keys());
-                }
-            },
-        );
-    }
-    // The publisher's own records: drift repair and removal follow their owner.
-    {
-        let api: Api<ServiceRecord> = Api::all(client.clone());
-        let config =
-            watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={PUBLISHER_MANAGER}"));
-        let s = shared.clone();
-        let store = records.clone();
-        let mut before: Vec<SourceKey> = Vec::new();
-        spawn_watch(
-            &spawner,
-            watcher::watcher(api, config).default_backoff(),
-            record_writer,
-            "servicerecords",
-            shared.metrics.clone(),
-            move |event| match event {
-                Event::Apply(r) | Event::Delete(r) => {
-                    if let Some(key) = SourceKey::owning(r) {
-                        s.queue.add(key);
-                    }
-                }
-                Event::Init => {
-                    before = store
-                        .state()
-                        .iter()
-                        .filter_map(|r| SourceKey::owning(r))
-                        .collect();
-                }
-                Event::InitApply(_) => {}
-                Event::InitDone => {
-                    s.queue.add_all(std::mem::take(&mut before));
-                    s.queue.add_all(s.owner_keys(None));
-                }
-            },
-        );
-    }
-
-    // First full sync: every store listed, the HTTPProxy API found or known absent.
-    let synced = async {
-        let mut proxy_api = shared.proxy_api.subscribe();
-        let stores = async {
-            services.wait_until_ready().await?;
-            ingress.wait_until_ready().await?;
-            nodes.wait_until_ready().await?;
-            if mcs_mode {
-                exports.wait_until_ready().await?;
-                imported.wait_until_ready().await?;
-                slices.wait_until_ready().await?;
-            }
-            records.wait_until_ready().await
-        };
-        // Map the borrowed value away at once: it must not be held across an await.
-        let proxies = async {
-            proxy_api
-                .wait_for(|s| *s != ProxyApi::Unknown)
-                .await
-                .map(|_| ())
-        };
-        let (stores, proxies) = tokio::join!(stores, proxies);
-        stores.map_err(|e| anyhow::anyhow!("{e}"))?;
-        proxies.map_err(|e| anyhow::anyhow!("{e}"))?;
-        anyhow::Ok(())
-    };
+    spawn_watches(&spawner, &shared, writers);
     let mut supervised = std::pin::pin!(tasks.run());
     // The first sync, unless the tasks stop before it (shutdown, or one that failed).
     let first = tokio::select! {
-        r = synced => Ok(r),
+        r = first_sync(&shared) => Ok(r),
         outcome = &mut supervised => Err(outcome),
     };
     let outcome = match first {
         Err(outcome) => outcome,
         Ok(result) => {
             result?;
-            let mut keys: HashSet<SourceKey> = shared.service_keys(false).into_iter().collect();
-            if *shared.proxy_api.borrow() == ProxyApi::Synced {
-                keys.extend(shared.proxy_keys());
-            }
-            keys.extend(shared.owner_keys(Some(SourceKind::Service)));
-            if *shared.proxy_api.borrow() == ProxyApi::Synced {
-                keys.extend(shared.owner_keys(Some(SourceKind::HTTPProxy)));
-            }
-            info!(sources = keys.len(), "watches listed; reconciling");
-            if keys.is_empty() {
-                *lock(&shared.initial) = None;
-                info!("first sync complete; ready");
-                health.set_ready(true);
-            } else {
-                *lock(&shared.initial) = Some(keys.clone());
-                shared.queue.add_all(keys);
-            }
-            for i in 0..shared.settings.workers {
-                spawner.spawn_infallible(
-                    format!("worker {i}"),
-                    worker(shared.clone(), cancel.clone()),
-                );
-            }
+            start_reconciling(&shared, &spawner);
             supervised.await
         }
     };
@@ -1198,6 +746,62 @@ pub async fn run(
         "publisher stopped"
     );
     Ok(())
+}
+
+/// The first full sync: every store listed, the HTTPProxy API found or known absent.
+async fn first_sync(shared: &Shared) -> anyhow::Result<()> {
+    let mut proxy_api = shared.proxy_api.subscribe();
+    let stores = async {
+        shared.services.wait_until_ready().await?;
+        shared.ingress.wait_until_ready().await?;
+        shared.nodes.wait_until_ready().await?;
+        if shared.settings.mcs {
+            shared.exports.wait_until_ready().await?;
+            shared.imported.wait_until_ready().await?;
+            shared.slices.wait_until_ready().await?;
+        }
+        shared.records.wait_until_ready().await
+    };
+    // Map the borrowed value away at once: it must not be held across an await.
+    let proxies = async {
+        proxy_api
+            .wait_for(|s| *s != ProxyApi::Unknown)
+            .await
+            .map(|_| ())
+    };
+    let (stores, proxies) = tokio::join!(stores, proxies);
+    stores.map_err(|e| anyhow::anyhow!("{e}"))?;
+    proxies.map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(())
+}
+
+/// After the first sync: queue every source and owner (ready at once when there are none) and
+/// start the workers.
+fn start_reconciling(shared: &Arc<Shared>, spawner: &Spawner) {
+    let mut keys: HashSet<SourceKey> = shared.service_keys(false).into_iter().collect();
+    if *shared.proxy_api.borrow() == ProxyApi::Synced {
+        keys.extend(shared.proxy_keys());
+    }
+    keys.extend(shared.owner_keys(Some(SourceKind::Service)));
+    if *shared.proxy_api.borrow() == ProxyApi::Synced {
+        keys.extend(shared.owner_keys(Some(SourceKind::HTTPProxy)));
+    }
+    info!(sources = keys.len(), "watches listed; reconciling");
+    if keys.is_empty() {
+        *lock(&shared.initial) = None;
+        info!("first sync complete; ready");
+        shared.health.set_ready(true);
+    } else {
+        *lock(&shared.initial) = Some(keys.clone());
+        shared.queue.add_all(keys);
+    }
+    let cancel = spawner.token();
+    for i in 0..shared.settings.workers {
+        spawner.spawn_infallible(
+            format!("worker {i}"),
+            worker(shared.clone(), cancel.clone()),
+        );
+    }
 }
 
 /// [`run`] under leader election on the `xcc-publisher` Lease (`leader: None` runs at once).
@@ -1222,140 +826,4 @@ pub async fn serve(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn namespaced_names_parse() {
-        assert_eq!(
-            parse_namespaced_name("projectcontour/envoy"),
-            Ok(("projectcontour".into(), "envoy".into()))
-        );
-        for bad in ["envoy", "/envoy", "projectcontour/", "a/b/c", ""] {
-            assert_eq!(
-                parse_namespaced_name(bad),
-                Err(NotNamespacedName(bad.into())),
-                "{bad}"
-            );
-        }
-        assert_eq!(
-            NotNamespacedName("envoy".into()).to_string(),
-            r#""envoy" is not namespace/name"#
-        );
-    }
-
-    #[test]
-    fn backoff_doubles_up_to_the_cap() {
-        let mut d = Settings::default().backoff.delays();
-        let got: Vec<u128> = (0..13).map(|_| d.next_delay().as_millis()).collect();
-        assert_eq!(
-            got,
-            [
-                100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600, 51200, 102400, 204800, 300000
-            ]
-        );
-    }
-
-    #[test]
-    fn records_map_to_their_source() {
-        let record: ServiceRecord = serde_json::from_value(serde_json::json!({
-            "apiVersion": "connectivity.tanzu.vmware.com/v1alpha1", "kind": "ServiceRecord",
-            "metadata": {"name": "a.b", "namespace": "ns",
-                "labels": {EXPORT_LABEL: "", MANAGED_BY_LABEL: PUBLISHER_MANAGER},
-                "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": "web",
-                                     "uid": "u", "controller": true}]},
-            "spec": {"fqdn": "a.b", "endpoints": []},
-        }))
-        .unwrap();
-        assert_eq!(
-            SourceKey::owning(&record),
-            Some(SourceKey {
-                kind: SourceKind::Service,
-                namespace: "ns".into(),
-                name: "web".into()
-            })
-        );
-    }
-
-    fn service(name: &str) -> Service {
-        Service {
-            metadata: kube::api::ObjectMeta {
-                name: Some(name.into()),
-                namespace: Some("ns".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
-
-    /// A watch whose stream ends while the publisher runs stops it, naming the watch, and the
-    /// other tasks are told to stop; what it delivered before was applied.
-    #[tokio::test]
-    async fn a_watch_that_ends_early_stops_the_publisher_naming_it() {
-        let tasks = Tasks::new(CancellationToken::new());
-        let spawner = tasks.spawner().clone();
-        let (services, writer) = reflector::store::<Service>();
-        let events = futures::stream::iter([
-            Ok(Event::Init),
-            Ok(Event::InitApply(service("web"))),
-            Ok(Event::InitDone),
-        ]);
-        let seen = Arc::new(AtomicU64::new(0));
-        let count = seen.clone();
-        spawn_watch(
-            &spawner,
-            events,
-            writer,
-            "services",
-            Metrics::default(),
-            move |_| {
-                count.fetch_add(1, Ordering::Relaxed);
-            },
-        );
-        let (_, nodes) = reflector::store::<Node>();
-        spawn_watch(
-            &spawner,
-            futures::stream::pending(),
-            nodes,
-            "nodes",
-            Metrics::default(),
-            |_| {},
-        );
-        let err = tasks
-            .run()
-            .await
-            .expect_err("the ended watch stops the run");
-        assert!(
-            matches!(&err, xcc_controller::tasks::TaskError::Returned { task } if task == "watch services"),
-            "{err:?}"
-        );
-        assert_eq!(
-            err.to_string(),
-            "task `watch services` stopped before shutdown"
-        );
-        assert!(
-            spawner.token().is_cancelled(),
-            "the other watch was told to stop"
-        );
-        assert_eq!(seen.load(Ordering::Relaxed), 3);
-        assert_eq!(services.state().len(), 1);
-    }
-
-    /// Watches that are still open when the process shuts down end without an error.
-    #[tokio::test]
-    async fn open_watches_end_quietly_on_shutdown() {
-        let cancel = CancellationToken::new();
-        let tasks = Tasks::new(cancel.clone());
-        let (_, writer) = reflector::store::<Service>();
-        spawn_watch(
-            tasks.spawner(),
-            futures::stream::pending(),
-            writer,
-            "services",
-            Metrics::default(),
-            |_| {},
-        );
-        cancel.cancel();
-        assert!(tasks.run().await.is_ok());
-    }
-}
+mod tests;

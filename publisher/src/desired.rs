@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Service, ServicePort as KubeServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -518,6 +518,51 @@ pub fn from_exported_service(
         (false, _, _) => None,
     };
     let node_port = type_ == "NodePort" && pods.is_none();
+    let ports = record_ports(svc_ports, node_port, pods.as_ref());
+    let Some(addresses) = addresses(service, svc_spec, pods.as_ref(), nodes) else {
+        return Desired::Skip(Skip::Headless);
+    };
+    let endpoints = normalise(
+        addresses
+            .iter()
+            .flat_map(|address| {
+                ports.iter().map(|p| Endpoint {
+                    address: address.clone(),
+                    port: p.target_port(),
+                })
+            })
+            .collect(),
+    );
+    let annotations = record_annotations(
+        service,
+        svc_spec,
+        pods.as_ref().filter(|_| headless),
+        &ports,
+        clusterset_namespace,
+        &name,
+    );
+    let spec = ServiceRecordSpec {
+        fqdn: fqdn.clone(),
+        endpoints,
+        allowed_requesters: annotation(&service.metadata, CLUSTERS_ANNOTATION).map(parse_clusters),
+        ports: Some(ports),
+        origin: Some(Origin {
+            cluster: config.cluster.clone(),
+            namespace: clusterset_namespace.to_string(),
+            name,
+            kind: Some(Service::kind(&()).into_owned()),
+        }),
+    };
+    record(fqdn, namespace, owner, annotations, spec)
+}
+
+/// The record's ports: each Service port, on its node port (NodePort Services; one without a
+/// node port yet is left out) or on the port the pods serve it on (`pods`).
+fn record_ports(
+    svc_ports: &[KubeServicePort],
+    node_port: bool,
+    pods: Option<&Pods>,
+) -> Vec<ServicePort> {
     let mut ports = Vec::new();
     for p in svc_ports {
         let protocol = p
@@ -538,7 +583,7 @@ pub fn from_exported_service(
         });
     }
     ports.retain(|p| p.target_port != Some(0));
-    if let Some(pods) = &pods {
+    if let Some(pods) = pods {
         // The pods serve each port on the slice port of its name; without slices yet, on the
         // Service's numeric targetPort, else its port.
         // (`ports` still lines up with `svc_ports`: only NodePort ports were left out.)
@@ -550,7 +595,19 @@ pub fn from_exported_service(
             });
         }
     }
-    let addresses: Vec<String> = match (type_, &pods) {
+    ports
+}
+
+/// The addresses the Service is reached on: its pods', its load balancer's, its ready nodes' or
+/// its cluster IPs; `None` for a headless Service without pods.
+fn addresses(
+    service: &Service,
+    svc_spec: &ServiceSpec,
+    pods: Option<&Pods>,
+    nodes: &[Node],
+) -> Option<Vec<String>> {
+    let type_ = svc_spec.type_.as_deref().unwrap_or("ClusterIP");
+    let addresses: Vec<String> = match (type_, pods) {
         (_, Some(pods)) => pods.addresses.iter().cloned().collect(),
         ("LoadBalancer", _) => load_balancer_addresses(service),
         ("NodePort", _) => nodes
@@ -564,27 +621,29 @@ pub fn from_exported_service(
                 _ => svc_spec.cluster_ip.clone().into_iter().collect(),
             };
             if ips.iter().any(|ip| ip == "None") {
-                return Desired::Skip(Skip::Headless);
+                return None;
             }
             ips
         }
     };
-    let endpoints = normalise(
-        addresses
-            .iter()
-            .flat_map(|address| {
-                ports.iter().map(|p| Endpoint {
-                    address: address.clone(),
-                    port: p.target_port(),
-                })
-            })
-            .collect(),
-    );
+    Some(addresses)
+}
+
+/// The record's annotations: the Service's passed-through ones, and the publisher's own (the
+/// headless pods, the workload selector, the Hamlet port, the origin).
+fn record_annotations(
+    service: &Service,
+    svc_spec: &ServiceSpec,
+    headless_pods: Option<&Pods>,
+    ports: &[ServicePort],
+    clusterset_namespace: &str,
+    name: &str,
+) -> BTreeMap<String, String> {
     let mut annotations = passed_annotations(&service.metadata);
     // Only the publisher says what is headless: a user's annotation of these keys is dropped.
     annotations.remove(HEADLESS_ANNOTATION);
     annotations.remove(HOSTNAMES_ANNOTATION);
-    if let Some(pods) = pods.as_ref().filter(|_| headless) {
+    if let Some(pods) = headless_pods {
         annotations.insert(HEADLESS_ANNOTATION.to_string(), HEADLESS_TRUE.to_string());
         if !pods.hostnames.is_empty() {
             annotations.insert(
@@ -611,20 +670,8 @@ pub fn from_exported_service(
         ORIGIN_NAMESPACE_ANNOTATION.to_string(),
         clusterset_namespace.to_string(),
     );
-    annotations.insert(ORIGIN_NAME_ANNOTATION.to_string(), name.clone());
-    let spec = ServiceRecordSpec {
-        fqdn: fqdn.clone(),
-        endpoints,
-        allowed_requesters: annotation(&service.metadata, CLUSTERS_ANNOTATION).map(parse_clusters),
-        ports: Some(ports),
-        origin: Some(Origin {
-            cluster: config.cluster.clone(),
-            namespace: clusterset_namespace.to_string(),
-            name,
-            kind: Some(Service::kind(&()).into_owned()),
-        }),
-    };
-    record(fqdn, namespace, owner, annotations, spec)
+    annotations.insert(ORIGIN_NAME_ANNOTATION.to_string(), name.to_string());
+    annotations
 }
 
 /// Whether the publisher may rewrite or delete `record` on behalf of the source object with

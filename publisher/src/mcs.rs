@@ -32,6 +32,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ServiceSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use xcc_controller::conditions::condition;
 use xcc_proto::crd::{
     ANNOUNCED_REASON_COLLISION, ANNOUNCED_REASON_OWNER, CONDITION_ANNOUNCED, Protocol,
     ServiceRecord,
@@ -601,18 +602,15 @@ pub fn merge(
     wanted
         .iter()
         .map(|w| {
-            let since = existing
-                .iter()
-                .find(|c| c.type_ == w.type_ && c.status == w.status)
-                .map_or_else(|| now.clone(), |c| c.last_transition_time.clone());
-            Condition {
-                type_: w.type_.to_string(),
-                status: w.status.to_string(),
-                reason: w.reason.to_string(),
-                message: w.message.clone(),
-                observed_generation: generation,
-                last_transition_time: since,
-            }
+            condition(
+                existing,
+                w.type_,
+                w.status,
+                w.reason.as_str(),
+                w.message.clone(),
+                generation,
+                now,
+            )
         })
         .collect()
 }

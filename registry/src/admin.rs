@@ -4,7 +4,6 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use futures::{Stream, StreamExt as _};
 use tokio::sync::{broadcast, mpsc};
@@ -14,14 +13,18 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 use xcc_proto::xcc::admin::v1 as api;
 
-use crate::authz::Condition as AuthzCondition;
 use crate::budget::{ByteBudget, Charge};
 use crate::catalog::{Catalog, CatalogEvent, ListFilter, ServiceEntry, ServiceKey};
 use crate::federation::{Level, Target};
 use crate::peers::{PeerKind, PeerState, PeerTable};
 
 mod client;
+mod view;
 pub use client::{call_error, connect, list_all_services};
+pub use view::{code_name, to_api};
+use view::{
+    condition, decision_from_answer, import_status, refused_entry, rejection_line, timestamp,
+};
 
 #[derive(Clone)]
 pub struct AdminService {
@@ -33,6 +36,16 @@ pub struct AdminService {
 }
 
 impl AdminService {
+    /// How many services the child `cluster` announces (its entries in the catalog).
+    fn announced_by(&self, cluster: &str) -> u64 {
+        self.catalog
+            .list(&ListFilter {
+                source: Some(crate::catalog::Source::Child(cluster.into())),
+                ..Default::default()
+            })
+            .len() as u64
+    }
+
     pub fn new(
         catalog: Catalog,
         peers: PeerTable,
@@ -211,46 +224,6 @@ impl tonic::service::Interceptor for AdminOnly {
     }
 }
 
-pub fn to_api(e: &ServiceEntry) -> api::Service {
-    api::Service {
-        owner_cluster: e.key.cluster.to_string(),
-        namespace: e.key.namespace.to_string(),
-        name: e.key.name.to_string(),
-        fqdn: e.fqdn.to_string(),
-        endpoints: e
-            .endpoints
-            .iter()
-            .map(|ep| api::Endpoint {
-                address: ep.address.to_string(),
-                port: ep.port,
-            })
-            .collect(),
-        ports: e
-            .ports
-            .iter()
-            .map(|p| api::Port {
-                name: p.name.to_string(),
-                port: p.port,
-                protocol: p.protocol.to_string(),
-            })
-            .collect(),
-        labels: e.labels.to_btree_map(),
-        allowed_requesters: e.allowed_requesters.clone(),
-        origin: e.origin.as_ref().map(|o| api::Origin {
-            cluster: o.cluster.clone(),
-            namespace: o.namespace.clone(),
-            name: o.name.clone(),
-            kind: o.kind.clone(),
-        }),
-        revision: e.revision,
-        source: e.source.to_string(),
-    }
-}
-
-fn timestamp(t: Option<SystemTime>) -> Option<prost_types::Timestamp> {
-    t.map(prost_types::Timestamp::from)
-}
-
 /// Most services in one `ListServices` page, whatever the client asks for.
 const MAX_PAGE_SERVICES: usize = 10_000;
 
@@ -276,30 +249,6 @@ fn page_key(token: &str) -> Option<ServiceKey> {
     Some(ServiceKey::new(c, ns, n))
 }
 
-/// A gRPC status code's canonical name, as `RefusedEntry.code` carries it (`PERMISSION_DENIED`).
-pub fn code_name(code: tonic::Code) -> &'static str {
-    use tonic::Code::*;
-    match code {
-        Ok => "OK",
-        Cancelled => "CANCELLED",
-        Unknown => "UNKNOWN",
-        InvalidArgument => "INVALID_ARGUMENT",
-        DeadlineExceeded => "DEADLINE_EXCEEDED",
-        NotFound => "NOT_FOUND",
-        AlreadyExists => "ALREADY_EXISTS",
-        PermissionDenied => "PERMISSION_DENIED",
-        ResourceExhausted => "RESOURCE_EXHAUSTED",
-        FailedPrecondition => "FAILED_PRECONDITION",
-        Aborted => "ABORTED",
-        OutOfRange => "OUT_OF_RANGE",
-        Unimplemented => "UNIMPLEMENTED",
-        Internal => "INTERNAL",
-        Unavailable => "UNAVAILABLE",
-        DataLoss => "DATA_LOSS",
-        Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
 fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
@@ -319,69 +268,6 @@ fn target_of(r: &api::ResolveRequest) -> Result<Target, Status> {
         _ => Err(Status::invalid_argument(
             "give either fqdn, or namespace and name",
         )),
-    }
-}
-
-fn condition(c: AuthzCondition) -> i32 {
-    (match c {
-        AuthzCondition::Granted => api::Condition::Granted,
-        AuthzCondition::NotAllowedByCallee => api::Condition::NotAllowedByCallee,
-        AuthzCondition::NotRequested => api::Condition::NotRequested,
-        AuthzCondition::PolicyDenied => api::Condition::PolicyDenied,
-    }) as i32
-}
-
-fn decision_from_answer(a: &xcc_proto::xcc::federation::v1::ServiceQueryResponse) -> api::Decision {
-    use xcc_proto::xcc::federation::v1::DenyReason;
-    let cond = if a.unavailable {
-        api::Condition::Unavailable
-    } else if !a.found {
-        api::Condition::NotFound
-    } else if a.access_allowed {
-        api::Condition::Granted
-    } else {
-        match DenyReason::try_from(a.deny_reason).unwrap_or(DenyReason::Unspecified) {
-            DenyReason::NotAllowedByCallee => api::Condition::NotAllowedByCallee,
-            DenyReason::NotRequested => api::Condition::NotRequested,
-            DenyReason::PolicyDenied => api::Condition::PolicyDenied,
-            DenyReason::Unspecified => api::Condition::Unspecified,
-        }
-    };
-    api::Decision {
-        found: a.found,
-        allowed: a.found && a.access_allowed,
-        condition: cond as i32,
-        reason: if a.error.is_empty() && a.access_allowed {
-            format!("granted by {}", a.policies.join(", "))
-        } else {
-            a.error.clone()
-        },
-        policies: a.policies.clone(),
-        owner_cluster: a.owner_cluster.clone(),
-        resolver_cluster: a.resolver_cluster.clone(),
-        service: a.found.then(|| api::Service {
-            owner_cluster: a.owner_cluster.clone(),
-            namespace: a.namespace.clone(),
-            name: a.name.clone(),
-            fqdn: a.fqdn.clone(),
-            endpoints: a
-                .endpoints
-                .iter()
-                .filter_map(|e| crate::federation::convert::parse_endpoint(e).ok())
-                .map(|e| api::Endpoint {
-                    address: e.address.into(),
-                    port: e.port,
-                })
-                .collect(),
-            revision: a.revision,
-            ..Default::default()
-        }),
-        callee_admits: a.found && a.deny_reason != DenyReason::NotAllowedByCallee as i32,
-        caller_requested: a.found
-            && a.deny_reason != DenyReason::NotRequested as i32
-            && a.deny_reason != DenyReason::NotAllowedByCallee as i32,
-        policy_permits: a.found && a.access_allowed,
-        name_clashes: vec![],
     }
 }
 
@@ -671,13 +557,7 @@ impl api::admin_server::Admin for AdminService {
             .children()
             .into_iter()
             .map(|(cluster, subtree, address, since, queued)| {
-                let announced = self
-                    .catalog
-                    .list(&ListFilter {
-                        source: Some(crate::catalog::Source::Child(cluster.as_str().into())),
-                        ..Default::default()
-                    })
-                    .len() as u64;
+                let announced = self.announced_by(&cluster);
                 api::Child {
                     cluster,
                     subtree,
@@ -692,36 +572,7 @@ impl api::admin_server::Admin for AdminService {
             .level
             .subscriptions()
             .into_iter()
-            .map(|(target, service, answer)| {
-                let (state, reason, owner, endpoints) = match &answer {
-                    None => ("Pending".to_string(), String::new(), String::new(), vec![]),
-                    Some(a) => {
-                        let d = decision_from_answer(a);
-                        let state = match api::Condition::try_from(d.condition)
-                            .unwrap_or(api::Condition::Unspecified)
-                        {
-                            api::Condition::Granted => "Granted",
-                            api::Condition::NotFound => "NotFound",
-                            api::Condition::Unavailable => "Unavailable",
-                            _ => "Denied",
-                        };
-                        (
-                            state.to_string(),
-                            d.reason.clone(),
-                            d.owner_cluster.clone(),
-                            d.service.map(|s| s.endpoints).unwrap_or_default(),
-                        )
-                    }
-                };
-                api::ImportStatus {
-                    target: target.to_string(),
-                    requester_service: service,
-                    state,
-                    reason,
-                    owner_cluster: owner,
-                    endpoints,
-                }
-            })
+            .map(|(target, service, answer)| import_status(&target, service, answer.as_ref()))
             .collect();
         Ok(Response::new(api::Tree {
             cluster: self.level.cluster().to_string(),
@@ -734,36 +585,13 @@ impl api::admin_server::Admin for AdminService {
                 .level
                 .rejections()
                 .iter()
-                .map(|(_, r)| {
-                    format!(
-                        "{} {}/{}/{}: {:?}: {} (refused by {})",
-                        r.kind,
-                        r.cluster,
-                        r.namespace,
-                        r.name,
-                        tonic::Code::from_i32(r.code),
-                        r.reason,
-                        r.refused_by
-                    )
-                })
+                .map(|(_, r)| rejection_line(r))
                 .collect(),
             refused: self
                 .level
                 .rejections()
                 .into_iter()
-                .map(|(at, r)| api::RefusedEntry {
-                    code: code_name(tonic::Code::from_i32(r.code)).to_string(),
-                    kind: r.kind,
-                    cluster: r.cluster,
-                    namespace: r.namespace,
-                    name: r.name,
-                    fqdn: r.fqdn,
-                    reason: r.reason,
-                    check: r.check,
-                    policy_ids: r.policy_ids,
-                    refused_by: r.refused_by,
-                    at: timestamp(Some(at)),
-                })
+                .map(|(at, r)| refused_entry(at, r))
                 .collect(),
             overflows: self.level.overflows().get(),
             held_names: Some({

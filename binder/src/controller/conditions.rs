@@ -8,6 +8,7 @@
 //! common case costs no status write.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use xcc_controller::conditions::condition;
 use xcc_proto::crd::CONDITION_CONFLICT;
 
 /// Reason: sources of the FQDN disagree on ports.
@@ -28,7 +29,7 @@ pub struct Found {
 
 /// The `Conflict` condition to write given the `current` conditions, what was `found` (`None`:
 /// no conflict) and the record's `generation`; `None` when nothing needs writing.
-/// `lastTransitionTime` changes only when the status does.
+/// `lastTransitionTime` changes only when the status does ([`condition`]).
 pub fn next(
     current: &[Condition],
     found: Option<&Found>,
@@ -53,18 +54,15 @@ pub fn next(
     {
         return None;
     }
-    let last_transition_time = match existing {
-        Some(e) if e.status == status => e.last_transition_time.clone(),
-        _ => now,
-    };
-    Some(Condition {
-        type_: CONDITION_CONFLICT.to_string(),
-        status: status.to_string(),
-        reason: reason.to_string(),
+    Some(condition(
+        existing.map(std::slice::from_ref).unwrap_or_default(),
+        CONDITION_CONFLICT,
+        status,
+        reason,
         message,
-        observed_generation: generation,
-        last_transition_time,
-    })
+        generation,
+        &now,
+    ))
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Namespace, Service, ServicePort as KubeServicePort, ServiceSpec};
+use k8s_openapi::api::core::v1::{Namespace, Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use xcc_proto::crd::{
     BINDER_MANAGER, CILIUM_GLOBAL_ANNOTATION, CILIUM_SHARED_ANNOTATION, MANAGED_BY_LABEL,
@@ -23,7 +23,7 @@ use xcc_proto::crd::{
 };
 use xcc_proto::names::FQDN_ANNOTATION;
 
-use super::{Port, PortError, non_empty, resolved_ports};
+use super::{Port, PortError, resolved_ports, service_ports};
 
 /// The xcc install that made a global Service: the namespace of its binder. Not an XCC
 /// annotation (XCC has no Cilium mode); global Services without it are never touched.
@@ -134,17 +134,7 @@ pub fn global_service(
         },
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".into()),
-            ports: Some(
-                ports
-                    .iter()
-                    .map(|p| KubeServicePort {
-                        name: non_empty(&p.name),
-                        port: p.port,
-                        protocol: Some(p.protocol.as_str().into()),
-                        ..KubeServicePort::default()
-                    })
-                    .collect(),
-            ),
+            ports: Some(service_ports(&ports)),
             ..ServiceSpec::default()
         }),
         status: None,

@@ -24,10 +24,10 @@ use tracing::{debug, info, warn};
 use xcc_certs::explain::{Repeats, repeats_suffix};
 use xcc_controller::tasks::{Spawner, TaskHandle};
 use xcc_proto::federation::resourcediscovery::v1alpha1 as rd1;
-use xcc_proto::google::rpc::Status as RpcStatus;
-use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, SNAPSHOT_COMPLETE_URL, SNAPSHOT_MARKER_METADATA};
+use xcc_proto::{FEDERATED_SERVICE_V1ALPHA1_URL, SNAPSHOT_MARKER_METADATA};
 
-use super::convert::{self, Imported};
+use super::batch::{Applied, Rules, apply_batch};
+use super::convert::Imported;
 use super::sweep::{SweepClock, SweepRule};
 use crate::catalog::{Catalog, ServiceEntry, ServiceKey, Source};
 use crate::metrics::Metrics;
@@ -370,34 +370,22 @@ fn current_imports(catalog: &Catalog, remote: &str) -> BTreeMap<String, Imported
         .collect()
 }
 
-fn ack(nonce: String) -> rd1::StreamRequest {
-    rd1::StreamRequest {
-        resource_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
-        response_nonce: nonce,
-        status: Some(RpcStatus::default()),
-    }
-}
-
-fn nack(nonce: String, code: Code, message: String) -> rd1::StreamRequest {
-    rd1::StreamRequest {
-        resource_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
-        response_nonce: nonce,
-        status: Some(RpcStatus {
-            code: code as i32,
-            message,
-            details: vec![],
-        }),
-    }
-}
-
-/// One stream: subscribe, apply batches, ACK, sweep stale imports once per connection.
-async fn stream_once(
+/// Subscribe: the request stream (its first request already queued), the response stream and
+/// whether the server sends the snapshot-complete marker; the stream's end when that fails.
+async fn open(
     ctx: &ClientContext,
     spec: &RemoteSpec,
     channel: Channel,
     connector: &xcc_certs::client::TlsConnector,
     stats: &Arc<PeerStats>,
-) -> End {
+) -> Result<
+    (
+        mpsc::Sender<rd1::StreamRequest>,
+        tonic::Streaming<rd1::StreamResponse>,
+        bool,
+    ),
+    End,
+> {
     let (req_tx, req_rx) = mpsc::channel::<rd1::StreamRequest>(ctx.config.max_batch + 1);
     let _ = req_tx.try_send(rd1::StreamRequest {
         resource_url: FEDERATED_SERVICE_V1ALPHA1_URL.into(),
@@ -417,19 +405,34 @@ async fn stream_once(
         );
     let response = match client.establish_stream(request).await {
         Ok(r) => r,
-        Err(status) => return end_for(spec, status, false),
+        Err(status) => return Err(end_for(spec, status, false)),
     };
     let marker = response
         .metadata()
         .get(SNAPSHOT_MARKER_METADATA)
         .is_some_and(|v| v.as_bytes() == b"1");
-    let mut stream = response.into_inner();
+    let stream = response.into_inner();
     if let Some(identity) = connector.last_peer() {
         stats.set_identity(identity.name());
     }
     stats.set_state(PeerState::Connected);
     stats.set_error("");
     info!(remote = %spec.name, marker, "import stream established");
+    Ok((req_tx, stream, marker))
+}
+
+/// One stream: subscribe, apply batches, ACK, sweep stale imports once per connection.
+async fn stream_once(
+    ctx: &ClientContext,
+    spec: &RemoteSpec,
+    channel: Channel,
+    connector: &xcc_certs::client::TlsConnector,
+    stats: &Arc<PeerStats>,
+) -> End {
+    let (req_tx, mut stream, marker) = match open(ctx, spec, channel, connector, stats).await {
+        Ok(opened) => opened,
+        Err(end) => return end,
+    };
 
     let mut imports = current_imports(&ctx.catalog, &spec.name);
     stats.records.store(imports.len() as u64, Ordering::Relaxed);
@@ -478,90 +481,25 @@ async fn stream_once(
         }
         clock.on_message(tokio::time::Instant::now());
 
-        let mut replies = Vec::with_capacity(batch.len());
-        let mut changed: BTreeSet<String> = BTreeSet::new();
-        let mut fresh: Vec<std::time::SystemTime> = Vec::new();
-        let mut marker_seen = false;
-        for resp in batch {
-            let op = rd1::stream_response::Operation::try_from(resp.operation)
-                .unwrap_or(rd1::stream_response::Operation::Unknown);
-            let Some(any) = resp.resource else {
-                replies.push(nack(
-                    resp.nonce,
-                    Code::InvalidArgument,
-                    "response carries no resource".into(),
-                ));
-                continue;
-            };
-            if any.value.len() > ctx.config.max_response_bytes {
-                ctx.metrics.client_imports_rejected.inc();
-                let error = format!(
-                    "resource of {} bytes exceeds the {}-byte limit",
-                    any.value.len(),
-                    ctx.config.max_response_bytes
-                );
-                warn!(remote = %spec.name, %error, "rejecting an oversized resource");
-                replies.push(nack(resp.nonce, Code::ResourceExhausted, error));
-                continue;
-            }
-            if op == rd1::stream_response::Operation::Unknown {
-                // The marker, or an operation we do not know: ACK without applying (as Go does).
-                if any.type_url == SNAPSHOT_COMPLETE_URL {
-                    marker_seen = true;
-                }
-                replies.push(ack(resp.nonce));
-                continue;
-            }
-            let imported = match convert::import_v1alpha1(&any) {
-                Ok(i) => i,
-                Err(e) => {
-                    ctx.metrics.client_imports_rejected.inc();
-                    warn!(remote = %spec.name, error = %e, "rejecting an imported resource");
-                    replies.push(nack(resp.nonce, Code::InvalidArgument, e.to_string()));
-                    continue;
-                }
-            };
-            let allowed = xcc_proto::domains::fqdn_allowed(&imported.fqdn, &spec.allowed_domains);
-            let mut imported = imported;
-            // Every name the import would be served under passes allowedDomains, not only its
-            // FQDN: the origin pair names `<name>.<ns>.svc.clusterset.local` (and the headless
-            // pod names below it), kept only when that name is allowed for this remote.
-            if let Some(name) = crate::peer_labels::keep_origin_if(&mut imported.labels, |n| {
-                xcc_proto::domains::fqdn_allowed(n, &spec.allowed_domains)
-            }) {
-                debug!(remote = %spec.name, fqdn = %imported.fqdn, %name, "origin names a clusterset name outside allowedDomains; served under its FQDN only");
-            }
-            match op {
-                rd1::stream_response::Operation::Delete => {
-                    if imports.remove(&imported.fqdn).is_some() {
-                        changed.insert(imported.fqdn.clone());
-                    }
-                    seen.remove(&imported.fqdn);
-                }
-                _ if !allowed => {
-                    debug!(remote = %spec.name, fqdn = %imported.fqdn, "not in allowedDomains; not imported");
-                    if imports.remove(&imported.fqdn).is_some() {
-                        changed.insert(imported.fqdn.clone());
-                    }
-                }
-                _ => {
-                    seen.insert(imported.fqdn.clone());
-                    let unchanged = imports
-                        .get(&imported.fqdn)
-                        .is_some_and(|held| held.same_but_stamp(&imported));
-                    if !unchanged {
-                        if let Some(stamp) = imported.changed_at()
-                            && xcc_proto::propagation::is_fresh(stamp, live, started)
-                        {
-                            fresh.push(stamp);
-                        }
-                        changed.insert(imported.fqdn.clone());
-                        imports.insert(imported.fqdn.clone(), imported);
-                    }
-                }
-            }
-            replies.push(ack(resp.nonce));
-        }
+        let Applied {
+            replies,
+            changed,
+            fresh,
+            marker_seen,
+            rejected,
+        } = apply_batch(
+            batch,
+            &mut imports,
+            &mut seen,
+            &Rules {
+                remote: &spec.name,
+                max_resource_bytes: ctx.config.max_response_bytes,
+                allowed_domains: &spec.allowed_domains,
+                live,
+                started,
+            },
+        );
+        ctx.metrics.client_imports_rejected.inc_by(rejected);
         // Stored, then ACKed, then mirrored into the catalog: a lock-step server prepares its
         // next response while the catalog is updated.
         if store_then_answer(ctx, spec, &imports, &changed, replies, &req_tx, stats)
@@ -743,6 +681,7 @@ fn end_for(spec: &RemoteSpec, status: tonic::Status, healthy: bool) -> End {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hamlet::batch::ack;
 
     /// A client context around `sink` (TLS material is needed to build one; nothing dials).
     fn context(dir: &std::path::Path, sink: Arc<dyn ImportSink>) -> ClientContext {

@@ -1,5 +1,6 @@
 //! Hamlet protocol: the server side, the managed client and the payload conversions.
 
+mod batch;
 pub mod client;
 pub mod consumer;
 pub mod convert;

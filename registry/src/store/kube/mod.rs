@@ -676,59 +676,9 @@ impl Controller {
                     .warn_event(&owner, reason, e.message(&name))
                     .await;
             }
-            let link = match &c.run {
-                Some(_) => stats
-                    .iter()
-                    .find(|p| p.kind == PeerKind::RemoteRegistry && p.name == name)
-                    .map(|p| Link {
-                        state: p.state(),
-                        last_error: p.last_error(),
-                        connected_since: p.connected_since(),
-                        last_sync: p.last_sync(),
-                    }),
-                None => None,
-            };
-            let source = match &c.run {
-                Some(Wanted::Parent(..)) => Source::Hierarchy(name.clone()),
-                _ => Source::Remote(name.clone()),
-            };
             let rejections = self.parts.owners.rejections(&name);
-            // Imports without a record of ours (conflicts, invalid names) do not count.
-            let imported = if c.run.is_some() {
-                self.parts
-                    .catalog
-                    .list(&ListFilter {
-                        source: Some(source),
-                        ..Default::default()
-                    })
-                    .len()
-                    .saturating_sub(rejections.conflicts.len() + rejections.invalid.len())
-            } else {
-                0
-            };
-            total += imported;
-            let hierarchy = match &c.run {
-                Some(Wanted::Parent(..)) => {
-                    let level = self.parts.remotes.level();
-                    let refused: Vec<_> = level.rejections().into_iter().map(|(_, r)| r).collect();
-                    Some(
-                        level
-                            .subscriptions()
-                            .iter()
-                            .map(|(t, svc, a)| status::import_status(t, svc, a.as_ref()))
-                            .map(|i| refusals::import_status(level.cluster(), &refused, i))
-                            .collect(),
-                    )
-                }
-                _ => None,
-            };
-            let obs = Observed {
-                generation: c.rr.metadata.generation,
-                validity: c.validity.clone(),
-                link,
-                imported,
-                hierarchy,
-            };
+            let obs = self.observe(c, &name, &stats, &rejections);
+            total += obs.imported;
             let mut want = status::desired(c.rr.status.as_ref(), &obs, SystemTime::now());
             status::set_certificate_expiring(
                 &mut want,
@@ -750,35 +700,104 @@ impl Controller {
             if c.rr.status.as_ref() == Some(&want) {
                 continue;
             }
-            let res = self.write_status(&ns, &name, &want).await;
-            self.parts
-                .metrics
-                .reconciled(metrics::Target::RemoteRegistries, res.is_ok());
-            match res {
-                // Until the watch delivers it, compare against what was written.
-                Ok(rv) => {
-                    self.parts.metrics.wrote(
-                        metrics::Kind::RemoteRegistryStatus,
-                        metrics::WriteVerb::Apply,
-                    );
-                    let k = (ns.clone(), name.clone());
-                    if let Some(rr) = self.rrs.get_mut(&k) {
-                        rr.status = Some(want.clone());
-                    }
-                    if let Some(rv) = rv {
-                        self.written.insert(k, (rv, want));
-                    }
-                }
-                Err(e) => {
-                    warn!(remote = %name, namespace = %ns, error = %format!("{e:#}"), "cannot write RemoteRegistry status; retrying later")
-                }
-            }
+            self.apply_status(&ns, &name, want).await;
         }
         self.parts.metrics.imported_records.set(total as i64);
         self.parts
             .metrics
             .remote_registries
             .set(self.handled.len() as i64);
+    }
+
+    /// What the registry observes of the remote `c` (named `name`): its link from the peer
+    /// table (`stats`), the imports it brought that have a record of ours (those `rejections`
+    /// names do not count) and, for a parent, the hierarchy's answers.
+    fn observe(
+        &self,
+        c: &Classified,
+        name: &str,
+        stats: &[std::sync::Arc<crate::peers::PeerStats>],
+        rejections: &sink::Rejections,
+    ) -> Observed {
+        let link = match &c.run {
+            Some(_) => stats
+                .iter()
+                .find(|p| p.kind == PeerKind::RemoteRegistry && p.name == name)
+                .map(|p| Link {
+                    state: p.state(),
+                    last_error: p.last_error(),
+                    connected_since: p.connected_since(),
+                    last_sync: p.last_sync(),
+                }),
+            None => None,
+        };
+        let source = match &c.run {
+            Some(Wanted::Parent(..)) => Source::Hierarchy(name.to_string()),
+            _ => Source::Remote(name.to_string()),
+        };
+        // Imports without a record of ours (conflicts, invalid names) do not count.
+        let imported = if c.run.is_some() {
+            self.parts
+                .catalog
+                .list(&ListFilter {
+                    source: Some(source),
+                    ..Default::default()
+                })
+                .len()
+                .saturating_sub(rejections.conflicts.len() + rejections.invalid.len())
+        } else {
+            0
+        };
+        let hierarchy = match &c.run {
+            Some(Wanted::Parent(..)) => {
+                let level = self.parts.remotes.level();
+                let refused: Vec<_> = level.rejections().into_iter().map(|(_, r)| r).collect();
+                Some(
+                    level
+                        .subscriptions()
+                        .iter()
+                        .map(|(t, svc, a)| status::import_status(t, svc, a.as_ref()))
+                        .map(|i| refusals::import_status(level.cluster(), &refused, i))
+                        .collect(),
+                )
+            }
+            _ => None,
+        };
+        Observed {
+            generation: c.rr.metadata.generation,
+            validity: c.validity.clone(),
+            link,
+            imported,
+            hierarchy,
+        }
+    }
+
+    /// Write `want` as the status of RemoteRegistry `ns/name`, and remember it until the watch
+    /// delivers it; a failure is logged and retried with the next pass.
+    async fn apply_status(&mut self, ns: &str, name: &str, want: RemoteRegistryStatus) {
+        let res = self.write_status(ns, name, &want).await;
+        self.parts
+            .metrics
+            .reconciled(metrics::Target::RemoteRegistries, res.is_ok());
+        match res {
+            // Until the watch delivers it, compare against what was written.
+            Ok(rv) => {
+                self.parts.metrics.wrote(
+                    metrics::Kind::RemoteRegistryStatus,
+                    metrics::WriteVerb::Apply,
+                );
+                let k = (ns.to_string(), name.to_string());
+                if let Some(rr) = self.rrs.get_mut(&k) {
+                    rr.status = Some(want.clone());
+                }
+                if let Some(rv) = rv {
+                    self.written.insert(k, (rv, want));
+                }
+            }
+            Err(e) => {
+                warn!(remote = %name, namespace = %ns, error = %format!("{e:#}"), "cannot write RemoteRegistry status; retrying later")
+            }
+        }
     }
 
     async fn write_status(

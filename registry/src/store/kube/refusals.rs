@@ -31,6 +31,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher::{self, Event as WatchEvent};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+use xcc_controller::conditions::condition;
 use xcc_proto::crd::{CONDITION_ANNOUNCED, ImportStatus, ServiceRecord};
 use xcc_proto::xcc::federation::v1 as fed;
 
@@ -108,7 +109,7 @@ pub fn message_of(r: &fed::Rejection) -> String {
 
 /// The `Announced` condition to write given the record's current one, the refusal that stands
 /// (if any) and the record's generation; `None` when nothing needs writing.
-/// `lastTransitionTime` moves only when the status does.
+/// `lastTransitionTime` moves only when the status does ([`condition`]).
 pub fn next(
     current: Option<&Condition>,
     refusal: Option<&fed::Rejection>,
@@ -131,18 +132,15 @@ pub fn next(
     {
         return None;
     }
-    let last_transition_time = match current {
-        Some(c) if c.status == status => c.last_transition_time.clone(),
-        _ => now,
-    };
-    Some(Condition {
-        type_: CONDITION_ANNOUNCED.to_string(),
-        status: status.to_string(),
+    Some(condition(
+        current.map(std::slice::from_ref).unwrap_or_default(),
+        CONDITION_ANNOUNCED,
+        status,
         reason,
         message,
-        observed_generation: generation,
-        last_transition_time,
-    })
+        generation,
+        &now,
+    ))
 }
 
 /// The parent's refusals of `cluster`'s own announcements, by record.

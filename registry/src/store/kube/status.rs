@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use xcc_controller::conditions::condition;
 use xcc_proto::crd::{
     CONDITION_CONNECTED, CONDITION_SYNCED, CONDITION_VALID, ImportStatus, RemoteRegistryStatus,
 };
@@ -151,21 +152,16 @@ struct Conditions<'a> {
 impl Conditions<'_> {
     /// Add a condition, keeping `lastTransitionTime` when the status is unchanged.
     fn set(&mut self, type_: &str, status: bool, reason: &str, message: String) {
-        let status = if status { "True" } else { "False" }.to_string();
-        let last_transition_time = self
-            .previous
-            .iter()
-            .find(|c| c.type_ == type_ && c.status == status)
-            .map(|c| c.last_transition_time.clone())
-            .unwrap_or_else(|| self.now.clone());
-        self.out.push(Condition {
-            type_: type_.to_string(),
+        let status = if status { "True" } else { "False" };
+        self.out.push(condition(
+            self.previous,
+            type_,
             status,
-            reason: reason.to_string(),
+            reason,
             message,
-            last_transition_time,
-            observed_generation: self.generation,
-        });
+            self.generation,
+            &self.now,
+        ));
     }
 }
 
