@@ -139,44 +139,8 @@ where
 async fn hierarchy(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
     println!("######## 1. Hierarchy: root; b -> b1, b2; c -> c1\n");
     let cancel = CancellationToken::new();
-    let mut nodes: Vec<Registry> = Vec::new();
-    let mut addr = std::collections::BTreeMap::new();
-    for (name, parent) in [
-        ("root", None),
-        ("b", Some("root")),
-        ("c", Some("root")),
-        ("b1", Some("b")),
-        ("b2", Some("b")),
-        ("c1", Some("c")),
-    ] {
-        let mut cfg = RegistryConfig::loopback(pki.issue(name, false)?);
-        if name == "root" {
-            // Each level configures what its children may carry (a child carries only itself
-            // otherwise): the root lets b carry b1 and b2, and c carry c1.
-            cfg.federation.policies = vec![
-                (
-                    "carry-b.cedar".into(),
-                    xcc_registry::authz::carry_policy("b", &["b1", "b2"])?,
-                ),
-                (
-                    "carry-c.cedar".into(),
-                    xcc_registry::authz::carry_policy("c", &["c1"])?,
-                ),
-            ];
-        }
-        cfg.federation.parent = parent.map(|p: &str| ParentSpec {
-            name: p.to_string(),
-            address: addr
-                .get(p)
-                .map(|a: &std::net::SocketAddr| a.to_string())
-                .unwrap_or_default(),
-            server_name: "localhost".into(),
-            roots: None,
-        });
-        let reg = Registry::start(cfg, cancel.clone()).await?;
-        addr.insert(name, reg.hamlet_addr);
-        nodes.push(reg);
-    }
+    let nodes = start_tree(pki, &cancel).await?;
+    export_tree_services(&nodes);
     let by = |n: &str| {
         nodes
             .iter()
@@ -188,64 +152,8 @@ async fn hierarchy(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> 
         let a = by(n).unwrap_or_default();
         async move { xcc_registry::admin::connect(tls, &a, None).await }
     };
-    let fqdn = |svc: &str, ns: &str| xcc_proto::names::clusterset_fqdn(svc, ns);
-    for r in &nodes {
-        match r.cluster.as_str() {
-            "b2" => {
-                r.catalog.upsert(export_from(
-                    "b2",
-                    "shop",
-                    "api",
-                    &fqdn("api", "shop"),
-                    &["10.2.0.10"],
-                    &["b1/web"],
-                ));
-            }
-            "b1" => {
-                r.catalog.upsert(export_from(
-                    "b1",
-                    "shop",
-                    "web",
-                    &fqdn("web", "shop"),
-                    &["10.1.0.10"],
-                    &[],
-                ));
-            }
-            "c1" => {
-                r.catalog.upsert(export_from(
-                    "c1",
-                    "data",
-                    "db",
-                    &fqdn("db", "data"),
-                    &["10.3.0.10"],
-                    &["c"],
-                ));
-            }
-            _ => {}
-        }
-    }
     let mut root = admin("root").await?;
-    until(
-        "every announcement to reach the root",
-        || {
-            let mut c = root.clone();
-            async move {
-                Ok(c.list_services(api::ListServicesRequest::default())
-                    .await?
-                    .into_inner()
-                    .services)
-            }
-        },
-        |s: &Vec<api::Service>| s.len() == 3,
-    )
-    .await?;
-    println!("== the root's catalog: every subtree announced up");
-    let services = root
-        .list_services(api::ListServicesRequest::default())
-        .await?
-        .into_inner()
-        .services;
-    print_services(&services, Output::Table);
+    show_root_catalog(&mut root).await?;
 
     let ask = |ns: &str, name: &str, svc: &str| api::ResolveRequest {
         namespace: ns.into(),
@@ -298,6 +206,118 @@ async fn hierarchy(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> 
     Ok(ok)
 }
 
+/// The demo's tree, each registry started once its parent listens: root; b with b1 and b2; c
+/// with c1. The root lets b carry b1 and b2, and c carry c1 (a child carries only itself
+/// otherwise).
+async fn start_tree(pki: &Pki, cancel: &CancellationToken) -> anyhow::Result<Vec<Registry>> {
+    let mut nodes: Vec<Registry> = Vec::new();
+    let mut addr = std::collections::BTreeMap::new();
+    for (name, parent) in [
+        ("root", None),
+        ("b", Some("root")),
+        ("c", Some("root")),
+        ("b1", Some("b")),
+        ("b2", Some("b")),
+        ("c1", Some("c")),
+    ] {
+        let mut cfg = RegistryConfig::loopback(pki.issue(name, false)?);
+        if name == "root" {
+            cfg.federation.policies = vec![
+                (
+                    "carry-b.cedar".into(),
+                    xcc_registry::authz::carry_policy("b", &["b1", "b2"])?,
+                ),
+                (
+                    "carry-c.cedar".into(),
+                    xcc_registry::authz::carry_policy("c", &["c1"])?,
+                ),
+            ];
+        }
+        cfg.federation.parent = parent.map(|p: &str| ParentSpec {
+            name: p.to_string(),
+            address: addr
+                .get(p)
+                .map(|a: &std::net::SocketAddr| a.to_string())
+                .unwrap_or_default(),
+            server_name: "localhost".into(),
+            roots: None,
+        });
+        let reg = Registry::start(cfg, cancel.clone()).await?;
+        addr.insert(name, reg.hamlet_addr);
+        nodes.push(reg);
+    }
+    Ok(nodes)
+}
+
+/// b2's `api` (admitting only b1's `web`), b1's `web` and c1's `db` (admitting c).
+fn export_tree_services(nodes: &[Registry]) {
+    let fqdn = |svc: &str, ns: &str| xcc_proto::names::clusterset_fqdn(svc, ns);
+    for r in nodes {
+        match r.cluster.as_str() {
+            "b2" => {
+                r.catalog.upsert(export_from(
+                    "b2",
+                    "shop",
+                    "api",
+                    &fqdn("api", "shop"),
+                    &["10.2.0.10"],
+                    &["b1/web"],
+                ));
+            }
+            "b1" => {
+                r.catalog.upsert(export_from(
+                    "b1",
+                    "shop",
+                    "web",
+                    &fqdn("web", "shop"),
+                    &["10.1.0.10"],
+                    &[],
+                ));
+            }
+            "c1" => {
+                r.catalog.upsert(export_from(
+                    "c1",
+                    "data",
+                    "db",
+                    &fqdn("db", "data"),
+                    &["10.3.0.10"],
+                    &["c"],
+                ));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Wait until every announcement reached the root, then print its catalog.
+async fn show_root_catalog(
+    root: &mut api::admin_client::AdminClient<tonic::transport::Channel>,
+) -> anyhow::Result<()> {
+    until(
+        "every announcement to reach the root",
+        || {
+            let mut c = root.clone();
+            async move {
+                Ok(c.list_services(api::ListServicesRequest::default())
+                    .await?
+                    .into_inner()
+                    .services)
+            }
+        },
+        |s: &Vec<api::Service>| s.len() == 3,
+    )
+    .await?;
+    println!("== the root's catalog: every subtree announced up");
+    let services = root
+        .list_services(api::ListServicesRequest::default())
+        .await?
+        .into_inner()
+        .services;
+    print_services(&services, Output::Table);
+
+    Ok(())
+}
+
 async fn flat(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
     println!("######## 2. Flat Hamlet (XCC v1): east exports, west imports\n");
     let east_files = pki.issue("east", false)?;
@@ -324,57 +344,13 @@ async fn flat(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
         east.hamlet_addr, east.admin_addr, west.hamlet_addr, west.admin_addr
     );
 
-    let mut web = export(
-        "shop",
-        "web.shop.xcc.test",
-        "web.shop.xcc.test",
-        &["10.0.1.10", "10.0.1.11"],
-        &[],
-    );
-    // The exported object's clusterset identity, which gives importers its MCS name.
-    web.labels
-        .insert(ORIGIN_NAMESPACE_ANNOTATION.to_string(), "shop".to_string());
-    web.labels
-        .insert(ORIGIN_NAME_ANNOTATION.to_string(), "web".to_string());
-    east.catalog.upsert(web);
-    east.catalog.upsert(export(
-        "shop",
-        "api.shop.xcc.test",
-        "api.shop.xcc.test",
-        &["10.0.1.20"],
-        &["west"],
-    ));
-    east.catalog.upsert(export(
-        "finance",
-        "payments.xcc.test",
-        "payments.xcc.test",
-        &["10.0.2.30"],
-        &["north"],
-    ));
+    export_flat_services(&east);
     let mut east_admin =
         xcc_registry::admin::connect(admin_tls.clone(), &east.admin_addr.to_string(), None).await?;
     let mut west_admin =
         xcc_registry::admin::connect(admin_tls.clone(), &west.admin_addr.to_string(), None).await?;
 
-    // Wait (bounded) until west reports a completed sync with east.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let peers = west_admin
-            .list_peers(api::ListPeersRequest {})
-            .await?
-            .into_inner()
-            .peers;
-        if peers
-            .iter()
-            .any(|p| p.name == "east" && p.last_sync.is_some())
-        {
-            break;
-        }
-        if Instant::now() > deadline {
-            anyhow::bail!("west did not finish syncing with east within 15 s: {peers:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    synced_with_east(&mut west_admin).await?;
 
     let exported = east_admin
         .list_services(api::ListServicesRequest::default())
@@ -424,6 +400,64 @@ async fn flat(pki: &Pki, admin_tls: &ReloadingTls) -> anyhow::Result<bool> {
     east.shutdown().await?;
     west.shutdown().await?;
     Ok(ok)
+}
+
+/// East's three exports: `web` for everyone (with its clusterset identity), `api` for west,
+/// `payments` for north only.
+fn export_flat_services(east: &Registry) {
+    let mut web = export(
+        "shop",
+        "web.shop.xcc.test",
+        "web.shop.xcc.test",
+        &["10.0.1.10", "10.0.1.11"],
+        &[],
+    );
+    // The exported object's clusterset identity, which gives importers its MCS name.
+    web.labels
+        .insert(ORIGIN_NAMESPACE_ANNOTATION.to_string(), "shop".to_string());
+    web.labels
+        .insert(ORIGIN_NAME_ANNOTATION.to_string(), "web".to_string());
+    east.catalog.upsert(web);
+    east.catalog.upsert(export(
+        "shop",
+        "api.shop.xcc.test",
+        "api.shop.xcc.test",
+        &["10.0.1.20"],
+        &["west"],
+    ));
+    east.catalog.upsert(export(
+        "finance",
+        "payments.xcc.test",
+        "payments.xcc.test",
+        &["10.0.2.30"],
+        &["north"],
+    ));
+}
+
+/// Wait (bounded) until west reports a completed sync with east.
+async fn synced_with_east(
+    west_admin: &mut api::admin_client::AdminClient<tonic::transport::Channel>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let peers = west_admin
+            .list_peers(api::ListPeersRequest {})
+            .await?
+            .into_inner()
+            .peers;
+        if peers
+            .iter()
+            .any(|p| p.name == "east" && p.last_sync.is_some())
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("west did not finish syncing with east within 15 s: {peers:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    Ok(())
 }
 
 /// Name `remote` at `address` in `<state_dir>/remotes/`, verified with this registry's own CA.
