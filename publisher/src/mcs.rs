@@ -387,8 +387,26 @@ pub fn conflicts<'a>(
             )
         })
         .collect();
-    // The Service fields: the oldest export's hold; another value is a conflict (session
-    // affinity's timeout only between two ClientIP exports).
+    let mut traits = field_conflicts(&same_type, &cluster_of);
+    traits.extend(metadata_conflicts(&same_type, &cluster_of));
+    if types.is_empty() && ports.is_empty() && traits.is_empty() {
+        return Conflicts::default();
+    }
+    Conflicts {
+        winner: xcc_proto::mcs::shown_export(winner),
+        winner_type: if types.is_empty() { "" } else { kind(headless) },
+        types: types.into_iter().collect(),
+        ports,
+        traits,
+    }
+}
+
+/// The Service fields of the same-type exports (oldest first): the oldest export's hold;
+/// another value is a conflict (session affinity's timeout only between two ClientIP exports).
+fn field_conflicts(
+    same_type: &[&ServiceRecord],
+    cluster_of: &dyn Fn(&ServiceRecord) -> String,
+) -> Vec<(&'static str, String)> {
     let theirs: Vec<[String; 4]> = same_type
         .iter()
         .map(|r| trait_values(&ServiceTraits::of_record(r)))
@@ -404,14 +422,22 @@ pub fn conflicts<'a>(
                     format!(
                         "{}: {mine} ({}: {oldest})",
                         cluster_of(r),
-                        cluster_of(winner)
+                        cluster_of(same_type[0])
                     ),
                 ));
             }
         }
     }
-    // Exported labels and annotations: the union, the oldest export's value of a key holding;
-    // another value of a key is a conflict.
+    traits
+}
+
+/// Exported labels and annotations of the same-type exports (oldest first): the union, the
+/// oldest export's value of a key holding; another value of a key is a conflict.
+fn metadata_conflicts(
+    same_type: &[&ServiceRecord],
+    cluster_of: &dyn Fn(&ServiceRecord) -> String,
+) -> Vec<(&'static str, String)> {
+    let mut traits = Vec::new();
     let metadata: Vec<_> = same_type
         .iter()
         .map(|r| record_exported_metadata(r))
@@ -443,42 +469,13 @@ pub fn conflicts<'a>(
             }
         }
     }
-    if types.is_empty() && ports.is_empty() && traits.is_empty() {
-        return Conflicts::default();
-    }
-    Conflicts {
-        winner: xcc_proto::mcs::shown_export(winner),
-        winner_type: if types.is_empty() { "" } else { kind(headless) },
-        types: types.into_iter().collect(),
-        ports,
-        traits,
-    }
+    traits
 }
 
 /// The `Valid`, `Ready` and `Conflict` conditions for `state`; `conflicts` is what
 /// [`conflicts`] found for the published record (a type conflict is reported before a port
 /// conflict, as KEP-1645 orders them).
 pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
-    let no_conflict = |why: &str| {
-        wanted(
-            CONDITION_CONFLICT,
-            false,
-            REASON_NO_CONFLICTS,
-            why.to_string(),
-        )
-    };
-    let invalid = |reason: &'static str, why: String| {
-        [
-            wanted(CONDITION_VALID, false, reason, why.clone()),
-            wanted(
-                CONDITION_READY,
-                false,
-                REASON_PENDING,
-                format!("not exported: {why}"),
-            ),
-            no_conflict("not exported"),
-        ]
-    };
     match state {
         State::NoService => invalid(
             REASON_NO_SERVICE,
@@ -512,59 +509,6 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
                 State::Refused(_, r) => Some(r),
                 _ => None,
             };
-            let conflict = if let Some(r) = refused.filter(|r| r.owner_conflict()) {
-                wanted(
-                    CONDITION_CONFLICT,
-                    true,
-                    REASON_OWNER_CONFLICT,
-                    format!(
-                        "another service owns this name in the hierarchy, so this export is not announced: {}",
-                        r.message
-                    ),
-                )
-            } else if !conflicts.types.is_empty() {
-                wanted(
-                    CONDITION_CONFLICT,
-                    true,
-                    REASON_TYPE_CONFLICT,
-                    format!(
-                        "the exports of this name differ in type; the oldest export, {}, wins: every cluster serves it as {} and leaves out the endpoints of {}",
-                        conflicts.winner,
-                        conflicts.winner_type,
-                        conflicts.types.join(", ")
-                    ),
-                )
-            } else if conflicts.ports.is_empty() {
-                match conflicts.traits.first() {
-                    Some((reason, _)) => wanted(
-                        CONDITION_CONFLICT,
-                        true,
-                        *reason,
-                        format!(
-                            "the exports of this name set a Service field, exported label or exported annotation differently; the oldest export's value holds (the oldest export is {}): {}",
-                            conflicts.winner,
-                            conflicts
-                                .traits
-                                .iter()
-                                .map(|(reason, what)| format!("{reason} {what}"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    ),
-                    None => no_conflict("no export of this name differs"),
-                }
-            } else {
-                wanted(
-                    CONDITION_CONFLICT,
-                    true,
-                    REASON_PORT_CONFLICT,
-                    format!(
-                        "the exports of this name define a port differently; the service has the union of their ports, the oldest export's definition winning (the oldest export is {}): {}",
-                        conflicts.winner,
-                        conflicts.ports.join(", ")
-                    ),
-                )
-            };
             let ready = match refused {
                 Some(r) => wanted(
                     CONDITION_READY,
@@ -585,8 +529,91 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
             [
                 wanted(CONDITION_VALID, true, REASON_VALID, String::new()),
                 ready,
-                conflict,
+                conflict_condition(refused, conflicts),
             ]
+        }
+    }
+}
+
+/// `Conflict=False` with why.
+fn no_conflict(why: &str) -> Wanted {
+    wanted(
+        CONDITION_CONFLICT,
+        false,
+        REASON_NO_CONFLICTS,
+        why.to_string(),
+    )
+}
+
+/// The three conditions of an export that is not exported: `Valid=False` with `reason`.
+fn invalid(reason: &'static str, why: String) -> [Wanted; 3] {
+    [
+        wanted(CONDITION_VALID, false, reason, why.clone()),
+        wanted(
+            CONDITION_READY,
+            false,
+            REASON_PENDING,
+            format!("not exported: {why}"),
+        ),
+        no_conflict("not exported"),
+    ]
+}
+
+/// The Conflict condition of a written record: another owner of the name in the hierarchy
+/// first, then a type conflict, then ports, then the other Service fields, labels and
+/// annotations.
+fn conflict_condition(refused: Option<&Refusal>, conflicts: &Conflicts) -> Wanted {
+    if let Some(r) = refused.filter(|r| r.owner_conflict()) {
+        wanted(
+            CONDITION_CONFLICT,
+            true,
+            REASON_OWNER_CONFLICT,
+            format!(
+                "another service owns this name in the hierarchy, so this export is not announced: {}",
+                r.message
+            ),
+        )
+    } else if !conflicts.types.is_empty() {
+        wanted(
+            CONDITION_CONFLICT,
+            true,
+            REASON_TYPE_CONFLICT,
+            format!(
+                "the exports of this name differ in type; the oldest export, {}, wins: every cluster serves it as {} and leaves out the endpoints of {}",
+                conflicts.winner,
+                conflicts.winner_type,
+                conflicts.types.join(", ")
+            ),
+        )
+    } else if !conflicts.ports.is_empty() {
+        wanted(
+            CONDITION_CONFLICT,
+            true,
+            REASON_PORT_CONFLICT,
+            format!(
+                "the exports of this name define a port differently; the service has the union of their ports, the oldest export's definition winning (the oldest export is {}): {}",
+                conflicts.winner,
+                conflicts.ports.join(", ")
+            ),
+        )
+    } else {
+        match conflicts.traits.first() {
+            Some((reason, _)) => wanted(
+                CONDITION_CONFLICT,
+                true,
+                *reason,
+                format!(
+                    "the exports of this name set a Service field, exported label or exported annotation differently; the oldest export's value holds (the oldest export is {}): {}",
+                    conflicts.winner,
+                    conflicts
+                        .traits
+                        .iter()
+                        .map(|(reason, what)| format!("{reason} {what}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            None => no_conflict("no export of this name differs"),
         }
     }
 }
