@@ -221,93 +221,10 @@ pub async fn remote(
     timeout: Duration,
 ) -> Check {
     let id = format!("{} {}", if parent { "parent" } else { "remote" }, spec.name);
-    let tcp = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&spec.address))
-        .await
-    {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            return Check::fail(
-                id,
-                format!("cannot reach {}: {e}", spec.address),
-                "check spec.address (host:port of the remote's Hamlet listener, 8443 in deploy/), that the remote runs, and that this cluster can route to it (a NodePort or LoadBalancer address)",
-            );
-        }
-        Err(_) => {
-            return Check::fail(
-                id,
-                format!("no answer from {} within {timeout:?}", spec.address),
-                "a firewall or an unrouted address drops the connection: check spec.address and the path to it",
-            );
-        }
+    let peer = match handshake(tls, spec, timeout).await {
+        Ok(peer) => peer,
+        Err((detail, hint)) => return Check::fail(id, detail, hint),
     };
-    let Ok(name) = ServerName::try_from(spec.server_name.clone()) else {
-        return Check::fail(
-            id,
-            format!(
-                "spec.tlsConfig.serverName {:?} is not a DNS name or an IP",
-                spec.server_name
-            ),
-            "set spec.tlsConfig.serverName to a name the remote's certificate carries",
-        );
-    };
-    let connector = tokio_rustls::TlsConnector::from(tls.client_config(spec.roots.clone()));
-    let stream = match tokio::time::timeout(timeout, connector.connect(name, tcp)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            let (detail, hint) = tls_failure(&e, spec).unwrap_or_else(|| {
-                (
-                    format!("TLS handshake with {} failed: {e}", spec.address),
-                    "is spec.address a Hamlet (TLS) listener? The metrics port 9090 and plain HTTP are not".into(),
-                )
-            });
-            return Check::fail(id, detail, hint);
-        }
-        Err(_) => {
-            return Check::fail(
-                id,
-                format!(
-                    "{} accepted the connection but no TLS handshake within {timeout:?}",
-                    spec.address
-                ),
-                "is spec.address the remote's Hamlet listener (8443 in deploy/)?",
-            );
-        }
-    };
-    let peer = stream
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .map(xcc_certs::identity::identity_from_der);
-    let peer = match peer {
-        Some(Ok(p)) => p,
-        Some(Err(e)) => {
-            return Check::fail(
-                id,
-                format!("the remote's certificate carries no usable identity: {e}"),
-                "the remote needs a cluster certificate (xcc certs issue --cluster <name>)",
-            );
-        }
-        None => {
-            return Check::fail(
-                id,
-                "the remote sent no certificate",
-                "is spec.address an xcc or Hamlet registry?",
-            );
-        }
-    };
-    // With TLS 1.3 the client's handshake ends before the server has verified the client's
-    // certificate: a refusal arrives as an alert on the first read, where an HTTP/2 server's
-    // first bytes (its SETTINGS) would otherwise be.
-    let mut stream = stream;
-    let mut first = [0u8; 1];
-    let read = tokio::io::AsyncReadExt::read(&mut stream, &mut first);
-    if let Ok(Err(e)) = tokio::time::timeout(timeout.min(Duration::from_secs(2)), read).await
-        && let Some((detail, hint)) = tls_failure(&e, spec)
-    {
-        return Check::fail(id, detail, hint);
-    }
-    drop(stream);
     let who = peer.spiffe_id().unwrap_or_else(|| peer.to_string());
     if parent {
         return Check::ok(id, format!("{} is {who} (TLS handshake)", spec.address));
@@ -341,6 +258,101 @@ pub async fn remote(
             Check::fail(id, format!("{} is {who}, but {detail}", spec.address), hint)
         }
     }
+}
+
+/// Why a step failed and how to fix it.
+type Failure = (String, String);
+
+fn failure(detail: impl Into<String>, hint: impl Into<String>) -> Failure {
+    (detail.into(), hint.into())
+}
+
+/// Connect to the remote and complete a TLS handshake as the registry would, reading the
+/// server's first bytes (a refusal of our certificate arrives there): the remote's identity.
+async fn handshake(
+    tls: &ReloadingTls,
+    spec: &RemoteSpec,
+    timeout: Duration,
+) -> Result<xcc_certs::identity::Identity, Failure> {
+    let tcp = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(&spec.address))
+        .await
+    {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            return Err(failure(
+                format!("cannot reach {}: {e}", spec.address),
+                "check spec.address (host:port of the remote's Hamlet listener, 8443 in deploy/), that the remote runs, and that this cluster can route to it (a NodePort or LoadBalancer address)",
+            ));
+        }
+        Err(_) => {
+            return Err(failure(
+                format!("no answer from {} within {timeout:?}", spec.address),
+                "a firewall or an unrouted address drops the connection: check spec.address and the path to it",
+            ));
+        }
+    };
+    let Ok(name) = ServerName::try_from(spec.server_name.clone()) else {
+        return Err(failure(
+            format!(
+                "spec.tlsConfig.serverName {:?} is not a DNS name or an IP",
+                spec.server_name
+            ),
+            "set spec.tlsConfig.serverName to a name the remote's certificate carries",
+        ));
+    };
+    let connector = tokio_rustls::TlsConnector::from(tls.client_config(spec.roots.clone()));
+    let mut stream = match tokio::time::timeout(timeout, connector.connect(name, tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            return Err(tls_failure(&e, spec).unwrap_or_else(|| {
+                failure(
+                    format!("TLS handshake with {} failed: {e}", spec.address),
+                    "is spec.address a Hamlet (TLS) listener? The metrics port 9090 and plain HTTP are not",
+                )
+            }));
+        }
+        Err(_) => {
+            return Err(failure(
+                format!(
+                    "{} accepted the connection but no TLS handshake within {timeout:?}",
+                    spec.address
+                ),
+                "is spec.address the remote's Hamlet listener (8443 in deploy/)?",
+            ));
+        }
+    };
+    let peer = match stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(xcc_certs::identity::identity_from_der)
+    {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => {
+            return Err(failure(
+                format!("the remote's certificate carries no usable identity: {e}"),
+                "the remote needs a cluster certificate (xcc certs issue --cluster <name>)",
+            ));
+        }
+        None => {
+            return Err(failure(
+                "the remote sent no certificate",
+                "is spec.address an xcc or Hamlet registry?",
+            ));
+        }
+    };
+    // With TLS 1.3 the client's handshake ends before the server has verified the client's
+    // certificate: a refusal arrives as an alert on the first read, where an HTTP/2 server's
+    // first bytes (its SETTINGS) would otherwise be.
+    let mut first = [0u8; 1];
+    let read = tokio::io::AsyncReadExt::read(&mut stream, &mut first);
+    if let Ok(Err(e)) = tokio::time::timeout(timeout.min(Duration::from_secs(2)), read).await
+        && let Some(refused) = tls_failure(&e, spec)
+    {
+        return Err(refused);
+    }
+    Ok(peer)
 }
 
 /// Open a Hamlet stream as the registry would; the remote's clock minus ours, from `Date`.
