@@ -248,15 +248,19 @@ impl HamletServer {
         cell.get_or_init(|| {
             let started = Instant::now();
             let view = self.catalog.hamlet_view();
-            let mut flipped = Redecided::new();
-            for (fqdn, entry) in view.iter() {
-                if !convert::fits_on_the_wire(entry) {
-                    continue;
-                }
-                if let Some(after) = crate::authz::flipped(from, to, entry, identity) {
-                    flipped.insert(fqdn.clone(), (entry.clone(), after));
-                }
-            }
+            let served: Vec<(&Arc<str>, &Arc<ServiceEntry>)> = view
+                .iter()
+                .filter(|(_, e)| convert::fits_on_the_wire(e))
+                .collect();
+            let entries: Vec<&ServiceEntry> = served.iter().map(|(_, e)| &***e).collect();
+            let decided = crate::authz::flipped_all(from, to, &entries, identity);
+            let flipped: Redecided = served
+                .into_iter()
+                .zip(decided)
+                .filter_map(|((fqdn, entry), after)| {
+                    after.map(|after| (fqdn.clone(), (entry.clone(), after)))
+                })
+                .collect();
             info!(consumer = identity, records = view.len(), flipped = flipped.len(), elapsed = ?started.elapsed(), "policies reloaded: records decided again");
             Arc::new(flipped)
         })
