@@ -827,10 +827,13 @@ pub(crate) fn bulk_records(services: usize) -> Vec<ServiceRecord> {
         .map(|i| {
             let name = format!("svc-{i:05}");
             let (hi, lo) = (i / 250, i % 250 + 1);
+            // 250 per /24, 256 /24s per pair of /16s (10.1 and 10.2, then 10.3 and 10.4, ...):
+            // valid addresses past 64,000 services.
+            let (a, b) = (1 + 2 * (hi / 256), hi % 256);
             record(
                 &name,
                 &format!("{name}.{NAMESPACE}.xcc.test"),
-                &[format!("10.1.{hi}.{lo}"), format!("10.2.{hi}.{lo}")],
+                &[format!("10.{a}.{b}.{lo}"), format!("10.{}.{b}.{lo}", a + 1)],
             )
         })
         .collect()

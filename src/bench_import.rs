@@ -68,10 +68,15 @@ struct Row {
     bytes_written: u64,
     /// Size of the import files at the end (snapshot + journal), median run.
     bytes_on_disk: u64,
-    /// `go` rows: the Go reference client's own time for the same snapshot from the same server
-    /// (its `SNAPSHOT … elapsed_ms`, median of `--runs`), the baseline on this machine.
+    /// The Go reference client's own time for the same snapshot from the same server (its
+    /// `SNAPSHOT … elapsed_ms`, median of `--runs`): on `go` rows the baseline of the import
+    /// target, on `xcc` rows (up to [`GO_CLIENT_MAX`] services) the xcc server as the Go client
+    /// sees it, beside the Go server.
     go_client_ms: Option<f64>,
 }
+
+/// Largest `xcc` row the Go reference client is also run against (it takes its time).
+const GO_CLIENT_MAX: usize = 10_000;
 
 #[derive(Serialize)]
 struct Report {
@@ -112,7 +117,18 @@ pub async fn run(args: ImportArgs) -> anyhow::Result<()> {
                 .await?,
             );
         }
-        rows.push(row("xcc", n, samples));
+        let mut r = row("xcc", n, samples);
+        // The Go reference client against this (xcc) server too: beside the Go rows, the two
+        // servers compared through one client, in the same run.
+        if let Some(dir) = args.go_reference.as_deref().filter(|_| n <= GO_CLIENT_MAX) {
+            let mut baseline = Vec::new();
+            for _ in 0..runs {
+                baseline.push(go_client_ms(dir, &pki.client, &addr, n, timeout).await?);
+            }
+            baseline.sort_by(f64::total_cmp);
+            r.go_client_ms = baseline.get(baseline.len() / 2).copied();
+        }
+        rows.push(r);
         cancel.cancel();
         server.shutdown().await.ok();
         eprintln!("xcc {n}: done");

@@ -818,6 +818,197 @@ pub fn flipped(
     (before != after).then_some(after)
 }
 
+/// Records [`flipped_all`] decides with one entity set (the principal plus these services):
+/// bounds the set it builds at once while sharing the schema's action entities and the
+/// principal across many records.
+const REDECIDE_CHUNK: usize = 256;
+
+/// [`flipped`] for every record of `entries` at once (a policy reload deciding a whole Hamlet
+/// view for one consumer identity); one answer per entry, in order, equal to `flipped`'s.
+///
+/// What a reload costs is mostly Cedar, so this pays it once where it can: the principal,
+/// context and action are built once, the services' entities are validated together in chunks
+/// of [`REDECIDE_CHUNK`], and a record is evaluated under both sets only when a policy that
+/// differs between them (present in one and not, with the same text, in the other) applies to
+/// it. Where none applies the two sets decide alike: the policies they share decide it, an
+/// error in a policy only makes it not apply, and a default-only set's shortcut (allowed) is
+/// what its default policies decide for a subscription. The chunks are decided on up to
+/// `available_parallelism` threads. Anything that cannot be built this way falls back to
+/// [`flipped`] per record.
+pub fn flipped_all(
+    from: &Policies,
+    to: &Policies,
+    entries: &[&ServiceEntry],
+    cluster: &str,
+) -> Vec<Option<bool>> {
+    if from.default_only && to.default_only {
+        return vec![None; entries.len()];
+    }
+    let one_by_one = |chunk: &[&ServiceEntry]| -> Vec<Option<bool>> {
+        chunk
+            .iter()
+            .map(|e| flipped(from, to, e, cluster))
+            .collect()
+    };
+    let Ok(shared) = Redecide::new(from, to, cluster) else {
+        return one_by_one(entries);
+    };
+    let chunks: Vec<&[&ServiceEntry]> = entries.chunks(REDECIDE_CHUNK).collect();
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(chunks.len());
+    let decide =
+        |chunk: &[&ServiceEntry]| shared.chunk(chunk).unwrap_or_else(|_| one_by_one(chunk));
+    if threads <= 1 {
+        return chunks.into_iter().flat_map(decide).collect();
+    }
+    // Each thread takes every `threads`-th chunk; the answers are put back in order.
+    let mut parts: Vec<Vec<(usize, Vec<Option<bool>>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (chunks, decide) = (&chunks, &decide);
+                s.spawn(move || {
+                    chunks
+                        .iter()
+                        .enumerate()
+                        .skip(t)
+                        .step_by(threads)
+                        .map(|(i, c)| (i, decide(c)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut decided: Vec<Option<Vec<Option<bool>>>> = vec![None; chunks.len()];
+    for (i, answers) in parts.drain(..).flatten() {
+        decided[i] = Some(answers);
+    }
+    decided
+        .into_iter()
+        .zip(&chunks)
+        // A thread that panicked left its chunks undecided: decide them here.
+        .flat_map(|(d, c)| d.unwrap_or_else(|| one_by_one(c)))
+        .collect()
+}
+
+/// What [`flipped_all`] builds once per reload and identity.
+struct Redecide<'a> {
+    from: &'a Policies,
+    to: &'a Policies,
+    cluster: &'a str,
+    principal: EntityUid,
+    principal_entities: Vec<Entity>,
+    action: EntityUid,
+    context: Context,
+    /// The policies of either set that the other lacks (renamed apart); None: compare the two
+    /// sets on every record.
+    differing: Option<PolicySet>,
+}
+
+impl<'a> Redecide<'a> {
+    fn new(from: &'a Policies, to: &'a Policies, cluster: &'a str) -> Result<Self, PolicyError> {
+        let context = Context::from_pairs([
+            (
+                "calleeAdmits".to_string(),
+                RestrictedExpression::new_bool(true),
+            ),
+            (
+                "callerRequested".to_string(),
+                RestrictedExpression::new_bool(true),
+            ),
+        ])
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let (principal, principal_entities) = to.principal(cluster, "")?;
+        Ok(Self {
+            from,
+            to,
+            cluster,
+            principal,
+            principal_entities,
+            action: uid("Xcc::Action", "discover")?,
+            context,
+            differing: differing_policies(&from.set, &to.set),
+        })
+    }
+
+    /// One answer per entry of `chunk`; `Err` when its entity set cannot be built.
+    fn chunk(&self, chunk: &[&ServiceEntry]) -> Result<Vec<Option<bool>>, PolicyError> {
+        let mut out = vec![None; chunk.len()];
+        let mut entities = self.principal_entities.clone();
+        let mut asked = Vec::new();
+        for (i, e) in chunk.iter().enumerate() {
+            if admits(e, self.cluster, "") {
+                let service = self.to.service_entity(e)?;
+                asked.push((i, service.uid()));
+                entities.push(service);
+            }
+        }
+        let entities = Entities::from_entities(entities, Some(self.to.schema))
+            .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let authorizer = Authorizer::new();
+        for (i, resource) in asked {
+            let Ok(request) = Request::new(
+                self.principal.clone(),
+                self.action.clone(),
+                resource,
+                self.context.clone(),
+                Some(self.to.schema),
+            ) else {
+                out[i] = flipped(self.from, self.to, chunk[i], self.cluster);
+                continue;
+            };
+            if let Some(differing) = &self.differing
+                && authorizer
+                    .is_authorized(&request, differing, &entities)
+                    .diagnostics()
+                    .reason()
+                    .next()
+                    .is_none()
+            {
+                // No policy that differs applies: both sets decide alike.
+                continue;
+            }
+            // The default set permits whatever (a) and (b) admit (as in `flipped`).
+            let run = |p: &Policies| {
+                p.default_only
+                    || authorizer
+                        .is_authorized(&request, &p.set, &entities)
+                        .decision()
+                        == CedarDecision::Allow
+            };
+            let (before, after) = (run(self.from), run(self.to));
+            out[i] = (before != after).then_some(after);
+        }
+        Ok(out)
+    }
+}
+
+/// The policies of `a` not in `b` with the same text and of `b` not in `a`, in one set (ids
+/// prefixed so that a policy edited in place appears twice). None when that cannot be built,
+/// or when either set holds a template-linked policy (its text is its template's).
+fn differing_policies(a: &PolicySet, b: &PolicySet) -> Option<PolicySet> {
+    let texts = |s: &PolicySet| -> Option<HashSet<String>> {
+        s.policies()
+            .map(|p| p.is_static().then(|| p.to_string()))
+            .collect()
+    };
+    let (in_a, in_b) = (texts(a)?, texts(b)?);
+    let mut differing = PolicySet::new();
+    for (set, other, side) in [(a, &in_b, "before"), (b, &in_a, "after")] {
+        for p in set.policies() {
+            if !other.contains(&p.to_string()) {
+                let id = PolicyId::new(format!("{side}:{}", p.id()));
+                differing.add(p.new_id(id)).ok()?;
+            }
+        }
+    }
+    Some(differing)
+}
+
 /// A Cedar policy that lets `child` carry `clusters` (besides itself), for a parent that
 /// configures its children in code (tests, the demo, the hierarchy bench). Names must be
 /// DNS-1123 labels, so nothing in them can escape the Cedar string.
@@ -1043,6 +1234,65 @@ mod tests {
             origin: None,
             revision: 1,
         }
+    }
+
+    /// `flipped_all` answers what `flipped` answers for each record, across chunks and
+    /// threads, for every pair of sets: default only, a custom forbid, that forbid edited in
+    /// place (same id, other text), the same text again under another file and id, and a set
+    /// with a permit that changes nothing; records the consumer is not admitted to never flip.
+    #[test]
+    fn flipped_all_decides_each_record_as_flipped_does() {
+        let forbid = |id: &str, like: &str| {
+            format!(
+                r#"@id("{id}") forbid (principal, action == Xcc::Action::"discover", resource) when {{ resource.name like "{like}" }};"#
+            )
+        };
+        let set = |file: &str, text: String| {
+            Policies::from_sources(&[(file.to_string(), text)]).expect("valid")
+        };
+        let sets = [
+            Policies::default_set(),
+            set("a.cedar", forbid("x", "svc-1*")),
+            set("a.cedar", forbid("x", "svc-2*")),
+            set("b.cedar", forbid("y", "svc-1*")),
+            set(
+                "c.cedar",
+                r#"@id("p") permit (principal, action == Xcc::Action::"discover", resource) when { resource.name like "svc-3*" };"#.to_string(),
+            ),
+        ];
+        let entries: Vec<ServiceEntry> = (0..700)
+            .map(|i| {
+                let name = format!("svc-{i:03}");
+                let mut e = api(if i % 7 == 0 { &["c9"] } else { &[] });
+                e.key = ServiceKey::new("b2", "shop", &name);
+                e.fqdn = format!("{name}.shop.svc.clusterset.local").into();
+                e
+            })
+            .collect();
+        let refs: Vec<&ServiceEntry> = entries.iter().collect();
+        for from in &sets {
+            for to in &sets {
+                let one_by_one: Vec<Option<bool>> =
+                    refs.iter().map(|e| flipped(from, to, e, "c1")).collect();
+                assert_eq!(flipped_all(from, to, &refs, "c1"), one_by_one);
+            }
+        }
+        // The edit in place: svc-1xx allowed again, svc-2xx denied, all else unchanged.
+        let expected: Vec<Option<bool>> = (0..700)
+            .map(|i| match (i % 7 == 0, i / 100) {
+                (true, _) => None,
+                (false, 1) => Some(true),
+                (false, 2) => Some(false),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(flipped_all(&sets[1], &sets[2], &refs, "c1"), expected);
+        assert!(
+            flipped_all(&sets[1], &sets[3], &refs, "c1")
+                .iter()
+                .all(Option::is_none),
+            "the same forbid under another id flips nothing"
+        );
     }
 
     #[test]

@@ -1104,6 +1104,11 @@ impl Catalog {
         self.read().hamlet_view.clone()
     }
 
+    /// Whether `view` is the Hamlet view version the catalog serves now.
+    pub fn hamlet_view_is(&self, view: &HamletView) -> bool {
+        self.read().hamlet_view.same_version(view)
+    }
+
     /// The record served over Hamlet for `fqdn`: the subtree entry with the lowest key when
     /// several export the same FQDN (deterministic; the others are reported as conflicts by
     /// [`Catalog::hamlet_conflicts`]).

@@ -512,6 +512,10 @@ async fn stream_once(
                 loud: None,
             };
         }
+        // Let the ACKs reach the socket before the catalog work below: they are written by the
+        // HTTP/2 tasks, which this worker would otherwise run only after the mirror (and after
+        // whatever the catalog's change wakes), delaying a lock-step server's next response.
+        tokio::task::yield_now().await;
         // Observed as the batch is applied, before the catalog shows it (so whoever sees the
         // import in the catalog also sees its observation).
         let now = std::time::SystemTime::now();

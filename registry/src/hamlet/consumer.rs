@@ -304,6 +304,11 @@ impl ConsumerState {
         self.snapshot.is_none()
     }
 
+    /// The shared view version the consumer's state is relative to.
+    pub fn base(&self) -> &HamletView {
+        &self.base
+    }
+
     /// Number of FQDNs the consumer is believed to hold.
     pub fn held(&self) -> usize {
         self.held
@@ -320,18 +325,32 @@ impl ConsumerState {
         now: Instant,
         lookup: impl Fn(&str) -> Option<Arc<ServiceEntry>>,
     ) -> Option<Outgoing> {
+        self.next_with(now, |fqdn, _| lookup(fqdn))
+    }
+
+    /// [`ConsumerState::next`] with a `lookup` that is also handed the base's entry for the
+    /// FQDN when the state has it at hand (the snapshot cursor's): a caller that knows the
+    /// catalog still serves the base version ([`ConsumerState::base`]) returns it without a
+    /// search.
+    pub fn next_with(
+        &mut self,
+        now: Instant,
+        lookup: impl Fn(&str, Option<&Arc<ServiceEntry>>) -> Option<Arc<ServiceEntry>>,
+    ) -> Option<Outgoing> {
         if !self.window_open() {
             return None;
         }
         // An entry no peer could decode is never sent (for this consumer it does not exist).
-        let lookup = |fqdn: &str| lookup(fqdn).filter(|e| convert::fits_on_the_wire(e));
+        let lookup = |fqdn: &str, base: Option<&Arc<ServiceEntry>>| {
+            lookup(fqdn, base).filter(|e| convert::fits_on_the_wire(e))
+        };
         if let Some(out) = self.next_snapshot(now, &lookup) {
             return Some(out);
         }
         while let Some(fqdn) = self.queue.pop_front() {
             self.queued.remove(&fqdn);
             let forced = self.forced.remove(&fqdn);
-            let current = lookup(&fqdn);
+            let current = lookup(&fqdn, None);
             let held = self.holds(&fqdn);
             let out = match (current, held) {
                 (Some(cur), None) => {
@@ -364,24 +383,25 @@ impl ConsumerState {
     fn next_snapshot(
         &mut self,
         now: Instant,
-        lookup: &impl Fn(&str) -> Option<Arc<ServiceEntry>>,
+        lookup: &impl Fn(&str, Option<&Arc<ServiceEntry>>) -> Option<Arc<ServiceEntry>>,
     ) -> Option<Outgoing> {
         loop {
             let snap = self.snapshot.as_mut()?;
-            let Some(((key, _), next)) = self.base.at(snap.pos) else {
+            let Some(((key, entry), next)) = self.base.at(snap.pos) else {
                 let marker = snap.marker;
                 self.snapshot = None;
                 return marker.then(|| self.emit(now, Op::SnapshotComplete, None, None));
             };
-            let fqdn = key.clone();
+            let (fqdn, entry) = (key.clone(), entry.clone());
             snap.pos = next;
             snap.last = Some(fqdn.clone());
-            let current = lookup(&fqdn);
+            let current = lookup(&fqdn, Some(&entry));
             // Before this step the consumer held nothing for `fqdn` (it was past the cursor).
             if current.is_some() {
                 self.held += 1;
             }
-            if same(current.as_ref(), self.base_held(&fqdn)) {
+            // The cursor now covers `fqdn`: what the base holds for it is `entry`, if visible.
+            if same(current.as_ref(), self.visible(Some(&entry))) {
                 self.differs.remove(&fqdn);
             } else {
                 self.differs.insert(fqdn.clone(), current.clone());

@@ -117,9 +117,32 @@ struct Encoded {
 
 #[derive(Default)]
 struct EncodedSlots {
-    by_entry: HashMap<usize, Arc<EncodedEntry>>,
+    by_entry: HashMap<usize, Arc<EncodedEntry>, std::hash::BuildHasherDefault<AddressHasher>>,
     /// Prune dead slots when the map reaches this size.
     prune_at: usize,
+}
+
+/// Hashes an allocation's address (the [`EncodedSlots`] key, looked up on every send): a
+/// multiply and a fold, not SipHash (the keys are not chosen by peers).
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        // Allocations are 16-byte aligned: drop those bits, spread the rest over the word.
+        let h = ((n as u64) >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = h ^ (h >> 32);
+    }
 }
 
 struct EncodedEntry {
@@ -248,15 +271,19 @@ impl HamletServer {
         cell.get_or_init(|| {
             let started = Instant::now();
             let view = self.catalog.hamlet_view();
-            let mut flipped = Redecided::new();
-            for (fqdn, entry) in view.iter() {
-                if !convert::fits_on_the_wire(entry) {
-                    continue;
-                }
-                if let Some(after) = crate::authz::flipped(from, to, entry, identity) {
-                    flipped.insert(fqdn.clone(), (entry.clone(), after));
-                }
-            }
+            let served: Vec<(&Arc<str>, &Arc<ServiceEntry>)> = view
+                .iter()
+                .filter(|(_, e)| convert::fits_on_the_wire(e))
+                .collect();
+            let entries: Vec<&ServiceEntry> = served.iter().map(|(_, e)| &***e).collect();
+            let decided = crate::authz::flipped_all(from, to, &entries, identity);
+            let flipped: Redecided = served
+                .into_iter()
+                .zip(decided)
+                .filter_map(|((fqdn, entry), after)| {
+                    after.map(|after| (fqdn.clone(), (entry.clone(), after)))
+                })
+                .collect();
             info!(consumer = identity, records = view.len(), flipped = flipped.len(), elapsed = ?started.elapsed(), "policies reloaded: records decided again");
             Arc::new(flipped)
         })
@@ -748,8 +775,14 @@ impl<W: Wire> ConsumerStream<W> {
             .filter(|_| Arc::ptr_eq(&policies, &self.decided_under));
         // A Hamlet subscription asks for every record (condition (b) holds); the gate decides
         // the callee's list and Cedar.
-        let lookup = |fqdn: &str| -> Option<Arc<ServiceEntry>> {
-            let e = catalog.hamlet_get(fqdn)?;
+        // While the catalog still serves the consumer's base version, the base's entry (handed
+        // over at the snapshot cursor) is the one served: no search for it.
+        let fresh = catalog.hamlet_view_is(self.st.base());
+        let lookup = |fqdn: &str, base: Option<&Arc<ServiceEntry>>| -> Option<Arc<ServiceEntry>> {
+            let e = match base {
+                Some(e) if fresh => e.clone(),
+                _ => catalog.hamlet_get(fqdn)?,
+            };
             if let Some((decided, allowed)) = redecided.and_then(|r| r.get(fqdn))
                 && Arc::ptr_eq(decided, &e)
             {
@@ -757,7 +790,7 @@ impl<W: Wire> ConsumerStream<W> {
             }
             policies.allows(&e, identity, "", true).then_some(e)
         };
-        let out = self.st.next(Instant::now(), lookup);
+        let out = self.st.next_with(Instant::now(), lookup);
         if self.redecided.is_some() && self.st.queued() == 0 {
             self.redecided = None;
         }
