@@ -36,7 +36,7 @@ async fn import(records: &Api<ServiceRecord>, fqdn: &str, address: &str) {
 }
 
 #[tokio::test]
-async fn new_06_no_writes_across_a_forced_relist() {
+async fn no_writes_across_a_forced_relist() {
     let mut b = FakeApiServer::builder().namespace(NS);
     for spec in crds::all() {
         b = b.resource(spec);
