@@ -570,7 +570,7 @@ fn b3_disagreeing_ports_lowest_uid_wins_and_the_conflict_is_reported() {
 }
 
 #[test]
-fn new_07_and_b4_fqdn_case_and_trailing_dot_share_one_service() {
+fn fqdn_case_and_a_trailing_dot_share_one_service() {
     let records = [
         record(
             "foo.xcc.test-1",
