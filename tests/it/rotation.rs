@@ -101,12 +101,13 @@ pub(crate) async fn reloaded(r: &Registry, generation: u64) {
         .unwrap();
 }
 
-/// The port of west's import of `tick`, once it is at least `at_least`.
-async fn tick_reaches(west: &Registry, at_least: u32) {
-    let mut rx = west.catalog.subscribe();
+/// Wait until `r` holds `fqdn` with a first endpoint port of `at_least` or more (the tests'
+/// changing `tick` record carries its counter as the port).
+pub(crate) async fn port_reaches(r: &Registry, fqdn: &str, at_least: u32) {
+    let mut rx = r.catalog.subscribe();
     let seen = || {
-        west.catalog
-            .by_fqdn("tick.shop.xcc.test")
+        r.catalog
+            .by_fqdn(fqdn)
             .iter()
             .any(|e| e.endpoints.first().is_some_and(|ep| ep.port >= at_least))
     };
@@ -119,7 +120,12 @@ async fn tick_reaches(west: &Registry, at_least: u32) {
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("west never saw tick {at_least}"));
+    .unwrap_or_else(|_| panic!("{} never saw {fqdn} at {at_least}", r.cluster));
+}
+
+/// The port of west's import of `tick`, once it is at least `at_least`.
+async fn tick_reaches(west: &Registry, at_least: u32) {
+    port_reaches(west, "tick.shop.xcc.test", at_least).await;
 }
 
 /// A state directory whose one RemoteRegistry is east, for `xcc check` from `name`'s files.

@@ -28,7 +28,7 @@ use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::{Registry, RegistryConfig, StoreConfig};
 
 use crate::dns_cli::{answers, query, spawn_dns};
-use crate::rotation::{entry, issue, ok, reloaded, xcc};
+use crate::rotation::{entry, issue, ok, port_reaches, reloaded, xcc};
 
 const WAIT: Duration = Duration::from_secs(30);
 const REGISTRIES: [&str; 5] = ["root", "mid", "east", "far", "west"];
@@ -133,23 +133,7 @@ fn watch_removals(r: &Registry, removed: Arc<AtomicBool>) -> tokio::task::JoinHa
 
 /// Wait until `r` holds east's `tick` at `at_least` or later, under any source.
 async fn tick_reaches(r: &Registry, at_least: u32) {
-    let mut rx = r.catalog.subscribe();
-    let seen = || {
-        r.catalog
-            .by_fqdn("tick.shop.svc.clusterset.local")
-            .iter()
-            .any(|e| e.endpoints.first().is_some_and(|ep| ep.port >= at_least))
-    };
-    tokio::time::timeout(WAIT, async {
-        while !seen() {
-            match rx.recv().await {
-                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(e) => panic!("catalog events ended: {e}"),
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{} never saw tick {at_least}", r.cluster));
+    port_reaches(r, "tick.shop.svc.clusterset.local", at_least).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
