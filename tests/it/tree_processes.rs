@@ -18,6 +18,8 @@ const WAIT: Duration = Duration::from_secs(30);
 struct Proc {
     child: Child,
     lines: mpsc::Receiver<String>,
+    /// Lines read but not yet returned by [`Proc::wait_log`], in order.
+    backlog: std::cell::RefCell<Vec<String>>,
     name: String,
 }
 
@@ -29,15 +31,27 @@ impl Drop for Proc {
 }
 
 impl Proc {
-    /// Block until a log line contains `needle` (bounded).
+    /// The first log line not returned before that contains `needle`, waiting for it if none
+    /// has been read yet (bounded). Lines read while waiting are kept, not dropped: a process
+    /// may log what a later wait asks for before what an earlier one does (a parent link can
+    /// come up before "registry started" is printed). On a timeout the lines read so far are
+    /// printed, so a failure says what the process did instead.
     fn wait_log(&self, needle: &str) -> String {
+        let mut backlog = self.backlog.borrow_mut();
+        if let Some(i) = backlog.iter().position(|l| l.contains(needle)) {
+            return backlog.remove(i);
+        }
         let deadline = std::time::Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) if line.contains(needle) => return line,
-                Ok(_) => {}
-                Err(_) => panic!("{}: no log line containing {needle:?} in time", self.name),
+                Ok(line) => backlog.push(line),
+                Err(_) => panic!(
+                    "{}: no log line containing {needle:?} in time; its log not yet matched:\n{}",
+                    self.name,
+                    backlog.join("\n")
+                ),
             }
         }
     }
@@ -97,6 +111,7 @@ fn start(name: &str, root: &Path, listen: SocketAddr, admin: SocketAddr, extra: 
     let p = Proc {
         child,
         lines: rx,
+        backlog: Default::default(),
         name: name.into(),
     };
     p.wait_log("registry started");

@@ -105,6 +105,10 @@ impl Registry {
         if let StoreConfig::File { state_dir, .. } = &config.store
             && !state_dir.is_dir()
         {
+            std::fs::create_dir_all(state_dir).map_err(|source| StartError::StateDir {
+                path: state_dir.clone(),
+                source,
+            })?;
             tracing::warn!(
                 state_dir = %state_dir.display(),
                 "--state-dir did not exist; created it empty (no exports, no remotes): check the path if this registry had state"
