@@ -9,6 +9,8 @@ pub mod level;
 pub mod link;
 pub mod session;
 pub mod tree;
+pub mod types;
 pub mod upward;
 
-pub use level::{Level, Question, Target};
+pub use level::Level;
+pub use types::{Question, Target};

@@ -25,7 +25,8 @@ use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::convert::{announcement, entry_from_announcement};
-use super::grants::{ExportedService, WorkloadIdentity};
+pub use super::types::{OwnerRoute, Question, Target};
+use super::types::WorkloadIdentity;
 use super::tree::{Direction, Tree};
 
 mod owners;
@@ -36,55 +37,6 @@ use crate::authz::{Gate, Policies};
 use crate::budget::{Full, QueueLimits, QueueRx, QueueTx, queue};
 use crate::catalog::{Catalog, CatalogEvent, ServiceEntry, ServiceKey, Source};
 pub use owners::{ConfigMapOwners, FileOwners, HeldNames, LedgerError, OwnerStore};
-
-/// What a requester asks for.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Target {
-    Name { namespace: String, name: String },
-    Fqdn(String),
-}
-
-impl std::fmt::Display for Target {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Target::Name { namespace, name } => write!(f, "{namespace}/{name}"),
-            Target::Fqdn(fqdn) => f.write_str(fqdn),
-        }
-    }
-}
-
-impl Target {
-    pub fn from_query(q: &fed::ServiceQuery) -> Self {
-        if q.fqdn.is_empty() {
-            Target::Name {
-                namespace: q.namespace.clone(),
-                name: q.name.clone(),
-            }
-        } else {
-            Target::Fqdn(q.fqdn.trim_end_matches('.').to_ascii_lowercase())
-        }
-    }
-}
-
-/// A persistent question asked through the parent (an import): what is asked for, by which
-/// service, and on behalf of which workload (the identity the owner's grant admits).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Question {
-    pub target: Target,
-    pub requester_service: String,
-    pub identity: Option<WorkloadIdentity>,
-}
-
-impl Question {
-    /// Asked as the cluster, with no workload identity.
-    pub fn new(target: Target, requester_service: impl Into<String>) -> Self {
-        Self {
-            target,
-            requester_service: requester_service.into(),
-            identity: None,
-        }
-    }
-}
 
 pub use crate::authz::PolicyHandle;
 
@@ -313,23 +265,6 @@ struct Grant {
     since: SystemTime,
     /// The workload identity of the latest granted query (carried to the owner).
     identity: Option<WorkloadIdentity>,
-}
-
-/// A route this registry holds as the owner of the target service.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OwnerRoute {
-    pub target_namespace: String,
-    pub target_service: String,
-    pub caller_cluster: String,
-    pub caller_service: String,
-    /// The caller's workload identity from its query, if it sent one.
-    pub caller_identity: Option<WorkloadIdentity>,
-    /// The granted service as this registry (its owner) exports it.
-    pub exported: ExportedService,
-    pub resolver_cluster: String,
-    pub since: SystemTime,
-    /// Objects applied for the grant (per `--grant-mode`), as `Kind/namespace/name`.
-    pub applied: Vec<String>,
 }
 
 struct Subscription {
