@@ -7,6 +7,7 @@ pub mod imports;
 pub mod kube_grants;
 pub mod level;
 pub mod link;
+pub mod queues;
 pub mod session;
 pub mod tree;
 pub mod types;
