@@ -195,7 +195,7 @@ pub fn over_budget_status(queue: &str, limits: QueueLimits, full: Full) -> tonic
 }
 
 /// The way up to the parent for what is not a catalog change (subtree membership, queries,
-/// route acknowledgements), read by the parent link's stream ([`super::upward::Upward`]).
+/// route acknowledgements), read by the parent link's stream (`federation::upward`).
 /// Announcements do not pass here: the stream reads them from the catalog. A message that does
 /// not fit resets the parent session (the link reconnects at once) and is counted.
 #[derive(Clone)]

@@ -11,6 +11,15 @@
 //! * The resolving level records each grant, routes a `RouteNotification` to the owner
 //!   (queued per child, acknowledged hop by hop) and pushes fresh answers or revocations to
 //!   requesters whenever the service changes or the grant stops holding.
+//!
+//! The level holds no transport: it sends plain messages through [`ChildPort`] and
+//! [`ParentPort`], which the sessions implement with their bounded queues
+//! (`federation::queues`), and it counts every message that did not fit ([`Level::overflows`]).
+//!
+//! Modules: `children` (sessions, subtrees, announcements), `names` (one owner per name),
+//! `parent` (the way up and what the parent sends), `queries` (questions, answers, grants and
+//! route notifications), `resolver` (answers kept fresh), `owners` (the name ledger),
+//! `reservations` (names held for owners away), `refusal` and `ports` (the values it hands out).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, RwLock};
@@ -23,7 +32,9 @@ use xcc_proto::xcc::federation::v1 as fed;
 
 use super::tree::Tree;
 use super::types::WorkloadIdentity;
-pub use super::types::{OwnerRoute, Question, Target};
+use crate::authz::{Gate, Policies};
+use crate::budget::QueueLimits;
+use crate::catalog::{Catalog, ServiceKey, Source};
 
 mod children;
 mod names;
@@ -34,17 +45,17 @@ mod queries;
 mod refusal;
 pub(crate) mod reservations;
 mod resolver;
-use crate::authz::{Gate, Policies};
-use crate::budget::QueueLimits;
-use crate::catalog::{Catalog, ServiceKey, Source};
+
+pub use super::types::{OwnerRoute, Question, Target};
+pub use crate::authz::PolicyHandle;
 pub use children::{ChildError, SessionAnnouncements};
 pub use owners::{ConfigMapOwners, FileOwners, HeldNames, LedgerError, OwnerStore};
 pub use ports::{ChildPort, Overflow, ParentPort, Resync};
 pub use refusal::{ANNOUNCEMENT_KIND, Clash, QUERY_KIND, Refusal, RefusalCode};
 use refusal::{RefusedKey, refused_key};
 
-pub use crate::authz::PolicyHandle;
-
+/// A child's session as the level knows it: which session, since when, from where, and the
+/// way down to it (the session's queue).
 struct Session {
     id: u64,
     link: Arc<dyn ChildPort>,

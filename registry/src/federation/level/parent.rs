@@ -46,7 +46,7 @@ impl Level {
     /// A parent session begins: queue the subtree membership on `up` first and make `up` the
     /// way up, so every later membership change, query and acknowledgement follows it. Returns
     /// the persistent questions to re-issue once the snapshot is sent; the snapshot itself is
-    /// streamed from the catalog by [`super::upward::Upward`].
+    /// streamed from the catalog by the parent link's stream (`federation::upward`).
     pub fn begin_upward(&self, up: impl ParentPort + 'static) -> Vec<fed::ServiceQuery> {
         let up: Arc<dyn ParentPort> = Arc::new(up);
         let mut st = self.lock();

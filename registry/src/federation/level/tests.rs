@@ -1327,3 +1327,68 @@ fn refusal_codes_are_the_grpc_codes_of_the_same_name() {
         assert_eq!(format!("{ours:?}"), format!("{grpc:?}"));
     }
 }
+
+/// What a level hands one child's session, as plain values.
+#[derive(Clone, Default)]
+struct Recorder {
+    sent: Arc<std::sync::Mutex<Vec<fed::parent_message::Payload>>>,
+    resyncs: Arc<std::sync::Mutex<Vec<Resync>>>,
+    /// Refuse every message from now on (as a full queue would).
+    full: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ChildPort for Recorder {
+    fn send(&self, msg: fed::parent_message::Payload) -> Result<(), Overflow> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Overflow);
+        }
+        self.sent.lock().expect("lock").push(msg);
+        Ok(())
+    }
+
+    fn resync(&self, why: Resync) {
+        self.resyncs.lock().expect("lock").push(why);
+    }
+}
+
+/// The level needs no transport: a child's port receives its ancestry, then the refusals of
+/// its entries, as plain messages; a policy change asks it to resynchronise with a typed
+/// reason; and every message its port could not take is counted as an overflow.
+#[test]
+fn a_child_port_receives_plain_messages_typed_resyncs_and_overflows_are_counted() {
+    let root = level("root");
+    let port = Recorder::default();
+    root.attach_child("c3", "a".into(), &membership(&["c3"]), port.clone())
+        .expect("attach");
+    let zoned = fed::ServiceAnnouncement {
+        cluster: "c3".into(),
+        fqdn: "api.bank.example".into(),
+        ..api_announcement()
+    };
+    let refusal = root
+        .child_announcement("c3", &zoned)
+        .expect_err("no announce permit for the zone");
+    let rejection = refusal.to_rejection("announcement", "c3", "shop", "api", "", "root");
+    root.reject_to_child("c3", rejection.clone());
+    assert_eq!(
+        *port.sent.lock().expect("lock"),
+        [
+            fed::parent_message::Payload::Ancestry(fed::Ancestry {
+                path: vec!["root".into()]
+            }),
+            fed::parent_message::Payload::Rejection(rejection.clone()),
+        ]
+    );
+    assert_eq!(rejection.code, tonic::Code::PermissionDenied as i32);
+    root.policies_changed();
+    assert_eq!(
+        *port.resyncs.lock().expect("lock"),
+        [Resync::PoliciesChanged]
+    );
+    assert_eq!(root.overflows().get(), 0);
+    port.full.store(true, std::sync::atomic::Ordering::SeqCst);
+    root.reject_to_child("c3", rejection.clone());
+    root.confirm_snapshot("c3", fed::SnapshotComplete { generation: 1 });
+    assert_eq!(root.overflows().get(), 2);
+    assert_eq!(port.sent.lock().expect("lock").len(), 2);
+}
