@@ -126,98 +126,111 @@ impl Level {
     pub fn on_parent_message(&self, msg: fed::ParentMessage) -> Result<(), TreeError> {
         use fed::parent_message::Payload;
         match msg.payload {
-            Some(Payload::Ancestry(a)) => {
-                let mut st = self.lock();
-                st.tree.set_ancestors(a.path)?;
-                // Our children's ancestry changed too.
-                let mut path = st.tree.ancestors().to_vec();
-                path.push(self.inner.cluster.clone());
-                for session in st.sessions.values() {
-                    self.down(
-                        &session.link,
-                        fed::parent_message::Payload::Ancestry(fed::Ancestry {
-                            path: path.clone(),
-                        }),
-                    );
-                }
-                drop(st);
-                self.bump();
-            }
+            Some(Payload::Ancestry(a)) => self.parent_ancestry(a)?,
             Some(Payload::ServiceQueryResponse(r)) => self.route_answer(r),
-            Some(Payload::RouteNotification(n)) => {
-                let mine = self.lock().tree.direction(&n.target_cluster) == Direction::Local;
-                let error = match mine && !n.revoked {
-                    true => self
-                        .owner_check(&n)
-                        .err()
-                        .map(|e| e.to_string())
-                        .unwrap_or_default(),
-                    false => String::new(),
-                };
-                let applied = self.route_notification(n.clone());
-                let tx = self.lock().parent_tx.clone();
-                self.send_up(
-                    tx,
-                    msg_up(fed::child_message::Payload::RouteAck(fed::RouteAck {
-                        route_id: n.route_id,
-                        applied,
-                        error,
-                    })),
-                );
-            }
-            Some(Payload::Rejection(r)) => {
-                warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = r.code, check = %r.check, policies = ?r.policy_ids, reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
-                let key = refused_key(&r.kind, &r.cluster, &r.namespace, &r.name, &r.fqdn);
-                let mut st = self.lock();
-                // What a cluster below announced or asked: the refusal goes on down to it, so
-                // the sender stores and shows it (it is kept here too, as our subtree's).
-                if (r.kind == ANNOUNCEMENT_KIND || r.kind == QUERY_KIND)
-                    && let Direction::Child(child) = st.tree.direction(&r.cluster)
-                    && let Some(session) = st.sessions.get(&child)
-                {
-                    self.down(
-                        &session.link,
-                        fed::parent_message::Payload::Rejection(r.clone()),
-                    );
-                }
-                st.refused_before.remove(&key);
-                if st.refused.len() < KEEP_REFUSED || st.refused.contains_key(&key) {
-                    st.refused.insert(key, (SystemTime::now(), r));
-                } else {
-                    self.inner.overflows.inc();
-                }
-                drop(st);
-                self.bump();
-            }
+            Some(Payload::RouteNotification(n)) => self.parent_route(n),
+            Some(Payload::Rejection(r)) => self.parent_refused(r),
             Some(Payload::NameClash(n)) => self.route_clash(n),
-            Some(Payload::SnapshotComplete(_)) => {
-                let mut st = self.lock();
-                let lifted = std::mem::take(&mut st.refused_before);
-                for k in &lifted {
-                    st.refused.remove(k);
-                }
-                st.refusals_confirmed = true;
-                // A lifted refusal of what a cluster below announced was forwarded to it: its
-                // child is asked to send its snapshot again, and the refusal goes there when
-                // we confirm that snapshot without repeating it.
-                let children: BTreeSet<String> = lifted
-                    .iter()
-                    .filter_map(|k| match st.tree.direction(&k.1) {
-                        Direction::Child(child) => Some(child),
-                        _ => None,
-                    })
-                    .collect();
-                for child in children {
-                    if let Some(session) = st.sessions.get(&child) {
-                        info!(%child, "a refusal of the child's subtree was lifted above; asking it to reconnect and resend");
-                        session.link.resync(Resync::RefusalLifted);
-                    }
-                }
-                drop(st);
-                self.bump();
-            }
+            Some(Payload::SnapshotComplete(_)) => self.parent_applied_snapshot(),
             Some(Payload::ServiceAnnouncement(_)) | None => {}
         }
         Ok(())
+    }
+
+    /// Our ancestry (the parent's path to the root): our children's changed too.
+    fn parent_ancestry(&self, a: fed::Ancestry) -> Result<(), TreeError> {
+        let mut st = self.lock();
+        st.tree.set_ancestors(a.path)?;
+        let mut path = st.tree.ancestors().to_vec();
+        path.push(self.inner.cluster.clone());
+        for session in st.sessions.values() {
+            self.down(
+                &session.link,
+                fed::parent_message::Payload::Ancestry(fed::Ancestry { path: path.clone() }),
+            );
+        }
+        drop(st);
+        self.bump();
+        Ok(())
+    }
+
+    /// A route notification on its way to the owner (applied here if we are it), acknowledged
+    /// to the parent.
+    fn parent_route(&self, n: fed::RouteNotification) {
+        let mine = self.lock().tree.direction(&n.target_cluster) == Direction::Local;
+        let error = match mine && !n.revoked {
+            true => self
+                .owner_check(&n)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
+            false => String::new(),
+        };
+        let applied = self.route_notification(n.clone());
+        let tx = self.lock().parent_tx.clone();
+        self.send_up(
+            tx,
+            msg_up(fed::child_message::Payload::RouteAck(fed::RouteAck {
+                route_id: n.route_id,
+                applied,
+                error,
+            })),
+        );
+    }
+
+    /// The parent refused an entry of our subtree: kept (bounded by [`KEEP_REFUSED`]) and, if
+    /// a cluster below sent it, forwarded to that cluster's child.
+    fn parent_refused(&self, r: fed::Rejection) {
+        warn!(kind = %r.kind, cluster = %r.cluster, namespace = %r.namespace, name = %r.name, code = r.code, check = %r.check, policies = ?r.policy_ids, reason = %r.reason, refused_by = %r.refused_by, "the parent refused an entry");
+        let key = refused_key(&r.kind, &r.cluster, &r.namespace, &r.name, &r.fqdn);
+        let mut st = self.lock();
+        // What a cluster below announced or asked: the refusal goes on down to it, so
+        // the sender stores and shows it (it is kept here too, as our subtree's).
+        if (r.kind == ANNOUNCEMENT_KIND || r.kind == QUERY_KIND)
+            && let Direction::Child(child) = st.tree.direction(&r.cluster)
+            && let Some(session) = st.sessions.get(&child)
+        {
+            self.down(
+                &session.link,
+                fed::parent_message::Payload::Rejection(r.clone()),
+            );
+        }
+        st.refused_before.remove(&key);
+        if st.refused.len() < KEEP_REFUSED || st.refused.contains_key(&key) {
+            st.refused.insert(key, (SystemTime::now(), r));
+        } else {
+            self.inner.overflows.inc();
+        }
+        drop(st);
+        self.bump();
+    }
+
+    /// The parent applied the snapshot of this session: the refusals it did not repeat are
+    /// lifted.
+    fn parent_applied_snapshot(&self) {
+        let mut st = self.lock();
+        let lifted = std::mem::take(&mut st.refused_before);
+        for k in &lifted {
+            st.refused.remove(k);
+        }
+        st.refusals_confirmed = true;
+        // A lifted refusal of what a cluster below announced was forwarded to it: its
+        // child is asked to send its snapshot again, and the refusal goes there when
+        // we confirm that snapshot without repeating it.
+        let children: BTreeSet<String> = lifted
+            .iter()
+            .filter_map(|k| match st.tree.direction(&k.1) {
+                Direction::Child(child) => Some(child),
+                _ => None,
+            })
+            .collect();
+        for child in children {
+            if let Some(session) = st.sessions.get(&child) {
+                info!(%child, "a refusal of the child's subtree was lifted above; asking it to reconnect and resend");
+                session.link.resync(Resync::RefusalLifted);
+            }
+        }
+        drop(st);
+        self.bump();
     }
 }
