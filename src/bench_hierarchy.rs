@@ -1223,11 +1223,12 @@ fn level_probe_main(shape: &Shape) -> anyhow::Result<Probe> {
         let mut clusters: BTreeSet<String> =
             (0..shape.leaves_per_mid).map(|l| leaf_name(m, l)).collect();
         clusters.insert(mid_name(m));
-        let (tx, rx) =
-            xcc_registry::federation::level::DownLink::new(xcc_registry::budget::QueueLimits::new(
+        let (tx, rx) = xcc_registry::federation::queues::DownLink::new(
+            xcc_registry::budget::QueueLimits::new(
                 64,
                 xcc_registry::budget::QueueLimits::FEDERATION.bytes,
-            ));
+            ),
+        );
         level
             .attach_child(
                 &mid_name(m),

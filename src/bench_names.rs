@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 use xcc_proto::xcc::federation::v1 as fed;
 use xcc_registry::authz::{Gate, Policies};
 use xcc_registry::catalog::Catalog;
-use xcc_registry::federation::level::{DownLink, Level, OwnerStore};
+use xcc_registry::federation::level::{Level, OwnerStore};
+use xcc_registry::federation::queues::DownLink;
 
 #[derive(Args, Debug)]
 pub struct NamesArgs {

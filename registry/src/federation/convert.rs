@@ -3,7 +3,7 @@
 use xcc_proto::names::FqdnError;
 use xcc_proto::xcc::federation::v1 as fed;
 
-use super::level::Target;
+use super::types::Target;
 use crate::authz::{Condition, Decision};
 use crate::catalog::{Endpoint, NamedPort, ServiceEntry, ServiceKey, Source};
 

@@ -45,7 +45,7 @@ use super::grants::{
     GrantConfig, GrantError, GrantSink, MANAGED_BY_LABEL, check_route, object_keys, object_ref,
     objects,
 };
-use super::level::OwnerRoute;
+use super::types::OwnerRoute;
 
 /// Why one step of writing a grant in kube mode failed.
 #[derive(Debug, thiserror::Error)]

@@ -17,6 +17,7 @@ use xcc_certs::explain::repeats_suffix;
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::level::Level;
+use super::queues::Uplink;
 use super::upward::Upward;
 use crate::hamlet::client::Backoff;
 use crate::peers::{PeerKind, PeerState, PeerStats, PeerTable};
@@ -200,7 +201,7 @@ async fn session(
 ) -> End {
     // Room for control messages (membership, queries, route acknowledgements) on the way up,
     // bounded in messages and bytes (`Level::queue_limits`); overflowing it resets the session.
-    let (up, control) = level.uplink();
+    let (up, control) = Uplink::for_level(level);
     let reset = up.reset().clone();
     let why = up.clone();
     // Subscribe before the stream reads the catalog so no change falls between them.

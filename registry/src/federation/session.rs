@@ -16,7 +16,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
-use super::level::{ChildError, Down, Level, Refusal, SessionAnnouncements};
+use super::level::{ChildError, Level, Refusal, RefusalCode, SessionAnnouncements};
+use super::queues::{Down, DownLink};
 
 /// How long a child may take to declare its subtree.
 const MEMBERSHIP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -87,7 +88,7 @@ impl fed::federation_server::Federation for FederationService {
         let Some(fed::child_message::Payload::Subtree(membership)) = first.payload else {
             return Err(status_for(ChildError::NoMembership));
         };
-        let (link, rx) = self.level.session_channel();
+        let (link, rx) = DownLink::for_level(&self.level);
         let down = link.stream(rx);
         let id = self
             .level
@@ -125,7 +126,7 @@ impl fed::federation_server::Federation for FederationService {
                 };
                 if !room {
                     level.overflows().inc();
-                    break Err(super::level::stalled_status(link.limits(), stall));
+                    break Err(super::queues::stalled_status(link.limits(), stall));
                 }
                 let msg = tokio::select! {
                     _ = cancel.cancelled() => break Err(Status::unavailable("registry shutting down")),
@@ -228,7 +229,7 @@ impl ChildReader {
                     warn!(%child, requester = %q.requester_cluster, "refusing a query on behalf of a cluster the child does not carry");
                     level.reject_to_child(
                         child,
-                        Refusal::new("subtree", tonic::Code::PermissionDenied, e.to_string())
+                        Refusal::new("subtree", RefusalCode::PermissionDenied, e.to_string())
                             .to_rejection(
                                 "query",
                                 &q.requester_cluster,
@@ -272,7 +273,7 @@ fn oversized(msg: &fed::ChildMessage, size: usize, refused_by: &str) -> fed::Rej
     use fed::child_message::Payload;
     let refusal = Refusal::new(
         "size",
-        tonic::Code::ResourceExhausted,
+        RefusalCode::ResourceExhausted,
         format!("entry of {size} bytes exceeds the {ENTRY_LIMIT}-byte limit"),
     );
     match &msg.payload {

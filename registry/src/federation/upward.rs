@@ -46,7 +46,7 @@ struct Cursor {
 /// The upward stream of one parent session.
 pub struct Upward {
     level: Level,
-    control: super::level::UpQueue,
+    control: super::queues::UpQueue,
     events: BroadcastStream<CatalogEvent>,
     cursor: Option<Cursor>,
     /// Messages due before anything else but control messages: a change read while checking
@@ -57,12 +57,12 @@ pub struct Upward {
 }
 
 impl Upward {
-    /// `control`: the receiving end of the [`super::level::Uplink`] given to
+    /// `control`: the receiving end of the [`super::queues::Uplink`] given to
     /// [`Level::begin_upward`]; `events`: the catalog's change feed, subscribed before that
     /// call; `queries`: what it returned.
     pub fn new(
         level: Level,
-        control: super::level::UpQueue,
+        control: super::queues::UpQueue,
         events: tokio::sync::broadcast::Receiver<CatalogEvent>,
         queries: Vec<fed::ServiceQuery>,
     ) -> Self {
@@ -128,7 +128,7 @@ impl Upward {
     }
 
     /// A control message if one is queued; `Err` once the level let go of the session's
-    /// [`super::level::Uplink`] (the link is down): the stream ends.
+    /// [`super::queues::Uplink`] (the link is down): the stream ends.
     fn poll_control(&mut self, cx: &mut Context<'_>) -> Result<Option<fed::ChildMessage>, ()> {
         match self.control.poll_recv(cx) {
             Poll::Ready(Some(m)) => Ok(Some(m)),

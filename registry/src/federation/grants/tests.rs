@@ -1,4 +1,5 @@
 use super::*;
+use crate::catalog::NamedPort;
 use std::time::SystemTime;
 
 fn identity() -> WorkloadIdentity {

@@ -9,8 +9,9 @@ use tracing::{debug, info, warn};
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::super::convert::{response_for, target_matches};
-use super::super::grants::{ExportedService, WorkloadIdentity, check_route};
+use super::super::grants::check_route;
 use super::super::tree::Direction;
+use super::super::types::{ExportedService, WorkloadIdentity};
 use super::{Grant, Level, OwnerRoute, Subscription, Target, msg_up};
 use crate::catalog::{ServiceEntry, Source};
 

@@ -5,7 +5,7 @@ use tracing::info;
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::super::convert::response_for;
-use super::super::grants::WorkloadIdentity;
+use super::super::types::WorkloadIdentity;
 use super::{Grant, Level};
 use crate::catalog::CatalogEvent;
 

@@ -2,11 +2,20 @@
 
 use std::sync::{Arc, RwLock};
 
+use tokio_util::sync::CancellationToken;
 use xcc_proto::xcc::federation::v1 as fed;
 
 use super::*;
 use crate::authz::Policies;
+use crate::catalog::ServiceEntry;
+use crate::federation::convert::entry_from_announcement;
 use crate::federation::grants::WorkloadIdentity;
+use crate::federation::queues::{Down, DownLink, DownQueue, UpQueue, Uplink};
+
+/// A child-session queue with the default budget.
+fn session_channel() -> (DownLink, DownQueue) {
+    DownLink::new(QueueLimits::FEDERATION)
+}
 
 /// A level whose policies let `b` carry `b1` and `b2` (the parent's configuration of its
 /// children); nobody else carries anything but itself.
@@ -313,7 +322,7 @@ fn a_child_carries_only_what_its_parent_permits() {
             ..api_announcement()
         };
         let err = root.child_announcement("c3", &spoof).expect_err("spoofed");
-        assert_eq!(err.code, tonic::Code::PermissionDenied);
+        assert_eq!(err.code, RefusalCode::PermissionDenied);
         assert_eq!(
             err.reason,
             format!("cluster \"{cluster}\" is not in the subtree of child \"c3\"")
@@ -370,7 +379,7 @@ fn the_first_owner_keeps_a_name() {
     let err = root
         .child_announcement("a9", &ann("a9", "api.shop.svc.clusterset.local"))
         .expect_err("shadowing");
-    assert_eq!(err.code, tonic::Code::AlreadyExists);
+    assert_eq!(err.code, RefusalCode::AlreadyExists);
     assert_eq!(
         err.reason,
         "api.shop.svc.clusterset.local is owned by c2/shop/api; the first owner keeps a name"
@@ -449,7 +458,7 @@ fn the_first_owner_keeps_a_name() {
 #[test]
 fn the_child_stores_what_its_parent_refused() {
     let b = level("b");
-    let r = Refusal::new("size", tonic::Code::ResourceExhausted, "too big").to_rejection(
+    let r = Refusal::new("size", RefusalCode::ResourceExhausted, "too big").to_rejection(
         "announcement",
         "b",
         "shop",
@@ -484,10 +493,10 @@ fn a_refusal_of_a_grandchilds_entry_is_sent_down_to_it() {
         })
         .expect("ok")
     };
-    let forbidden = Refusal::new("announce", tonic::Code::PermissionDenied, "forbidden")
+    let forbidden = Refusal::new("announce", RefusalCode::PermissionDenied, "forbidden")
         .with_policies(vec!["no-secret".into()]);
     let announced = forbidden.to_rejection("announcement", "b1", "shop", "secret", "", "root");
-    let asked = Refusal::new("subtree", tonic::Code::PermissionDenied, "not carried")
+    let asked = Refusal::new("subtree", RefusalCode::PermissionDenied, "not carried")
         .to_rejection("query", "b1", "ops", "db", "", "root");
     let own = forbidden.to_rejection("announcement", "b", "shop", "mine", "", "root");
     let carried = forbidden.to_rejection("subtree", "b1", "", "", "", "root");
@@ -501,7 +510,7 @@ fn a_refusal_of_a_grandchilds_entry_is_sent_down_to_it() {
     let (up, _up_rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
     b.begin_upward(up);
     from_parent(own);
-    assert!(!tx.end.is_cancelled());
+    assert!(!tx.is_closed());
     b.on_parent_message(fed::ParentMessage {
         payload: Some(fed::parent_message::Payload::SnapshotComplete(
             fed::SnapshotComplete::default(),
@@ -524,7 +533,7 @@ fn a_refusal_of_a_grandchilds_entry_is_sent_down_to_it() {
 fn a_refusal_stands_until_the_parent_confirms_a_snapshot_without_it() {
     let b = level("b");
     let refusal = |name: &str| {
-        Refusal::new("announce", tonic::Code::PermissionDenied, "forbidden")
+        Refusal::new("announce", RefusalCode::PermissionDenied, "forbidden")
             .with_policies(vec!["no-shop".into()])
             .to_rejection("announcement", "b", "shop", name, "", "root")
     };
@@ -642,7 +651,7 @@ fn a_refused_question_stands_until_it_is_answered() {
         b.on_parent_message(fed::ParentMessage { payload: Some(p) })
             .expect("ok")
     };
-    let refusal = Refusal::new("size", tonic::Code::ResourceExhausted, "too big")
+    let refusal = Refusal::new("size", RefusalCode::ResourceExhausted, "too big")
         .to_rejection("query", "b", "shop", "api", "", "root");
     from_parent(fed::parent_message::Payload::Rejection(refusal.clone()));
     let (up, _rx) = Uplink::new(QueueLimits::new(16, QueueLimits::FEDERATION.bytes));
@@ -695,7 +704,7 @@ fn a_policy_refusal_is_decided_again_when_policies_change() {
     root.attach_child("c4", "b".into(), &membership(&["c4"]), tx.clone())
         .expect("attach");
     root.policies_changed();
-    assert!(!tx.end.is_cancelled());
+    assert!(!tx.is_closed());
     drop(rx);
 }
 
@@ -810,7 +819,7 @@ fn a_grandchild_away_keeps_its_names() {
     let err = root
         .child_announcement("a9", &shadow)
         .expect_err("held for b2");
-    assert_eq!(err.code, tonic::Code::AlreadyExists);
+    assert_eq!(err.code, RefusalCode::AlreadyExists);
     root.update_child_subtree("b", &membership(&["b", "b1", "b2"]))
         .expect("b2 is back");
     root.child_announcement("b", &api_announcement())
@@ -1019,7 +1028,7 @@ fn a_child_queue_is_cut_at_its_byte_budget_and_its_bytes_return() {
     let b = level("b");
     let limits = QueueLimits::new(8192, 64 * 1024);
     b.set_queue_limits(limits);
-    let (link, rx) = b.session_channel();
+    let (link, rx) = DownLink::for_level(&b);
     let session = b
         .attach_child(
             "b2",
@@ -1084,7 +1093,7 @@ fn a_child_queue_is_cut_at_its_byte_budget_and_its_bytes_return() {
 #[test]
 fn a_dropped_child_stream_frees_its_queue_and_closes_the_link() {
     let b = level("b");
-    let (link, rx) = b.session_channel();
+    let (link, rx) = DownLink::for_level(&b);
     b.attach_child(
         "b2",
         "127.0.0.1:1".into(),
@@ -1234,7 +1243,7 @@ async fn held_names_expire_and_the_ledger_is_appended_to() {
     let err = root
         .child_announcement("a9", &ann("api"))
         .expect_err("held for c2");
-    assert_eq!(err.code, tonic::Code::AlreadyExists);
+    assert_eq!(err.code, RefusalCode::AlreadyExists);
 
     let mut writes = store.writes.subscribe();
     let task = tokio::spawn(task);
@@ -1299,4 +1308,87 @@ async fn a_long_log_is_compacted() {
         store.text.lock().expect("lock").as_deref(),
         Some(format!("{}\n+ shop/api c2 shop api 5\n", owners::HEADER).as_str())
     );
+}
+
+/// A refusal's code is, on the wire, the gRPC code of the same name.
+#[test]
+fn refusal_codes_are_the_grpc_codes_of_the_same_name() {
+    let codes = [
+        (RefusalCode::InvalidArgument, tonic::Code::InvalidArgument),
+        (RefusalCode::AlreadyExists, tonic::Code::AlreadyExists),
+        (RefusalCode::PermissionDenied, tonic::Code::PermissionDenied),
+        (
+            RefusalCode::ResourceExhausted,
+            tonic::Code::ResourceExhausted,
+        ),
+    ];
+    for (ours, grpc) in codes {
+        assert_eq!(ours.wire(), grpc as i32, "{ours:?}");
+        assert_eq!(format!("{ours:?}"), format!("{grpc:?}"));
+    }
+}
+
+/// What a level hands one child's session, as plain values.
+#[derive(Clone, Default)]
+struct Recorder {
+    sent: Arc<std::sync::Mutex<Vec<fed::parent_message::Payload>>>,
+    resyncs: Arc<std::sync::Mutex<Vec<Resync>>>,
+    /// Refuse every message from now on (as a full queue would).
+    full: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ChildPort for Recorder {
+    fn send(&self, msg: fed::parent_message::Payload) -> Result<(), Overflow> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Overflow);
+        }
+        self.sent.lock().expect("lock").push(msg);
+        Ok(())
+    }
+
+    fn resync(&self, why: Resync) {
+        self.resyncs.lock().expect("lock").push(why);
+    }
+}
+
+/// The level needs no transport: a child's port receives its ancestry, then the refusals of
+/// its entries, as plain messages; a policy change asks it to resynchronise with a typed
+/// reason; and every message its port could not take is counted as an overflow.
+#[test]
+fn a_child_port_receives_plain_messages_typed_resyncs_and_overflows_are_counted() {
+    let root = level("root");
+    let port = Recorder::default();
+    root.attach_child("c3", "a".into(), &membership(&["c3"]), port.clone())
+        .expect("attach");
+    let zoned = fed::ServiceAnnouncement {
+        cluster: "c3".into(),
+        fqdn: "api.bank.example".into(),
+        ..api_announcement()
+    };
+    let refusal = root
+        .child_announcement("c3", &zoned)
+        .expect_err("no announce permit for the zone");
+    let rejection = refusal.to_rejection("announcement", "c3", "shop", "api", "", "root");
+    root.reject_to_child("c3", rejection.clone());
+    assert_eq!(
+        *port.sent.lock().expect("lock"),
+        [
+            fed::parent_message::Payload::Ancestry(fed::Ancestry {
+                path: vec!["root".into()]
+            }),
+            fed::parent_message::Payload::Rejection(rejection.clone()),
+        ]
+    );
+    assert_eq!(rejection.code, tonic::Code::PermissionDenied as i32);
+    root.policies_changed();
+    assert_eq!(
+        *port.resyncs.lock().expect("lock"),
+        [Resync::PoliciesChanged]
+    );
+    assert_eq!(root.overflows().get(), 0);
+    port.full.store(true, std::sync::atomic::Ordering::SeqCst);
+    root.reject_to_child("c3", rejection.clone());
+    root.confirm_snapshot("c3", fed::SnapshotComplete { generation: 1 });
+    assert_eq!(root.overflows().get(), 2);
+    assert_eq!(port.sent.lock().expect("lock").len(), 2);
 }
