@@ -28,6 +28,7 @@ impl From<IdentityRefused> for tonic::Status {
         tonic::Status::permission_denied(e.to_string())
     }
 }
+
 /// The one authorization decision point. Every listener binds its peer's certificate with
 /// [`Gate::cluster_of`] / [`Gate::admin_of`] and decides each service with [`Gate::discover`];
 /// the federation level decides what a child may carry and announce with [`Gate::carry`] and

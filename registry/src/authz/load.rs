@@ -45,6 +45,7 @@ pub struct Policies {
     /// The sources themselves (name, text), to tell a reload that changed nothing.
     sources: Vec<(String, String)>,
 }
+
 /// What every policy set starts from, built once per process: the parsed schema, a validator
 /// for it and the validated default policies (rebuilding them per set cost most of a load).
 struct Base {
@@ -191,6 +192,7 @@ fn validate(validator: &Validator, set: &PolicySet) -> Result<(), PolicyError> {
         .collect();
     Err(PolicyError::Invalid(errors.join("; ")))
 }
+
 impl Policies {
     /// The default policy set alone.
     pub fn default_set() -> Self {

@@ -12,7 +12,7 @@
 //!
 //! [`Gate`] is the one decision point every listener asks: the Hamlet server (per consumer and
 //! per record), federation answers, admin Resolve/Explain and therefore the imports the DNS
-//! server ends up serving. It binds a certificate [`Identity`] to a requesting cluster (kind
+//! server ends up serving. It binds a certificate [`Identity`](xcc_certs::identity::Identity) to a requesting cluster (kind
 //! and trust domain checked) and then evaluates (a), (b) and (c) above. `carry` (may a child
 //! speak for a cluster of its subtree) is decided here too.
 //!
@@ -102,8 +102,10 @@ pub struct Decision {
     pub policies: Vec<String>,
     pub reason: String,
 }
+
 /// Shared handle on the loaded policy set (swapped on reload).
 pub type PolicyHandle = Arc<RwLock<Arc<Policies>>>;
+
 /// Condition (a): `allowed_requesters` empty, or naming the cluster, or `cluster/service`.
 pub fn admits(entry: &ServiceEntry, cluster: &str, service: &str) -> bool {
     if service.is_empty() {
@@ -112,6 +114,7 @@ pub fn admits(entry: &ServiceEntry, cluster: &str, service: &str) -> bool {
         entry.admits(&format!("{cluster}/{service}"))
     }
 }
+
 #[cfg(test)]
 mod tests {
     use xcc_certs::identity::Identity;

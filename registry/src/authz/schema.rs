@@ -90,6 +90,7 @@ pub fn zones_of(fqdn: &str) -> Vec<String> {
     }
     out
 }
+
 impl Policies {
     pub(super) fn service_entity(&self, e: &ServiceEntry) -> Result<Entity, PolicyError> {
         let attrs = HashMap::from([
