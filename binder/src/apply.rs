@@ -21,6 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use xcc_controller::plumbing::{is_conflict, is_not_found};
 use xcc_proto::crd::{
     BINDER_MANAGER, ENDPOINTSLICE_MANAGED_BY_LABEL, ENDPOINTSLICE_SERVICE_NAME_LABEL,
     MANAGED_BY_LABEL,
@@ -392,7 +393,7 @@ pub async fn sync_group_known<'a>(
     for stale in stale_slices(&service_name, &m.slices, known) {
         match slices.delete(&stale, &DeleteParams::default()).await {
             Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(error("delete", "EndpointSlice", namespace, &stale)(e).into()),
         }
         written.deleted.push(stale);
@@ -558,7 +559,7 @@ pub async fn sync_global_service(
                 written.created.push(format!("Namespace/{namespace}"));
             }
             // Made by someone else in the meantime: fine, it exists.
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) if is_conflict(&e) => {}
             Err(e) => return Err(error("create", "Namespace", "", &namespace)(e).into()),
         }
     }
@@ -661,7 +662,7 @@ where
     };
     match api.delete(name, &params).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+        Err(e) if is_not_found(&e) || is_conflict(&e) => Ok(false),
         Err(e) => Err(error("delete", kind, namespace, name)(e)),
     }
 }

@@ -47,7 +47,7 @@ pub async fn cluster_property(client: &kube::Client) -> anyhow::Result<Option<St
     match api.get_opt(CLUSTER_ID_PROPERTY).await {
         Ok(found) => Ok(found.map(|p| p.spec.value)),
         // 404 for the resource itself: the CRD is not installed.
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) if crate::plumbing::is_not_found(&e) => Ok(None),
         Err(e) => Err(e).with_context(|| format!("reading ClusterProperty {CLUSTER_ID_PROPERTY}")),
     }
 }

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -70,7 +70,7 @@ impl<K: Clone + Eq + Hash> Queue<K> {
 
 impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     fn lock(&self) -> MutexGuard<'_, Inner<K>> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::plumbing::lock(&self.inner)
     }
 
     fn set_depth(&self, inner: &Inner<K>) {

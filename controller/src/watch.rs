@@ -1,12 +1,19 @@
-//! Following one Kubernetes watch into its reflector store: the loop every controller's watch
-//! runs. Each event is applied to the store first and then handed to the caller, who maps it to
-//! work (reconcile keys, a wake-up); a watch error is logged and the watcher retries with its
-//! backoff; the loop ends when the process stops or the stream ends (which the task supervisor
-//! reports, naming the watch).
+//! Following one Kubernetes watch: the loop every xcc watch runs, in two shapes.
+//!
+//! - Into a reflector store ([`follow`]): each event is applied to the store first and then
+//!   handed to the caller, who maps it to work (reconcile keys, a wake-up).
+//! - As changes ([`Follow`]): the objects of a (re)list handed over at once when it is complete
+//!   ([`Change::Listed`]), then each object applied or deleted; for a caller that keeps its own
+//!   view (the catalog, a DNS index, the policy in force) or waits on other things too.
+//!
+//! Either way a watch error is logged and the watcher retries with its backoff; the loop ends
+//! when the process stops or the stream ends (which the caller or the task supervisor reports,
+//! naming the watch).
 
 use std::fmt::Debug;
 
-use futures::{Stream, StreamExt};
+use futures::stream::{BoxStream, Fuse};
+use futures::{FutureExt as _, Stream, StreamExt};
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::WatchStreamExt;
@@ -49,9 +56,121 @@ pub async fn follow<K, F>(
                 writer.apply_watcher_event(&event);
                 on_event(&event);
             }
-            Some(Err(e)) => tracing::warn!(watch = what, error = %e, "watch failed; retrying"),
+            Some(Err(e)) => log_error(what, &e),
             None => return,
         }
+    }
+}
+
+/// A watch error: logged, and passed over (the watcher retries with its backoff).
+fn log_error(what: &str, e: &watcher::Error) {
+    tracing::warn!(watch = what, error = %e, "watch failed; retrying");
+}
+
+/// What a watch changed, for a caller that keeps its own view of the objects.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change<K> {
+    /// The complete list of a (re)list: every object the view holds; any other is gone.
+    Listed(Vec<K>),
+    /// An object was created or changed.
+    Applied(K),
+    /// An object was deleted.
+    Deleted(K),
+}
+
+/// Watcher events turned into [`Change`]s: the objects of a (re)list are collected and handed
+/// over once the list is complete; errors are logged and passed over.
+#[derive(Debug)]
+pub struct Changes<K> {
+    what: String,
+    listing: Vec<K>,
+}
+
+impl<K> Changes<K> {
+    /// `what` names the watch in the log.
+    pub fn new(what: impl Into<String>) -> Self {
+        Self {
+            what: what.into(),
+            listing: Vec::new(),
+        }
+    }
+
+    /// The change `event` completes, if any.
+    pub fn on_event(&mut self, event: Result<Event<K>, watcher::Error>) -> Option<Change<K>> {
+        match event {
+            Ok(Event::Init) => {
+                self.listing.clear();
+                None
+            }
+            Ok(Event::InitApply(o)) => {
+                self.listing.push(o);
+                None
+            }
+            Ok(Event::InitDone) => Some(Change::Listed(std::mem::take(&mut self.listing))),
+            Ok(Event::Apply(o)) => Some(Change::Applied(o)),
+            Ok(Event::Delete(o)) => Some(Change::Deleted(o)),
+            Err(e) => {
+                log_error(&self.what, &e);
+                None
+            }
+        }
+    }
+}
+
+/// One watch followed as [`Change`]s. [`Follow::next`] and [`Follow::next_ready`] are
+/// cancel-safe (a change is never half taken), so a caller can wait on them in a `select!`
+/// beside its other wake-ups.
+pub struct Follow<K> {
+    stream: Fuse<BoxStream<'static, Result<Event<K>, watcher::Error>>>,
+    changes: Changes<K>,
+}
+
+impl<K> Follow<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    /// Follow the watch of `api` as `config` selects ([`watch`]); `what` names it in the log.
+    pub fn new(what: impl Into<String>, api: Api<K>, config: watcher::Config) -> Self {
+        Self::of_stream(what, watch(api, config))
+    }
+}
+
+impl<K: Send + 'static> Follow<K> {
+    /// Follow `stream` (watcher events); `what` names it in the log.
+    pub fn of_stream(
+        what: impl Into<String>,
+        stream: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    ) -> Self {
+        Self {
+            stream: stream.boxed().fuse(),
+            changes: Changes::new(what),
+        }
+    }
+
+    /// The next change; None once the watch has ended.
+    pub async fn next(&mut self) -> Option<Change<K>> {
+        loop {
+            let event = self.stream.next().await?;
+            if let Some(change) = self.changes.on_event(event) {
+                return Some(change);
+            }
+        }
+    }
+
+    /// The changes of the events ready now, waiting for the first event (at most `max` events
+    /// read, so a burst is applied in bounded batches); None once the watch has ended. The list
+    /// may be empty (events that only continue a relist).
+    pub async fn next_ready(&mut self, max: usize) -> Option<Vec<Change<K>>> {
+        let first = self.stream.next().await?;
+        let mut changes: Vec<Change<K>> = self.changes.on_event(first).into_iter().collect();
+        for _ in 1..max {
+            match self.stream.next().now_or_never() {
+                Some(Some(event)) => changes.extend(self.changes.on_event(event)),
+                // Ended (reported by the next call) or nothing ready.
+                Some(None) | None => break,
+            }
+        }
+        Some(changes)
     }
 }
 
@@ -127,6 +246,63 @@ mod tests {
             ]
         );
         assert_eq!(store.state().len(), 1);
+    }
+
+    /// A relist is handed over complete, once, and replaces what came before; applies and
+    /// deletes pass one by one; errors are passed over; the end of the stream is None.
+    #[tokio::test]
+    async fn changes_hand_over_whole_lists_and_single_objects() {
+        let events = futures::stream::iter([
+            Ok(Event::Init),
+            Ok(Event::InitApply(map("a"))),
+            Err(watcher::Error::NoResourceVersion),
+            Ok(Event::InitApply(map("b"))),
+            Ok(Event::InitDone),
+            Ok(Event::Apply(map("c"))),
+            Ok(Event::Delete(map("a"))),
+            // A relist that starts over: what the first, broken one collected is dropped.
+            Ok(Event::Init),
+            Ok(Event::InitApply(map("x"))),
+            Ok(Event::Init),
+            Ok(Event::InitApply(map("c"))),
+            Ok(Event::InitDone),
+        ]);
+        let mut follow = Follow::of_stream("configmaps", events);
+        assert_eq!(
+            follow.next().await,
+            Some(Change::Listed(vec![map("a"), map("b")]))
+        );
+        assert_eq!(follow.next().await, Some(Change::Applied(map("c"))));
+        assert_eq!(follow.next().await, Some(Change::Deleted(map("a"))));
+        assert_eq!(follow.next().await, Some(Change::Listed(vec![map("c")])));
+        assert_eq!(follow.next().await, None);
+        assert_eq!(follow.next().await, None);
+    }
+
+    /// `next_ready` takes the events ready now, at most `max`, and the changes they complete.
+    #[tokio::test]
+    async fn ready_changes_come_in_bounded_batches() {
+        let events = futures::stream::iter([
+            Ok(Event::Init),
+            Ok(Event::InitApply(map("a"))),
+            Ok(Event::InitDone),
+            Ok(Event::Apply(map("b"))),
+            Ok(Event::Delete(map("a"))),
+        ]);
+        let mut follow = Follow::of_stream("configmaps", events);
+        assert_eq!(follow.next_ready(2).await, Some(vec![]));
+        assert_eq!(
+            follow.next_ready(2).await,
+            Some(vec![
+                Change::Listed(vec![map("a")]),
+                Change::Applied(map("b"))
+            ])
+        );
+        assert_eq!(
+            follow.next_ready(2).await,
+            Some(vec![Change::Deleted(map("a"))])
+        );
+        assert_eq!(follow.next_ready(2).await, None);
     }
 
     /// A watch still open when `stop` fires ends without another event.

@@ -362,7 +362,8 @@ fn lower(label: &[u8]) -> Option<String> {
     std::str::from_utf8(label).ok().map(str::to_ascii_lowercase)
 }
 
-/// Seed 003: a pod in mapped namespace `foo` asking `<svc>.foo.svc.clusterset.local` (or an SRV
+/// Namespace mapping (a namespace annotated with the namespace its clusterset names live in): a
+/// pod in mapped namespace `foo` asking `<svc>.foo.svc.clusterset.local` (or an SRV
 /// name under it) means `<svc>.<mapped>.svc.clusterset.local`.
 fn mapped_clusterset_name(
     name: &Name,

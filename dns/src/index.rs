@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
@@ -358,7 +358,7 @@ impl DnsFeed {
     fn with<T>(&self, f: impl FnOnce(&mut DnsIndex) -> T) -> T {
         // A panic while holding the lock cannot leave the index half-updated in a way that
         // matters: the next publish rebuilds from the stored inputs.
-        let mut guard = self.index.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = xcc_controller::plumbing::lock(&self.index);
         f(&mut guard)
     }
 

@@ -21,16 +21,15 @@ use std::fmt::Debug;
 use std::net::IpAddr;
 use std::path::Path;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
+use xcc_controller::watch::{Change, Follow};
 use xcc_proto::crd::{
     BINDER_MANAGER, CILIUM_GLOBAL_ANNOTATION, ENDPOINTSLICE_MANAGED_BY_LABEL, MANAGED_BY_LABEL,
 };
@@ -192,13 +191,6 @@ pub fn namespace_entry(ns: &Namespace) -> (String, BTreeMap<String, String>) {
     (ns.name_any(), ns.annotations().clone())
 }
 
-/// One change from a watch, after buffering the listing.
-enum Change<K> {
-    Listed(Vec<K>),
-    Applied(K),
-    Deleted(K),
-}
-
 /// Follow Services (and Pods and Namespaces, when configured) into `feed` until `cancel`.
 pub async fn run(client: Client, feed: DnsFeed, config: KubeFeedConfig, cancel: CancellationToken) {
     let services: Api<Service> = match &config.service_namespace {
@@ -327,8 +319,8 @@ fn apply_namespaces(index: &mut DnsIndex, change: Change<Namespace>) {
     }
 }
 
-/// Watch `api` (as `config` selects) until `cancel`, turning watcher events into [`Change`]s
-/// applied to the index in batches.
+/// Watch `api` (as `config` selects) until `cancel`, applying its [`Change`]s to the index in
+/// batches (the changes of the events ready at once, at most [`BATCH`] events).
 async fn follow<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -339,32 +331,19 @@ async fn follow<K>(
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let kind = K::kind(&()).to_string();
-    let mut stream = watcher::watcher(api, config)
-        .default_backoff()
-        .ready_chunks(BATCH)
-        .boxed();
-    let mut listing: Vec<K> = Vec::new();
+    // A watch error: the watcher retries with backoff; the index keeps serving what it has.
+    let mut watch = Follow::new(kind.clone(), api, config);
     loop {
         let batch = tokio::select! {
             _ = cancel.cancelled() => return,
-            b = stream.next() => match b {
+            b = watch.next_ready(BATCH) => match b {
                 Some(b) => b,
                 None => return,
             },
         };
         let (_, report) = feed.update(|index| {
-            for event in batch {
-                match event {
-                    Ok(Event::Init) => listing.clear(),
-                    Ok(Event::InitApply(o)) => listing.push(o),
-                    Ok(Event::InitDone) => {
-                        apply(index, Change::Listed(std::mem::take(&mut listing)))
-                    }
-                    Ok(Event::Apply(o)) => apply(index, Change::Applied(o)),
-                    Ok(Event::Delete(o)) => apply(index, Change::Deleted(o)),
-                    // The watcher retries with backoff; the index keeps serving what it has.
-                    Err(e) => tracing::warn!(%kind, error = %e, "Kubernetes watch error"),
-                }
+            for change in batch {
+                apply(index, change);
             }
         });
         tracing::debug!(%kind, zones_rebuilt = report.zones_rebuilt, ready = report.ready, "applied watch events");

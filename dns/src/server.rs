@@ -40,6 +40,7 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::time::timeout;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use xcc_controller::plumbing::lock;
 
 use super::answer::{Settings, Snapshot};
 use super::metrics::DnsMetrics;
@@ -279,7 +280,7 @@ struct Context {
 impl Context {
     /// Count a connection from `ip`, unless that source is at its limit.
     fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientSlot> {
-        let mut open = self.per_client.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = lock(&self.per_client);
         let n = open.entry(ip).or_insert(0);
         if *n >= self.config.max_tcp_per_client.max(1) {
             return None;
@@ -300,11 +301,7 @@ struct ClientSlot {
 
 impl Drop for ClientSlot {
     fn drop(&mut self) {
-        let mut open = self
-            .ctx
-            .per_client
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut open = lock(&self.ctx.per_client);
         if let Some(n) = open.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {

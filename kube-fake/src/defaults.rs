@@ -390,47 +390,7 @@ impl Allocator {
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
-        let ip_string = if given.is_empty() {
-            match if wants_v6 {
-                self.random_v6()
-            } else {
-                self.random_v4()
-            } {
-                Some(ip) => ip.to_string(),
-                None => {
-                    errs.push(FieldError::invalid("spec.clusterIPs", "", "range is full"));
-                    String::new()
-                }
-            }
-        } else {
-            if !old_ip.is_empty() && given != old_ip {
-                errs.push(FieldError::invalid(
-                    "spec.clusterIPs[0]",
-                    given.as_str(),
-                    "may not change once set",
-                ));
-            }
-            // An unparsable address is reported by validation.
-            if given != "None"
-                && given != old_ip
-                && let Ok(ip) = given.parse::<IpAddr>()
-            {
-                if let Err(range) = in_service_range(ip) {
-                    errs.push(FieldError::invalid(
-                        "spec.clusterIPs[0]",
-                        given.as_str(),
-                        format!("failed to allocate IP {given}: the provided IP ({given}) is not in the valid range. The range of valid IPs is {range}"),
-                    ));
-                } else if self.ips.contains(&ip) && !own_ips.contains(&ip) {
-                    errs.push(FieldError::invalid(
-                        "spec.clusterIPs[0]",
-                        given.as_str(),
-                        format!("failed to allocate IP {given}: provided IP is already allocated"),
-                    ));
-                }
-            }
-            given.clone()
-        };
+        let ip_string = self.cluster_ip(&given, old_ip, wants_v6, &own_ips, &mut errs);
         let family = match ip_string.parse::<IpAddr>() {
             Ok(IpAddr::V6(_)) => "IPv6",
             _ => "IPv4",
@@ -459,74 +419,141 @@ impl Allocator {
             ));
         }
         if needs_node_ports(&ty) {
-            // A LoadBalancer with allocateLoadBalancerNodePorts=false gets none it did not ask for.
-            let allocate = ty == "NodePort"
-                || spec
-                    .get("allocateLoadBalancerNodePorts")
-                    .and_then(Value::as_bool)
-                    != Some(false);
-            let mut taken: HashSet<(i64, String)> = HashSet::new();
-            if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
-                for (i, p) in ports.iter_mut().enumerate() {
-                    let proto = p
-                        .get("protocol")
-                        .and_then(Value::as_str)
-                        .unwrap_or("TCP")
-                        .to_string();
-                    let Some(pm) = p.as_object_mut() else {
-                        continue;
-                    };
-                    match pm
-                        .get("nodePort")
-                        .and_then(Value::as_i64)
-                        .filter(|n| *n != 0)
-                    {
-                        Some(np) => {
-                            let key = (np, proto.clone());
-                            if !NODE_PORTS.contains(&np) {
-                                errs.push(FieldError::invalid(
-                                    format!("spec.ports[{i}].nodePort"),
-                                    np,
-                                    format!("provided port is not in the valid range. The range of valid ports is {}-{}", NODE_PORTS.start(), NODE_PORTS.end()),
-                                ));
-                            } else if (self.node_ports.contains(&key) && !own_ports.contains(&key))
-                                || taken.contains(&key)
-                            {
-                                errs.push(FieldError::invalid(
-                                    format!("spec.ports[{i}].nodePort"),
-                                    np,
-                                    "provided port is already allocated",
-                                ));
-                            }
-                            taken.insert(key);
-                        }
-                        None if !allocate => {}
-                        None => match self.random_node_port(&proto, &taken) {
-                            Some(np) => {
-                                taken.insert((np, proto));
-                                pm.insert("nodePort".into(), np.into());
-                            }
-                            None => errs.push(FieldError::invalid(
-                                format!("spec.ports[{i}].nodePort"),
-                                0,
-                                "range is full",
-                            )),
-                        },
-                    }
-                }
-            }
-            if ty == "LoadBalancer"
-                && spec.get("externalTrafficPolicy").and_then(Value::as_str) == Some("Local")
-                && spec
-                    .get("healthCheckNodePort")
-                    .and_then(Value::as_i64)
-                    .is_none_or(|n| n == 0)
-                && let Some(np) = self.random_node_port("TCP", &taken)
-            {
-                spec.insert("healthCheckNodePort".into(), np.into());
-            }
+            self.assign_node_ports(spec, &ty, &own_ports, &mut errs);
         }
         if errs.is_empty() { Ok(()) } else { Err(errs) }
+    }
+
+    /// The cluster IP a Service gets: a free one of its family when it names none, else the one it
+    /// names, checked (unchanged once set, inside the service range, not taken by another
+    /// Service). "" when none is free.
+    fn cluster_ip(
+        &self,
+        given: &str,
+        old_ip: &str,
+        wants_v6: bool,
+        own_ips: &[IpAddr],
+        errs: &mut Vec<FieldError>,
+    ) -> String {
+        if given.is_empty() {
+            match if wants_v6 {
+                self.random_v6()
+            } else {
+                self.random_v4()
+            } {
+                Some(ip) => ip.to_string(),
+                None => {
+                    errs.push(FieldError::invalid("spec.clusterIPs", "", "range is full"));
+                    String::new()
+                }
+            }
+        } else {
+            if !old_ip.is_empty() && given != old_ip {
+                errs.push(FieldError::invalid(
+                    "spec.clusterIPs[0]",
+                    given,
+                    "may not change once set",
+                ));
+            }
+            // An unparsable address is reported by validation.
+            if given != "None"
+                && given != old_ip
+                && let Ok(ip) = given.parse::<IpAddr>()
+            {
+                if let Err(range) = in_service_range(ip) {
+                    errs.push(FieldError::invalid(
+                        "spec.clusterIPs[0]",
+                        given,
+                        format!("failed to allocate IP {given}: the provided IP ({given}) is not in the valid range. The range of valid IPs is {range}"),
+                    ));
+                } else if self.ips.contains(&ip) && !own_ips.contains(&ip) {
+                    errs.push(FieldError::invalid(
+                        "spec.clusterIPs[0]",
+                        given,
+                        format!("failed to allocate IP {given}: provided IP is already allocated"),
+                    ));
+                }
+            }
+            given.to_string()
+        }
+    }
+
+    /// Node ports for a NodePort or LoadBalancer Service's ports: each one asked for checked
+    /// (in range, not taken), the others allocated unless a LoadBalancer turns allocation off;
+    /// a LoadBalancer with `externalTrafficPolicy: Local` also gets a health-check node port.
+    fn assign_node_ports(
+        &self,
+        spec: &mut Map<String, Value>,
+        ty: &str,
+        own_ports: &[(i64, String)],
+        errs: &mut Vec<FieldError>,
+    ) {
+        // A LoadBalancer with allocateLoadBalancerNodePorts=false gets none it did not ask for.
+        let allocate = ty == "NodePort"
+            || spec
+                .get("allocateLoadBalancerNodePorts")
+                .and_then(Value::as_bool)
+                != Some(false);
+        let mut taken: HashSet<(i64, String)> = HashSet::new();
+        if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+            for (i, p) in ports.iter_mut().enumerate() {
+                let proto = p
+                    .get("protocol")
+                    .and_then(Value::as_str)
+                    .unwrap_or("TCP")
+                    .to_string();
+                let Some(pm) = p.as_object_mut() else {
+                    continue;
+                };
+                match pm
+                    .get("nodePort")
+                    .and_then(Value::as_i64)
+                    .filter(|n| *n != 0)
+                {
+                    Some(np) => {
+                        let key = (np, proto.clone());
+                        if !NODE_PORTS.contains(&np) {
+                            errs.push(FieldError::invalid(
+                                format!("spec.ports[{i}].nodePort"),
+                                np,
+                                format!("provided port is not in the valid range. The range of valid ports is {}-{}", NODE_PORTS.start(), NODE_PORTS.end()),
+                            ));
+                        } else if (self.node_ports.contains(&key) && !own_ports.contains(&key))
+                            || taken.contains(&key)
+                        {
+                            errs.push(FieldError::invalid(
+                                format!("spec.ports[{i}].nodePort"),
+                                np,
+                                "provided port is already allocated",
+                            ));
+                        }
+                        taken.insert(key);
+                    }
+                    None if !allocate => {}
+                    None => match self.random_node_port(&proto, &taken) {
+                        Some(np) => {
+                            taken.insert((np, proto));
+                            pm.insert("nodePort".into(), np.into());
+                        }
+                        None => errs.push(FieldError::invalid(
+                            format!("spec.ports[{i}].nodePort"),
+                            0,
+                            "range is full",
+                        )),
+                    },
+                }
+            }
+        }
+        if ty == "LoadBalancer"
+            && spec.get("externalTrafficPolicy").and_then(Value::as_str) == Some("Local")
+            && spec
+                .get("healthCheckNodePort")
+                .and_then(Value::as_i64)
+                .is_none_or(|n| n == 0)
+            && let Some(np) = self.random_node_port("TCP", &taken)
+        {
+            spec.insert("healthCheckNodePort".into(), np.into());
+        }
     }
 }
 

@@ -109,6 +109,97 @@ fn content_without_metadata(v: &Value) -> Vec<(&String, &Value)> {
         .unwrap_or_default()
 }
 
+/// The checks an update's new object must pass before anything of it is kept: type meta, the
+/// name (a PUT's body must name the URL's object; a patch may leave it out), the namespace, the
+/// resourceVersion precondition (a PUT must carry one unless the resource allows unconditional
+/// updates) and an unchanged uid.
+fn check_update_preconditions(
+    req: &WriteReq<'_>,
+    old: &Value,
+    new: &mut Value,
+    is_put: bool,
+) -> Result<(), ApiError> {
+    let res = req.res;
+    check_type_meta(res, new)?;
+    let body_name = meta_str(new, "name");
+    if body_name != req.name {
+        if is_put || !body_name.is_empty() {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({})",
+                req.name
+            )));
+        }
+        set_meta(new, "name", Some(req.name.into()));
+    }
+    check_namespace(res, new, req.namespace)?;
+    let old_rv = meta_str(old, "resourceVersion");
+    let new_rv = meta_str(new, "resourceVersion");
+    if !new_rv.is_empty() {
+        if new_rv != old_rv {
+            return Err(ApiError::conflict_modified(res.subject(req.name)));
+        }
+    } else if is_put && !res.behavior.allow_unconditional_update {
+        return Err(ApiError::invalid(
+            res.subject(req.name),
+            &[FieldError::invalid(
+                "metadata.resourceVersion",
+                "0x0",
+                "must be specified for an update",
+            )],
+        ));
+    }
+    let new_uid = meta_str(new, "uid");
+    if !new_uid.is_empty() && new_uid != meta_str(old, "uid") {
+        return Err(ApiError::invalid(
+            res.subject(req.name),
+            &[FieldError::invalid(
+                "metadata.uid",
+                new_uid,
+                "field is immutable",
+            )],
+        ));
+    }
+    Ok(())
+}
+
+/// What an update cannot change, taken from the stored object: the status on the main resource
+/// when the resource has a status subresource, everything but the status on `/status`, and the
+/// system metadata (uid, timestamps, resourceVersion); `selfLink` is dropped.
+fn keep_stored_parts(req: &WriteReq<'_>, old: &Value, new: &mut Value) {
+    match req.scope {
+        Scope::Main if req.res.spec.status_subresource => {
+            if let Some(m) = new.as_object_mut() {
+                match old.get("status") {
+                    Some(s) => m.insert("status".into(), s.clone()),
+                    None => m.remove("status"),
+                };
+            }
+        }
+        Scope::Main => {}
+        Scope::Status => {
+            // Only status changes; metadata and spec stay as stored.
+            let status = new.get("status").cloned();
+            *new = old.clone();
+            if let Some(m) = new.as_object_mut() {
+                match status {
+                    Some(s) => m.insert("status".into(), s),
+                    None => m.remove("status"),
+                };
+            }
+        }
+    }
+    for f in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "resourceVersion",
+    ] {
+        set_meta(new, f, old.get("metadata").and_then(|m| m.get(f)).cloned());
+    }
+    set_meta(new, "selfLink", None);
+}
+
 /// Sets `metadata.generation` from `old` and bumps it per the resource's policy.
 fn set_generation(res: &Resource, old: &Value, new: &mut Value, scope: Scope) {
     let old_gen = old.pointer("/metadata/generation").and_then(Value::as_i64);
@@ -283,28 +374,7 @@ impl Store {
             scope: req.scope,
         };
         let Some(stored) = self.get(&k).cloned() else {
-            return match mutation {
-                Mutation::Replace(body)
-                    if res.behavior.allow_create_on_update && req.scope == Scope::Main =>
-                {
-                    if !meta_str(&body, "resourceVersion").is_empty() {
-                        return Err(ApiError::not_found(res.subject(req.name)));
-                    }
-                    self.create(req, body, None)
-                }
-                Mutation::Apply { cfg, force } if req.scope == Scope::Main => {
-                    if !meta_str(&cfg, "resourceVersion").is_empty() {
-                        return Err(ApiError::not_found(res.subject(req.name)));
-                    }
-                    let applied = apply::apply(None, &cfg, res, &w, force, req.name)?;
-                    let mut obj = applied.object;
-                    if meta_str(&obj, "name").is_empty() {
-                        set_meta(&mut obj, "name", Some(req.name.into()));
-                    }
-                    self.create(req, obj, Some(applied.entries))
-                }
-                _ => Err(ApiError::not_found(res.subject(req.name))),
-            };
+            return self.update_missing(req, mutation, &w);
         };
         let old = present(&stored, res);
         let old_rv = meta_str(&old, "resourceVersion").to_string();
@@ -320,80 +390,8 @@ impl Store {
                 (a.object, Some(a.entries), false)
             }
         };
-        check_type_meta(res, &mut new)?;
-        let body_name = meta_str(&new, "name");
-        if body_name != req.name {
-            if is_put || !body_name.is_empty() {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({body_name}) does not match the name on the URL ({})",
-                    req.name
-                )));
-            }
-            set_meta(&mut new, "name", Some(req.name.into()));
-        }
-        check_namespace(res, &mut new, req.namespace)?;
-        let new_rv = meta_str(&new, "resourceVersion").to_string();
-        if !new_rv.is_empty() {
-            if new_rv != old_rv {
-                return Err(ApiError::conflict_modified(res.subject(req.name)));
-            }
-        } else if is_put && !res.behavior.allow_unconditional_update {
-            return Err(ApiError::invalid(
-                res.subject(req.name),
-                &[FieldError::invalid(
-                    "metadata.resourceVersion",
-                    "0x0",
-                    "must be specified for an update",
-                )],
-            ));
-        }
-        let new_uid = meta_str(&new, "uid");
-        if !new_uid.is_empty() && new_uid != meta_str(&old, "uid") {
-            return Err(ApiError::invalid(
-                res.subject(req.name),
-                &[FieldError::invalid(
-                    "metadata.uid",
-                    new_uid,
-                    "field is immutable",
-                )],
-            ));
-        }
-        match req.scope {
-            Scope::Main if res.spec.status_subresource => {
-                if let Some(m) = new.as_object_mut() {
-                    match old.get("status") {
-                        Some(s) => m.insert("status".into(), s.clone()),
-                        None => m.remove("status"),
-                    };
-                }
-            }
-            Scope::Main => {}
-            Scope::Status => {
-                // Only status changes; metadata and spec stay as stored.
-                let status = new.get("status").cloned();
-                new = old.clone();
-                if let Some(m) = new.as_object_mut() {
-                    match status {
-                        Some(s) => m.insert("status".into(), s),
-                        None => m.remove("status"),
-                    };
-                }
-            }
-        }
-        for f in [
-            "uid",
-            "creationTimestamp",
-            "deletionTimestamp",
-            "deletionGracePeriodSeconds",
-            "resourceVersion",
-        ] {
-            set_meta(
-                &mut new,
-                f,
-                old.get("metadata").and_then(|m| m.get(f)).cloned(),
-            );
-        }
-        set_meta(&mut new, "selfLink", None);
+        check_update_preconditions(req, &old, &mut new, is_put)?;
+        keep_stored_parts(req, &old, &mut new);
         if let Some(schema) = &res.schema {
             schema.prune(&mut new);
             schema.apply_defaults(&mut new);
@@ -433,6 +431,40 @@ impl Store {
             body: present(&stored, res),
             changed: true,
         })
+    }
+
+    /// An update of an object that does not exist: a PUT creates it where the resource allows
+    /// that, an apply creates it; both only without a resourceVersion precondition. Anything
+    /// else is NotFound.
+    fn update_missing(
+        &mut self,
+        req: &WriteReq<'_>,
+        mutation: Mutation<'_>,
+        w: &Writer<'_>,
+    ) -> Result<Outcome, ApiError> {
+        let res = req.res;
+        match mutation {
+            Mutation::Replace(body)
+                if res.behavior.allow_create_on_update && req.scope == Scope::Main =>
+            {
+                if !meta_str(&body, "resourceVersion").is_empty() {
+                    return Err(ApiError::not_found(res.subject(req.name)));
+                }
+                self.create(req, body, None)
+            }
+            Mutation::Apply { cfg, force } if req.scope == Scope::Main => {
+                if !meta_str(&cfg, "resourceVersion").is_empty() {
+                    return Err(ApiError::not_found(res.subject(req.name)));
+                }
+                let applied = apply::apply(None, &cfg, res, w, force, req.name)?;
+                let mut obj = applied.object;
+                if meta_str(&obj, "name").is_empty() {
+                    set_meta(&mut obj, "name", Some(req.name.into()));
+                }
+                self.create(req, obj, Some(applied.entries))
+            }
+            _ => Err(ApiError::not_found(res.subject(req.name))),
+        }
     }
 
     /// Writes `obj` bypassing admission (for tests that need states a client cannot create).

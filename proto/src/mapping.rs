@@ -162,7 +162,8 @@ mod tests {
         BTreeMap::from([(NAMESPACE_ANNOTATION.to_string(), value.to_string())])
     }
 
-    /// Seed 003: `foo` annotated `bar`, `baz` unannotated, `qux` unknown to the mapping.
+    /// The namespace mapping's example: `foo` annotated `bar` (its names resolve in `bar`), `baz`
+    /// unannotated, `qux` unknown to the mapping.
     fn example_mapping() -> NamespaceMapping {
         let mut m = NamespaceMapping::new();
         m.apply("foo", &annotated("bar")).unwrap();

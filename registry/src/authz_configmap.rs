@@ -10,16 +10,15 @@
 //! Event is recorded on the ConfigMap. A missing or deleted ConfigMap means the default
 //! policies alone. An Event that cannot be written never stops the watch.
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource as _};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use xcc_controller::watch::{Change, Follow};
 
 use crate::authz::Gate;
 use crate::authz::{Policies, PolicyError};
@@ -157,32 +156,26 @@ impl Source {
         synced: watch::Sender<bool>,
         cancel: CancellationToken,
     ) {
-        let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-        // The object seen during the current (re)list, applied at its end.
-        let mut listed: Option<ConfigMap> = None;
+        let mut policy_map = Follow::new(format!("policy ConfigMap {}", self.what), api, config);
         loop {
-            let event = tokio::select! {
+            let change = tokio::select! {
                 () = cancel.cancelled() => break,
-                ev = stream.next() => match ev {
-                    Some(ev) => ev,
+                change = policy_map.next() => match change {
+                    Some(change) => change,
                     None => break,
                 },
             };
-            match event {
-                Ok(Event::Init) => listed = None,
-                Ok(Event::InitApply(cm)) => listed = Some(cm),
-                Ok(Event::InitDone) => {
-                    match listed.take() {
-                        Some(cm) => self.apply(&cm).await,
+            match change {
+                // The watch selects the one ConfigMap by name: a list holds it or nothing.
+                Change::Listed(all) => {
+                    match all.last() {
+                        Some(cm) => self.apply(cm).await,
                         None => self.absent(),
                     }
                     synced.send_replace(true);
                 }
-                Ok(Event::Apply(cm)) => self.apply(&cm).await,
-                Ok(Event::Delete(_)) => self.absent(),
-                Err(e) => {
-                    warn!(configmap = %self.what, error = %e, "policy ConfigMap watch failed; retrying")
-                }
+                Change::Applied(cm) => self.apply(&cm).await,
+                Change::Deleted(_) => self.absent(),
             }
         }
     }

@@ -199,7 +199,7 @@ pub async fn crds(client: &kube::Client) -> Check {
                     }
                 }
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => {
+            Err(e) if xcc_controller::plumbing::is_not_found(&e) => {
                 missing.push(format!("{gv} {plural}"));
             }
             Err(e) => {

@@ -34,9 +34,7 @@ pub const MAX_TREE_DEPTH: usize = 32;
 pub fn lock(model: &Arc<Mutex<Model>>) -> MutexGuard<'_, Model> {
     // A task that panicked while holding the lock left a model that is still consistent
     // enough to draw (each method leaves it whole); keep serving it.
-    model
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    xcc_controller::plumbing::lock(model)
 }
 
 /// Every registry the dashboard reads, in `--addr` order.

@@ -180,7 +180,8 @@ impl Ctx {
         Ok(())
     }
 
-    /// Seed 004's orphan rule for a global Service whose sources are gone. Its warnings (kept,
+    /// The orphan rule ([`crate::desired::cilium::orphan_decision`]) for a global Service whose
+    /// sources are gone. Its warnings (kept,
     /// check refused) are sent once, not again at every resync or retry.
     pub(super) async fn orphan_check(
         &self,

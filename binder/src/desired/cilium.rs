@@ -193,7 +193,8 @@ pub enum OrphanDecision {
     Delete,
 }
 
-/// Seed 004's orphan rule for a Service: only those `install` made are considered; one whose
+/// The orphan rule for a Service (a copy whose source is gone goes, unless this cluster took it
+/// over; docs/architecture.md, "What an importer may delete"): only those `install` made are considered; one whose
 /// source still exists is kept; one whose source is gone is deleted unless it has local
 /// endpoints (someone started serving it in this cluster).
 pub fn orphan_decision(

@@ -52,6 +52,54 @@ pub(crate) fn validate_service(obj: &Value, errs: &mut Vec<FieldError>) {
             "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
         ));
     }
+    validate_service_ports(obj, ty, cluster_ip, errs);
+    validate_label_map(obj.pointer("/spec/selector"), "spec.selector", errs);
+    let affinity = str_at(obj, "/spec/sessionAffinity");
+    if !["None", "ClientIP"].contains(&affinity) {
+        errs.push(FieldError::not_supported(
+            "spec.sessionAffinity",
+            affinity,
+            &["ClientIP", "None"],
+        ));
+    }
+    if let Some(t) = obj
+        .pointer("/spec/sessionAffinityConfig/clientIP/timeoutSeconds")
+        .and_then(Value::as_i64)
+        && !(1..=86400).contains(&t)
+    {
+        errs.push(FieldError::invalid(
+            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+            t,
+            "must be greater than 0 and less than 86400",
+        ));
+    }
+    for (field, pointer) in [
+        ("spec.internalTrafficPolicy", "/spec/internalTrafficPolicy"),
+        ("spec.externalTrafficPolicy", "/spec/externalTrafficPolicy"),
+    ] {
+        if let Some(v) = obj.pointer(pointer).and_then(Value::as_str)
+            && !["Cluster", "Local"].contains(&v)
+        {
+            errs.push(FieldError::not_supported(field, v, &["Cluster", "Local"]));
+        }
+    }
+    if let Some(v) = obj
+        .pointer("/spec/externalTrafficPolicy")
+        .and_then(Value::as_str)
+        && !matches!(ty, "NodePort" | "LoadBalancer")
+    {
+        errs.push(FieldError::invalid(
+            "spec.externalTrafficPolicy",
+            v,
+            "may only be set for externally-accessible services",
+        ));
+    }
+}
+
+/// The ports of a Service: required unless it is ExternalName or headless, named (DNS-1123
+/// labels, unique) when more than one, valid numbers, protocols and target ports, no node port
+/// on a ClusterIP or ExternalName Service, and no port and protocol twice.
+fn validate_service_ports(obj: &Value, ty: &str, cluster_ip: &str, errs: &mut Vec<FieldError>) {
     let ports = arr(obj, "/spec/ports");
     if ports.is_empty() && ty != "ExternalName" && cluster_ip != "None" {
         errs.push(FieldError::required("spec.ports", ""));
@@ -120,47 +168,6 @@ pub(crate) fn validate_service(obj: &Value, errs: &mut Vec<FieldError>) {
         if !keys.insert((port, proto.to_string())) {
             errs.push(FieldError::duplicate(base, p.clone()));
         }
-    }
-    validate_label_map(obj.pointer("/spec/selector"), "spec.selector", errs);
-    let affinity = str_at(obj, "/spec/sessionAffinity");
-    if !["None", "ClientIP"].contains(&affinity) {
-        errs.push(FieldError::not_supported(
-            "spec.sessionAffinity",
-            affinity,
-            &["ClientIP", "None"],
-        ));
-    }
-    if let Some(t) = obj
-        .pointer("/spec/sessionAffinityConfig/clientIP/timeoutSeconds")
-        .and_then(Value::as_i64)
-        && !(1..=86400).contains(&t)
-    {
-        errs.push(FieldError::invalid(
-            "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
-            t,
-            "must be greater than 0 and less than 86400",
-        ));
-    }
-    for (field, pointer) in [
-        ("spec.internalTrafficPolicy", "/spec/internalTrafficPolicy"),
-        ("spec.externalTrafficPolicy", "/spec/externalTrafficPolicy"),
-    ] {
-        if let Some(v) = obj.pointer(pointer).and_then(Value::as_str)
-            && !["Cluster", "Local"].contains(&v)
-        {
-            errs.push(FieldError::not_supported(field, v, &["Cluster", "Local"]));
-        }
-    }
-    if let Some(v) = obj
-        .pointer("/spec/externalTrafficPolicy")
-        .and_then(Value::as_str)
-        && !matches!(ty, "NodePort" | "LoadBalancer")
-    {
-        errs.push(FieldError::invalid(
-            "spec.externalTrafficPolicy",
-            v,
-            "may only be set for externally-accessible services",
-        ));
     }
 }
 
@@ -385,6 +392,12 @@ pub(crate) fn validate_endpoint_slice(
             }
         }
     }
+    validate_slice_ports(obj, errs);
+}
+
+/// The ports of an EndpointSlice: at most the API's bound, names unique (unnamed ones too) and
+/// DNS-1123 labels, a supported protocol, an `appProtocol` that is a qualified name.
+fn validate_slice_ports(obj: &Value, errs: &mut Vec<FieldError>) {
     let ports = arr(obj, "/ports");
     if ports.len() > MAX_SLICE_PORTS {
         errs.push(FieldError::too_many("ports", ports.len(), MAX_SLICE_PORTS));

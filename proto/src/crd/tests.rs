@@ -5,7 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::*;
 use crate::resources;
 
-/// The seed's (XCC v1 doc/arch.md) manifests, verbatim.
+/// An exported and an imported ServiceRecord as XCC v1 documents them, verbatim: our types must
+/// read what an XCC v1 cluster writes.
 const XCC_EXPORTED: &str = r#"
 apiVersion: connectivity.tanzu.vmware.com/v1alpha1
 kind: ServiceRecord

@@ -7,7 +7,7 @@ use super::types::Target;
 use crate::authz::{Condition, Decision};
 use crate::catalog::{Endpoint, NamedPort, ServiceEntry, ServiceKey, Source};
 
-/// `ip:port`, with brackets for IPv6 (the seed's endpoint string form).
+/// `ip:port`, with brackets for IPv6 (the endpoint string form of a Hamlet record).
 pub fn endpoint_string(e: &Endpoint) -> String {
     if e.address.contains(':') {
         format!("[{}]:{}", e.address, e.port)

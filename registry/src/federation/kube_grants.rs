@@ -309,7 +309,7 @@ struct Shared {
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        xcc_controller::plumbing::lock(&self.inner)
     }
 
     fn want(&self, route: &OwnerRoute, present: bool) {

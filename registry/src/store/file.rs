@@ -226,7 +226,7 @@ const MAX_PENDING_PATHS: usize = 4096;
 impl DirEvents {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Pending>> {
         // The map stays consistent even if a holder panicked: every update is one insert.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        xcc_controller::plumbing::lock(&self.0)
     }
 
     /// Start tracking `dir`; its first take is a full scan.

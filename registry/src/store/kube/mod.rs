@@ -43,15 +43,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
-use futures::StreamExt;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use xcc_controller::tasks::Spawner;
+use xcc_controller::watch::{Change, Follow};
 use xcc_proto::crd::{RemoteRegistry, RemoteRegistryStatus, Role, ServiceRecord};
 
 use crate::catalog::{Catalog, ListFilter, ServiceEntry, Source};
@@ -267,25 +266,21 @@ async fn run_exports(
 ) -> anyhow::Result<()> {
     let api: Api<ServiceRecord> = Api::all(client);
     let config = watcher::Config::default().labels(&records::export_selector());
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
-    let mut buffer: Option<Vec<ServiceEntry>> = None;
+    let mut exports = Follow::new("exported ServiceRecords", api, config);
     loop {
-        let event = tokio::select! {
+        let change = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            ev = stream.next() => ev,
+            change = exports.next() => change,
         };
-        let Some(event) = event else {
+        let Some(change) = change else {
             anyhow::bail!("the ServiceRecord watch ended");
         };
-        match event {
-            Ok(Event::Init) => buffer = Some(vec![]),
-            Ok(Event::InitApply(sr)) => {
-                if let Some(entry) = export_or_last_good(&catalog, &cluster, &sr) {
-                    buffer.get_or_insert_default().push(entry);
-                }
-            }
-            Ok(Event::InitDone) => {
-                let entries = buffer.take().unwrap_or_default();
+        match change {
+            Change::Listed(all) => {
+                let entries = all
+                    .iter()
+                    .filter_map(|sr| export_or_last_good(&catalog, &cluster, sr))
+                    .collect();
                 let (up, rm) = catalog.replace_source(&Source::Local, entries);
                 info!(
                     upserted = up,
@@ -294,15 +289,14 @@ async fn run_exports(
                 );
                 listed.send_replace(true);
             }
-            Ok(Event::Apply(sr)) => {
+            Change::Applied(sr) => {
                 if !records::is_export(&sr) {
                     remove_export(&catalog, &cluster, &sr);
                 } else if let Some(entry) = export_or_last_good(&catalog, &cluster, &sr) {
                     catalog.upsert(entry);
                 }
             }
-            Ok(Event::Delete(sr)) => remove_export(&catalog, &cluster, &sr),
-            Err(e) => warn!(error = %e, "ServiceRecord watch failed; retrying"),
+            Change::Deleted(sr) => remove_export(&catalog, &cluster, &sr),
         }
     }
 }
@@ -433,58 +427,59 @@ impl Controller {
         }
     }
 
+    /// Take in a change of the RemoteRegistries; whether a spec changed (the clients follow the
+    /// specs). A status this controller wrote is kept over an event older than the write.
+    fn remote_registry_changed(&mut self, change: Change<RemoteRegistry>) -> bool {
+        match change {
+            Change::Listed(all) => {
+                self.rrs = all.into_iter().map(|rr| (key(&rr), rr)).collect();
+                // A fresh list is at least as new as every write that completed.
+                self.written.clear();
+                true
+            }
+            Change::Applied(mut rr) => {
+                let k = key(&rr);
+                let specs_changed = self
+                    .rrs
+                    .get(&k)
+                    .is_none_or(|old| old.spec != rr.spec || old.metadata.uid != rr.metadata.uid);
+                if let Some((rv, status)) = self.written.get(&k) {
+                    if rr.metadata.resource_version.as_ref() == Some(rv) {
+                        self.written.remove(&k);
+                    } else {
+                        // An event from before our last write: keep what we wrote.
+                        rr.status = Some(status.clone());
+                    }
+                }
+                self.rrs.insert(k, rr);
+                specs_changed
+            }
+            Change::Deleted(rr) => {
+                self.written.remove(&key(&rr));
+                self.rrs.remove(&key(&rr));
+                true
+            }
+        }
+    }
+
     async fn run(&mut self, cancel: CancellationToken) -> anyhow::Result<()> {
         let api = self.remote_registries().await;
-        let mut stream = watcher::watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
+        let mut remote_registries =
+            Follow::new("RemoteRegistries", api, watcher::Config::default());
         let mut peers = self.parts.peers.subscribe();
         // Hierarchy answers change the parent's status (imports, Synced).
         let mut answers = self.parts.remotes.level().subscribe();
         let mut tick = tokio::time::interval(self.config.status_resync);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut buffer: Option<BTreeMap<(String, String), RemoteRegistry>> = None;
         let mut listed = false;
         loop {
             let mut specs_changed = false;
             tokio::select! {
                 _ = cancel.cancelled() => break,
-                ev = stream.next() => {
-                    let Some(ev) = ev else { anyhow::bail!("the RemoteRegistry watch ended") };
-                    match ev {
-                        Ok(Event::Init) => buffer = Some(BTreeMap::new()),
-                        Ok(Event::InitApply(rr)) => {
-                            buffer.get_or_insert_default().insert(key(&rr), rr);
-                        }
-                        Ok(Event::InitDone) => {
-                            self.rrs = buffer.take().unwrap_or_default();
-                            // A fresh list is at least as new as every write that completed.
-                            self.written.clear();
-                            listed = true;
-                            specs_changed = true;
-                        }
-                        Ok(Event::Apply(mut rr)) => {
-                            let k = key(&rr);
-                            specs_changed = self.rrs.get(&k).is_none_or(|old| {
-                                old.spec != rr.spec || old.metadata.uid != rr.metadata.uid
-                            });
-                            if let Some((rv, status)) = self.written.get(&k) {
-                                if rr.metadata.resource_version.as_ref() == Some(rv) {
-                                    self.written.remove(&k);
-                                } else {
-                                    // An event from before our last write: keep what we wrote.
-                                    rr.status = Some(status.clone());
-                                }
-                            }
-                            self.rrs.insert(k, rr);
-                        }
-                        Ok(Event::Delete(rr)) => {
-                            self.written.remove(&key(&rr));
-                            self.rrs.remove(&key(&rr));
-                            specs_changed = true;
-                        }
-                        Err(e) => warn!(error = %e, "RemoteRegistry watch failed; retrying"),
-                    }
+                change = remote_registries.next() => {
+                    let Some(change) = change else { anyhow::bail!("the RemoteRegistry watch ended") };
+                    listed |= matches!(change, Change::Listed(_));
+                    specs_changed = self.remote_registry_changed(change);
                 }
                 r = peers.changed() => if r.is_err() { break },
                 r = answers.changed() => if r.is_err() { break },

@@ -21,17 +21,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 use xcc_controller::conditions::condition;
+use xcc_controller::watch::{Change, Follow};
 use xcc_proto::crd::{CONDITION_ANNOUNCED, ImportStatus, ServiceRecord};
 use xcc_proto::xcc::federation::v1 as fed;
 
@@ -283,11 +282,10 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let api: Api<ServiceRecord> = Api::all(client.clone());
     let config = watcher::Config::default().labels(&records::export_selector());
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut exports = Follow::new("exported ServiceRecords", api, config);
     let recorder = Recorder::new(client.clone(), FIELD_MANAGER.into());
     let mut changes = level.subscribe();
     let mut records = Records::default();
-    let mut buffer: Option<BTreeMap<Key, Record>> = None;
     let mut listed = false;
     // The refusals the records were last brought in line with (`None`: do a pass).
     let mut done: Option<BTreeMap<Key, fed::Rejection>> = None;
@@ -302,32 +300,29 @@ pub async fn run(
         };
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            ev = stream.next() => {
-                let Some(ev) = ev else { anyhow::bail!("the exported ServiceRecord watch ended") };
-                match ev {
-                    Ok(WatchEvent::Init) => buffer = Some(BTreeMap::new()),
-                    Ok(WatchEvent::InitApply(sr)) => {
-                        if let Some(k) = key_of(&sr) {
-                            buffer.get_or_insert_default().insert(k, Record::of(&sr));
-                        }
-                    }
-                    Ok(WatchEvent::InitDone) => {
-                        records.replace(buffer.take().unwrap_or_default());
+            change = exports.next() => {
+                let Some(change) = change else { anyhow::bail!("the exported ServiceRecord watch ended") };
+                match change {
+                    Change::Listed(all) => {
+                        records.replace(
+                            all.iter()
+                                .filter_map(|sr| Some((key_of(sr)?, Record::of(sr))))
+                                .collect(),
+                        );
                         listed = true;
                         done = None;
                     }
-                    Ok(WatchEvent::Apply(sr)) => {
+                    Change::Applied(sr) => {
                         if let Some(k) = key_of(&sr) {
                             records.store(k, Record::of(&sr));
                             done = None;
                         }
                     }
-                    Ok(WatchEvent::Delete(sr)) => {
+                    Change::Deleted(sr) => {
                         if let Some(k) = key_of(&sr) {
                             records.remove(&k);
                         }
                     }
-                    Err(e) => warn!(error = %e, "exported ServiceRecord watch failed; retrying"),
                 }
             }
             r = changes.changed() => if r.is_err() { return Ok(()) },

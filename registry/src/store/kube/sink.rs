@@ -198,33 +198,24 @@ impl KubeImportSink {
         &self,
         cancel: tokio_util::sync::CancellationToken,
     ) -> anyhow::Result<()> {
-        use kube::runtime::WatchStreamExt;
-        use kube::runtime::watcher::{self, Event as WatchEvent};
-        let mut stream = watcher::watcher(self.api(), watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        let mut buffer: Option<BTreeMap<String, ServiceRecord>> = None;
+        use kube::runtime::watcher;
+        use xcc_controller::watch::{Change, Follow};
+        let what = format!("ServiceRecords of {}", self.namespace);
+        let mut records = Follow::new(what, self.api(), watcher::Config::default());
         loop {
-            let ev = tokio::select! {
+            let change = tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
-                ev = stream.next() => ev,
+                change = records.next() => change,
             };
-            match ev {
+            match change {
                 None => anyhow::bail!("the ServiceRecord watch of {} ended", self.namespace),
-                Some(Ok(WatchEvent::Init)) => buffer = Some(BTreeMap::new()),
-                Some(Ok(WatchEvent::InitApply(r))) => {
-                    if let Some(name) = r.metadata.name.clone() {
-                        buffer.get_or_insert_default().insert(name, r);
-                    }
-                }
-                Some(Ok(WatchEvent::InitDone)) => {
-                    self.cache.replace(buffer.take().unwrap_or_default());
-                }
-                Some(Ok(WatchEvent::Apply(r))) => self.cache.store(r),
-                Some(Ok(WatchEvent::Delete(r))) => self.cache.forget(&r),
-                Some(Err(e)) => {
-                    warn!(namespace = %self.namespace, error = %e, "ServiceRecord watch failed; retrying")
-                }
+                Some(Change::Listed(all)) => self.cache.replace(
+                    all.into_iter()
+                        .filter_map(|r| Some((r.metadata.name.clone()?, r)))
+                        .collect(),
+                ),
+                Some(Change::Applied(r)) => self.cache.store(r),
+                Some(Change::Deleted(r)) => self.cache.forget(&r),
             }
         }
     }

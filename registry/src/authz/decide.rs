@@ -1,0 +1,241 @@
+//! One decision of a policy set: may a requester discover a service (the bilateral rule and
+//! Cedar), may a cluster announce a name, may a child carry a cluster. An evaluation error is a
+//! denial that says why.
+
+use cedar_policy::{
+    Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityUid, Request,
+    RestrictedExpression,
+};
+
+use super::schema::uid;
+use super::{Condition, Decision, Policies, PolicyError, Verdict, admits};
+use crate::catalog::ServiceEntry;
+
+impl Policies {
+    fn evaluate(
+        &self,
+        principal: EntityUid,
+        mut entities: Vec<Entity>,
+        action: &str,
+        resource: &ServiceEntry,
+        context: Context,
+    ) -> Verdict {
+        fail_closed(self.service_entity(resource).and_then(|service| {
+            let resource_uid = service.uid();
+            entities.push(service);
+            self.decide(principal, action, resource_uid, context, entities)
+        }))
+    }
+
+    /// Run the Cedar authorizer on one request; the policies that decided it, sorted.
+    fn decide(
+        &self,
+        principal: EntityUid,
+        action: &str,
+        resource: EntityUid,
+        context: Context,
+        entities: Vec<Entity>,
+    ) -> Result<Verdict, PolicyError> {
+        let entities = Entities::from_entities(entities, Some(self.schema))
+            .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let request = Request::new(
+            principal,
+            uid("Xcc::Action", action)?,
+            resource,
+            context,
+            Some(self.schema),
+        )
+        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let response = Authorizer::new().is_authorized(&request, &self.set, &entities);
+        let mut policies: Vec<String> = response
+            .diagnostics()
+            .reason()
+            .map(|p| p.to_string())
+            .collect();
+        policies.sort();
+        Ok(Verdict {
+            allowed: response.decision() == CedarDecision::Allow,
+            policies,
+            errors: response
+                .diagnostics()
+                .errors()
+                .map(|e| e.to_string())
+                .collect(),
+        })
+    }
+
+    /// May `cluster` announce `entry`?
+    pub fn announce(&self, cluster: &str, entry: &ServiceEntry) -> Verdict {
+        match self.principal(cluster, "") {
+            Ok((p, entities)) => self.evaluate(p, entities, "announce", entry, Context::empty()),
+            Err(e) => Verdict {
+                allowed: false,
+                policies: vec![],
+                errors: vec![e.to_string()],
+            },
+        }
+    }
+
+    /// May `child` carry `cluster` in its subtree (speak for it)? The default set permits a
+    /// child only itself; every other cluster needs a `carry` permit in the parent's policies.
+    pub fn carry(&self, child: &str, cluster: &str) -> Verdict {
+        if self.default_only {
+            let allowed = child == cluster;
+            return Verdict {
+                allowed,
+                policies: if allowed {
+                    vec!["carry-self".to_string()]
+                } else {
+                    vec![]
+                },
+                errors: vec![],
+            };
+        }
+        let decided = self.principal(child, "").and_then(|(p, mut entities)| {
+            let (r, carried) = self.principal(cluster, "")?;
+            if child != cluster {
+                entities.extend(carried);
+            }
+            self.decide(p, "carry", r, Context::empty(), entities)
+        });
+        fail_closed(decided)
+    }
+
+    /// The bilateral decision for `requester_cluster` (and optional `requester_service`) asking
+    /// for `entry`. `requested` is condition (b).
+    pub fn discover(
+        &self,
+        entry: &ServiceEntry,
+        requester_cluster: &str,
+        requester_service: &str,
+        requested: bool,
+    ) -> Decision {
+        let requester = if requester_service.is_empty() {
+            requester_cluster.to_string()
+        } else {
+            format!("{requester_cluster}/{requester_service}")
+        };
+        let callee_admits = admits(entry, requester_cluster, requester_service);
+        let verdict = if self.default_only {
+            // The default set permits exactly when (a) and (b) hold.
+            Verdict {
+                allowed: callee_admits && requested,
+                policies: if callee_admits && requested {
+                    vec!["bilateral".to_string()]
+                } else {
+                    vec![]
+                },
+                errors: vec![],
+            }
+        } else {
+            let context = Context::from_pairs([
+                (
+                    "calleeAdmits".to_string(),
+                    RestrictedExpression::new_bool(callee_admits),
+                ),
+                (
+                    "callerRequested".to_string(),
+                    RestrictedExpression::new_bool(requested),
+                ),
+            ]);
+            match (
+                context,
+                self.principal(requester_cluster, requester_service),
+            ) {
+                (Ok(ctx), Ok((p, entities))) => self.evaluate(p, entities, "discover", entry, ctx),
+                (Err(e), _) => Verdict {
+                    allowed: false,
+                    policies: vec![],
+                    errors: vec![e.to_string()],
+                },
+                (_, Err(e)) => Verdict {
+                    allowed: false,
+                    policies: vec![],
+                    errors: vec![e.to_string()],
+                },
+            }
+        };
+        let (condition, reason) = if !callee_admits {
+            (
+                Condition::NotAllowedByCallee,
+                format!(
+                    "{} allows [{}]; {requester} is not among them",
+                    entry.key,
+                    entry.allowed_requesters.join(", ")
+                ),
+            )
+        } else if !requested {
+            (
+                Condition::NotRequested,
+                format!("{requester} did not ask for {}", entry.fqdn),
+            )
+        } else if !verdict.allowed {
+            let why = if !verdict.errors.is_empty() {
+                format!("evaluation error: {}", verdict.errors.join("; "))
+            } else if verdict.policies.is_empty() {
+                "no policy permits it".to_string()
+            } else {
+                format!("forbidden by {}", verdict.policies.join(", "))
+            };
+            (Condition::PolicyDenied, why)
+        } else {
+            (
+                Condition::Granted,
+                format!("granted by {}", verdict.policies.join(", ")),
+            )
+        };
+        Decision {
+            allowed: condition == Condition::Granted,
+            condition,
+            callee_admits,
+            caller_requested: requested,
+            policy_permits: verdict.allowed,
+            policies: verdict.policies,
+            reason,
+        }
+    }
+
+    /// [`Policies::discover`]'s outcome alone, for hot paths: no reason is written, and with
+    /// only the default policies no Cedar evaluation runs.
+    pub fn allows(
+        &self,
+        entry: &ServiceEntry,
+        cluster: &str,
+        service: &str,
+        requested: bool,
+    ) -> bool {
+        if !requested || !admits(entry, cluster, service) {
+            return false;
+        }
+        if self.default_only {
+            // The default set permits exactly when (a) and (b) hold.
+            return true;
+        }
+        let context = Context::from_pairs([
+            (
+                "calleeAdmits".to_string(),
+                RestrictedExpression::new_bool(true),
+            ),
+            (
+                "callerRequested".to_string(),
+                RestrictedExpression::new_bool(true),
+            ),
+        ]);
+        match (context, self.principal(cluster, service)) {
+            (Ok(ctx), Ok((p, entities))) => {
+                self.evaluate(p, entities, "discover", entry, ctx).allowed
+            }
+            // Fail closed, as `discover` does.
+            _ => false,
+        }
+    }
+}
+
+/// Fail closed: an evaluation error is a denial that says why.
+fn fail_closed(decided: Result<Verdict, PolicyError>) -> Verdict {
+    decided.unwrap_or_else(|e| Verdict {
+        allowed: false,
+        policies: vec![],
+        errors: vec![e.to_string()],
+    })
+}
