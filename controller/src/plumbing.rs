@@ -1,13 +1,23 @@
 //! Small helpers every controller used to write for itself: a lock that survives a panicked
 //! holder, and the API errors a reconcile treats as outcomes rather than failures.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Lock `m`, taking the data over from a holder that panicked: every value guarded this way is
 /// left consistent between statements, so the panic lost no invariant (the panic itself is
 /// reported by the task supervisor).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// [`lock`] for reading an `RwLock`.
+pub fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// [`lock`] for writing an `RwLock`.
+pub fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The API server answered 404: the object (or its API) is not there.

@@ -125,7 +125,7 @@ pub struct PeerGuard {
 
 impl Drop for PeerGuard {
     fn drop(&mut self) {
-        let mut peers = self.table.peers.write().unwrap_or_else(|p| p.into_inner());
+        let mut peers = xcc_controller::plumbing::write(&self.table.peers);
         if peers
             .get(&self.key)
             .is_some_and(|p| Arc::ptr_eq(p, &self.stats))
@@ -163,10 +163,7 @@ impl PeerTable {
             changes: self.changes.clone(),
         });
         let key = (kind as u8, name);
-        self.peers
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.clone(), stats.clone());
+        xcc_controller::plumbing::write(&self.peers).insert(key.clone(), stats.clone());
         self.changes.send_modify(|v| *v = v.wrapping_add(1));
         PeerGuard {
             table: self.clone(),
@@ -176,9 +173,7 @@ impl PeerTable {
     }
 
     pub fn list(&self) -> Vec<Arc<PeerStats>> {
-        self.peers
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        xcc_controller::plumbing::read(&self.peers)
             .values()
             .cloned()
             .collect()

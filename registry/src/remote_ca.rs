@@ -7,7 +7,7 @@
 //! due; the Kubernetes store turns what it returns into a condition and a Warning Event.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -78,7 +78,7 @@ impl RemoteCaExpiry {
     ) -> Observation {
         let mut out = Observation::default();
         let mut series = vec![];
-        let mut reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut reported = xcc_controller::plumbing::lock(&self.reported);
         let mut still = BTreeMap::new();
         for rr in remotes {
             let Some(name) = rr.metadata.name.clone() else {

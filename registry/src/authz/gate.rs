@@ -57,7 +57,7 @@ impl Gate {
     /// A set built from the same sources as the one in force changes nothing (file watchers
     /// re-read on every poll).
     pub fn set_policies(&self, policies: Policies) {
-        let mut current = self.policies.write().unwrap_or_else(|p| p.into_inner());
+        let mut current = xcc_controller::plumbing::write(&self.policies);
         if current.same_sources(&policies) {
             return;
         }
@@ -86,10 +86,7 @@ impl Gate {
 
     /// The policy set in force now.
     pub fn policies(&self) -> Arc<Policies> {
-        self.policies
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        xcc_controller::plumbing::read(&self.policies).clone()
     }
 
     fn same_domain(&self, id: &Identity) -> Result<(), IdentityRefused> {

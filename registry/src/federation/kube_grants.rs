@@ -679,11 +679,7 @@ impl Worker {
     /// A Warning Event on an object of a grant's name that we do not own (once per object).
     async fn report_conflict(&self, object: &DynamicObject, ar: &ApiResource, message: &str) {
         let uid = object.metadata.uid.clone().unwrap_or_default();
-        let first = self
-            .conflicts_reported
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(uid);
+        let first = xcc_controller::plumbing::lock(&self.conflicts_reported).insert(uid);
         if !first {
             return;
         }

@@ -88,7 +88,7 @@ impl DownLink {
     pub fn close(&self, status: tonic::Status) {
         let _ = self.why.set(status);
         self.end.cancel();
-        drop(self.queued.lock().unwrap_or_else(|p| p.into_inner()).take());
+        drop(xcc_controller::plumbing::lock(&self.queued).take());
     }
 
     /// Whether the link was closed (by [`DownLink::close`]).
@@ -109,18 +109,18 @@ impl DownLink {
     pub fn stream(&self, rx: DownQueue) -> impl Stream<Item = Down> + Send + 'static {
         let why = self.why.clone();
         let slot = self.queued.clone();
-        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+        *xcc_controller::plumbing::lock(&slot) = Some(rx);
         if self.end.is_cancelled() {
             // Closed before the stream began: nothing of it is sent.
-            drop(slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+            drop(xcc_controller::plumbing::lock(&slot).take());
         }
         let slot = SlotGuard(slot);
-        futures::stream::poll_fn(move |cx| {
-            match slot.0.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        futures::stream::poll_fn(
+            move |cx| match xcc_controller::plumbing::lock(&slot.0).as_mut() {
                 Some(rx) => rx.poll_recv(cx),
                 None => std::task::Poll::Ready(None),
-            }
-        })
+            },
+        )
         .take_until(self.end.clone().cancelled_owned())
         .chain(
             futures::stream::once(async move { why.get().cloned() })
@@ -166,7 +166,7 @@ struct SlotGuard(Arc<Mutex<Option<DownQueue>>>);
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        drop(self.0.lock().unwrap_or_else(|p| p.into_inner()).take());
+        drop(xcc_controller::plumbing::lock(&self.0).take());
     }
 }
 

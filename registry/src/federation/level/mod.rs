@@ -204,19 +204,11 @@ impl Level {
 
     /// Set what applies grants at this registry as an owner.
     pub fn set_grant_sink(&self, sink: Arc<dyn super::grants::GrantSink>) {
-        *self
-            .inner
-            .grant_sink
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = sink;
+        *xcc_controller::plumbing::write(&self.inner.grant_sink) = sink;
     }
 
     fn grant_sink(&self) -> Arc<dyn super::grants::GrantSink> {
-        self.inner
-            .grant_sink
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        xcc_controller::plumbing::read(&self.inner.grant_sink).clone()
     }
 
     pub fn cluster(&self) -> &str {
@@ -225,15 +217,11 @@ impl Level {
 
     /// Name of the configured parent link (a RemoteRegistry with role Parent), if any.
     pub fn parent(&self) -> Option<String> {
-        self.inner
-            .parent
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        xcc_controller::plumbing::read(&self.inner.parent).clone()
     }
 
     pub fn set_parent(&self, parent: Option<String>) {
-        *self.inner.parent.write().unwrap_or_else(|p| p.into_inner()) = parent;
+        *xcc_controller::plumbing::write(&self.inner.parent) = parent;
         self.bump();
     }
 
@@ -241,19 +229,11 @@ impl Level {
     /// (`--grant-trust-domain` for this cluster; [`super::grants::DEFAULT_TRUST_DOMAIN`] unless
     /// set): what an import's workload identity names when it gives none.
     pub fn trust_domain(&self) -> String {
-        self.inner
-            .trust_domain
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        xcc_controller::plumbing::read(&self.inner.trust_domain).clone()
     }
 
     pub fn set_trust_domain(&self, trust_domain: String) {
-        *self
-            .inner
-            .trust_domain
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = trust_domain;
+        *xcc_controller::plumbing::write(&self.inner.trust_domain) = trust_domain;
     }
 
     pub fn catalog(&self) -> &Catalog {
@@ -270,16 +250,12 @@ impl Level {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+        xcc_controller::plumbing::lock(&self.inner.state)
     }
 
     /// The catalog source of entries announced by `child`, sharing one copy of its name.
     fn child_source(&self, child: &str) -> Source {
-        let mut names = self
-            .inner
-            .child_names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut names = xcc_controller::plumbing::lock(&self.inner.child_names);
         let name = names
             .entry(child.to_string())
             .or_insert_with(|| Arc::from(child))
@@ -296,36 +272,20 @@ impl Level {
     /// Bound every federation queue opened from now on (a child session, the way up) by
     /// `limits`.
     pub fn set_queue_limits(&self, limits: QueueLimits) {
-        *self
-            .inner
-            .queue_limits
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = limits;
+        *xcc_controller::plumbing::write(&self.inner.queue_limits) = limits;
     }
 
     /// How long a child's queue may stay over half its budget before the child is cut.
     pub fn set_queue_stall(&self, stall: std::time::Duration) {
-        *self
-            .inner
-            .queue_stall
-            .write()
-            .unwrap_or_else(|p| p.into_inner()) = stall;
+        *xcc_controller::plumbing::write(&self.inner.queue_stall) = stall;
     }
 
     pub fn queue_stall(&self) -> std::time::Duration {
-        *self
-            .inner
-            .queue_stall
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        *xcc_controller::plumbing::read(&self.inner.queue_stall)
     }
 
     pub fn queue_limits(&self) -> QueueLimits {
-        *self
-            .inner
-            .queue_limits
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
+        *xcc_controller::plumbing::read(&self.inner.queue_limits)
     }
 
     /// Encoded bytes queued on this level's federation queues (every child session and the way

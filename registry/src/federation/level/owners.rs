@@ -189,7 +189,7 @@ impl ConfigMapOwners {
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, ConfigMapLog> {
-        self.log.lock().unwrap_or_else(|p| p.into_inner())
+        xcc_controller::plumbing::lock(&self.log)
     }
 
     /// Merge `data` into the ConfigMap (`null` deletes a key), creating it if it is missing.
@@ -205,7 +205,7 @@ impl ConfigMapOwners {
             .await
         {
             Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => {
+            Err(e) if xcc_controller::plumbing::is_not_found(&e) => {
                 let data = data
                     .into_iter()
                     .filter_map(|(k, v)| Some((k, v.as_str()?.to_string())))

@@ -72,32 +72,32 @@ pub struct Owners {
 
 impl Owners {
     pub fn get(&self, name: &str) -> Option<Owner> {
-        let uids = self.uids.read().unwrap_or_else(|p| p.into_inner());
+        let uids = xcc_controller::plumbing::read(&self.uids);
         uids.get(name).map(|uid| Owner {
             name: name.to_string(),
             uid: uid.clone(),
         })
     }
     pub fn set(&self, owner: &Owner) {
-        let mut uids = self.uids.write().unwrap_or_else(|p| p.into_inner());
+        let mut uids = xcc_controller::plumbing::write(&self.uids);
         uids.insert(owner.name.clone(), owner.uid.clone());
     }
     pub fn remove(&self, name: &str) {
-        let mut uids = self.uids.write().unwrap_or_else(|p| p.into_inner());
+        let mut uids = xcc_controller::plumbing::write(&self.uids);
         uids.remove(name);
-        let mut rej = self.rejections.write().unwrap_or_else(|p| p.into_inner());
+        let mut rej = xcc_controller::plumbing::write(&self.rejections);
         rej.remove(name);
     }
     pub fn all(&self) -> BTreeMap<String, String> {
-        self.uids.read().unwrap_or_else(|p| p.into_inner()).clone()
+        xcc_controller::plumbing::read(&self.uids).clone()
     }
     pub fn rejections(&self, name: &str) -> Rejections {
-        let rej = self.rejections.read().unwrap_or_else(|p| p.into_inner());
+        let rej = xcc_controller::plumbing::read(&self.rejections);
         rej.get(name).cloned().unwrap_or_default()
     }
     /// Record the rejections of a persist; returns whether they changed.
     fn set_rejections(&self, name: &str, r: Rejections) -> bool {
-        let mut rej = self.rejections.write().unwrap_or_else(|p| p.into_inner());
+        let mut rej = xcc_controller::plumbing::write(&self.rejections);
         if rej.get(name).cloned().unwrap_or_default() == r {
             return false;
         }
@@ -143,7 +143,7 @@ impl Cache {
         let Some(name) = r.metadata.name.clone() else {
             return;
         };
-        let mut m = self.records.write().unwrap_or_else(|p| p.into_inner());
+        let mut m = xcc_controller::plumbing::write(&self.records);
         let older = m
             .get(&name)
             .is_some_and(|cur| matches!((rv(cur), rv(&r)), (Some(a), Some(b)) if b < a));
@@ -155,7 +155,7 @@ impl Cache {
         let Some(name) = r.metadata.name.as_deref() else {
             return;
         };
-        let mut m = self.records.write().unwrap_or_else(|p| p.into_inner());
+        let mut m = xcc_controller::plumbing::write(&self.records);
         let newer_present = m
             .get(name)
             .is_some_and(|cur| matches!((rv(cur), rv(r)), (Some(a), Some(b)) if a > b));
@@ -164,11 +164,11 @@ impl Cache {
         }
     }
     fn forget_name(&self, name: &str) {
-        let mut m = self.records.write().unwrap_or_else(|p| p.into_inner());
+        let mut m = xcc_controller::plumbing::write(&self.records);
         m.remove(name);
     }
     fn replace(&self, all: BTreeMap<String, ServiceRecord>) {
-        *self.records.write().unwrap_or_else(|p| p.into_inner()) = all;
+        *xcc_controller::plumbing::write(&self.records) = all;
         self.ready.send_replace(true);
     }
 }
@@ -385,7 +385,7 @@ impl KubeImportSink {
             .await
             .context("the ServiceRecord cache stopped")?;
         let mut plan = {
-            let current = self.cache.records.read().unwrap_or_else(|p| p.into_inner());
+            let current = xcc_controller::plumbing::read(&self.cache.records);
             records::plan(&owner, &self.namespace, imports, &current)
         };
         let params = PatchParams::apply(FIELD_MANAGER).force();
