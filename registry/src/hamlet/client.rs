@@ -442,8 +442,6 @@ async fn stream_once(
     // a reconnect's re-sent snapshot is not a fresh propagation.
     let started = std::time::SystemTime::now();
     let mut live = false;
-    // The RemoteRegistry's name, as the binder labels its own observations of the same imports.
-    let source_cluster = spec.name.as_str();
     let mut swept = false;
     let mut healthy = false;
     let mut clock = SweepClock::new(
@@ -518,13 +516,7 @@ async fn stream_once(
         tokio::task::yield_now().await;
         // Observed as the batch is applied, before the catalog shows it (so whoever sees the
         // import in the catalog also sees its observation).
-        let now = std::time::SystemTime::now();
-        for stamp in fresh {
-            let l = ctx.metrics.propagation.observe(source_cluster, stamp, now);
-            if l.is_skew() {
-                debug!(remote = %spec.name, latency = ?l, "propagation stamp off the local clock");
-            }
-        }
+        observe_propagation(ctx, spec, fresh);
         if !changed.is_empty() {
             mirror(ctx, spec, &imports, &changed, stats);
         }
@@ -542,6 +534,18 @@ async fn stream_once(
             stats.mark_synced();
         }
         clock.on_answered(tokio::time::Instant::now());
+    }
+}
+
+/// Observe the propagation of a batch's fresh changes, labelled with the RemoteRegistry's name
+/// (as the binder labels its own observations of the same imports).
+fn observe_propagation(ctx: &ClientContext, spec: &RemoteSpec, fresh: Vec<std::time::SystemTime>) {
+    let now = std::time::SystemTime::now();
+    for stamp in fresh {
+        let l = ctx.metrics.propagation.observe(&spec.name, stamp, now);
+        if l.is_skew() {
+            debug!(remote = %spec.name, latency = ?l, "propagation stamp off the local clock");
+        }
     }
 }
 

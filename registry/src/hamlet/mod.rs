@@ -6,3 +6,4 @@ pub mod consumer;
 pub mod convert;
 pub mod server;
 pub mod sweep;
+mod wire;
