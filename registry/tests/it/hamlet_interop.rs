@@ -81,6 +81,12 @@ impl Peer {
             .unwrap_or_else(|_| panic!("timed out waiting for: {what}"))
     }
 
+    /// Kill the program and wait until it is gone, so its port is free again (dropping only
+    /// sends the signal: a restart on the same port could find the old listener still open).
+    async fn stop(mut self) {
+        self.child.kill().await.expect("kill the peer");
+    }
+
     fn signal(&self, sig: &str) {
         let pid = self.child.id().expect("running");
         let ok = std::process::Command::new("kill")
@@ -312,7 +318,7 @@ async fn xcc_imports_from_go_server_through_changes_and_restart() {
     .await;
 
     // Restart with a different set: d vanished while nobody was streaming.
-    drop(server);
+    server.stop().await;
     std::fs::write(
         &file,
         services_json(&[svc("a.go.test", "10.1.0.1"), svc("e.go.test", "10.1.0.5")]),
