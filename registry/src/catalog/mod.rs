@@ -209,11 +209,11 @@ impl Catalog {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+        xcc_controller::plumbing::read(&self.state)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+        xcc_controller::plumbing::write(&self.state)
     }
 
     /// Stores `entry` (its revision is assigned here). Returns the new revision, or `None` when

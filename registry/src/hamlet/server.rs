@@ -153,7 +153,7 @@ impl HamletServer {
         identity: &str,
     ) -> Arc<Redecided> {
         let cell = {
-            let mut reloads = self.reloads.lock().unwrap_or_else(|p| p.into_inner());
+            let mut reloads = xcc_controller::plumbing::lock(&self.reloads);
             reloads.done.retain(|(_, t, _, _)| Arc::ptr_eq(t, to));
             match reloads
                 .done

@@ -68,14 +68,14 @@ impl Encoded {
             slot.entry.strong_count() > 0 && slot.entry.as_ptr() == Arc::as_ptr(e)
         };
         {
-            let slots = self.slots.read().unwrap_or_else(|p| p.into_inner());
+            let slots = xcc_controller::plumbing::read(&self.slots);
             if let Some(slot) = slots.by_entry.get(&key)
                 && live(slot)
             {
                 return slot.clone();
             }
         }
-        let mut slots = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let mut slots = xcc_controller::plumbing::write(&self.slots);
         if let Some(slot) = slots.by_entry.get(&key)
             && live(slot)
         {
