@@ -58,38 +58,9 @@ pub enum Store {
     Kube,
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
-pub enum Output {
-    Table,
-    Json,
-}
-
-/// Render rows as an aligned table.
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (i, cell) in row.iter().enumerate() {
-            widths[i] = widths[i].max(cell.len());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-            .collect::<Vec<_>>()
-            .join("  ")
-            .trim_end()
-            .to_string()
-    };
-    let mut out = line(headers.to_vec());
-    out.push('\n');
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-        out.push('\n');
-    }
-    out
-}
+// The `--output` choice and the table renderer live in `xcc-output`, which the benchmarks
+// (`xcc-bench`) share.
+pub use xcc_output::{Output, table};
 
 /// The `--metrics-listen` address; empty turns the endpoint off.
 pub fn metrics_listen(value: &str) -> anyhow::Result<Option<std::net::SocketAddr>> {

@@ -71,9 +71,9 @@ pub enum Command {
     /// Run a two-registry federation on loopback and print what it did.
     Demo,
     /// Measure a registry under load (snapshot time, update fan-out, memory). Built with
-    /// `--features bench` only.
-    #[cfg(any(feature = "bench", test))]
-    Bench(crate::bench::BenchArgs),
+    /// `--features bench` only (crate `xcc-bench`).
+    #[cfg(feature = "bench")]
+    Bench(xcc_bench::BenchArgs),
 }
 
 pub async fn dispatch(command: Command) -> anyhow::Result<()> {
@@ -88,8 +88,8 @@ pub async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Check(args) => crate::check::run(args).await,
         Command::Dashboard(args) => crate::dashboard::run(args).await,
         Command::Demo => crate::demo::run().await,
-        #[cfg(any(feature = "bench", test))]
-        Command::Bench(args) => crate::bench::run(args).await,
+        #[cfg(feature = "bench")]
+        Command::Bench(args) => xcc_bench::run(args).await,
     }
 }
 

@@ -2,24 +2,6 @@
 
 mod admin_cli;
 mod args;
-// `xcc bench ...` only with the `bench` feature: not in the production binary. The unit tests
-// build it always, so that `cargo test --workspace` runs the benchmarks' own tests too.
-#[cfg(any(feature = "bench", test))]
-mod bench;
-#[cfg(any(feature = "bench", test))]
-mod bench_common;
-#[cfg(any(feature = "bench", test))]
-mod bench_first_grant;
-#[cfg(any(feature = "bench", test))]
-mod bench_hierarchy;
-#[cfg(any(feature = "bench", test))]
-mod bench_hostile;
-#[cfg(any(feature = "bench", test))]
-mod bench_import;
-#[cfg(any(feature = "bench", test))]
-mod bench_names;
-#[cfg(any(feature = "bench", test))]
-mod bench_reload;
 mod binder_cli;
 mod certs_cli;
 mod check;

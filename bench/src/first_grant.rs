@@ -21,7 +21,7 @@ use xcc_registry::federation::{Question, Target};
 use xcc_registry::hamlet::client::Backoff;
 use xcc_registry::{Registry, RegistryConfig};
 
-use crate::bench_common::{Summary, loadavg};
+use crate::common::{Summary, loadavg};
 
 #[derive(Args, Debug)]
 pub struct FirstGrantArgs {

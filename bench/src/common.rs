@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::args::table;
+use xcc_output::table;
 
 /// One benchmark target: what was measured against which limit, and the verdict.
 #[derive(Clone, Debug, Serialize)]

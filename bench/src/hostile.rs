@@ -22,7 +22,7 @@ use xcc_certs::pki::{self, IssueRequest};
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
 use xcc_proto::xcc::federation::v1 as fed;
 
-use crate::bench_common::{Target, loadavg, targets_table};
+use crate::common::{Target, loadavg, targets_table};
 
 #[derive(Args, Debug)]
 pub struct HostileArgs {

@@ -20,15 +20,15 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use xcc_certs::reload::ReloadingTls;
 use xcc_proto::federation::resourcediscovery::v1alpha1 as rd1;
-use xcc_registry::authz::Policies;
+use xcc_registry::authz::{Gate, Policies};
 use xcc_registry::catalog::Source;
 use xcc_registry::{Registry, RegistryConfig};
 
-use crate::bench::{
+use crate::common::loadavg;
+use crate::hamlet::{
     BenchPki, CONNECT_PARALLELISM, ack, bulk_records, check_fd_limit, connect, entry, hot_record,
     hot_seq, ms, next, read_snapshot, subscribe,
 };
-use crate::bench_common::loadavg;
 
 #[derive(Args, Debug)]
 pub struct ReloadArgs {
@@ -124,16 +124,10 @@ async fn measure(
         tasks.spawn(consumer(channel?, tx.clone()));
     }
     drop(tx);
-    let recv = async |rx: &mut mpsc::UnboundedReceiver<(usize, Event)>, what: &str| {
-        tokio::time::timeout(timeout, rx.recv())
-            .await
-            .with_context(|| format!("{what}: nothing within {timeout:?}"))?
-            .context("every consumer ended")
-    };
     // Ids are assigned by the consumer tasks in the order they sync.
     let mut synced = 0;
     while synced < consumers {
-        match recv(&mut rx, "snapshot").await? {
+        match recv(&mut rx, "snapshot", timeout).await? {
             (_, Event::Synced) => synced += 1,
             (_, Event::Ended { error }) => bail!("a consumer ended during the snapshot: {error}"),
             _ => {}
@@ -142,7 +136,6 @@ async fn measure(
     eprintln!("[reload] {consumers} consumers synced on {services} services");
 
     // Every record through Cedar from here on; nothing flips, so nothing may be sent.
-    let mut hot = 0u32;
     let mut sets = vec![("neutral", neutral()?)];
     for i in 0..args.edits {
         sets.push(if i % 2 == 0 {
@@ -159,7 +152,55 @@ async fn measure(
         "{:<16} {:>8} {:>10} {:>10} {:>10} {:>12} {:>10} {:>7}",
         "edit", "flipped", "p50 ms", "p99 ms", "max ms", "records", "per flip", "ended"
     );
+    let mut hot = 0u32;
     for (name, policies) in sets {
+        let edit = Edit {
+            name,
+            consumers,
+            timeout,
+        };
+        edit.apply(registry, &gate, policies, &mut rx, &mut hot)
+            .await?;
+    }
+    tasks.shutdown().await;
+    Ok(())
+}
+
+/// The next event of any consumer, within `timeout`.
+async fn recv(
+    rx: &mut mpsc::UnboundedReceiver<(usize, Event)>,
+    what: &str,
+    timeout: Duration,
+) -> anyhow::Result<(usize, Event)> {
+    tokio::time::timeout(timeout, rx.recv())
+        .await
+        .with_context(|| format!("{what}: nothing within {timeout:?}"))?
+        .context("every consumer ended")
+}
+
+/// One policy edit, measured and printed as a row.
+struct Edit {
+    name: &'static str,
+    consumers: usize,
+    timeout: Duration,
+}
+
+impl Edit {
+    /// Sets `policies`, waits until every consumer has the records whose decision flipped and
+    /// then the hot change made after them (one more update of the hot service, `hot`).
+    async fn apply(
+        &self,
+        registry: &Registry,
+        gate: &Gate,
+        policies: Policies,
+        rx: &mut mpsc::UnboundedReceiver<(usize, Event)>,
+        hot: &mut u32,
+    ) -> anyhow::Result<()> {
+        let Edit {
+            name,
+            consumers,
+            timeout,
+        } = *self;
         let expected_each = if name == "neutral" { 0 } else { FLIPPED };
         let t0 = Instant::now();
         gate.set_policies(policies);
@@ -173,7 +214,7 @@ async fn measure(
         // after that (everything the reload sent arrived before it).
         if expected_each > 0 {
             while done_at.len() < consumers {
-                match recv(&mut rx, name).await? {
+                match recv(rx, name, timeout).await? {
                     (id, Event::Record { at, delete }) => {
                         records += 1;
                         wrong_op += usize::from(delete != want_delete);
@@ -190,15 +231,15 @@ async fn measure(
                 }
             }
         }
-        hot += 1;
+        *hot += 1;
         registry
             .catalog
-            .upsert(entry(&hot_record(hot))?)
+            .upsert(entry(&hot_record(*hot))?)
             .context("the hot change changed nothing")?;
         let mut seen_hot = 0;
         while seen_hot < consumers {
-            match recv(&mut rx, "hot change").await? {
-                (_, Event::Hot { seq }) if seq == hot => seen_hot += 1,
+            match recv(rx, "hot change", timeout).await? {
+                (_, Event::Hot { seq }) if seq == *hot => seen_hot += 1,
                 (id, Event::Record { delete, .. }) => {
                     records += 1;
                     wrong_op += usize::from(delete != want_delete);
@@ -236,9 +277,8 @@ async fn measure(
         if wrong_op > 0 {
             bail!("{wrong_op} records had the wrong operation for {name}");
         }
+        Ok(())
     }
-    tasks.shutdown().await;
-    Ok(())
 }
 
 async fn consumer(

@@ -30,8 +30,8 @@ use xcc_registry::hamlet::client::{self, ClientConfig, ClientContext, RemoteSpec
 use xcc_registry::store::file::FileImportSink;
 use xcc_registry::{Registry, RegistryConfig};
 
-use crate::args::{Output, table};
-use crate::bench_common::{Target, loadavg, targets_table};
+use crate::common::{Target, loadavg, targets_table};
+use xcc_output::{Output, table};
 
 #[derive(Args, Debug)]
 pub struct ImportArgs {
