@@ -78,12 +78,20 @@ impl Default for HamletConfig {
     }
 }
 
-/// Responses a stream hands to the encoder in one go before yielding (the encoder then passes
-/// what it has to HTTP/2). The window (unacknowledged responses) is separate and larger. The
-/// size bounds how much a stream pushes into the HTTP/2 and TLS layers at once: with 1,000
-/// concurrent snapshots, 32 left the server at 214 MiB RSS after the burst (10k services), 8 at
-/// about 165 MiB (docs/benchmarks.md, Hamlet).
-const RESPONSE_BUFFER: usize = 8;
+/// Encoded bytes (gRPC frame headers included) a stream hands to the encoder in one go before
+/// yielding; the encoder then passes them to HTTP/2 as one chunk (one DATA frame, one TLS
+/// record, one write). The window (unacknowledged responses) is separate and larger.
+///
+/// tonic encodes into a buffer of 8 KiB as first allocated, which stays with the stream while
+/// it idles. A burst of at most half of it never makes that buffer grow: when the next
+/// response does not fit behind the previous chunk, the space before it is at least as large
+/// as the burst, so tonic moves the burst there (or takes a fresh 8 KiB buffer while HTTP/2
+/// still holds the old one) instead of doubling. A 16 KiB burst grew what 1,000 idle consumers
+/// pin from 146 to 166 MiB (docs/benchmarks.md, issue 28). A larger response goes alone.
+const BURST_BYTES: usize = 4 * 1024;
+
+/// The gRPC frame header tonic puts before each message.
+const GRPC_HEADER: usize = 5;
 
 /// How long after its ACK deadline a stream that HTTP/2 no longer polls (the consumer stopped
 /// reading) loses its connection. A polled stream ends itself with `Unavailable` right at the
@@ -322,8 +330,10 @@ struct ConsumerStream<W: Wire> {
     ack_armed: Option<Instant>,
     retry_timer: Pin<Box<Sleep>>,
     retry_armed: Option<Instant>,
-    /// Responses returned since the stream last yielded (see [`RESPONSE_BUFFER`]).
+    /// Encoded bytes returned since the stream last yielded (see [`BURST_BYTES`]).
     burst: usize,
+    /// A response rendered that did not fit in the burst: the first of the next one.
+    held: Option<W::Resp>,
     /// The ACK deadline (oldest unacknowledged response plus the ACK timeout) for the
     /// [`watchdog`]. Updates are silent (the watchdog reads the value when its timer fires, so
     /// an ACK costs no wake-up); dropping the sender ends the watchdog.
@@ -415,6 +425,7 @@ impl<W: Wire> ConsumerStream<W> {
             retry_timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             retry_armed: None,
             burst: 0,
+            held: None,
             deadline,
             done: false,
             _guard: guard,
@@ -589,6 +600,77 @@ impl<W: Wire> ConsumerStream<W> {
         }
         rearmed
     }
+
+    /// Take in what the stream's sources hold, registering the task's waker with each: the
+    /// registry's shutdown, the consumer's ACKs and NACKs, a new policy set, the catalog's
+    /// changes and the timers. `Some` is what `poll_next` returns when the stream ends.
+    #[allow(clippy::type_complexity)]
+    fn poll_sources(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Option<Poll<Option<Result<W::Resp, Status>>>> {
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            return Some(self.finish(Err(Status::unavailable("registry shutting down"))));
+        }
+        // ACKs and NACKs first: they open the window.
+        loop {
+            match Pin::new(&mut self.requests).poll_next(cx) {
+                Poll::Ready(Some(Ok(req))) => {
+                    if let Err(status) = self.on_request(req) {
+                        return Some(self.finish(Err(status)));
+                    }
+                    self.publish_deadline();
+                }
+                Poll::Ready(Some(Err(status))) => {
+                    // Never a silent OK: the consumer learns why its stream ended.
+                    debug!(consumer = %self.identity, %status, "consumer stream failed");
+                    return Some(self.finish(Err(inbound_error(status))));
+                }
+                Poll::Ready(None) => return Some(self.finish(Ok(()))),
+                Poll::Pending => break,
+            }
+        }
+        // A new policy set before catalog changes: its records are queued first.
+        while let Poll::Ready(Some(_)) = Pin::new(&mut self.policy_changes).poll_next(cx) {
+            self.on_policy_change();
+        }
+        loop {
+            match Pin::new(&mut self.changes).poll_next(cx) {
+                Poll::Ready(Some(Ok(fqdn))) => {
+                    self.st.mark_dirty(fqdn);
+                    if self.st.wants_rebase() {
+                        self.st.rebase(self.server.catalog.hamlet_view());
+                    }
+                }
+                Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(missed)))) => {
+                    self.server.metrics.hamlet_resyncs.inc();
+                    debug!(consumer = %self.identity, missed, "change feed lagged; resynchronising from current state");
+                    self.st.mark_all_dirty(&self.server.catalog.hamlet_view());
+                }
+                Poll::Ready(None) => return Some(self.finish(Ok(()))),
+                Poll::Pending => break,
+            }
+        }
+        if self.retry_armed.is_some() && self.retry_timer.as_mut().poll(cx).is_ready() {
+            self.retry_armed = None;
+            self.st.run_due_retries(Instant::now());
+        }
+        if self.ack_armed.is_some() && self.ack_timer.as_mut().poll(cx).is_ready() {
+            self.ack_armed = None;
+            let ack_timeout = self.server.config.ack_timeout;
+            if self
+                .st
+                .oldest_unacked()
+                .is_some_and(|t| t + ack_timeout <= Instant::now())
+            {
+                self.server.metrics.hamlet_ack_timeouts.inc();
+                return Some(self.finish(Err(Status::unavailable(format!(
+                    "no ACK within {ack_timeout:?}; reconnect to resynchronise"
+                )))));
+            }
+        }
+        None
+    }
 }
 
 impl<W: Wire> Stream for ConsumerStream<W> {
@@ -600,77 +682,32 @@ impl<W: Wire> Stream for ConsumerStream<W> {
             if this.done {
                 return Poll::Ready(None);
             }
-            if this.cancelled.as_mut().poll(cx).is_ready() {
-                return this.finish(Err(Status::unavailable("registry shutting down")));
+            // Within a burst the sources are not polled again for every response: they were
+            // polled when it began and hold this task's waker, so what they bring meanwhile is
+            // taken in when the next burst begins (tonic polls the stream once per response, and
+            // each poll of the ACK stream and the change feed takes a lock shared with others).
+            if this.burst == 0
+                && let Some(end) = this.poll_sources(cx)
+            {
+                return end;
             }
-            // ACKs and NACKs first: they open the window.
-            loop {
-                match Pin::new(&mut this.requests).poll_next(cx) {
-                    Poll::Ready(Some(Ok(req))) => {
-                        if let Err(status) = this.on_request(req) {
-                            return this.finish(Err(status));
-                        }
-                        this.publish_deadline();
-                    }
-                    Poll::Ready(Some(Err(status))) => {
-                        // Never a silent OK: the consumer learns why its stream ended.
-                        debug!(consumer = %this.identity, %status, "consumer stream failed");
-                        return this.finish(Err(inbound_error(status)));
-                    }
-                    Poll::Ready(None) => return this.finish(Ok(())),
-                    Poll::Pending => break,
+            if let Some(resp) = this.held.take().or_else(|| this.next_response()) {
+                let size = W::encoded_len(&resp) + GRPC_HEADER;
+                if this.burst > 0 && this.burst + size > BURST_BYTES {
+                    // Let the encoder flush the burst; this response starts the next one.
+                    this.held = Some(resp);
+                    this.burst = 0;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
                 }
-            }
-            // A new policy set before catalog changes: its records are queued first.
-            while let Poll::Ready(Some(_)) = Pin::new(&mut this.policy_changes).poll_next(cx) {
-                this.on_policy_change();
-            }
-            loop {
-                match Pin::new(&mut this.changes).poll_next(cx) {
-                    Poll::Ready(Some(Ok(fqdn))) => {
-                        this.st.mark_dirty(fqdn);
-                        if this.st.wants_rebase() {
-                            this.st.rebase(this.server.catalog.hamlet_view());
-                        }
-                    }
-                    Poll::Ready(Some(Err(BroadcastStreamRecvError::Lagged(missed)))) => {
-                        this.server.metrics.hamlet_resyncs.inc();
-                        debug!(consumer = %this.identity, missed, "change feed lagged; resynchronising from current state");
-                        this.st.mark_all_dirty(&this.server.catalog.hamlet_view());
-                    }
-                    Poll::Ready(None) => return this.finish(Ok(())),
-                    Poll::Pending => break,
-                }
-            }
-            if this.retry_armed.is_some() && this.retry_timer.as_mut().poll(cx).is_ready() {
-                this.retry_armed = None;
-                this.st.run_due_retries(Instant::now());
-            }
-            if this.ack_armed.is_some() && this.ack_timer.as_mut().poll(cx).is_ready() {
-                this.ack_armed = None;
-                let ack_timeout = this.server.config.ack_timeout;
-                if this
-                    .st
-                    .oldest_unacked()
-                    .is_some_and(|t| t + ack_timeout <= Instant::now())
-                {
-                    this.server.metrics.hamlet_ack_timeouts.inc();
-                    return this.finish(Err(Status::unavailable(format!(
-                        "no ACK within {ack_timeout:?}; reconnect to resynchronise"
-                    ))));
-                }
-            }
-            if this.burst >= RESPONSE_BUFFER && this.st.can_send() {
-                // Let the encoder flush what it has; poll again right after.
-                this.burst = 0;
-                cx.waker().wake_by_ref();
-                return Poll::Pending;
-            }
-            if let Some(resp) = this.next_response() {
-                this.burst += 1;
+                this.burst += size;
                 return Poll::Ready(Some(Ok(resp)));
             }
-            this.burst = 0;
+            if this.burst > 0 {
+                // Nothing more to send before the sources are heard (ACKs open the window).
+                this.burst = 0;
+                continue;
+            }
             if !this.arm_timers() {
                 return Poll::Pending;
             }
