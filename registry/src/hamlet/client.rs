@@ -190,11 +190,13 @@ impl ClientHandle {
 }
 
 /// Start a managed client for `spec`, supervised by `spawner` (it runs until stopped or until
-/// the process shuts down).
+/// the process shuts down), on the import thread ([`super::import_thread`]).
 pub fn spawn(ctx: ClientContext, spec: RemoteSpec, spawner: &Spawner) -> ClientHandle {
     let name = format!("import client {}", spec.name);
     let (tx, rx) = watch::channel(spec);
-    let task = spawner.spawn_stoppable(name, |cancel| run(ctx, rx, cancel).map(Ok));
+    let task = spawner.spawn_stoppable(name, |cancel| {
+        super::import_thread::run(cancel, move |token| run(ctx, rx, token)).map(Ok)
+    });
     ClientHandle { spec: tx, task }
 }
 
@@ -231,8 +233,9 @@ async fn run(
         let channel = match build_channel(&ctx, &spec) {
             Ok(c) => c,
             Err(e) => {
-                stats.set_state(PeerState::Failed);
+                // The reason first: whoever sees the state change sees why.
                 stats.set_error(e.to_string());
+                stats.set_state(PeerState::Failed);
                 warn!(remote = %spec.name, error = %e, "cannot build a channel; waiting for a spec change");
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -260,8 +263,8 @@ async fn run(
                     continue 'spec;
                 }
                 End::Fatal(error) => {
-                    stats.set_state(PeerState::Failed);
                     stats.set_error(error.clone());
+                    stats.set_state(PeerState::Failed);
                     warn!(remote = %spec.name, %error, "not retrying until the RemoteRegistry changes");
                     tokio::select! {
                         _ = cancel.cancelled() => return,
@@ -277,8 +280,8 @@ async fn run(
                         delays = ctx.config.backoff.jittered();
                     }
                     let delay = delays.next_delay();
-                    stats.set_state(PeerState::Backoff);
                     stats.set_error(error.clone());
+                    stats.set_state(PeerState::Backoff);
                     stats.reconnects.fetch_add(1, Ordering::Relaxed);
                     ctx.metrics.client_reconnects.inc();
                     match loud.map(|key| repeats.check(&key)) {
@@ -471,6 +474,12 @@ async fn stream_once(
             }
             Err(status) => return end_for(spec, status, healthy),
         };
+        if marker {
+            // A windowed server (one that sends the marker) has more on the way: let the
+            // connection read what has arrived, so that the batch holds it (fewer and larger
+            // journal appends). A lock-step server sends nothing more before this is ACKed.
+            tokio::task::yield_now().await;
+        }
         while batch.len() < ctx.config.max_batch {
             match stream.message().now_or_never() {
                 Some(Ok(Some(m))) => batch.push(m),

@@ -4,6 +4,7 @@ mod batch;
 pub mod client;
 pub mod consumer;
 pub mod convert;
+mod import_thread;
 pub mod server;
 pub mod sweep;
 mod wire;
