@@ -105,29 +105,12 @@ pub async fn run(args: ImportArgs) -> anyhow::Result<()> {
             server.catalog.upsert(export(i));
         }
         let addr = server.hamlet_addr.to_string();
-        let mut samples = Vec::new();
-        for run in 0..runs {
-            samples.push(
-                import_once(
-                    &pki,
-                    &addr,
-                    n,
-                    timeout,
-                    &tmp.path().join(format!("xcc-{n}-{run}")),
-                )
-                .await?,
-            );
-        }
+        let samples = import_runs(&pki, &addr, n, runs, timeout, &tmp.path().join("xcc")).await?;
         let mut r = row("xcc", n, samples);
         // The Go reference client against this (xcc) server too: beside the Go rows, the two
         // servers compared through one client, in the same run.
         if let Some(dir) = args.go_reference.as_deref().filter(|_| n <= GO_CLIENT_MAX) {
-            let mut baseline = Vec::new();
-            for _ in 0..runs {
-                baseline.push(go_client_ms(dir, &pki.client, &addr, n, timeout).await?);
-            }
-            baseline.sort_by(f64::total_cmp);
-            r.go_client_ms = baseline.get(baseline.len() / 2).copied();
+            r.go_client_ms = Some(go_client_median(dir, &pki, &addr, n, runs, timeout).await?);
         }
         rows.push(r);
         cancel.cancel();
@@ -147,27 +130,12 @@ pub async fn run(args: ImportArgs) -> anyhow::Result<()> {
                 }
                 let mut server = GoServer::start(dir, &pki.server, n, tmp.path()).await?;
                 let addr = format!("127.0.0.1:{}", server.port);
-                let mut samples = Vec::new();
-                for run in 0..runs {
-                    samples.push(
-                        import_once(
-                            &pki,
-                            &addr,
-                            n,
-                            timeout,
-                            &tmp.path().join(format!("go-{n}-{run}")),
-                        )
-                        .await?,
-                    );
-                }
-                let mut baseline = Vec::new();
-                for _ in 0..runs {
-                    baseline.push(go_client_ms(dir, &pki.client, &addr, n, timeout).await?);
-                }
-                baseline.sort_by(f64::total_cmp);
+                let samples =
+                    import_runs(&pki, &addr, n, runs, timeout, &tmp.path().join("go")).await?;
+                let baseline = go_client_median(dir, &pki, &addr, n, runs, timeout).await?;
                 server.child.kill().await.ok();
                 let mut r = row("go", n, samples);
-                r.go_client_ms = baseline.get(baseline.len() / 2).copied();
+                r.go_client_ms = Some(baseline);
                 rows.push(r);
                 eprintln!("go {n}: done");
             }
@@ -190,6 +158,41 @@ pub async fn run(args: ImportArgs) -> anyhow::Result<()> {
 
 /// (elapsed, bytes written, bytes on disk) of one import.
 type Sample = (Duration, u64, u64);
+
+/// `runs` imports of `n` services from `addr`, each into a fresh state directory
+/// `<under>-<n>-<run>`.
+async fn import_runs(
+    pki: &Pki,
+    addr: &str,
+    n: usize,
+    runs: usize,
+    timeout: Duration,
+    under: &Path,
+) -> anyhow::Result<Vec<Sample>> {
+    let mut samples = Vec::with_capacity(runs);
+    for run in 0..runs {
+        let state = PathBuf::from(format!("{}-{n}-{run}", under.display()));
+        samples.push(import_once(pki, addr, n, timeout, &state).await?);
+    }
+    Ok(samples)
+}
+
+/// The Go reference client's median time over `runs` snapshots of `n` services from `addr`.
+async fn go_client_median(
+    dir: &Path,
+    pki: &Pki,
+    addr: &str,
+    n: usize,
+    runs: usize,
+    timeout: Duration,
+) -> anyhow::Result<f64> {
+    let mut times = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        times.push(go_client_ms(dir, &pki.client, addr, n, timeout).await?);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
 
 async fn import_once(
     pki: &Pki,

@@ -14,6 +14,7 @@ use clap::Args;
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use xcc_controller::plumbing::lock;
 use xcc_proto::xcc::federation::v1 as fed;
 use xcc_registry::authz::{Gate, Policies};
 use xcc_registry::catalog::Catalog;
@@ -44,25 +45,18 @@ impl OwnerStore for MemLedger {
         "memory".into()
     }
     fn load(&self) -> BoxFuture<'_, anyhow::Result<Option<String>>> {
-        Box::pin(async move {
-            Ok(Some(
-                self.text.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-            ))
-        })
+        Box::pin(async move { Ok(Some(lock(&self.text).clone())) })
     }
     fn append(&self, text: String) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            self.text
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push_str(&text);
+            lock(&self.text).push_str(&text);
             self.writes.send_modify(|n| *n += 1);
             Ok(())
         })
     }
     fn replace(&self, text: String) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            *self.text.lock().unwrap_or_else(|p| p.into_inner()) = text;
+            *lock(&self.text) = text;
             self.writes.send_modify(|n| *n += 1);
             Ok(())
         })
