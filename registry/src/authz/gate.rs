@@ -137,18 +137,6 @@ impl Gate {
         self.policies().discover(entry, cluster, service, requested)
     }
 
-    /// [`Gate::discover`]'s outcome alone, for hot paths (every Hamlet record): no reason is
-    /// written, and with only the default policies no Cedar evaluation runs.
-    pub fn allows(
-        &self,
-        entry: &ServiceEntry,
-        cluster: &str,
-        service: &str,
-        requested: bool,
-    ) -> bool {
-        self.policies().allows(entry, cluster, service, requested)
-    }
-
     /// May `child` carry `cluster` in its subtree?
     pub fn carry(&self, child: &str, cluster: &str) -> Verdict {
         self.policies().carry(child, cluster)

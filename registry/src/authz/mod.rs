@@ -370,16 +370,17 @@ when { resource.zones.contains("b2.example.org") };
     #[test]
     fn the_gate_binds_kind_and_trust_domain() {
         let gate = Gate::fixed("xcc.test", Policies::default_set());
-        assert!(gate.allows(&api(&["west"]), "west", "", true));
-        assert!(!gate.allows(&api(&["west"]), "north", "", true));
-        assert!(!gate.allows(&api(&[]), "west", "", false));
+        let policies = gate.policies();
+        assert!(policies.allows(&api(&["west"]), "west", "", true));
+        assert!(!policies.allows(&api(&["west"]), "north", "", true));
+        assert!(!policies.allows(&api(&[]), "west", "", false));
         let forbid = r#"@id("f") forbid (principal in Xcc::Cluster::"west", action == Xcc::Action::"discover", resource);"#;
         let strict = Gate::fixed(
             "xcc.test",
             Policies::from_sources(&[("f.cedar".into(), forbid.into())]).expect("valid"),
         );
-        assert!(!strict.allows(&api(&[]), "west", "", true));
-        assert!(strict.allows(&api(&[]), "north", "", true));
+        assert!(!strict.policies().allows(&api(&[]), "west", "", true));
+        assert!(strict.policies().allows(&api(&[]), "north", "", true));
         let changes = strict.subscribe();
         strict.set_policies(
             Policies::from_sources(&[("f.cedar".into(), forbid.into())]).expect("valid"),
@@ -390,7 +391,7 @@ when { resource.zones.contains("b2.example.org") };
         );
         strict.set_policies(Policies::default_set());
         assert!(changes.has_changed().expect("open"));
-        assert!(strict.allows(&api(&[]), "west", "", true));
+        assert!(strict.policies().allows(&api(&[]), "west", "", true));
         let cluster = |td: &str, name: &str| Identity::Cluster {
             trust_domain: td.into(),
             name: name.into(),
