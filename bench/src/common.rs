@@ -1,9 +1,35 @@
 //! What `xcc bench hamlet` and `xcc bench hierarchy` share: the target verdict rows and the
 //! machine's load average recorded with every run.
 
+use std::path::Path;
+
 use serde::Serialize;
+use xcc_certs::pki::{self, IssueRequest};
+use xcc_certs::reload::TlsFiles;
 
 use xcc_output::table;
+
+/// A fresh CA under `dir/ca` and one cluster certificate per name (valid for `localhost` and
+/// 127.0.0.1), written under `dir/<name>`: the TLS material of a bench's peers.
+pub fn localhost_pki<const N: usize>(
+    dir: &Path,
+    names: [&str; N],
+) -> anyhow::Result<[TlsFiles; N]> {
+    let ca = pki::init_ca_dir("xcc.bench", &dir.join("ca"))?;
+    let issue = |name: &str| -> anyhow::Result<TlsFiles> {
+        let mut req = IssueRequest::cluster(name);
+        req.dns = vec!["localhost".into()];
+        req.ips = vec![std::net::Ipv4Addr::LOCALHOST.into()];
+        let cert = ca.issue(&req)?;
+        Ok(pki::write_issued(&dir.join(name), &ca, &cert)?)
+    };
+    let mut out = Vec::with_capacity(N);
+    for name in names {
+        out.push(issue(name)?);
+    }
+    out.try_into()
+        .map_err(|_| anyhow::anyhow!("one certificate per name"))
+}
 
 /// One benchmark target: what was measured against which limit, and the verdict.
 #[derive(Clone, Debug, Serialize)]

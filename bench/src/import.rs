@@ -24,14 +24,13 @@ use clap::Args;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
-use xcc_certs::pki::{self, IssueRequest};
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
 use xcc_registry::catalog::{Catalog, Endpoint, ServiceEntry, ServiceKey, Source};
 use xcc_registry::hamlet::client::{self, ClientConfig, ClientContext, RemoteSpec};
 use xcc_registry::store::file::FileImportSink;
 use xcc_registry::{Registry, RegistryConfig};
 
-use crate::common::{Target, loadavg, targets_table};
+use crate::common::{Target, loadavg, localhost_pki, targets_table};
 use xcc_output::{Output, table};
 
 #[derive(Args, Debug)]
@@ -281,12 +280,7 @@ async fn go_client_ms(
     let out = tokio::process::Command::new(&program)
         .arg("-addr")
         .arg(addr)
-        .arg("-ca")
-        .arg(&files.ca)
-        .arg("-cert")
-        .arg(&files.cert)
-        .arg("-key")
-        .arg(&files.key)
+        .args(go_tls_args(files))
         .arg("-server-name")
         .arg("localhost")
         .arg("-count")
@@ -310,6 +304,18 @@ async fn go_client_ms(
                 .ok()
         })
         .with_context(|| format!("the Go client did not report a snapshot: {stdout}"))
+}
+
+/// The Go peers' TLS flags for `files`.
+fn go_tls_args(files: &TlsFiles) -> [&std::ffi::OsStr; 6] {
+    [
+        "-ca".as_ref(),
+        files.ca.as_os_str(),
+        "-cert".as_ref(),
+        files.cert.as_os_str(),
+        "-key".as_ref(),
+        files.key.as_os_str(),
+    ]
 }
 
 fn ms(d: Duration) -> f64 {
@@ -469,18 +475,8 @@ struct Pki {
 
 impl Pki {
     fn new(dir: &Path) -> anyhow::Result<Self> {
-        let ca = pki::init_ca_dir("xcc.bench", &dir.join("ca"))?;
-        let issue = |name: &str| -> anyhow::Result<TlsFiles> {
-            let mut req = IssueRequest::cluster(name);
-            req.dns = vec!["localhost".into()];
-            req.ips = vec![std::net::Ipv4Addr::LOCALHOST.into()];
-            let cert = ca.issue(&req)?;
-            Ok(pki::write_issued(&dir.join(name), &ca, &cert)?)
-        };
-        Ok(Self {
-            server: issue("exporter")?,
-            client: issue("importer")?,
-        })
+        let [server, client] = localhost_pki(dir, ["exporter", "importer"])?;
+        Ok(Self { server, client })
     }
 }
 
@@ -513,12 +509,7 @@ impl GoServer {
         let mut child = tokio::process::Command::new(&program)
             .arg("-port")
             .arg(port.to_string())
-            .arg("-ca")
-            .arg(&files.ca)
-            .arg("-cert")
-            .arg(&files.cert)
-            .arg("-key")
-            .arg(&files.key)
+            .args(go_tls_args(files))
             .arg("-services")
             .arg(&file)
             .stdout(Stdio::piped())

@@ -36,7 +36,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use xcc_certs::pki::{self, IssueRequest};
 use xcc_certs::reload::{ReloadingTls, TlsFiles};
 use xcc_proto::crd::{Endpoint, ServiceRecord, ServiceRecordSpec};
 use xcc_proto::federation::resourcediscovery::v1alpha1 as rd1;

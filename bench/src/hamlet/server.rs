@@ -10,18 +10,9 @@ pub(crate) struct BenchPki {
 impl BenchPki {
     pub(crate) fn new(dir: &Path) -> anyhow::Result<Self> {
         xcc_certs::install_crypto_provider();
-        let ca = pki::init_ca_dir("xcc.bench", &dir.join("ca"))?;
-        let issue = |name: &str| -> anyhow::Result<TlsFiles> {
-            let mut req = IssueRequest::cluster(name);
-            req.dns = vec!["localhost".into()];
-            req.ips = vec![std::net::Ipv4Addr::LOCALHOST.into()];
-            let cert = ca.issue(&req)?;
-            Ok(pki::write_issued(&dir.join(name), &ca, &cert)?)
-        };
-        Ok(Self {
-            server: issue(SERVER_CLUSTER)?,
-            consumer: issue(CONSUMER_CLUSTER)?,
-        })
+        let [server, consumer] =
+            crate::common::localhost_pki(dir, [SERVER_CLUSTER, CONSUMER_CLUSTER])?;
+        Ok(Self { server, consumer })
     }
 }
 
