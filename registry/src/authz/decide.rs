@@ -128,16 +128,7 @@ impl Policies {
                 errors: vec![],
             }
         } else {
-            let context = Context::from_pairs([
-                (
-                    "calleeAdmits".to_string(),
-                    RestrictedExpression::new_bool(callee_admits),
-                ),
-                (
-                    "callerRequested".to_string(),
-                    RestrictedExpression::new_bool(requested),
-                ),
-            ]);
+            let context = discover_context(callee_admits, requested);
             match (
                 context,
                 self.principal(requester_cluster, requester_service),
@@ -211,16 +202,7 @@ impl Policies {
             // The default set permits exactly when (a) and (b) hold.
             return true;
         }
-        let context = Context::from_pairs([
-            (
-                "calleeAdmits".to_string(),
-                RestrictedExpression::new_bool(true),
-            ),
-            (
-                "callerRequested".to_string(),
-                RestrictedExpression::new_bool(true),
-            ),
-        ]);
+        let context = discover_context(true, true);
         match (context, self.principal(cluster, service)) {
             (Ok(ctx), Ok((p, entities))) => {
                 self.evaluate(p, entities, "discover", entry, ctx).allowed
@@ -238,4 +220,23 @@ fn fail_closed(decided: Result<Verdict, PolicyError>) -> Verdict {
         policies: vec![],
         errors: vec![e.to_string()],
     })
+}
+
+/// The context of a `discover` request: whether the callee admits the caller (a) and whether
+/// the caller asked for the service (b).
+pub(super) fn discover_context(
+    callee_admits: bool,
+    requested: bool,
+) -> Result<Context, PolicyError> {
+    Context::from_pairs([
+        (
+            "calleeAdmits".to_string(),
+            RestrictedExpression::new_bool(callee_admits),
+        ),
+        (
+            "callerRequested".to_string(),
+            RestrictedExpression::new_bool(requested),
+        ),
+    ])
+    .map_err(|e| PolicyError::Internal(e.to_string()))
 }

@@ -6,9 +6,10 @@ use std::collections::HashSet;
 
 use cedar_policy::{
     Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityUid, PolicyId,
-    PolicySet, Request, RestrictedExpression,
+    PolicySet, Request,
 };
 
+use super::decide::discover_context;
 use super::schema::uid;
 use super::{Policies, PolicyError, admits};
 use crate::catalog::ServiceEntry;
@@ -27,17 +28,7 @@ pub fn flipped(
         return None;
     }
     let decided = (|| -> Result<(Option<bool>, Option<bool>), PolicyError> {
-        let context = Context::from_pairs([
-            (
-                "calleeAdmits".to_string(),
-                RestrictedExpression::new_bool(true),
-            ),
-            (
-                "callerRequested".to_string(),
-                RestrictedExpression::new_bool(true),
-            ),
-        ])
-        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let context = discover_context(true, true)?;
         let (principal, mut entities) = to.principal(cluster, "")?;
         let service = to.service_entity(entry)?;
         let resource = service.uid();
@@ -167,17 +158,7 @@ struct Redecide<'a> {
 
 impl<'a> Redecide<'a> {
     fn new(from: &'a Policies, to: &'a Policies, cluster: &'a str) -> Result<Self, PolicyError> {
-        let context = Context::from_pairs([
-            (
-                "calleeAdmits".to_string(),
-                RestrictedExpression::new_bool(true),
-            ),
-            (
-                "callerRequested".to_string(),
-                RestrictedExpression::new_bool(true),
-            ),
-        ])
-        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+        let context = discover_context(true, true)?;
         let (principal, principal_entities) = to.principal(cluster, "")?;
         Ok(Self {
             from,

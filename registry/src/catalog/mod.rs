@@ -374,15 +374,7 @@ impl Catalog {
         after: Option<&ServiceKey>,
         limit: usize,
     ) -> Vec<Arc<ServiceEntry>> {
-        use std::ops::Bound;
-        let st = self.read();
-        let from = after.map_or(Bound::Unbounded, Bound::Excluded);
-        st.entries
-            .range::<ServiceKey, _>((from, Bound::Unbounded))
-            .filter(|e| filter.matches(&e.0))
-            .take(limit)
-            .map(|e| e.0.clone())
-            .collect()
+        self.page_after(after, limit, |e| filter.matches(e))
     }
 
     /// Up to `limit` entries of this registry's subtree (local exports and children's
@@ -393,12 +385,22 @@ impl Catalog {
         after: Option<&ServiceKey>,
         limit: usize,
     ) -> Vec<Arc<ServiceEntry>> {
+        self.page_after(after, limit, |e| e.source.in_subtree())
+    }
+
+    /// Up to `limit` entries that `keep` keeps, with keys after `after`, in key order.
+    fn page_after(
+        &self,
+        after: Option<&ServiceKey>,
+        limit: usize,
+        keep: impl Fn(&ServiceEntry) -> bool,
+    ) -> Vec<Arc<ServiceEntry>> {
         use std::ops::Bound;
         let st = self.read();
         let from = after.map_or(Bound::Unbounded, Bound::Excluded);
         st.entries
             .range::<ServiceKey, _>((from, Bound::Unbounded))
-            .filter(|e| e.0.source.in_subtree())
+            .filter(|e| keep(&e.0))
             .take(limit)
             .map(|e| e.0.clone())
             .collect()

@@ -117,7 +117,7 @@ pub(super) enum Incoming {
 /// Per-version encoding of requests and responses.
 pub(super) trait Wire: Send + 'static {
     type Req: Send + 'static;
-    type Resp: Send + Unpin + 'static;
+    type Resp: prost::Message + Unpin + 'static;
     const API: Api;
     const RESOURCE_URL: &'static str;
     /// Whether a subscription to `url` is served (by default only [`Self::RESOURCE_URL`]).
@@ -129,7 +129,9 @@ pub(super) trait Wire: Send + 'static {
     fn incoming(req: Self::Req) -> Result<Incoming, Status>;
     fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp;
     /// Bytes `resp` takes on the wire (without the 5-byte gRPC frame header).
-    fn encoded_len(resp: &Self::Resp) -> usize;
+    fn encoded_len(resp: &Self::Resp) -> usize {
+        prost::Message::encoded_len(resp)
+    }
 }
 
 pub(super) struct W1;
@@ -181,10 +183,6 @@ impl Wire for W1 {
             resource: Some(resource),
             operation: operation as i32,
         }
-    }
-
-    fn encoded_len(resp: &Self::Resp) -> usize {
-        prost::Message::encoded_len(resp)
     }
 }
 
@@ -238,10 +236,6 @@ impl Wire for W2 {
                 context: context.to_string(),
             }),
         }
-    }
-
-    fn encoded_len(resp: &Self::Resp) -> usize {
-        prost::Message::encoded_len(resp)
     }
 }
 
