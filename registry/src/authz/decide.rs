@@ -20,7 +20,7 @@ impl Policies {
         resource: &ServiceEntry,
         context: Context,
     ) -> Verdict {
-        fail_closed(self.service_entity(resource).and_then(|service| {
+        fail_closed(super::schema::service_entity(resource).and_then(|service| {
             let resource_uid = service.uid();
             entities.push(service);
             self.decide(principal, action, resource_uid, context, entities)

@@ -3,6 +3,7 @@
 //! Hamlet view).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use cedar_policy::{
     Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityUid, PolicyId,
@@ -10,7 +11,7 @@ use cedar_policy::{
 };
 
 use super::decide::discover_context;
-use super::schema::uid;
+use super::schema::{service_entity, uid};
 use super::{Policies, PolicyError, admits};
 use crate::catalog::ServiceEntry;
 
@@ -30,7 +31,7 @@ pub fn flipped(
     let decided = (|| -> Result<(Option<bool>, Option<bool>), PolicyError> {
         let context = discover_context(true, true)?;
         let (principal, mut entities) = to.principal(cluster, "")?;
-        let service = to.service_entity(entry)?;
+        let service = service_entity(entry)?;
         let resource = service.uid();
         entities.push(service);
         let entities = Entities::from_entities(entities, Some(to.schema))
@@ -70,12 +71,19 @@ pub fn flipped(
 /// principal across many records.
 const REDECIDE_CHUNK: usize = 256;
 
+/// The Cedar entity of a record, as [`flipped_all`]'s caller provides it: [`service_entity`]
+/// itself, or a copy the caller keeps with the entry's version (an entry changes by being
+/// replaced, so the entity of an allocation never goes stale).
+pub type EntityOf<'a> = &'a (dyn Fn(&Arc<ServiceEntry>) -> Result<Entity, PolicyError> + Sync);
+
 /// [`flipped`] for every record of `entries` at once (a policy reload deciding a whole Hamlet
 /// view for one consumer identity); one answer per entry, in order, equal to `flipped`'s.
+/// Each record's entity comes from `entity`.
 ///
 /// What a reload costs is mostly Cedar, so this pays it once where it can: the principal,
-/// context and action are built once, the services' entities are validated together in chunks
-/// of [`REDECIDE_CHUNK`], and a record is evaluated under both sets only when a policy that
+/// context and action are built once, the services' entities are gathered in one entity set
+/// per chunk of [`REDECIDE_CHUNK`] (not validated against the schema again: see
+/// [`Redecide::chunk`]), and a record is evaluated under both sets only when a policy that
 /// differs between them (present in one and not, with the same text, in the other) applies to
 /// it. Where none applies the two sets decide alike: the policies they share decide it, an
 /// error in a policy only makes it not apply, and a default-only set's shortcut (allowed) is
@@ -85,27 +93,28 @@ const REDECIDE_CHUNK: usize = 256;
 pub fn flipped_all(
     from: &Policies,
     to: &Policies,
-    entries: &[&ServiceEntry],
+    entries: &[&Arc<ServiceEntry>],
     cluster: &str,
+    entity: EntityOf<'_>,
 ) -> Vec<Option<bool>> {
     if from.default_only && to.default_only {
         return vec![None; entries.len()];
     }
-    let one_by_one = |chunk: &[&ServiceEntry]| -> Vec<Option<bool>> {
+    let one_by_one = |chunk: &[&Arc<ServiceEntry>]| -> Vec<Option<bool>> {
         chunk
             .iter()
             .map(|e| flipped(from, to, e, cluster))
             .collect()
     };
-    let Ok(shared) = Redecide::new(from, to, cluster) else {
+    let Ok(shared) = Redecide::new(from, to, cluster, entity) else {
         return one_by_one(entries);
     };
-    let chunks: Vec<&[&ServiceEntry]> = entries.chunks(REDECIDE_CHUNK).collect();
+    let chunks: Vec<&[&Arc<ServiceEntry>]> = entries.chunks(REDECIDE_CHUNK).collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(chunks.len());
     let decide =
-        |chunk: &[&ServiceEntry]| shared.chunk(chunk).unwrap_or_else(|_| one_by_one(chunk));
+        |chunk: &[&Arc<ServiceEntry>]| shared.chunk(chunk).unwrap_or_else(|_| one_by_one(chunk));
     if threads <= 1 {
         return chunks.into_iter().flat_map(decide).collect();
     }
@@ -147,6 +156,7 @@ struct Redecide<'a> {
     from: &'a Policies,
     to: &'a Policies,
     cluster: &'a str,
+    entity: EntityOf<'a>,
     principal: EntityUid,
     principal_entities: Vec<Entity>,
     action: EntityUid,
@@ -157,13 +167,19 @@ struct Redecide<'a> {
 }
 
 impl<'a> Redecide<'a> {
-    fn new(from: &'a Policies, to: &'a Policies, cluster: &'a str) -> Result<Self, PolicyError> {
+    fn new(
+        from: &'a Policies,
+        to: &'a Policies,
+        cluster: &'a str,
+        entity: EntityOf<'a>,
+    ) -> Result<Self, PolicyError> {
         let context = discover_context(true, true)?;
         let (principal, principal_entities) = to.principal(cluster, "")?;
         Ok(Self {
             from,
             to,
             cluster,
+            entity,
             principal,
             principal_entities,
             action: uid("Xcc::Action", "discover")?,
@@ -173,18 +189,22 @@ impl<'a> Redecide<'a> {
     }
 
     /// One answer per entry of `chunk`; `Err` when its entity set cannot be built.
-    fn chunk(&self, chunk: &[&ServiceEntry]) -> Result<Vec<Option<bool>>, PolicyError> {
+    fn chunk(&self, chunk: &[&Arc<ServiceEntry>]) -> Result<Vec<Option<bool>>, PolicyError> {
         let mut out = vec![None; chunk.len()];
         let mut entities = self.principal_entities.clone();
         let mut asked = Vec::new();
         for (i, e) in chunk.iter().enumerate() {
             if admits(e, self.cluster, "") {
-                let service = self.to.service_entity(e)?;
+                let service = (self.entity)(e)?;
                 asked.push((i, service.uid()));
                 entities.push(service);
             }
         }
-        let entities = Entities::from_entities(entities, Some(self.to.schema))
+        // Without the schema: every entity and request here has the schema's shape by
+        // construction (`service_entity`, `principal`, `discover_context`, the same for every
+        // record), and validating each again cost a third of a reload. The actions need no
+        // entities: the schema gives them no parents, so `action in [..]` is equality.
+        let entities = Entities::from_entities(entities, None)
             .map_err(|e| PolicyError::Internal(e.to_string()))?;
         let authorizer = Authorizer::new();
         for (i, resource) in asked {
@@ -193,7 +213,7 @@ impl<'a> Redecide<'a> {
                 self.action.clone(),
                 resource,
                 self.context.clone(),
-                Some(self.to.schema),
+                None,
             ) else {
                 out[i] = flipped(self.from, self.to, chunk[i], self.cluster);
                 continue;

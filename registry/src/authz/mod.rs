@@ -33,10 +33,10 @@ pub mod gate;
 pub mod load;
 pub mod schema;
 
-pub use flip::{flipped, flipped_all};
+pub use flip::{EntityOf, flipped, flipped_all};
 pub use gate::{Gate, IdentityRefused};
 pub use load::{BaseError, LabelTestError, Policies, carry_policy};
-pub use schema::{DEFAULT_POLICIES, SCHEMA, zones_of};
+pub use schema::{DEFAULT_POLICIES, SCHEMA, service_entity, zones_of};
 
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
@@ -170,21 +170,22 @@ mod tests {
                 r#"@id("p") permit (principal, action == Xcc::Action::"discover", resource) when { resource.name like "svc-3*" };"#.to_string(),
             ),
         ];
-        let entries: Vec<ServiceEntry> = (0..700)
+        let entries: Vec<Arc<ServiceEntry>> = (0..700)
             .map(|i| {
                 let name = format!("svc-{i:03}");
                 let mut e = api(if i % 7 == 0 { &["c9"] } else { &[] });
                 e.key = ServiceKey::new("b2", "shop", &name);
                 e.fqdn = format!("{name}.shop.svc.clusterset.local").into();
-                e
+                Arc::new(e)
             })
             .collect();
-        let refs: Vec<&ServiceEntry> = entries.iter().collect();
+        let refs: Vec<&Arc<ServiceEntry>> = entries.iter().collect();
+        let entity: EntityOf<'_> = &|e| service_entity(e);
         for from in &sets {
             for to in &sets {
                 let one_by_one: Vec<Option<bool>> =
                     refs.iter().map(|e| flipped(from, to, e, "c1")).collect();
-                assert_eq!(flipped_all(from, to, &refs, "c1"), one_by_one);
+                assert_eq!(flipped_all(from, to, &refs, "c1", entity), one_by_one);
             }
         }
         // The edit in place: svc-1xx allowed again, svc-2xx denied, all else unchanged.
@@ -196,9 +197,12 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(flipped_all(&sets[1], &sets[2], &refs, "c1"), expected);
+        assert_eq!(
+            flipped_all(&sets[1], &sets[2], &refs, "c1", entity),
+            expected
+        );
         assert!(
-            flipped_all(&sets[1], &sets[3], &refs, "c1")
+            flipped_all(&sets[1], &sets[3], &refs, "c1", entity)
                 .iter()
                 .all(Option::is_none),
             "the same forbid under another id flips nothing"
@@ -359,8 +363,7 @@ when { resource.zones.contains("b2.example.org") };
             when { resource.labels.containsAny(["tier=restricted", "team.name=a_b-c", "pci="]) };"#;
         assert!(Policies::from_sources(&[("ok.cedar".into(), ok.into())]).is_ok());
         // Cedar sees the policy labels only: neither the bare `tier` nor the control keys.
-        let p = Policies::default_set();
-        let entity = p.service_entity(&api(&[])).expect("entity");
+        let entity = service_entity(&api(&[])).expect("entity");
         let labels = entity.attr("labels").expect("labels").expect("value");
         assert_eq!(format!("{labels}"), r#"["tier=restricted"]"#);
     }

@@ -3,8 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
+use std::sync::LazyLock;
 
-use cedar_policy::{Entity, EntityUid, RestrictedExpression};
+use cedar_policy::{Entity, EntityTypeName, EntityUid, RestrictedExpression};
 
 use super::{Policies, PolicyError};
 use crate::catalog::ServiceEntry;
@@ -61,9 +62,25 @@ permit (principal, action == Xcc::Action::"announce", resource)
 when { resource.fqdn like "*.svc.clusterset.local" };
 "#;
 
+/// The schema's entity types, parsed once: Cedar parses a type name with its policy parser,
+/// and a reload names one service per record.
+static TYPES: LazyLock<Vec<(&'static str, EntityTypeName)>> = LazyLock::new(|| {
+    [
+        "Xcc::Service",
+        "Xcc::Cluster",
+        "Xcc::Workload",
+        "Xcc::Action",
+    ]
+    .into_iter()
+    .filter_map(|ty| Some((ty, EntityTypeName::from_str(ty).ok()?)))
+    .collect()
+});
+
 pub(super) fn uid(ty: &str, id: &str) -> Result<EntityUid, PolicyError> {
-    let ty = cedar_policy::EntityTypeName::from_str(ty)
-        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+    let ty = match TYPES.iter().find(|(name, _)| *name == ty) {
+        Some((_, parsed)) => parsed.clone(),
+        None => EntityTypeName::from_str(ty).map_err(|e| PolicyError::Internal(e.to_string()))?,
+    };
     Ok(EntityUid::from_type_name_and_id(
         ty,
         cedar_policy::EntityId::new(id),
@@ -91,46 +108,48 @@ pub fn zones_of(fqdn: &str) -> Vec<String> {
     out
 }
 
-impl Policies {
-    pub(super) fn service_entity(&self, e: &ServiceEntry) -> Result<Entity, PolicyError> {
-        let attrs = HashMap::from([
-            (
-                "owner".to_string(),
-                RestrictedExpression::new_string(e.key.cluster.to_string()),
+/// The Cedar entity of a service record: what a policy sees as `resource`. It depends on the
+/// entry alone (not on the policies), so a caller may keep it with the entry's version.
+pub fn service_entity(e: &ServiceEntry) -> Result<Entity, PolicyError> {
+    let attrs = HashMap::from([
+        (
+            "owner".to_string(),
+            RestrictedExpression::new_string(e.key.cluster.to_string()),
+        ),
+        (
+            "namespace".to_string(),
+            RestrictedExpression::new_string(e.key.namespace.to_string()),
+        ),
+        (
+            "name".to_string(),
+            RestrictedExpression::new_string(e.key.name.to_string()),
+        ),
+        (
+            "fqdn".to_string(),
+            RestrictedExpression::new_string(e.fqdn.to_string()),
+        ),
+        ("zones".to_string(), str_set(zones_of(&e.fqdn))),
+        (
+            "labels".to_string(),
+            str_set(
+                crate::peer_labels::policy_labels(e.labels.iter())
+                    .map(|(name, value)| format!("{name}={value}")),
             ),
-            (
-                "namespace".to_string(),
-                RestrictedExpression::new_string(e.key.namespace.to_string()),
-            ),
-            (
-                "name".to_string(),
-                RestrictedExpression::new_string(e.key.name.to_string()),
-            ),
-            (
-                "fqdn".to_string(),
-                RestrictedExpression::new_string(e.fqdn.to_string()),
-            ),
-            ("zones".to_string(), str_set(zones_of(&e.fqdn))),
-            (
-                "labels".to_string(),
-                str_set(
-                    crate::peer_labels::policy_labels(e.labels.iter())
-                        .map(|(name, value)| format!("{name}={value}")),
-                ),
-            ),
-            (
-                "allowedRequesters".to_string(),
-                str_set(e.allowed_requesters.iter().cloned()),
-            ),
-        ]);
-        Entity::new(
-            uid("Xcc::Service", &e.key.to_string())?,
-            attrs,
-            HashSet::new(),
-        )
-        .map_err(|err| PolicyError::Internal(err.to_string()))
-    }
+        ),
+        (
+            "allowedRequesters".to_string(),
+            str_set(e.allowed_requesters.iter().cloned()),
+        ),
+    ]);
+    Entity::new(
+        uid("Xcc::Service", &e.key.to_string())?,
+        attrs,
+        HashSet::new(),
+    )
+    .map_err(|err| PolicyError::Internal(err.to_string()))
+}
 
+impl Policies {
     pub(super) fn principal(
         &self,
         cluster: &str,

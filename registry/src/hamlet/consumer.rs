@@ -115,6 +115,12 @@ pub struct ConsumerState {
     nack_streak: HashMap<Arc<str>, Delays>,
 }
 
+/// What a consumer holds for an FQDN, beside what the base holds for it.
+struct Held {
+    held: Option<Arc<ServiceEntry>>,
+    base: Option<Arc<ServiceEntry>>,
+}
+
 fn same(a: Option<&Arc<ServiceEntry>>, b: Option<&Arc<ServiceEntry>>) -> bool {
     match (a, b) {
         (None, None) => true,
@@ -193,21 +199,37 @@ impl ConsumerState {
 
     /// What the consumer is believed to hold for `fqdn`.
     fn holds(&self, fqdn: &str) -> Option<Arc<ServiceEntry>> {
-        match self.differs.get(fqdn) {
+        self.held_at(fqdn).held
+    }
+
+    /// What the consumer holds for `fqdn` and what the base holds for it, found once for a
+    /// [`Self::record`] that follows.
+    fn held_at(&self, fqdn: &str) -> Held {
+        let base = self.base_held(fqdn).cloned();
+        let held = match self.differs.get(fqdn) {
             Some(v) => v.clone(),
-            None => self.base_held(fqdn).cloned(),
-        }
+            None => base.clone(),
+        };
+        Held { held, base }
     }
 
     fn set_holds(&mut self, fqdn: &Arc<str>, value: Option<Arc<ServiceEntry>>) {
-        let before = self.holds(fqdn).is_some();
-        match (before, value.is_some()) {
+        let at = self.held_at(fqdn);
+        self.record(fqdn, &at, value);
+    }
+
+    /// The consumer now holds `value` for `fqdn`, where it held what `at` says.
+    fn record(&mut self, fqdn: &Arc<str>, at: &Held, value: Option<Arc<ServiceEntry>>) {
+        match (at.held.is_some(), value.is_some()) {
             (false, true) => self.held += 1,
             (true, false) => self.held -= 1,
             _ => {}
         }
-        if same(value.as_ref(), self.base_held(fqdn)) {
-            self.differs.remove(fqdn);
+        if same(value.as_ref(), at.base.as_ref()) {
+            // Removing from an empty map would still hash the key.
+            if !self.differs.is_empty() {
+                self.differs.remove(fqdn);
+            }
         } else {
             self.differs.insert(fqdn.clone(), value);
         }
@@ -349,24 +371,25 @@ impl ConsumerState {
         }
         while let Some(fqdn) = self.queue.pop_front() {
             self.queued.remove(&fqdn);
-            let forced = self.forced.remove(&fqdn);
+            // Guarded: removing from an empty set would still hash the key.
+            let forced = !self.forced.is_empty() && self.forced.remove(&fqdn);
             let current = lookup(&fqdn, None);
-            let held = self.holds(&fqdn);
-            let out = match (current, held) {
+            let at = self.held_at(&fqdn);
+            let out = match (current, at.held.clone()) {
                 (Some(cur), None) => {
-                    self.set_holds(&fqdn, Some(cur.clone()));
+                    self.record(&fqdn, &at, Some(cur.clone()));
                     Some(self.emit(now, Op::Create, Some(fqdn), Some(cur)))
                 }
                 (Some(cur), Some(prev)) => {
                     if forced || (!Arc::ptr_eq(&cur, &prev) && *cur != *prev) {
-                        self.set_holds(&fqdn, Some(cur.clone()));
+                        self.record(&fqdn, &at, Some(cur.clone()));
                         Some(self.emit(now, Op::Update, Some(fqdn), Some(cur)))
                     } else {
                         None
                     }
                 }
                 (None, Some(prev)) => {
-                    self.set_holds(&fqdn, None);
+                    self.record(&fqdn, &at, None);
                     Some(self.emit(now, Op::Delete, Some(fqdn), Some(prev)))
                 }
                 (None, None) => None,
@@ -402,7 +425,9 @@ impl ConsumerState {
             }
             // The cursor now covers `fqdn`: what the base holds for it is `entry`, if visible.
             if same(current.as_ref(), self.visible(Some(&entry))) {
-                self.differs.remove(&fqdn);
+                if !self.differs.is_empty() {
+                    self.differs.remove(&fqdn);
+                }
             } else {
                 self.differs.insert(fqdn.clone(), current.clone());
             }
@@ -474,7 +499,9 @@ impl ConsumerState {
     pub fn on_ack(&mut self, nonce: &str) -> Reply {
         match self.take_inflight(nonce) {
             Some(inflight) => {
-                if let Some(fqdn) = &inflight.fqdn {
+                if let Some(fqdn) = &inflight.fqdn
+                    && !self.nack_streak.is_empty()
+                {
                     self.nack_streak.remove(fqdn);
                 }
                 if self.inflight.is_empty() && self.queue.is_empty() {

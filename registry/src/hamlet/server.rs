@@ -43,7 +43,7 @@ use super::consumer::{ConsumerState, Op, Reply};
 use super::convert;
 use super::wire::{Encoded, Incoming, W1, W2, Wire, inbound_error};
 use crate::authz::{Gate, Policies};
-use crate::catalog::{Catalog, ServiceEntry};
+use crate::catalog::{Catalog, HamletView, ServiceEntry};
 use crate::metrics::{ApiLabels, Metrics, OpLabel, OpLabels};
 use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
 
@@ -114,7 +114,11 @@ pub struct HamletServer {
 
 /// Records whose decision for one consumer identity a policy reload changed: FQDN → (the entry
 /// decided, allowed under the new set). Entries whose decision stayed are absent.
-type Redecided = HashMap<Arc<str>, (Arc<ServiceEntry>, bool)>;
+struct Redecided {
+    flipped: HashMap<Arc<str>, (Arc<ServiceEntry>, bool)>,
+    /// The view decided: while the catalog still serves it, each entry above is the one served.
+    view: HamletView,
+}
 
 /// The decisions a policy reload changed, per (set before, set after, consumer identity), so
 /// that 1,000 streams of one cluster evaluate each record twice in all, not twice each.
@@ -188,9 +192,10 @@ impl HamletServer {
                 .iter()
                 .filter(|(_, e)| convert::fits_on_the_wire(e))
                 .collect();
-            let entries: Vec<&ServiceEntry> = served.iter().map(|(_, e)| &***e).collect();
-            let decided = crate::authz::flipped_all(from, to, &entries, identity);
-            let flipped: Redecided = served
+            let entries: Vec<&Arc<ServiceEntry>> = served.iter().map(|(_, e)| *e).collect();
+            let entity = |e: &Arc<ServiceEntry>| self.encoded.entity(e);
+            let decided = crate::authz::flipped_all(from, to, &entries, identity, &entity);
+            let flipped: HashMap<_, _> = served
                 .into_iter()
                 .zip(decided)
                 .filter_map(|((fqdn, entry), after)| {
@@ -198,7 +203,7 @@ impl HamletServer {
                 })
                 .collect();
             info!(consumer = identity, records = view.len(), flipped = flipped.len(), elapsed = ?started.elapsed(), "policies reloaded: records decided again");
-            Arc::new(flipped)
+            Arc::new(Redecided { flipped, view })
         })
         .clone()
     }
@@ -497,10 +502,10 @@ impl<W: Wire> ConsumerStream<W> {
             .server
             .redecided(&self.decided_under, &now, &self.identity);
         self.decided_under = now;
-        for fqdn in redecided.keys() {
+        for fqdn in redecided.flipped.keys() {
             self.st.mark_dirty(fqdn.clone());
         }
-        self.redecided = (!redecided.is_empty()).then_some(redecided);
+        self.redecided = (!redecided.flipped.is_empty()).then_some(redecided);
     }
 
     /// The next response the consumer should get, if any is due and the window has room.
@@ -522,12 +527,18 @@ impl<W: Wire> ConsumerStream<W> {
         // While the catalog still serves the consumer's base version, the base's entry (handed
         // over at the snapshot cursor) is the one served: no search for it.
         let fresh = catalog.hamlet_view_is(self.st.base());
+        // While the catalog serves the view the reload decided, its entries need no search.
+        let redecided_fresh = redecided.is_some_and(|r| catalog.hamlet_view_is(&r.view));
         let lookup = |fqdn: &str, base: Option<&Arc<ServiceEntry>>| -> Option<Arc<ServiceEntry>> {
+            let flipped = redecided.and_then(|r| r.flipped.get(fqdn));
+            if redecided_fresh && let Some((decided, allowed)) = flipped {
+                return allowed.then(|| decided.clone());
+            }
             let e = match base {
                 Some(e) if fresh => e.clone(),
                 _ => catalog.hamlet_get(fqdn)?,
             };
-            if let Some((decided, allowed)) = redecided.and_then(|r| r.get(fqdn))
+            if let Some((decided, allowed)) = flipped
                 && Arc::ptr_eq(decided, &e)
             {
                 return allowed.then_some(e);

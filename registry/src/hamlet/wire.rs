@@ -19,7 +19,9 @@ use crate::metrics::Api;
 /// Each served entry's encoded Hamlet resource, per API version, shared by every consumer and
 /// every send: built at the first send after the entry changed (a changed entry is a new
 /// allocation), so a snapshot to 1,000 consumers encodes each record once, not 1,000 times.
-/// Keyed by the entry's allocation; a slot whose entry is gone is replaced or pruned.
+/// The entry's Cedar entity is kept the same way, built at the first policy reload that decides
+/// the entry again. Keyed by the entry's allocation; a slot whose entry is gone is replaced or
+/// pruned.
 #[derive(Default)]
 pub(super) struct Encoded {
     slots: std::sync::RwLock<EncodedSlots>,
@@ -59,6 +61,8 @@ struct EncodedEntry {
     entry: std::sync::Weak<ServiceEntry>,
     v1alpha1: OnceLock<prost_types::Any>,
     v1alpha2: OnceLock<prost_types::Any>,
+    /// None when the entity could not be built (it is built again, for its error, when asked).
+    cedar: OnceLock<Option<cedar_policy::Entity>>,
 }
 
 impl Encoded {
@@ -89,6 +93,7 @@ impl Encoded {
             entry: Arc::downgrade(e),
             v1alpha1: OnceLock::new(),
             v1alpha2: OnceLock::new(),
+            cedar: OnceLock::new(),
         });
         slots.by_entry.insert(key, slot.clone());
         slot
@@ -106,6 +111,21 @@ impl Encoded {
             .v1alpha2
             .get_or_init(|| convert::any_v1alpha2(e))
             .clone()
+    }
+
+    /// The entry's Cedar entity ([`crate::authz::service_entity`]), built once per version.
+    pub(super) fn entity(
+        &self,
+        e: &Arc<ServiceEntry>,
+    ) -> Result<cedar_policy::Entity, crate::authz::PolicyError> {
+        match self
+            .slot(e)
+            .cedar
+            .get_or_init(|| crate::authz::service_entity(e).ok())
+        {
+            Some(entity) => Ok(entity.clone()),
+            None => crate::authz::service_entity(e),
+        }
     }
 }
 
@@ -326,5 +346,31 @@ mod tests {
         }
         let live = encoded.slots.read().expect("lock").by_entry.len();
         assert!(live <= 1024 + 1, "dead slots pruned: {live}");
+    }
+
+    /// The Cedar entity is kept with the entry's version like its encodings: equal to building
+    /// it directly, built once, and a changed entry (another owner here) gets its own.
+    #[test]
+    fn each_entry_has_one_cedar_entity_per_version() {
+        let encoded = Encoded::default();
+        let one = entry("10.0.0.1");
+        let direct = crate::authz::service_entity(&one).expect("entity");
+        assert_eq!(encoded.entity(&one).expect("entity"), direct);
+        assert!(encoded.slot(&one).cedar.get().is_some_and(Option::is_some));
+        assert_eq!(encoded.entity(&one).expect("entity"), direct);
+        let mut changed = (*one).clone();
+        changed.key = crate::catalog::ServiceKey::new("west", "ns", "web");
+        let two = Arc::new(changed);
+        let entity = encoded.entity(&two).expect("entity");
+        assert_eq!(entity, crate::authz::service_entity(&two).expect("entity"));
+        assert_ne!(entity.uid(), direct.uid());
+        assert_eq!(
+            entity
+                .attr("owner")
+                .expect("owner")
+                .expect("value")
+                .to_string(),
+            r#""west""#
+        );
     }
 }
