@@ -21,7 +21,7 @@ use xcc_proto::propagation::CHANGED_AT_ANNOTATION;
 pub use entry::{Endpoint, NamedPort, Origin, ServiceEntry, ServiceKey, Source};
 use index::{ByKey, Index};
 pub use labels::Labels;
-pub use view::{HamletView, ViewItem, ViewPos};
+pub use view::{HamletView, ViewItem, ViewPos, ViewVersion};
 
 /// A change, as watchers (admin `Watch`) see it.
 #[derive(Clone, Debug)]
@@ -446,6 +446,11 @@ impl Catalog {
         self.read().hamlet_view.same_version(view)
     }
 
+    /// Whether the Hamlet view is still the version `v` names.
+    pub fn hamlet_view_is_version(&self, v: &ViewVersion) -> bool {
+        self.read().hamlet_view.is_version(v)
+    }
+
     /// The record served over Hamlet for `fqdn`: the subtree entry with the lowest key when
     /// several export the same FQDN (deterministic; the others are reported as conflicts by
     /// [`Catalog::hamlet_conflicts`]).
@@ -496,6 +501,30 @@ mod tests {
             origin: None,
             revision: 0,
         }
+    }
+
+    /// A version token names the view it was taken from, keeps none of it, and stops matching
+    /// once the catalog changes its view, also when nobody else held that view (the in-place
+    /// change moves it to a new allocation while a token is out).
+    #[test]
+    fn a_view_version_token_stops_matching_at_the_next_change() {
+        let c = Catalog::new();
+        c.upsert(local("a", "web", "web.xcc.test", "10.0.0.1"));
+        let token = c.hamlet_view().version();
+        assert!(c.hamlet_view_is_version(&token), "no change yet");
+        c.upsert(local("a", "api", "api.xcc.test", "10.0.0.2"));
+        assert!(
+            !c.hamlet_view_is_version(&token),
+            "changed with no handle held"
+        );
+        let held = c.hamlet_view();
+        let token = held.version();
+        c.upsert(local("a", "web", "web.xcc.test", "10.0.0.3"));
+        assert!(
+            !c.hamlet_view_is_version(&token),
+            "changed while a handle was held"
+        );
+        assert!(held.is_version(&token));
     }
 
     #[test]

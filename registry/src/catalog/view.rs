@@ -41,6 +41,10 @@ impl fmt::Debug for HamletView {
     }
 }
 
+/// Names one version of a [`HamletView`] without holding it ([`HamletView::version`]).
+#[derive(Clone, Debug)]
+pub struct ViewVersion(std::sync::Weak<Vec<Arc<ViewChunk>>>);
+
 /// Position in a [`HamletView`] (chunk, offset); only meaningful for the version it came from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ViewPos {
@@ -71,6 +75,17 @@ impl HamletView {
     /// Whether two handles are the same version (cheap; false does not imply different content).
     pub fn same_version(&self, other: &HamletView) -> bool {
         Arc::ptr_eq(&self.chunks, &other.chunks)
+    }
+
+    /// A token for this version that does not keep its entries alive.
+    pub fn version(&self) -> ViewVersion {
+        ViewVersion(Arc::downgrade(&self.chunks))
+    }
+
+    /// Whether this handle is the version `v` was taken from. A token keeps its version's
+    /// allocation (not its entries) reserved, so no later version can share its address.
+    pub fn is_version(&self, v: &ViewVersion) -> bool {
+        std::ptr::eq(Arc::as_ptr(&self.chunks), v.0.as_ptr())
     }
 
     /// Index of the chunk that holds, or would hold, `fqdn`.

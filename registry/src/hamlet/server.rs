@@ -43,7 +43,7 @@ use super::consumer::{ConsumerState, Op, Reply};
 use super::convert;
 use super::wire::{Encoded, Incoming, W1, W2, Wire, inbound_error};
 use crate::authz::{Gate, Policies};
-use crate::catalog::{Catalog, HamletView, ServiceEntry};
+use crate::catalog::{Catalog, ServiceEntry, ViewVersion};
 use crate::metrics::{ApiLabels, Metrics, OpLabel, OpLabels};
 use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
 
@@ -116,8 +116,9 @@ pub struct HamletServer {
 /// decided, allowed under the new set). Entries whose decision stayed are absent.
 struct Redecided {
     flipped: HashMap<Arc<str>, (Arc<ServiceEntry>, bool)>,
-    /// The view decided: while the catalog still serves it, each entry above is the one served.
-    view: HamletView,
+    /// The view decided (a token: the entries are not kept): while the catalog still serves
+    /// it, each entry above is the one served.
+    view: ViewVersion,
 }
 
 /// The decisions a policy reload changed, per (set before, set after, consumer identity), so
@@ -203,7 +204,10 @@ impl HamletServer {
                 })
                 .collect();
             info!(consumer = identity, records = view.len(), flipped = flipped.len(), elapsed = ?started.elapsed(), "policies reloaded: records decided again");
-            Arc::new(Redecided { flipped, view })
+            Arc::new(Redecided {
+                flipped,
+                view: view.version(),
+            })
         })
         .clone()
     }
@@ -528,7 +532,7 @@ impl<W: Wire> ConsumerStream<W> {
         // over at the snapshot cursor) is the one served: no search for it.
         let fresh = catalog.hamlet_view_is(self.st.base());
         // While the catalog serves the view the reload decided, its entries need no search.
-        let redecided_fresh = redecided.is_some_and(|r| catalog.hamlet_view_is(&r.view));
+        let redecided_fresh = redecided.is_some_and(|r| catalog.hamlet_view_is_version(&r.view));
         let lookup = |fqdn: &str, base: Option<&Arc<ServiceEntry>>| -> Option<Arc<ServiceEntry>> {
             let flipped = redecided.and_then(|r| r.flipped.get(fqdn));
             if redecided_fresh && let Some((decided, allowed)) = flipped {
