@@ -312,6 +312,10 @@ mod tests {
     use super::*;
 
     fn entry(ip: &str) -> Arc<ServiceEntry> {
+        entry_labelled(ip, Default::default())
+    }
+
+    fn entry_labelled(ip: &str, labels: crate::catalog::Labels) -> Arc<ServiceEntry> {
         Arc::new(ServiceEntry {
             key: crate::catalog::ServiceKey::new("east", "ns", "web"),
             source: crate::catalog::Source::Local,
@@ -321,7 +325,7 @@ mod tests {
                 port: 443,
             }],
             ports: vec![],
-            labels: Default::default(),
+            labels,
             allowed_requesters: vec![],
             origin: None,
             revision: 0,
@@ -374,5 +378,47 @@ mod tests {
                 .to_string(),
             r#""west""#
         );
+    }
+
+    /// Attack on the kept entity, composed with a label policy: a peer replaces its record, again
+    /// and again, with one carrying the policy label a `forbid` matches. Each reload must decide
+    /// the new version's labels, never the entity kept for the old one. (The slot's weak
+    /// reference keeps the old version's block reserved, so a new version cannot take its
+    /// address; a cache keyed by the bare address would get the freed block back from the
+    /// allocator and answer with the old entity, which this test catches.)
+    #[test]
+    fn a_replaced_entry_is_decided_on_its_own_labels_not_the_kept_entity() {
+        let set = |text: &str| {
+            crate::authz::Policies::from_sources(&[("p.cedar".to_string(), text.to_string())])
+                .expect("valid")
+        };
+        let neutral = set(
+            r#"@id("n") forbid (principal, action == Xcc::Action::"discover", resource) when { resource.name == "none" };"#,
+        );
+        let restricting = set(
+            r#"@id("r") forbid (principal, action == Xcc::Action::"discover", resource) when { resource.labels.contains("tier=restricted") };"#,
+        );
+        let encoded = Encoded::default();
+        let entity = |e: &Arc<ServiceEntry>| encoded.entity(e);
+        for _ in 0..64 {
+            let plain = entry("10.0.0.1");
+            assert_eq!(
+                crate::authz::flipped_all(&neutral, &restricting, &[&plain], "c1", &entity),
+                vec![None],
+                "no label: nothing flips"
+            );
+            drop(plain);
+            let restricted = entry_labelled(
+                "10.0.0.1",
+                [("connectivity.tanzu.vmware.com/tier", "restricted")]
+                    .into_iter()
+                    .collect(),
+            );
+            assert_eq!(
+                crate::authz::flipped_all(&neutral, &restricting, &[&restricted], "c1", &entity),
+                vec![Some(false)],
+                "the new version's label is what the reload decides"
+            );
+        }
     }
 }
