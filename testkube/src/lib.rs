@@ -55,8 +55,9 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     server: String,
     ca_pem: String,
-    /// The servers' wrappers, whose stdin we hold open: they kill their server at end of file.
-    wrappers: Mutex<Vec<Child>>,
+    /// The servers' wrappers, by server name, whose stdin we hold open: they kill their server
+    /// at end of file, and exit when it exits.
+    wrappers: Mutex<Vec<(&'static str, Child)>>,
 }
 
 /// The shared control plane of this test binary, started on first use; `None` (after a skip
@@ -185,7 +186,23 @@ fn assets() -> Option<PathBuf> {
     }
 }
 
-fn free_port() -> u16 {
+/// Ports [`free_port`] picks from: below Linux's ephemeral range (32768-60999, where `bind(0)`
+/// and every outgoing connection take their ports) and below the NodePort range (30000-32767).
+const PICKED_PORTS: std::ops::Range<u16> = 20000..30000;
+
+/// A loopback port that was free a moment ago, for a server started next (which binds it
+/// itself). Picked at random outside the ephemeral range: a port from `bind(0)` is the kind
+/// the next outgoing connection of any test may take as its source port before the server
+/// binds it (seen in CI: kube-apiserver failed with "address already in use"). What remains is
+/// another pick of the same port in between, which [`ControlPlane`]'s boot survives by trying
+/// again.
+pub fn free_port() -> u16 {
+    for _ in 0..200 {
+        let port = rand::random_range(PICKED_PORTS);
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -215,8 +232,22 @@ impl ControlPlane {
         )
     }
 
+    /// Starts a control plane; again, on new ports and in a new directory, when a server exits
+    /// while it starts (a port taken in between, see [`free_port`]).
     fn boot(bin: &Path) -> Self {
         xcc_certs::install_crypto_provider();
+        const ATTEMPTS: u32 = 3;
+        for _ in 1..ATTEMPTS {
+            match Self::try_boot(bin, false) {
+                Ok(cp) => return cp,
+                Err(why) => eprintln!("testkube: {why}; starting again on new ports"),
+            }
+        }
+        Self::try_boot(bin, true).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// One start; on failure its servers stop and, unless `keep_logs`, its directory goes.
+    fn try_boot(bin: &Path, keep_logs: bool) -> Result<Self, String> {
         let dir = tempfile::Builder::new()
             .prefix("testkube-")
             .tempdir()
@@ -303,7 +334,13 @@ impl ControlPlane {
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(cp.wait_ready());
+        if let Err(why) = rt.block_on(cp.wait_ready()) {
+            if !keep_logs {
+                // Removed once the servers, stopped as `cp` is dropped, have gone.
+                cp.cleanup();
+            }
+            return Err(why);
+        }
         cp.spawn(
             &bin.join("kube-controller-manager"),
             &[
@@ -321,7 +358,7 @@ impl ControlPlane {
             "kube-controller-manager",
         );
         cp.cleanup();
-        cp
+        Ok(cp)
     }
 
     /// Once every server has stopped (after this process exits), remove the directory.
@@ -330,8 +367,9 @@ impl ControlPlane {
             .wrappers
             .lock()
             .unwrap()
-            .iter()
-            .map(|c| c.id().to_string())
+            .iter_mut()
+            // A wrapper that has exited (and been reaped) may see its pid reused.
+            .filter_map(|(_, c)| matches!(c.try_wait(), Ok(None)).then(|| c.id().to_string()))
             .collect();
         let child = Command::new("sh")
             .arg("-c")
@@ -346,16 +384,22 @@ impl ControlPlane {
             .stdin(Stdio::piped())
             .spawn();
         if let Ok(child) = child {
-            self.wrappers.lock().unwrap().push(child);
+            self.wrappers.lock().unwrap().push(("cleanup", child));
         }
     }
 
-    /// Start `bin args` under a wrapper that kills it when our end of its stdin closes.
-    fn spawn(&self, bin: &Path, args: &[String], log: &str) {
+    /// Start `bin args` under a wrapper that kills it when our end of its stdin closes and exits
+    /// when it exits. (A background job's stdin is /dev/null in `sh`: the pipe is passed to the
+    /// job that waits for its end as fd 3.)
+    fn spawn(&self, bin: &Path, args: &[String], log: &'static str) {
         let out = std::fs::File::create(self.dir.as_path().join(format!("{log}.log"))).unwrap();
         let child = Command::new("sh")
             .arg("-c")
-            .arg(r#""$@" & child=$!; cat >/dev/null; kill "$child"; wait "$child""#)
+            .arg(
+                r#"exec 3<&0; "$@" 3<&- & child=$!
+                { cat <&3 >/dev/null; kill "$child" 2>/dev/null; } &
+                exec 3<&-; wait "$child""#,
+            )
             .arg("testkube-guard")
             .arg(bin)
             .args(args)
@@ -364,22 +408,29 @@ impl ControlPlane {
             .stderr(out)
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-        self.wrappers.lock().unwrap().push(child);
+        self.wrappers.lock().unwrap().push((log, child));
     }
 
-    async fn wait_ready(&self) {
+    /// Until the API server answers ready; an error when a server exited or after [`STARTUP`].
+    async fn wait_ready(&self) -> Result<(), String> {
         let client = self.client().await;
         let deadline = Instant::now() + STARTUP;
+        let dir = self.dir.as_path().display();
         loop {
             let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
             if client.request_text(req).await.is_ok_and(|t| t == "ok") {
-                return;
+                return Ok(());
             }
-            assert!(
-                Instant::now() < deadline,
-                "kube-apiserver not ready after {STARTUP:?}; logs in {}",
-                self.dir.as_path().display()
-            );
+            for (name, wrapper) in self.wrappers.lock().unwrap().iter_mut() {
+                if let Ok(Some(status)) = wrapper.try_wait() {
+                    return Err(format!("{name} exited ({status}); logs in {dir}"));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "kube-apiserver not ready after {STARTUP:?}; logs in {dir}"
+                ));
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

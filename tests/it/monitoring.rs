@@ -350,11 +350,8 @@ impl Prometheus {
             ));
         }
         std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
-        let addr = {
-            // A free port for the web listener (released just before Prometheus binds it).
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap()
-        };
+        // A free port for the web listener (Prometheus binds it itself).
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], xcc_testkube::free_port()));
         let child = match Command::new("prometheus")
             .arg(format!(
                 "--config.file={}",

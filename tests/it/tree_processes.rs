@@ -5,7 +5,7 @@
 //! the filesystem and the admin API — never by sleeping.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -58,8 +58,7 @@ impl Proc {
 }
 
 fn free_port() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr")
+    SocketAddr::from(([127, 0, 0, 1], xcc_testkube::free_port()))
 }
 
 fn issue(ca: &pki::Ca, root: &Path, name: &str, admin: bool) -> PathBuf {

@@ -98,14 +98,6 @@ impl Peer {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 fn services_json(services: &[(String, String)]) -> String {
     let list: Vec<serde_json::Value> = services
         .iter()
@@ -277,7 +269,7 @@ async fn xcc_imports_from_go_server_through_changes_and_restart() {
         ]),
     )
     .expect("write");
-    let port = free_port();
+    let port = xcc_testkube::free_port();
     let server = go_server(&dir, &server_files, &file, port).await;
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
 
@@ -363,7 +355,7 @@ async fn snapshot_of_4096_from_go_server() {
         })
         .collect();
     std::fs::write(&file, services_json(&services)).expect("write");
-    let port = free_port();
+    let port = xcc_testkube::free_port();
     let _server = go_server(&dir, &pki.cluster("go-peer"), &file, port).await;
 
     let state = tempfile::tempdir().expect("tempdir");
@@ -393,7 +385,7 @@ async fn stale_import_removed_under_continuous_churn() {
     let work = tempfile::tempdir().expect("tempdir");
     let file = work.path().join("services.json");
     std::fs::write(&file, services_json(&[svc("a.go.test", "10.3.0.0")])).expect("write");
-    let port = free_port();
+    let port = xcc_testkube::free_port();
     let server = go_server(&dir, &pki.cluster("go-peer"), &file, port).await;
 
     let state = tempfile::tempdir().expect("tempdir");
