@@ -467,6 +467,10 @@ async fn reconcile(shared: &Shared, key: &SourceKey) -> Result<(), SyncError> {
         (None, Some(skip), _) => mcs::State::Skipped(skip),
         (None, None, Some(record)) => match &refusal {
             Some(refusal) => mcs::State::Refused(record, refusal),
+            // Not stamped as an MCS export beside a ServiceExport: the label decided.
+            None if shared.settings.mcs && xcc_proto::mcs::exported_at(record).is_none() => {
+                mcs::State::ByLabel(record)
+            }
             None => mcs::State::Published(record),
         },
         (None, None, None) => return Ok(()),
@@ -525,7 +529,13 @@ fn desired_of_service(shared: &Shared, key: &SourceKey) -> Option<(String, Desir
             slices.as_deref(),
             &shared.settings.config,
         );
-        mcs::stamp_export(&mut desired, export.as_deref(), s.spec.as_ref());
+        // Only an export of pods says what an MCS export carries: a labelled Service that is not
+        // headless is exported as XCC v1 exports it (its cluster IP, load balancer or nodes),
+        // and a cluster IP is no endpoint for a clusterset Service in the cluster that owns
+        // it, so the record must not count as this cluster's own MCS export.
+        if headless || by == desired::ExportedBy::ServiceExport {
+            mcs::stamp_export(&mut desired, export.as_deref(), s.spec.as_ref());
+        }
         Some((uid, desired))
     })
 }

@@ -442,7 +442,8 @@ fn pods(slices: &[&EndpointSlice]) -> Pods {
 pub enum ExportedBy {
     /// Not exported.
     Nothing,
-    /// The XCC v1 export label (a ServiceExport beside it changes nothing): the endpoints are
+    /// The XCC v1 export label (a ServiceExport beside it changes no endpoint; the label's
+    /// export of a cluster IP is then no MCS export, see `mcs::stamp_export`): the endpoints are
     /// what XCC v1 exports for the Service's type — its cluster IPs, load-balancer addresses
     /// or node addresses (a headless Service's pods in MCS mode).
     Label,

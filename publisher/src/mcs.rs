@@ -74,8 +74,10 @@ pub fn exported(service: &ObjectMeta, export: Option<&ServiceExport>) -> Exporte
 /// record, so every cluster orders the exports of one name the same, [`oldest_first`]) and the
 /// Service fields the ServiceImport carries ([`ServiceTraits`] of `service`: session affinity,
 /// internal traffic policy, traffic distribution) and the ServiceExport's `exportedLabels` and
-/// `exportedAnnotations` (the entries a ServiceImport may carry). Without a ServiceExport (an XCC label
-/// export) the record says neither, and ranks after every MCS export of its name.
+/// `exportedAnnotations` (the entries a ServiceImport may carry). The caller stamps only an
+/// export of pods (a ServiceExport alone, or a headless Service): a label export of a cluster IP
+/// (with or without a ServiceExport) says neither, ranks after every MCS export of its name
+/// and is not this cluster's own MCS export.
 pub fn stamp_export(
     desired: &mut Desired,
     export: Option<&ServiceExport>,
@@ -136,13 +138,16 @@ pub enum State<'a> {
     Published(&'a ServiceRecord),
     /// The Service's record is written, and the hierarchy refuses to announce it.
     Refused(&'a ServiceRecord, &'a Refusal),
+    /// The Service's record is written as its export label decides, beside the ServiceExport:
+    /// the addresses XCC v1 exports, not its pods, so not an MCS export ([`stamp_export`]).
+    ByLabel(&'a ServiceRecord),
 }
 
 impl<'a> State<'a> {
     /// The written record, when there is one.
     pub fn record(&self) -> Option<&'a ServiceRecord> {
         match self {
-            State::Published(r) | State::Refused(r, _) => Some(r),
+            State::Published(r) | State::Refused(r, _) | State::ByLabel(r) => Some(r),
             _ => None,
         }
     }
@@ -503,6 +508,25 @@ pub fn conditions(state: State<'_>, conflicts: &Conflicts) -> [Wanted; 3] {
             ),
             no_conflict("not exported"),
         ],
+        State::ByLabel(record) => {
+            let name = record.metadata.name.as_deref().unwrap_or_default();
+            [
+                wanted(CONDITION_VALID, true, REASON_VALID, String::new()),
+                wanted(
+                    CONDITION_READY,
+                    true,
+                    REASON_EXPORTED,
+                    format!(
+                        "exported as ServiceRecord {name} by the Service's {EXPORT_LABEL} label, \
+                         which decides: the addresses XCC v1 exports (cluster IP, load balancer \
+                         or nodes), ranked after every MCS export of the name and not among this \
+                         cluster's own clusterset endpoints; remove the label to export the \
+                         Service's ready pods with this ServiceExport"
+                    ),
+                ),
+                conflict_condition(None, conflicts),
+            ]
+        }
         State::Published(record) | State::Refused(record, _) => {
             let name = record.metadata.name.as_deref().unwrap_or_default();
             let refused = match state {

@@ -347,6 +347,19 @@ fn conditions_follow_the_kep_reasons() {
         published[1].message,
         "exported as ServiceRecord api.shop.svc.clusterset.local"
     );
+    // Beside a ServiceExport, the label decided: exported, and the message says how.
+    let by_label = conditions(State::ByLabel(&own), &Conflicts::default());
+    assert_eq!(table(&by_label), table(&published));
+    assert!(
+        by_label[1].message.starts_with(
+            "exported as ServiceRecord api.shop.svc.clusterset.local by the Service's \
+             connectivity.tanzu.vmware.com/export label, which decides: "
+        ) && by_label[1].message.ends_with(
+            "remove the label to export the Service's ready pods with this ServiceExport"
+        ),
+        "{}",
+        by_label[1].message
+    );
     let conflicted = conditions(
         State::Published(&own),
         &Conflicts {

@@ -268,6 +268,30 @@ async fn service_exports_export_like_the_label_and_carry_mcs_conditions() {
             .collect::<Vec<_>>(),
         [(both_ip, 81)]
     );
+    // So it is no MCS export: it carries no export time (this cluster's binder would otherwise
+    // put the cluster IP among its own clusterset endpoints, where nothing can forward to it),
+    // and its ServiceExport says the label decides.
+    assert!(
+        !both
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(EXPORTED_AT_ANNOTATION)),
+        "{:?}",
+        both.metadata.annotations
+    );
+    let both_export = exports.get("both").await.unwrap();
+    assert_eq!(
+        message(&both_export, "Ready"),
+        format!(
+            "exported as ServiceRecord {} by the Service's {EXPORT_LABEL} label, which decides: \
+             the addresses XCC v1 exports (cluster IP, load balancer or nodes), ranked after \
+             every MCS export of the name and not among this cluster's own clusterset \
+             endpoints; remove the label to export the Service's ready pods with this \
+             ServiceExport",
+            fqdn("both")
+        )
+    );
     // `api`'s pods appear (its slice, on the pods' port): its record's endpoints are the ready
     // ones, on that port.
     let api_pods: EndpointSlice = serde_json::from_value(json!({
