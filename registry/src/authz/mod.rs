@@ -33,6 +33,7 @@ pub mod gate;
 pub mod load;
 pub mod schema;
 
+pub use decide::Discoverer;
 pub use flip::{EntityOf, flipped, flipped_all};
 pub use gate::{Gate, IdentityRefused};
 pub use load::{BaseError, LabelTestError, Policies, carry_policy};
@@ -206,6 +207,74 @@ mod tests {
                 .iter()
                 .all(Option::is_none),
             "the same forbid under another id flips nothing"
+        );
+    }
+
+    /// A stream's [`Discoverer`] answers what [`Policies::allows`] answers, for every record,
+    /// requester (a cluster, a workload, one the records' allowed requesters leave out) and set:
+    /// the default set, a forbid and a permit on names, a forbid on one requester, one on a
+    /// workload's name, and one on a label for a cluster and its workloads (`principal in`).
+    #[test]
+    fn a_discoverer_decides_as_allows_does() {
+        let set = |text: &str| {
+            Arc::new(
+                Policies::from_sources(&[("p.cedar".to_string(), text.to_string())])
+                    .expect("valid"),
+            )
+        };
+        let sets = [
+            Arc::new(Policies::default_set()),
+            set(
+                r#"@id("x") forbid (principal, action == Xcc::Action::"discover", resource) when { resource.name like "svc-1*" };"#,
+            ),
+            set(
+                r#"@id("p") permit (principal, action == Xcc::Action::"discover", resource) when { resource.name like "svc-3*" };"#,
+            ),
+            set(
+                r#"@id("c") forbid (principal == Xcc::Cluster::"c2", action == Xcc::Action::"discover", resource);"#,
+            ),
+            set(
+                r#"@id("w") forbid (principal is Xcc::Workload, action == Xcc::Action::"discover", resource) when { principal.name == "batch" };"#,
+            ),
+            set(
+                r#"@id("l") forbid (principal in Xcc::Cluster::"c1", action == Xcc::Action::"discover", resource) when { resource.labels.contains("tier=restricted") && resource.name like "svc-2*" };"#,
+            ),
+        ];
+        let entries: Vec<Arc<ServiceEntry>> = (0..400)
+            .map(|i| {
+                let name = format!("svc-{i:03}");
+                let mut e = api(match i % 5 {
+                    0 => &["c9"][..],
+                    1 => &["c1/web"][..],
+                    _ => &[][..],
+                });
+                e.key = ServiceKey::new("b2", "shop", &name);
+                e.fqdn = format!("{name}.shop.svc.clusterset.local").into();
+                Arc::new(e)
+            })
+            .collect();
+        let entity: EntityOf<'_> = &|e| service_entity(e);
+        let mut allowed = 0;
+        for policies in &sets {
+            for (cluster, service) in [("c1", ""), ("c1", "web"), ("c1", "batch"), ("c2", "")] {
+                let d = Discoverer::new(policies.clone(), cluster, service);
+                assert!(d.is_for(policies));
+                for e in &entries {
+                    let want = policies.allows(e, cluster, service, true);
+                    assert_eq!(
+                        d.allows(e, entity),
+                        want,
+                        "{} for {cluster}/{service}",
+                        e.fqdn
+                    );
+                    allowed += usize::from(want);
+                }
+            }
+        }
+        // The sets decide differently: not everything is allowed or denied.
+        assert!(
+            allowed > 0 && allowed < sets.len() * 4 * entries.len(),
+            "{allowed}"
         );
     }
 

@@ -42,7 +42,7 @@ use xcc_proto::federation::resourcediscovery::{v1alpha1 as rd1, v1alpha2 as rd2}
 use super::consumer::{ConsumerState, Op, Reply};
 use super::convert;
 use super::wire::{Encoded, Incoming, W1, W2, Wire, inbound_error};
-use crate::authz::{Gate, Policies};
+use crate::authz::{Discoverer, Gate, Policies};
 use crate::catalog::{Catalog, ServiceEntry, ViewVersion};
 use crate::metrics::{ApiLabels, Metrics, OpLabel, OpLabels};
 use crate::peers::{PeerGuard, PeerKind, PeerState, PeerStats, PeerTable};
@@ -328,6 +328,8 @@ struct ConsumerStream<W: Wire> {
     decided_under: Arc<Policies>,
     /// The decisions the last reload changed, while their records are queued.
     redecided: Option<Arc<Redecided>>,
+    /// Decides the records sent under the set in force (built again when the set changes).
+    discoverer: Option<Discoverer>,
     cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
     st: ConsumerState,
     stats: Arc<PeerStats>,
@@ -423,6 +425,7 @@ impl<W: Wire> ConsumerStream<W> {
             policy_changes,
             decided_under,
             redecided: None,
+            discoverer: None,
             cancelled,
             st,
             stats,
@@ -531,6 +534,18 @@ impl<W: Wire> ConsumerStream<W> {
         // While the catalog still serves the consumer's base version, the base's entry (handed
         // over at the snapshot cursor) is the one served: no search for it.
         let fresh = catalog.hamlet_view_is(self.st.base());
+        if !self
+            .discoverer
+            .as_ref()
+            .is_some_and(|d| d.is_for(&policies))
+        {
+            self.discoverer = None;
+        }
+        let discoverer = &*self
+            .discoverer
+            .get_or_insert_with(|| Discoverer::new(policies.clone(), identity, ""));
+        let encoded = &self.server.encoded;
+        let entity = |e: &Arc<ServiceEntry>| encoded.entity(e);
         // While the catalog serves the view the reload decided, its entries need no search.
         let redecided_fresh = redecided.is_some_and(|r| catalog.hamlet_view_is_version(&r.view));
         let lookup = |fqdn: &str, base: Option<&Arc<ServiceEntry>>| -> Option<Arc<ServiceEntry>> {
@@ -547,7 +562,7 @@ impl<W: Wire> ConsumerStream<W> {
             {
                 return allowed.then_some(e);
             }
-            policies.allows(&e, identity, "", true).then_some(e)
+            discoverer.allows(&e, &entity).then_some(e)
         };
         let out = self.st.next_with(Instant::now(), lookup);
         if self.redecided.is_some() && self.st.queued() == 0 {
