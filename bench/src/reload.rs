@@ -27,7 +27,7 @@ use xcc_registry::{Registry, RegistryConfig};
 use crate::common::loadavg;
 use crate::hamlet::{
     BenchPki, CONNECT_PARALLELISM, ack, bulk_records, check_fd_limit, connect, entry, hot_record,
-    hot_seq, ms, next, read_snapshot, subscribe,
+    hot_seq, ms, next, read_snapshot, snapshot_once, subscribe,
 };
 
 #[derive(Args, Debug)]
@@ -170,7 +170,53 @@ async fn measure(
         edit.apply(registry, &gate, policies, &expected, &mut rx, &mut hot)
             .await?;
     }
+    snapshots(&gate, tls, addr, services).await?;
     tasks.shutdown().await;
+    Ok(())
+}
+
+/// Snapshots a new consumer takes under each set: a custom one decides every record in Cedar,
+/// the default one decides none.
+const SNAPSHOT_RUNS: usize = 5;
+
+/// A new consumer's whole snapshot (beside the consumers already subscribed) under the neutral
+/// custom set and then under the default set: median, min and max of [`SNAPSHOT_RUNS`].
+async fn snapshots(
+    gate: &Gate,
+    tls: &ReloadingTls,
+    addr: std::net::SocketAddr,
+    services: usize,
+) -> anyhow::Result<()> {
+    println!(
+        "\n{:<16} {:>10} {:>10} {:>10} {:>9}",
+        "new snapshot", "median ms", "min ms", "max ms", "records"
+    );
+    for (name, policies) in [
+        ("custom set", neutral()?),
+        ("default set", Policies::default_set()),
+    ] {
+        gate.set_policies(policies);
+        let mut times = Vec::with_capacity(SNAPSHOT_RUNS);
+        let mut records = 0;
+        for _ in 0..SNAPSHOT_RUNS {
+            let (elapsed, creates) = snapshot_once(connect(tls, addr).await?).await?;
+            // Every service (the bulk ones and the hot one).
+            if creates != services {
+                bail!("{name}: a snapshot had {creates} records, not {services}");
+            }
+            records = creates;
+            times.push(elapsed);
+        }
+        times.sort();
+        println!(
+            "{:<16} {:>10.1} {:>10.1} {:>10.1} {:>9}",
+            name,
+            ms(times[SNAPSHOT_RUNS / 2]),
+            ms(times[0]),
+            ms(times[SNAPSHOT_RUNS - 1]),
+            records
+        );
+    }
     Ok(())
 }
 

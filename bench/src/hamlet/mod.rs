@@ -56,7 +56,7 @@ use stream::*;
 // What the policy-reload benchmark shares with this one.
 pub(crate) use report::ms;
 pub(crate) use server::{BenchPki, bulk_records, entry, hot_record};
-pub(crate) use stream::{ack, connect, hot_seq, next, read_snapshot, subscribe};
+pub(crate) use stream::{ack, connect, hot_seq, next, read_snapshot, snapshot_once, subscribe};
 
 /// Cluster name of the measured registry (its certificate identity).
 const SERVER_CLUSTER: &str = "east";

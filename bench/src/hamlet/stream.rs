@@ -101,7 +101,7 @@ pub(crate) async fn read_snapshot(
 }
 
 /// One subscription on an open channel: time to the marker and services received.
-pub(super) async fn snapshot_once(
+pub(crate) async fn snapshot_once(
     channel: tonic::transport::Channel,
 ) -> anyhow::Result<(Duration, usize)> {
     let t0 = Instant::now();
