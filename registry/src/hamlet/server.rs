@@ -534,16 +534,12 @@ impl<W: Wire> ConsumerStream<W> {
         // While the catalog still serves the consumer's base version, the base's entry (handed
         // over at the snapshot cursor) is the one served: no search for it.
         let fresh = catalog.hamlet_view_is(self.st.base());
-        if !self
-            .discoverer
-            .as_ref()
-            .is_some_and(|d| d.is_for(&policies))
-        {
-            self.discoverer = None;
+        // The stream's decider for the set in force, built when a record first needs it (after
+        // a reload, whose records are already decided, none may).
+        let discoverer = std::cell::OnceCell::new();
+        if let Some(d) = self.discoverer.take().filter(|d| d.is_for(&policies)) {
+            let _ = discoverer.set(d);
         }
-        let discoverer = &*self
-            .discoverer
-            .get_or_insert_with(|| Discoverer::new(policies.clone(), identity, ""));
         let encoded = &self.server.encoded;
         let entity = |e: &Arc<ServiceEntry>| encoded.entity(e);
         // While the catalog serves the view the reload decided, its entries need no search.
@@ -562,9 +558,13 @@ impl<W: Wire> ConsumerStream<W> {
             {
                 return allowed.then_some(e);
             }
-            discoverer.allows(&e, &entity).then_some(e)
+            discoverer
+                .get_or_init(|| Discoverer::new(policies.clone(), identity, ""))
+                .allows(&e, &entity)
+                .then_some(e)
         };
         let out = self.st.next_with(Instant::now(), lookup);
+        self.discoverer = discoverer.into_inner();
         if self.redecided.is_some() && self.st.queued() == 0 {
             self.redecided = None;
         }
