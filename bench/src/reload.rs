@@ -9,7 +9,8 @@
 //! from the swap until each consumer has received every record whose decision changed (p50, p99,
 //! max over consumers), the records the consumers received for it (counted up to a catalog change
 //! made once every consumer has its records) against the decisions that flipped, and the streams
-//! that ended (a reconnect).
+//! that ended (a reconnect). Then a new consumer's whole snapshot, beside the subscribed ones,
+//! under the neutral custom set (every record decided by Cedar) and under the default set.
 
 use std::time::{Duration, Instant};
 
@@ -170,7 +171,7 @@ async fn measure(
         edit.apply(registry, &gate, policies, &expected, &mut rx, &mut hot)
             .await?;
     }
-    snapshots(&gate, tls, addr, services).await?;
+    snapshots(&gate, tls, addr, services, timeout).await?;
     tasks.shutdown().await;
     Ok(())
 }
@@ -186,6 +187,7 @@ async fn snapshots(
     tls: &ReloadingTls,
     addr: std::net::SocketAddr,
     services: usize,
+    timeout: Duration,
 ) -> anyhow::Result<()> {
     println!(
         "\n{:<16} {:>10} {:>10} {:>10} {:>9}",
@@ -199,7 +201,10 @@ async fn snapshots(
         let mut times = Vec::with_capacity(SNAPSHOT_RUNS);
         let mut records = 0;
         for _ in 0..SNAPSHOT_RUNS {
-            let (elapsed, creates) = snapshot_once(connect(tls, addr).await?).await?;
+            let (elapsed, creates) =
+                tokio::time::timeout(timeout, snapshot_once(connect(tls, addr).await?))
+                    .await
+                    .with_context(|| format!("{name}: no snapshot within {timeout:?}"))??;
             // Every service (the bulk ones and the hot one).
             if creates != services {
                 bail!("{name}: a snapshot had {creates} records, not {services}");
