@@ -228,27 +228,38 @@ pub struct Discoverer {
     prepared: Option<Prepared>,
 }
 
-struct Prepared {
-    principal: EntityUid,
-    principal_entities: Vec<Entity>,
-    action: EntityUid,
-    context: Context,
+/// What every `discover` decision for one requester shares: the principal with its entities,
+/// the action and the context of a requested record the callee admits. Built once per
+/// requester by a stream's [`Discoverer`] and by a reload's [`super::flipped_all`].
+pub(super) struct Prepared {
+    pub(super) principal: EntityUid,
+    pub(super) principal_entities: Vec<Entity>,
+    pub(super) action: EntityUid,
+    pub(super) context: Context,
+}
+
+impl Prepared {
+    pub(super) fn new(
+        policies: &Policies,
+        cluster: &str,
+        service: &str,
+    ) -> Result<Self, PolicyError> {
+        let (principal, principal_entities) = policies.principal(cluster, service)?;
+        Ok(Self {
+            principal,
+            principal_entities,
+            action: uid("Xcc::Action", "discover")?,
+            context: discover_context(true, true)?,
+        })
+    }
 }
 
 impl Discoverer {
     /// Decisions of `policies` for `cluster` (and `service`, empty for a cluster).
     pub fn new(policies: std::sync::Arc<Policies>, cluster: &str, service: &str) -> Self {
         let prepared = (!policies.default_only)
-            .then(|| -> Result<Prepared, PolicyError> {
-                let (principal, principal_entities) = policies.principal(cluster, service)?;
-                Ok(Prepared {
-                    principal,
-                    principal_entities,
-                    action: uid("Xcc::Action", "discover")?,
-                    context: discover_context(true, true)?,
-                })
-            })
-            .and_then(Result::ok);
+            .then(|| Prepared::new(&policies, cluster, service).ok())
+            .flatten();
         Self {
             policies,
             cluster: cluster.to_string(),

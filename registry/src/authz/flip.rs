@@ -6,11 +6,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use cedar_policy::{
-    Authorizer, Context, Decision as CedarDecision, Entities, Entity, EntityUid, PolicyId,
-    PolicySet, Request,
+    Authorizer, Decision as CedarDecision, Entities, Entity, PolicyId, PolicySet, Request,
 };
 
-use super::decide::discover_context;
+use super::decide::{Prepared, discover_context};
 use super::schema::{service_entity, uid};
 use super::{Policies, PolicyError, admits};
 use crate::catalog::ServiceEntry;
@@ -157,10 +156,8 @@ struct Redecide<'a> {
     to: &'a Policies,
     cluster: &'a str,
     entity: EntityOf<'a>,
-    principal: EntityUid,
-    principal_entities: Vec<Entity>,
-    action: EntityUid,
-    context: Context,
+    /// The request's principal, action and context, as a consumer's decisions share them.
+    shared: Prepared,
     /// The policies of either set that the other lacks (renamed apart); None: compare the two
     /// sets on every record.
     differing: Option<PolicySet>,
@@ -173,17 +170,12 @@ impl<'a> Redecide<'a> {
         cluster: &'a str,
         entity: EntityOf<'a>,
     ) -> Result<Self, PolicyError> {
-        let context = discover_context(true, true)?;
-        let (principal, principal_entities) = to.principal(cluster, "")?;
         Ok(Self {
             from,
             to,
             cluster,
             entity,
-            principal,
-            principal_entities,
-            action: uid("Xcc::Action", "discover")?,
-            context,
+            shared: Prepared::new(to, cluster, "")?,
             differing: differing_policies(&from.set, &to.set),
         })
     }
@@ -191,7 +183,7 @@ impl<'a> Redecide<'a> {
     /// One answer per entry of `chunk`; `Err` when its entity set cannot be built.
     fn chunk(&self, chunk: &[&Arc<ServiceEntry>]) -> Result<Vec<Option<bool>>, PolicyError> {
         let mut out = vec![None; chunk.len()];
-        let mut entities = self.principal_entities.clone();
+        let mut entities = self.shared.principal_entities.clone();
         let mut asked = Vec::new();
         for (i, e) in chunk.iter().enumerate() {
             if admits(e, self.cluster, "") {
@@ -209,10 +201,10 @@ impl<'a> Redecide<'a> {
         let authorizer = Authorizer::new();
         for (i, resource) in asked {
             let Ok(request) = Request::new(
-                self.principal.clone(),
-                self.action.clone(),
+                self.shared.principal.clone(),
+                self.shared.action.clone(),
                 resource,
-                self.context.clone(),
+                self.shared.context.clone(),
                 None,
             ) else {
                 out[i] = flipped(self.from, self.to, chunk[i], self.cluster);
