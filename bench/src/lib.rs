@@ -42,6 +42,9 @@ pub enum BenchCommand {
     /// One level holding N names for absent owners: the time of M new announcements, against
     /// a level holding none.
     Names(names::NamesArgs),
+    /// The transport floor of `bench hamlet --server floor --mode process`, as its child.
+    #[command(hide = true)]
+    HamletFloorServe(hamlet::FloorServeArgs),
 }
 
 /// Runs the chosen benchmark as a task of the runtime, so that its measuring code (the
@@ -63,5 +66,6 @@ async fn dispatch(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::PolicyReload(args) => reload::run(args).await,
         BenchCommand::FirstGrant(args) => first_grant::run(args).await,
         BenchCommand::Names(args) => names::run(args).await,
+        BenchCommand::HamletFloorServe(args) => hamlet::floor_serve(args).await,
     }
 }

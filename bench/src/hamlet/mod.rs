@@ -19,6 +19,11 @@
 //! `inprocess`: `Registry::start` in this process, memory store, an update is one
 //! `Catalog::upsert` (the pure server path; no RSS). Consumers always live in this process, each
 //! with its own TLS connection, and ACK every response.
+//!
+//! `--server floor` runs the same matrix against the transport floor (module `floor`): xcc's
+//! listener, TLS and HTTP/2 settings and messages with none of a registry's work, as a child
+//! (`xcc bench hamlet-floor-serve`) or in this process. What it measures is what the transport
+//! and these consumers cost on this machine; the difference to `--server xcc` is xcc's own.
 
 use crate::common::{Summary, Target, loadavg, targets_table};
 use std::collections::BTreeMap;
@@ -45,10 +50,14 @@ use xcc_registry::{Registry, RegistryConfig};
 
 use xcc_output::{Output, table};
 
+mod floor;
 mod report;
 mod server;
 mod stream;
 
+pub use floor::FloorServeArgs;
+use floor::FloorServer;
+pub(crate) use floor::serve as floor_serve;
 use report::*;
 use server::*;
 use stream::*;
@@ -79,8 +88,22 @@ pub enum Mode {
     Inprocess,
 }
 
+/// Which server the consumers measure.
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    /// xcc's registry.
+    Xcc,
+    /// The transport floor: the same listener and messages with none of a registry's work (no
+    /// catalog, policy, window or per-consumer state); what the transport alone costs here.
+    Floor,
+}
+
 #[derive(Args, Debug)]
 pub struct HamletArgs {
+    /// The server measured.
+    #[arg(long, value_enum, default_value = "xcc")]
+    pub server: ServerKind,
     /// Consumer counts to measure (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "1,100,1000")]
     pub consumers: Vec<usize>,
@@ -141,7 +164,7 @@ pub(crate) async fn run(args: HamletArgs) -> anyhow::Result<()> {
     for &mode in &args.mode {
         for &services in &args.services {
             let state_dir = dir.path().join(format!("state-{services}"));
-            if mode == Mode::Process {
+            if mode == Mode::Process && args.server == ServerKind::Xcc {
                 write_exports(&state_dir, services)
                     .with_context(|| format!("writing exports under {}", state_dir.display()))?;
             }
@@ -158,12 +181,17 @@ pub(crate) async fn run(args: HamletArgs) -> anyhow::Result<()> {
         }
     }
 
-    let targets = targets(&single, &cells);
+    // The targets are xcc's: the floor is measured beside them, not against them.
+    let targets = match args.server {
+        ServerKind::Xcc => targets(&single, &cells),
+        ServerKind::Floor => Vec::new(),
+    };
     let idle = plan.idle;
     let idle_memory = tokio::task::spawn_blocking(move || idle_memory_probe(64, idle))
         .await
         .ok();
     let report = Report {
+        server: args.server,
         updates: args.updates,
         idle_s: idle.as_secs_f64(),
         snapshot_runs: args.snapshot_runs,
@@ -249,15 +277,18 @@ impl Bench<'_> {
             "[{:>6.1}s] {mode:?}: {services} services, {consumers} consumers",
             self.started.elapsed().as_secs_f64()
         ));
-        let mut server = match mode {
-            Mode::Process => Server::spawn_child(
-                &self.pki.server,
-                state_dir,
-                self.dir,
-                services,
-                &self.args.server_log,
-            )?,
-            Mode::Inprocess => Server::start_in_process(&self.pki.server, services).await?,
+        let pki = &self.pki.server;
+        let mut server = match (self.args.server, mode) {
+            (ServerKind::Xcc, Mode::Process) => {
+                Server::spawn_child(pki, state_dir, self.dir, services, &self.args.server_log)?
+            }
+            (ServerKind::Xcc, Mode::Inprocess) => Server::start_in_process(pki, services).await?,
+            (ServerKind::Floor, Mode::Process) => {
+                Server::spawn_floor_child(pki, self.dir, services)?
+            }
+            (ServerKind::Floor, Mode::Inprocess) => {
+                Server::start_floor_in_process(pki, services).await?
+            }
         };
         server
             .wait_ready(self.tls, services)

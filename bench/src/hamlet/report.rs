@@ -113,6 +113,7 @@ pub(super) fn idle_memory_probe(mib: usize, idle: Duration) -> IdleMemoryProbe {
 
 #[derive(Debug, Serialize)]
 pub(super) struct Report {
+    pub(super) server: ServerKind,
     pub(super) updates: u32,
     /// Idle pause before the first update, seconds.
     pub(super) idle_s: f64,
@@ -183,6 +184,12 @@ pub(super) fn num(v: f64) -> String {
 pub(super) fn render(r: &Report) -> String {
     let mode = |m: Mode| format!("{m:?}").to_lowercase();
     let mut out = String::new();
+    if r.server == ServerKind::Floor {
+        let _ = writeln!(
+            out,
+            "== Server: the transport floor (xcc's listener, TLS, HTTP/2 settings and messages; no catalog, policy, window or per-consumer state), not xcc's registry\n"
+        );
+    }
     let _ = writeln!(
         out,
         "== Snapshot to a single consumer (subscription -> end-of-snapshot marker; {} runs)",
@@ -212,7 +219,7 @@ pub(super) fn render(r: &Report) -> String {
     );
     out.push_str(&cells_table(&r.cells));
     if let Some(t) = server_table(&r.cells) {
-        let _ = writeln!(out, "\n== Server process (child registry): memory and CPU");
+        let _ = writeln!(out, "\n== Server process (the child): memory and CPU");
         out.push_str(&t);
     }
     if let Some(busy) = r
@@ -237,12 +244,23 @@ pub(super) fn render(r: &Report) -> String {
             p.idle_s
         );
     }
-    let _ = writeln!(out, "\n== Targets");
-    out.push_str(&targets_table(&r.targets));
+    if !r.targets.is_empty() {
+        let _ = writeln!(out, "\n== Targets");
+        out.push_str(&targets_table(&r.targets));
+    }
+    let modes = match r.server {
+        ServerKind::Xcc => {
+            "process: child `xcc registry --store file`; an update renames a finished exports/hot.yaml into place (mtime set back, so it applies at once), so its fan-out includes the file watcher and the export re-read.\n\
+             inprocess: Registry::start in the bench process (memory store); an update is one Catalog::upsert."
+        }
+        ServerKind::Floor => {
+            "process: child `xcc bench hamlet-floor-serve`; an update is a line on its stdin.\n\
+             inprocess: the floor server in the bench process; an update is one broadcast of the prepared response."
+        }
+    };
     let _ = writeln!(
         out,
-        "\nprocess: child `xcc registry --store file`; an update renames a finished exports/hot.yaml into place (mtime set back, so it applies at once), so its fan-out includes the file watcher and the export re-read.\n\
-         inprocess: Registry::start in the bench process (memory store); an update is one Catalog::upsert.\n\
+        "\n{modes}\n\
          Consumers run in the bench process (own TLS connection each, every response ACKed) and share the CPU with the server.\n\
          RSS IDLE: after loading, no consumer; RSS N-IDLE: N synced idle consumers; RSS PEAK: VmHWM at the end of the cell.\n\
          CPU SNAP: server CPU during the concurrent snapshot; CPU UPDATES: during all updates; CPU IDLE: while the N consumers idle.\n\

@@ -109,13 +109,79 @@ impl Drop for ChildGuard {
 pub(super) enum Backend {
     Child {
         child: ChildGuard,
-        state_dir: PathBuf,
+        updates: ChildUpdates,
         log: PathBuf,
     },
     InProcess {
         registry: Box<Registry>,
         cancel: CancellationToken,
     },
+    /// The transport floor in this process (`--server floor`).
+    FloorInProcess(FloorServer),
+}
+
+/// How the bench makes an update in a child.
+pub(super) enum ChildUpdates {
+    /// An xcc registry watching its exports: rewrite `exports/hot.yaml` in this state directory.
+    Exports(PathBuf),
+    /// The floor server: one line with the sequence number on its stdin.
+    Stdin(std::sync::Mutex<std::process::ChildStdin>),
+}
+
+/// What a child server is started with.
+struct ChildSetup {
+    /// A free port on loopback (bound, read and released: the child binds it a moment later).
+    addr: SocketAddr,
+    /// The directory of the server's certificate and key.
+    tls_dir: PathBuf,
+    /// The child's log (its stderr), in the work directory.
+    log: PathBuf,
+    log_file: std::fs::File,
+    /// This executable.
+    exe: PathBuf,
+}
+
+impl ChildSetup {
+    fn new(tls: &TlsFiles, work_dir: &Path, what: &str, services: usize) -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .context("finding a free port")?
+            .port();
+        let tls_dir = tls
+            .cert
+            .parent()
+            .context("the server certificate has no directory")?
+            .to_path_buf();
+        let log = work_dir.join(format!("{what}-{services}-{port}.log"));
+        let log_file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        Ok(Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            tls_dir,
+            log,
+            log_file,
+            exe: std::env::current_exe().context("locating the xcc executable")?,
+        })
+    }
+
+    /// Starts this executable with the arguments `args` gives it (for this address and
+    /// certificate directory), stdout discarded and stderr to the log: the child, its address
+    /// and its log.
+    fn spawn(
+        self,
+        stdin: Stdio,
+        args: impl FnOnce(&mut Command, SocketAddr, &Path),
+    ) -> anyhow::Result<(ChildGuard, SocketAddr, PathBuf)> {
+        let mut cmd = Command::new(&self.exe);
+        args(&mut cmd, self.addr, &self.tls_dir);
+        let child = cmd
+            .stdin(stdin)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(self.log_file))
+            .spawn()
+            .with_context(|| format!("starting {}", self.exe.display()))?;
+        Ok((ChildGuard(child), self.addr, self.log))
+    }
 }
 
 pub(super) struct Server {
@@ -137,48 +203,74 @@ impl Server {
         log_filter: &str,
     ) -> anyhow::Result<Self> {
         write_hot(state_dir, 0)?;
-        // A free port: bind, read, release. The child binds it a moment later.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .context("finding a free port")?
-            .port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let tls_dir = tls
-            .cert
-            .parent()
-            .context("the server certificate has no directory")?;
-        let log = work_dir.join(format!("registry-{services}-{port}.log"));
-        let log_file =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let exe = std::env::current_exe().context("locating the xcc executable")?;
-        let child = Command::new(&exe)
-            .arg("--log")
-            .arg(log_filter)
-            .arg("registry")
-            .arg("--store")
-            .arg("file")
-            .arg("--state-dir")
-            .arg(state_dir)
-            .arg("--tls-dir")
-            .arg(tls_dir)
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--admin-listen")
-            .arg("127.0.0.1:0")
-            .arg("--metrics-listen")
-            .arg("")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(log_file))
-            .spawn()
-            .with_context(|| format!("starting {} registry", exe.display()))?;
+        let (child, addr, log) = ChildSetup::new(tls, work_dir, "registry", services)?.spawn(
+            Stdio::null(),
+            |cmd, addr, tls_dir| {
+                cmd.arg("--log")
+                    .arg(log_filter)
+                    .arg("registry")
+                    .arg("--store")
+                    .arg("file")
+                    .arg("--state-dir")
+                    .arg(state_dir)
+                    .arg("--tls-dir")
+                    .arg(tls_dir)
+                    .arg("--listen")
+                    .arg(addr.to_string())
+                    .arg("--admin-listen")
+                    .arg("127.0.0.1:0")
+                    .arg("--metrics-listen")
+                    .arg("");
+            },
+        )?;
         Ok(Self {
             addr,
             backend: Backend::Child {
-                child: ChildGuard(child),
-                state_dir: state_dir.to_path_buf(),
+                child,
+                updates: ChildUpdates::Exports(state_dir.to_path_buf()),
                 log,
             },
+        })
+    }
+
+    /// The transport floor as a child process (`xcc bench hamlet-floor-serve`).
+    pub(super) fn spawn_floor_child(
+        tls: &TlsFiles,
+        work_dir: &Path,
+        services: usize,
+    ) -> anyhow::Result<Self> {
+        let (mut child, addr, log) = ChildSetup::new(tls, work_dir, "floor", services)?.spawn(
+            Stdio::piped(),
+            |cmd, addr, tls_dir| {
+                cmd.args(["--log", "warn", "bench", "hamlet-floor-serve", "--listen"])
+                    .arg(addr.to_string())
+                    .arg("--tls-dir")
+                    .arg(tls_dir)
+                    .arg("--services")
+                    .arg(services.to_string());
+            },
+        )?;
+        let stdin = child.0.stdin.take().context("the floor child's stdin")?;
+        Ok(Self {
+            addr,
+            backend: Backend::Child {
+                child,
+                updates: ChildUpdates::Stdin(std::sync::Mutex::new(stdin)),
+                log,
+            },
+        })
+    }
+
+    /// The transport floor in this process.
+    pub(super) async fn start_floor_in_process(
+        tls: &TlsFiles,
+        services: usize,
+    ) -> anyhow::Result<Self> {
+        let floor =
+            FloorServer::start(tls, SocketAddr::from(([127, 0, 0, 1], 0)), services).await?;
+        Ok(Self {
+            addr: floor.addr,
+            backend: Backend::FloorInProcess(floor),
         })
     }
 
@@ -237,7 +329,23 @@ impl Server {
     /// Change the hot service to carry `seq`; returns when the change started.
     pub(super) async fn update(&self, seq: u32) -> anyhow::Result<Instant> {
         match &self.backend {
-            Backend::Child { state_dir, .. } => write_hot(state_dir, seq),
+            Backend::Child {
+                updates: ChildUpdates::Exports(state_dir),
+                ..
+            } => write_hot(state_dir, seq),
+            Backend::Child {
+                updates: ChildUpdates::Stdin(stdin),
+                ..
+            } => {
+                use std::io::Write as _;
+                let mut stdin = xcc_controller::plumbing::lock(stdin);
+                let t0 = Instant::now();
+                writeln!(stdin, "{seq}")
+                    .and_then(|()| stdin.flush())
+                    .context("writing to the floor child's stdin")?;
+                Ok(t0)
+            }
+            Backend::FloorInProcess(floor) => floor.update(seq),
             Backend::InProcess { registry, .. } => {
                 let e = entry(&hot_record(seq))?;
                 let t0 = Instant::now();
@@ -296,6 +404,7 @@ impl Server {
                 cancel.cancel();
                 registry.shutdown().await
             }
+            Backend::FloorInProcess(floor) => floor.stop().await,
         }
     }
 }
