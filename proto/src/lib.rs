@@ -6,6 +6,7 @@
 // Tests state their expectations with unwrap; the lint guards input handling in library code.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod codec;
 pub mod crd;
 pub mod domains;
 pub mod hamlet;
