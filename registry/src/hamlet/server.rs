@@ -86,8 +86,9 @@ impl Default for HamletConfig {
 /// HTTP/2 a chunk (a DATA frame) whenever 4 KiB are encoded, so tonic's buffer never grows past
 /// its first 8 KiB, which a stream keeps while it idles. Bursts of 4 KiB, each its own chunk
 /// because the stream yielded after it, were the previous design; 16 KiB bursts cut in 4 KiB
-/// chunks by the codec hold less memory with 1,000 idle consumers (145 to 126 MiB) and snapshot
-/// faster in-process (docs/benchmarks.md, issue 28, session 17). A larger response goes alone.
+/// chunks by the codec leave less memory with 1,000 idle consumers (145 to 126 MiB), snapshots
+/// and fan-out unchanged (docs/benchmarks.md, issue 28, session 17). A larger response goes
+/// alone (and makes the buffer grow, as any large message does).
 const BURST_BYTES: usize = 16 * 1024;
 
 /// The gRPC frame header tonic puts before each message.
