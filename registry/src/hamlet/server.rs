@@ -79,17 +79,18 @@ impl Default for HamletConfig {
 }
 
 /// Encoded bytes (gRPC frame headers included) a stream hands to the encoder in one go before
-/// it yields and hears its sources (ACKs, changes, policy, timers) again. The window
-/// (unacknowledged responses) is separate and larger.
+/// yielding; the encoder then passes them to HTTP/2 as one chunk (one DATA frame, one TLS
+/// record, one write). The window (unacknowledged responses) is separate and larger.
 ///
-/// The encoder does not wait for the burst to end: xcc's codec ([`xcc_proto::codec`]) passes
-/// HTTP/2 a chunk (a DATA frame) whenever 4 KiB are encoded, so tonic's buffer never grows past
-/// its first 8 KiB, which a stream keeps while it idles. Bursts of 4 KiB, each its own chunk
-/// because the stream yielded after it, were the previous design; 16 KiB bursts cut in 4 KiB
-/// chunks by the codec leave less memory with 1,000 idle consumers (145 to 126 MiB), snapshots
-/// and fan-out unchanged (docs/benchmarks.md, issue 28, session 17). A larger response goes
-/// alone (and makes the buffer grow, as any large message does).
-const BURST_BYTES: usize = 16 * 1024;
+/// tonic encodes into a buffer of 8 KiB as first allocated, which stays with the stream while
+/// it idles. A burst of at most half of it never makes that buffer grow: when the next
+/// response does not fit behind the previous chunk, the space before it is at least as large
+/// as the burst, so tonic moves the burst there (or takes a fresh 8 KiB buffer while HTTP/2
+/// still holds the old one) instead of doubling. A 16 KiB burst grew what 1,000 idle consumers
+/// pin from 146 to 166 MiB (docs/benchmarks.md, issue 28). xcc's codec
+/// ([`xcc_proto::codec`]) cuts a chunk at 4 KiB as well, whatever the stream does. A larger
+/// response goes alone.
+const BURST_BYTES: usize = 4 * 1024;
 
 /// The gRPC frame header tonic puts before each message.
 const GRPC_HEADER: usize = 5;
