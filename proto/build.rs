@@ -28,8 +28,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // also clash with the Federation service's own `Connect` method.
         .build_transport(false)
         .build_server(true)
-        // prost with tonic's encode buffer kept from growing (src/codec.rs).
-        .codec_path("crate::codec::XccCodec")
         .compile_fds(fds)?;
     Ok(())
 }

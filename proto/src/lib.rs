@@ -6,7 +6,6 @@
 // Tests state their expectations with unwrap; the lint guards input handling in library code.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
-pub mod codec;
 pub mod crd;
 pub mod domains;
 pub mod hamlet;

@@ -87,9 +87,7 @@ impl Default for HamletConfig {
 /// response does not fit behind the previous chunk, the space before it is at least as large
 /// as the burst, so tonic moves the burst there (or takes a fresh 8 KiB buffer while HTTP/2
 /// still holds the old one) instead of doubling. A 16 KiB burst grew what 1,000 idle consumers
-/// pin from 146 to 166 MiB (docs/benchmarks.md, issue 28). xcc's codec
-/// ([`xcc_proto::codec`]) cuts a chunk at 4 KiB as well, whatever the stream does. A larger
-/// response goes alone.
+/// pin from 146 to 166 MiB (docs/benchmarks.md, issue 28). A larger response goes alone.
 const BURST_BYTES: usize = 4 * 1024;
 
 /// The gRPC frame header tonic puts before each message.
