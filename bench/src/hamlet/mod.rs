@@ -131,7 +131,7 @@ pub struct HamletArgs {
     /// Upper bound for any one phase (a concurrent snapshot, one update's fan-out).
     #[arg(long, default_value_t = 300)]
     pub timeout_seconds: u64,
-    /// Log filter of the child registry (its log goes to a file in the temporary directory).
+    /// Log filter of the child server (its log goes to a file in the temporary directory).
     #[arg(long, default_value = "warn")]
     pub server_log: String,
     #[arg(short = 'o', long, value_enum, default_value = "table")]
@@ -284,7 +284,7 @@ impl Bench<'_> {
             }
             (ServerKind::Xcc, Mode::Inprocess) => Server::start_in_process(pki, services).await?,
             (ServerKind::Floor, Mode::Process) => {
-                Server::spawn_floor_child(pki, self.dir, services)?
+                Server::spawn_floor_child(pki, self.dir, services, &self.args.server_log)?
             }
             (ServerKind::Floor, Mode::Inprocess) => {
                 Server::start_floor_in_process(pki, services).await?

@@ -238,11 +238,14 @@ impl Server {
         tls: &TlsFiles,
         work_dir: &Path,
         services: usize,
+        log_filter: &str,
     ) -> anyhow::Result<Self> {
         let (mut child, addr, log) = ChildSetup::new(tls, work_dir, "floor", services)?.spawn(
             Stdio::piped(),
             |cmd, addr, tls_dir| {
-                cmd.args(["--log", "warn", "bench", "hamlet-floor-serve", "--listen"])
+                cmd.arg("--log")
+                    .arg(log_filter)
+                    .args(["bench", "hamlet-floor-serve", "--listen"])
                     .arg(addr.to_string())
                     .arg("--tls-dir")
                     .arg(tls_dir)
