@@ -135,8 +135,12 @@ impl FloorServer {
         let cancel = CancellationToken::new();
         let incoming =
             xcc_certs::server::tls_incoming_for("floor listener", listener, tls, cancel.clone());
-        // The registry's Hamlet listener's HTTP/2 settings (registry/src/run/listeners.rs).
+        // The registry's Hamlet listener's HTTP/2 settings and request bodies
+        // (registry/src/run/listeners.rs).
         let router = tonic::transport::Server::builder()
+            .layer(tower::util::MapRequestLayer::new(
+                xcc_registry::hamlet::pieces::Pieces::request,
+            ))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(rd1::discovery_service_server::DiscoveryServiceServer::new(

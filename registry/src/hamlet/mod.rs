@@ -5,6 +5,7 @@ pub mod client;
 pub mod consumer;
 pub mod convert;
 mod import_thread;
+pub mod pieces;
 pub mod server;
 pub mod sweep;
 mod wire;

@@ -13,6 +13,7 @@ use crate::admin::AdminService;
 use crate::authz::Gate;
 use crate::federation::Level;
 use crate::federation::session::FederationService;
+use crate::hamlet::pieces::Pieces;
 use crate::hamlet::server::{HamletServer, V1alpha1};
 
 /// Bind the Hamlet listener and serve on it until shutdown.
@@ -45,6 +46,8 @@ pub(super) async fn serve_hamlet(
         cancel.clone(),
     );
     let router = tonic::transport::Server::builder()
+        // Consumers' ACK frames reach tonic in 4 KiB pieces, so no stream's decode buffer grows.
+        .layer(tower::util::MapRequestLayer::new(Pieces::request))
         // Keep idle streams alive through middleboxes; hyper does not police client pings, so
         // Go peers' 20 s pings are accepted.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
