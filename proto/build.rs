@@ -28,6 +28,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // also clash with the Federation service's own `Connect` method.
         .build_transport(false)
         .build_server(true)
+        .compile_fds(fds.clone())?;
+    // The Hamlet discovery servers once more, with messages of their own whose resource is
+    // already encoded ([`EncodedAny`](crate::encoded_any::EncodedAny)), so that a send shares the
+    // entry's encoding instead of copying it. Same packages, fields and numbers: the same wire.
+    let server_dir = out.join("hamlet_server");
+    std::fs::create_dir_all(&server_dir)?;
+    // Every other package is the first pass's (the files generated for them here, services of
+    // the xcc packages among them, are not included anywhere).
+    tonic_prost_build::configure()
+        .out_dir(&server_dir)
+        .extern_path(".google.protobuf.Any", "crate::encoded_any::EncodedAny")
+        .extern_path(".google.rpc", "crate::google::rpc")
+        .extern_path(".federation.types", "crate::federation::types")
+        .extern_path(".xcc", "crate::xcc")
+        .build_client(false)
+        .build_transport(false)
+        .build_server(true)
         .compile_fds(fds)?;
     Ok(())
 }

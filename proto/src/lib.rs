@@ -8,6 +8,7 @@
 
 pub mod crd;
 pub mod domains;
+pub mod encoded_any;
 pub mod hamlet;
 pub mod import_journal;
 pub mod mapping;
@@ -41,6 +42,24 @@ pub mod federation {
         pub mod v1alpha2 {
             tonic::include_proto!("federation.resourcediscovery.v1alpha2");
         }
+    }
+}
+
+/// The Hamlet discovery servers of xcc's registry: the services and messages of
+/// [`federation::resourcediscovery`], field for field, except that a response's resource is an
+/// [`encoded_any::EncodedAny`] (its encoding, shared) rather than a `prost_types::Any`.
+pub mod hamlet_server {
+    pub mod v1alpha1 {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/hamlet_server/federation.resourcediscovery.v1alpha1.rs"
+        ));
+    }
+    pub mod v1alpha2 {
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/hamlet_server/federation.resourcediscovery.v1alpha2.rs"
+        ));
     }
 }
 

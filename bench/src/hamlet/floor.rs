@@ -18,55 +18,58 @@ use tokio::sync::broadcast;
 use tokio_stream::wrappers::BroadcastStream;
 use tonic::{Request, Response, Status, Streaming};
 use xcc_proto::SNAPSHOT_MARKER_METADATA;
+use xcc_proto::encoded_any::EncodedAny;
+// The registry's server messages: a response's resource is its shared encoding.
+use xcc_proto::hamlet_server::v1alpha1 as serve1;
 
 use super::*;
 
-type Responses = Pin<Box<dyn Stream<Item = Result<rd1::StreamResponse, Status>> + Send>>;
+type Responses = Pin<Box<dyn Stream<Item = Result<serve1::StreamResponse, Status>> + Send>>;
 
 /// The responses every consumer gets, built once.
 #[derive(Clone)]
 struct Floor {
     /// The snapshot: one CREATE per service, then the end-of-snapshot marker.
-    snapshot: Arc<[rd1::StreamResponse]>,
+    snapshot: Arc<[serve1::StreamResponse]>,
     /// Each update of the hot service, as sent.
-    updates: broadcast::Sender<Arc<rd1::StreamResponse>>,
+    updates: broadcast::Sender<Arc<serve1::StreamResponse>>,
 }
 
 fn response(
     nonce: String,
-    op: rd1::stream_response::Operation,
+    op: serve1::stream_response::Operation,
     sr: &ServiceRecord,
-) -> anyhow::Result<rd1::StreamResponse> {
+) -> anyhow::Result<serve1::StreamResponse> {
     let resource = xcc_registry::hamlet::convert::any_v1alpha1(&entry(sr)?);
-    Ok(rd1::StreamResponse {
+    Ok(serve1::StreamResponse {
         nonce,
         resource_url: resource.type_url.clone(),
-        resource: Some(resource),
+        resource: Some(EncodedAny::new(&resource)),
         operation: op as i32,
     })
 }
 
-fn marker() -> rd1::StreamResponse {
+fn marker() -> serve1::StreamResponse {
     use prost::Message as _;
     let resource = prost_types::Any {
         type_url: xcc_proto::SNAPSHOT_COMPLETE_URL.into(),
         value: xcc_proto::xcc::federation::v1::SnapshotComplete { generation: 0 }.encode_to_vec(),
     };
-    rd1::StreamResponse {
+    serve1::StreamResponse {
         nonce: "marker".into(),
         resource_url: resource.type_url.clone(),
-        resource: Some(resource),
-        operation: rd1::stream_response::Operation::Unknown as i32,
+        resource: Some(EncodedAny::new(&resource)),
+        operation: serve1::stream_response::Operation::Unknown as i32,
     }
 }
 
 #[tonic::async_trait]
-impl rd1::discovery_service_server::DiscoveryService for Floor {
+impl serve1::discovery_service_server::DiscoveryService for Floor {
     type EstablishStreamStream = Responses;
 
     async fn establish_stream(
         &self,
-        request: Request<Streaming<rd1::StreamRequest>>,
+        request: Request<Streaming<serve1::StreamRequest>>,
     ) -> Result<Response<Responses>, Status> {
         let marker = request
             .metadata()
@@ -98,7 +101,7 @@ impl rd1::discovery_service_server::DiscoveryService for Floor {
 /// A running floor server: its address and the sender of the hot service's updates.
 pub(super) struct FloorServer {
     pub(super) addr: SocketAddr,
-    updates: broadcast::Sender<Arc<rd1::StreamResponse>>,
+    updates: broadcast::Sender<Arc<serve1::StreamResponse>>,
     cancel: CancellationToken,
     task: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -115,7 +118,7 @@ impl FloorServer {
         for (i, sr) in bulk_records(services).iter().chain([&hot]).enumerate() {
             snapshot.push(response(
                 i.to_string(),
-                rd1::stream_response::Operation::Create,
+                serve1::stream_response::Operation::Create,
                 sr,
             )?);
         }
@@ -143,9 +146,7 @@ impl FloorServer {
             ))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-            .add_service(rd1::discovery_service_server::DiscoveryServiceServer::new(
-                floor,
-            ));
+            .add_service(serve1::discovery_service_server::DiscoveryServiceServer::new(floor));
         let stop = cancel.clone();
         let task = tokio::spawn(async move {
             router
@@ -164,7 +165,7 @@ impl FloorServer {
     pub(super) fn update(&self, seq: u32) -> anyhow::Result<Instant> {
         let resp = Arc::new(response(
             format!("u{seq}"),
-            rd1::stream_response::Operation::Update,
+            serve1::stream_response::Operation::Update,
             &hot_record(seq),
         )?);
         let t0 = Instant::now();

@@ -37,7 +37,8 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 use xcc_certs::server::ConnectionCloser;
 use xcc_proto::SNAPSHOT_MARKER_METADATA;
-use xcc_proto::federation::resourcediscovery::{v1alpha1 as rd1, v1alpha2 as rd2};
+// The servers' own messages: a response's resource is its shared encoding.
+use xcc_proto::hamlet_server::{v1alpha1 as rd1, v1alpha2 as rd2};
 
 use super::consumer::{ConsumerState, Op, Reply};
 use super::convert;

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use tonic::{Code, Status};
-use xcc_proto::federation::resourcediscovery::{v1alpha1 as rd1, v1alpha2 as rd2};
+// The servers' own messages: a response's resource is its shared encoding.
+use xcc_proto::encoded_any::EncodedAny;
+use xcc_proto::hamlet_server::{v1alpha1 as rd1, v1alpha2 as rd2};
 use xcc_proto::{
     FEDERATED_SERVICE_V1ALPHA1_URL, FEDERATED_SERVICE_V1ALPHA2_URL, SNAPSHOT_COMPLETE_URL,
 };
@@ -59,8 +61,8 @@ impl std::hash::Hasher for AddressHasher {
 
 struct EncodedEntry {
     entry: std::sync::Weak<ServiceEntry>,
-    v1alpha1: OnceLock<prost_types::Any>,
-    v1alpha2: OnceLock<prost_types::Any>,
+    v1alpha1: OnceLock<EncodedAny>,
+    v1alpha2: OnceLock<EncodedAny>,
     /// None when the entity could not be built (it is built again, for its error, when asked).
     /// Boxed: a slot lives with every served entry, and most are never decided again (an
     /// entity is 272 bytes inline, its box pointer 8).
@@ -101,17 +103,19 @@ impl Encoded {
         slot
     }
 
-    pub(super) fn v1alpha1(&self, e: &Arc<ServiceEntry>) -> prost_types::Any {
+    /// The entry's v1alpha1 resource; a clone of the shared encoding (a reference count).
+    pub(super) fn v1alpha1(&self, e: &Arc<ServiceEntry>) -> EncodedAny {
         self.slot(e)
             .v1alpha1
-            .get_or_init(|| convert::any_v1alpha1(e))
+            .get_or_init(|| EncodedAny::new(&convert::any_v1alpha1(e)))
             .clone()
     }
 
-    pub(super) fn v1alpha2(&self, e: &Arc<ServiceEntry>) -> prost_types::Any {
+    /// The entry's v1alpha2 resource, shared as [`Self::v1alpha1`].
+    pub(super) fn v1alpha2(&self, e: &Arc<ServiceEntry>) -> EncodedAny {
         self.slot(e)
             .v1alpha2
-            .get_or_init(|| convert::any_v1alpha2(e))
+            .get_or_init(|| EncodedAny::new(&convert::any_v1alpha2(e)))
             .clone()
     }
 
@@ -182,26 +186,36 @@ impl Wire for W1 {
     }
 
     fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp {
-        let (operation, resource) = match (out.op, &out.entry) {
-            (Op::SnapshotComplete, _) | (_, None) => {
-                (rd1::stream_response::Operation::Unknown, marker_any(out))
-            }
-            (op, Some(e)) => (
-                match op {
+        let (operation, url, resource) = match (out.op, &out.entry) {
+            (Op::SnapshotComplete, _) | (_, None) => (
+                rd1::stream_response::Operation::Unknown,
+                SNAPSHOT_COMPLETE_URL,
+                marker_any(out),
+            ),
+            (op, Some(e)) => {
+                let operation = match op {
                     Op::Create => rd1::stream_response::Operation::Create,
                     Op::Update => rd1::stream_response::Operation::Update,
                     _ => rd1::stream_response::Operation::Delete,
-                },
+                };
                 if context == FEDERATED_SERVICE_V1ALPHA2_URL {
-                    encoded.v1alpha2(e)
+                    (
+                        operation,
+                        FEDERATED_SERVICE_V1ALPHA2_URL,
+                        encoded.v1alpha2(e),
+                    )
                 } else {
-                    encoded.v1alpha1(e)
-                },
-            ),
+                    (
+                        operation,
+                        FEDERATED_SERVICE_V1ALPHA1_URL,
+                        encoded.v1alpha1(e),
+                    )
+                }
+            }
         };
         rd1::StreamResponse {
             nonce: out.nonce.clone(),
-            resource_url: resource.type_url.clone(),
+            resource_url: url.to_string(),
             resource: Some(resource),
             operation: operation as i32,
         }
@@ -231,9 +245,10 @@ impl Wire for W2 {
     }
 
     fn render(out: &Outgoing, context: &str, encoded: &Encoded) -> Self::Resp {
-        let (operation, resource, id) = match (out.op, &out.entry) {
+        let (operation, url, resource, id) = match (out.op, &out.entry) {
             (Op::SnapshotComplete, _) | (_, None) => (
                 rd2::stream_response::Operation::Unknown,
+                SNAPSHOT_COMPLETE_URL,
                 marker_any(out),
                 String::new(),
             ),
@@ -243,6 +258,7 @@ impl Wire for W2 {
                 } else {
                     rd2::stream_response::Operation::Upsert
                 },
+                FEDERATED_SERVICE_V1ALPHA2_URL,
                 encoded.v1alpha2(e),
                 e.fqdn.to_string(),
             ),
@@ -251,7 +267,7 @@ impl Wire for W2 {
             request: None,
             response: Some(rd2::StreamResponse {
                 nonce: out.nonce.clone(),
-                resource_url: resource.type_url.clone(),
+                resource_url: url.to_string(),
                 resource_id: id,
                 resource: Some(resource),
                 operation: operation as i32,
@@ -261,15 +277,15 @@ impl Wire for W2 {
     }
 }
 
-fn marker_any(out: &Outgoing) -> prost_types::Any {
+fn marker_any(out: &Outgoing) -> EncodedAny {
     use prost::Message;
-    prost_types::Any {
+    EncodedAny::new(&prost_types::Any {
         type_url: SNAPSHOT_COMPLETE_URL.into(),
         value: xcc_proto::xcc::federation::v1::SnapshotComplete {
             generation: out.nonce.parse().unwrap_or(0),
         }
         .encode_to_vec(),
-    }
+    })
 }
 
 fn check_url(got: &str, want: &str) -> Result<(), Status> {
@@ -338,13 +354,22 @@ mod tests {
     fn each_entry_is_encoded_once_per_version() {
         let encoded = Encoded::default();
         let one = entry("10.0.0.1");
-        assert_eq!(encoded.v1alpha1(&one), convert::any_v1alpha1(&one));
-        assert_eq!(encoded.v1alpha2(&one), convert::any_v1alpha2(&one));
+        assert_eq!(
+            encoded.v1alpha1(&one).decode().expect("any"),
+            convert::any_v1alpha1(&one)
+        );
+        assert_eq!(
+            encoded.v1alpha2(&one).decode().expect("any"),
+            convert::any_v1alpha2(&one)
+        );
         let slot = encoded.slot(&one);
         assert!(Arc::ptr_eq(&slot, &encoded.slot(&one)), "the same slot");
         assert!(slot.v1alpha1.get().is_some() && slot.v1alpha2.get().is_some());
         let two = entry("10.0.0.2");
-        assert_eq!(encoded.v1alpha1(&two), convert::any_v1alpha1(&two));
+        assert_eq!(
+            encoded.v1alpha1(&two).decode().expect("any"),
+            convert::any_v1alpha1(&two)
+        );
         assert_ne!(encoded.v1alpha1(&two), encoded.v1alpha1(&one));
         drop(one);
         for i in 0..2000 {

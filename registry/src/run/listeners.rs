@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use xcc_controller::tasks::Spawner;
-use xcc_proto::federation::resourcediscovery::v1alpha1::discovery_service_server::DiscoveryServiceServer;
+use xcc_proto::hamlet_server::v1alpha1::discovery_service_server::DiscoveryServiceServer;
 use xcc_proto::xcc::admin::v1::admin_server::AdminServer;
 
 use super::{Core, RegistryConfig, StartError};
