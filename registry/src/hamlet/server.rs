@@ -83,13 +83,13 @@ impl Default for HamletConfig {
 /// yielding; the encoder then passes them to HTTP/2 as one chunk (one DATA frame, one TLS
 /// record, one write). The window (unacknowledged responses) is separate and larger.
 ///
-/// tonic encodes into a buffer of 8 KiB as first allocated, which stays with the stream while
-/// it idles. A burst of at most half of it never makes that buffer grow: when the next
-/// response does not fit behind the previous chunk, the space before it is at least as large
-/// as the burst, so tonic moves the burst there (or takes a fresh 8 KiB buffer while HTTP/2
-/// still holds the old one) instead of doubling. A 16 KiB burst grew what 1,000 idle consumers
-/// pin from 146 to 166 MiB (docs/benchmarks.md, issue 28). A larger response goes alone.
-const BURST_BYTES: usize = 4 * 1024;
+/// tonic's encode buffer (8 KiB as first allocated) grows to the largest chunk and stays with
+/// the stream while it idles, so the burst trades idle memory for fewer, larger writes. At
+/// 16 KiB, with the consumers' ACK frames cut into pieces ([`super::pieces`]), 1,000 idle
+/// consumers × 10k services pin 140 MiB (4 KiB bursts: 132 MiB) and a 10k snapshot takes about
+/// a quarter less time and server CPU (docs/benchmarks.md, issue 28, session 18). A larger
+/// response goes alone.
+const BURST_BYTES: usize = 16 * 1024;
 
 /// The gRPC frame header tonic puts before each message.
 const GRPC_HEADER: usize = 5;
