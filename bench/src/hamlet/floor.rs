@@ -138,14 +138,8 @@ impl FloorServer {
         let cancel = CancellationToken::new();
         let incoming =
             xcc_certs::server::tls_incoming_for("floor listener", listener, tls, cancel.clone());
-        // The registry's Hamlet listener's HTTP/2 settings and request bodies
-        // (registry/src/run/listeners.rs).
-        let router = tonic::transport::Server::builder()
-            .layer(tower::util::MapRequestLayer::new(
-                xcc_registry::hamlet::pieces::Pieces::request,
-            ))
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        // The registry's Hamlet listener's transport.
+        let router = xcc_registry::hamlet::pieces::hamlet_transport()
             .add_service(serve1::discovery_service_server::DiscoveryServiceServer::new(floor));
         let stop = cancel.clone();
         let task = tokio::spawn(async move {

@@ -1,4 +1,5 @@
-//! Request bodies of the Hamlet listener reach tonic in pieces of at most [`PIECE_BYTES`].
+//! Request bodies of the Hamlet listener reach tonic in pieces of at most [`PIECE_BYTES`], and
+//! [`hamlet_transport`] is that listener's tonic server, pieces and keepalive included.
 //!
 //! tonic decodes a request stream from one buffer per stream, which keeps the largest size it
 //! ever grew to for the life of the stream. An HTTP/2 DATA frame can carry 16 KiB, and a tonic
@@ -9,10 +10,35 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tonic::Status;
+
+/// A request of the Hamlet listener, mapped by [`Pieces::request`].
+type MapRequest = fn(http::Request<tonic::body::Body>) -> http::Request<tonic::body::Body>;
+
+/// The tonic server a Hamlet listener runs on, before its services are added.
+pub type HamletTransport = tonic::transport::Server<
+    tower::layer::util::Stack<
+        tower::util::MapRequestLayer<MapRequest>,
+        tower::layer::util::Identity,
+    >,
+>;
+
+/// The transport of the registry's Hamlet listener (and of the bench's transport floor, which
+/// must be the same): request bodies in [`Pieces`], so no stream's decode buffer grows, and
+/// HTTP/2 keepalive pings that hold idle streams open through middleboxes (hyper does not
+/// police client pings, so Go peers' 20 s pings are accepted).
+pub fn hamlet_transport() -> HamletTransport {
+    tonic::transport::Server::builder()
+        .layer(tower::util::MapRequestLayer::new(
+            Pieces::request as MapRequest,
+        ))
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+}
 
 /// Largest piece of a request body handed to tonic: half its first allocation, so a piece and
 /// the unfinished message before it fit.

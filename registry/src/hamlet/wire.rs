@@ -193,24 +193,17 @@ impl Wire for W1 {
                 marker_any(out),
             ),
             (op, Some(e)) => {
+                let (url, resource) = if context == FEDERATED_SERVICE_V1ALPHA2_URL {
+                    (FEDERATED_SERVICE_V1ALPHA2_URL, encoded.v1alpha2(e))
+                } else {
+                    (FEDERATED_SERVICE_V1ALPHA1_URL, encoded.v1alpha1(e))
+                };
                 let operation = match op {
                     Op::Create => rd1::stream_response::Operation::Create,
                     Op::Update => rd1::stream_response::Operation::Update,
                     _ => rd1::stream_response::Operation::Delete,
                 };
-                if context == FEDERATED_SERVICE_V1ALPHA2_URL {
-                    (
-                        operation,
-                        FEDERATED_SERVICE_V1ALPHA2_URL,
-                        encoded.v1alpha2(e),
-                    )
-                } else {
-                    (
-                        operation,
-                        FEDERATED_SERVICE_V1ALPHA1_URL,
-                        encoded.v1alpha1(e),
-                    )
-                }
+                (operation, url, resource)
             }
         };
         rd1::StreamResponse {

@@ -2,7 +2,6 @@
 //! (both API versions) with the federation service, and the admin API.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use xcc_controller::tasks::Spawner;
 use xcc_proto::hamlet_server::v1alpha1::discovery_service_server::DiscoveryServiceServer;
@@ -13,7 +12,7 @@ use crate::admin::AdminService;
 use crate::authz::Gate;
 use crate::federation::Level;
 use crate::federation::session::FederationService;
-use crate::hamlet::pieces::Pieces;
+use crate::hamlet::pieces::hamlet_transport;
 use crate::hamlet::server::{HamletServer, V1alpha1};
 
 /// Bind the Hamlet listener and serve on it until shutdown.
@@ -45,13 +44,7 @@ pub(super) async fn serve_hamlet(
         core.tls.clone(),
         cancel.clone(),
     );
-    let router = tonic::transport::Server::builder()
-        // Consumers' ACK frames reach tonic in 4 KiB pieces, so no stream's decode buffer grows.
-        .layer(tower::util::MapRequestLayer::new(Pieces::request))
-        // Keep idle streams alive through middleboxes; hyper does not police client pings, so
-        // Go peers' 20 s pings are accepted.
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+    let router = hamlet_transport()
         .add_service(hamlet.v1alpha1())
         .add_service(hamlet.v1alpha2())
         .add_service(FederationService::new(level.clone(), cancel.clone()).into_server())
