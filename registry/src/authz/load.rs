@@ -40,6 +40,10 @@ pub struct Policies {
     pub(super) schema: &'static Schema,
     /// Only the default policies are loaded (lets hot paths skip Cedar evaluation).
     pub(super) default_only: bool,
+    /// Some policy names an entity in its condition (`Xcc::Service::"…".labels`, say), so it
+    /// may read an entity other than the request's principal and resource: a decision must
+    /// then see exactly those two (see [`super::flip::EntityStore`]).
+    pub(super) names_entities: bool,
     /// Source files, for reporting.
     pub files: Vec<String>,
     /// The sources themselves (name, text), to tell a reload that changed nothing.
@@ -129,6 +133,25 @@ fn check_label_tests(file: &str, policy: &cedar_policy::Policy) -> Result<(), Po
     }
 }
 
+/// Whether `policy`'s condition names an entity (an entity literal anywhere in its `when` or
+/// `unless` clauses). Its JSON form shows each as an `__entity` object; a policy whose JSON
+/// cannot be had counts as naming one.
+fn names_entities_in_conditions(policy: &cedar_policy::Policy) -> bool {
+    fn has_entity(v: &serde_json::Value) -> bool {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.contains_key("__entity") || map.values().any(has_entity)
+            }
+            serde_json::Value::Array(items) => items.iter().any(has_entity),
+            _ => false,
+        }
+    }
+    match policy.to_json() {
+        Ok(json) => json.get("conditions").is_some_and(has_entity),
+        Err(_) => true,
+    }
+}
+
 /// Call `found` with every string literal compared against a `labels` attribute in `expr` (a
 /// Cedar policy in JSON form).
 fn find_label_literals(expr: &serde_json::Value, found: &mut impl FnMut(&str)) {
@@ -210,6 +233,7 @@ impl Policies {
         // Only the added policies are validated here: Cedar validates each policy on its own,
         // and the defaults were validated when `Base` was built.
         let mut added = PolicySet::new();
+        let mut names_entities = false;
         for (file, text) in sources {
             let parsed = parse_file(file, text)?;
             for policy in parsed {
@@ -219,6 +243,7 @@ impl Policies {
                         id: policy.id().to_string(),
                     })?;
                 check_label_tests(file, &policy)?;
+                names_entities |= names_entities_in_conditions(&policy);
                 added
                     .add(policy)
                     .map_err(|e| PolicyError::Internal(format!("{e}")))?;
@@ -229,6 +254,7 @@ impl Policies {
             set,
             schema: &base.schema,
             default_only: sources.is_empty(),
+            names_entities,
             files: sources.iter().map(|(n, _)| n.clone()).collect(),
             sources: sources.to_vec(),
         })
