@@ -42,7 +42,7 @@ pub struct Policies {
     pub(super) default_only: bool,
     /// Some policy names an entity in its condition (`Xcc::Service::"…".labels`, say), so it
     /// may read an entity other than the request's principal and resource: a decision must
-    /// then see exactly those two (see [`super::flip::EntityStore`]).
+    /// then see exactly those two (see [`super::flipped_all`]).
     pub(super) names_entities: bool,
     /// Source files, for reporting.
     pub files: Vec<String>,

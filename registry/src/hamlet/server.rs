@@ -195,7 +195,8 @@ impl HamletServer {
                 .filter(|(_, e)| convert::fits_on_the_wire(e))
                 .collect();
             let entries: Vec<&Arc<ServiceEntry>> = served.iter().map(|(_, e)| *e).collect();
-            let decided = self.encoded.flipped_all(from, to, &entries, identity);
+            let entity = |e: &Arc<ServiceEntry>| self.encoded.entity(e);
+            let decided = crate::authz::flipped_all(from, to, &entries, identity, &entity);
             let flipped: HashMap<_, _> = served
                 .into_iter()
                 .zip(decided)

@@ -27,8 +27,6 @@ use crate::metrics::Api;
 #[derive(Default)]
 pub(super) struct Encoded {
     slots: std::sync::RwLock<EncodedSlots>,
-    /// The Cedar entities policy reloads decide against, kept from one reload to the next.
-    reload_entities: std::sync::Mutex<crate::authz::EntityStore>,
 }
 
 #[derive(Default)]
@@ -122,20 +120,6 @@ impl Encoded {
     }
 
     /// The entry's Cedar entity ([`crate::authz::service_entity`]), built once per version.
-    /// [`crate::authz::flipped_all`] against this server's [`crate::authz::EntityStore`],
-    /// with the entities kept in the slots.
-    pub(super) fn flipped_all(
-        &self,
-        from: &crate::authz::Policies,
-        to: &crate::authz::Policies,
-        entries: &[&Arc<ServiceEntry>],
-        cluster: &str,
-    ) -> Vec<Option<bool>> {
-        let entity = |e: &Arc<ServiceEntry>| self.entity(e);
-        let mut store = xcc_controller::plumbing::lock(&self.reload_entities);
-        crate::authz::flipped_all(from, to, entries, cluster, &entity, &mut store)
-    }
-
     pub(super) fn entity(
         &self,
         e: &Arc<ServiceEntry>,
@@ -433,10 +417,11 @@ mod tests {
             r#"@id("r") forbid (principal, action == Xcc::Action::"discover", resource) when { resource.labels.contains("tier=restricted") };"#,
         );
         let encoded = Encoded::default();
+        let entity = |e: &Arc<ServiceEntry>| encoded.entity(e);
         for _ in 0..64 {
             let plain = entry("10.0.0.1");
             assert_eq!(
-                encoded.flipped_all(&neutral, &restricting, &[&plain], "c1"),
+                crate::authz::flipped_all(&neutral, &restricting, &[&plain], "c1", &entity),
                 vec![None],
                 "no label: nothing flips"
             );
@@ -448,7 +433,7 @@ mod tests {
                     .collect(),
             );
             assert_eq!(
-                encoded.flipped_all(&neutral, &restricting, &[&restricted], "c1"),
+                crate::authz::flipped_all(&neutral, &restricting, &[&restricted], "c1", &entity),
                 vec![Some(false)],
                 "the new version's label is what the reload decides"
             );
