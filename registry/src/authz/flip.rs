@@ -89,7 +89,7 @@ pub type EntityOf<'a> = &'a (dyn Fn(&Arc<ServiceEntry>) -> Result<Entity, Policy
 /// what its default policies decide for a subscription. The chunks are decided on up to
 /// `available_parallelism` threads. A set with a policy that names an entity in its condition
 /// (it could read another service of the chunk), and anything that cannot be built this way,
-/// is decided with [`flipped`] per record.
+/// is decided with [`flipped`] per record (in the same chunks and threads).
 pub fn flipped_all(
     from: &Policies,
     to: &Policies,
@@ -107,19 +107,21 @@ pub fn flipped_all(
             .collect()
     };
     // A policy that names an entity in its condition could read another service of the chunk's
-    // set, which a decision on its own (`flipped`, a stream's `Discoverer`) never sees.
-    let shared = (!from.names_entities && !to.names_entities)
-        .then(|| Redecide::new(from, to, cluster, entity).ok())
-        .flatten();
-    let Some(shared) = shared else {
-        return one_by_one(entries);
+    // set, which a decision on its own (`flipped`, a stream's `Discoverer`) never sees: those
+    // sets are decided record by record, still on every core.
+    let shared = if from.names_entities || to.names_entities {
+        None
+    } else {
+        Redecide::new(from, to, cluster, entity).ok()
     };
     let chunks: Vec<&[&Arc<ServiceEntry>]> = entries.chunks(REDECIDE_CHUNK).collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(chunks.len());
-    let decide =
-        |chunk: &[&Arc<ServiceEntry>]| shared.chunk(chunk).unwrap_or_else(|_| one_by_one(chunk));
+    let decide = |chunk: &[&Arc<ServiceEntry>]| match &shared {
+        Some(shared) => shared.chunk(chunk).unwrap_or_else(|_| one_by_one(chunk)),
+        None => one_by_one(chunk),
+    };
     if threads <= 1 {
         return chunks.into_iter().flat_map(decide).collect();
     }

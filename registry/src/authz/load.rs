@@ -109,13 +109,14 @@ fn parse_file(file: &str, text: &str) -> Result<Vec<cedar_policy::Policy>, Polic
 /// Refuse a policy that tests `….labels` (with `contains`, `containsAll`, `containsAny`, `==`
 /// or `!=`) for a literal no service can carry ([`crate::peer_labels::check_policy_text`]): it
 /// would silently never match — a `forbid` that fails open. Reads the policy's JSON form, so
-/// every place a test can hide (nested, negated, in `unless`) is seen.
-fn check_label_tests(file: &str, policy: &cedar_policy::Policy) -> Result<(), PolicyError> {
-    let json = policy
-        .to_json()
-        .map_err(|e| PolicyError::Internal(e.to_string()))?;
+/// every place a test can hide (nested, negated, in `unless`) is seen (`json`).
+fn check_label_tests(
+    file: &str,
+    policy: &cedar_policy::Policy,
+    json: &serde_json::Value,
+) -> Result<(), PolicyError> {
     let mut bad = None;
-    find_label_literals(&json, &mut |text| {
+    find_label_literals(json, &mut |text| {
         if bad.is_none()
             && let Err(e) = crate::peer_labels::check_policy_text(text)
         {
@@ -133,10 +134,9 @@ fn check_label_tests(file: &str, policy: &cedar_policy::Policy) -> Result<(), Po
     }
 }
 
-/// Whether `policy`'s condition names an entity (an entity literal anywhere in its `when` or
-/// `unless` clauses). Its JSON form shows each as an `__entity` object; a policy whose JSON
-/// cannot be had counts as naming one.
-fn names_entities_in_conditions(policy: &cedar_policy::Policy) -> bool {
+/// Whether a policy's condition names an entity (an entity literal anywhere in its `when` or
+/// `unless` clauses): its JSON form (`json`) shows each as an `__entity` object.
+fn names_entities_in_conditions(json: &serde_json::Value) -> bool {
     fn has_entity(v: &serde_json::Value) -> bool {
         match v {
             serde_json::Value::Object(map) => {
@@ -146,10 +146,7 @@ fn names_entities_in_conditions(policy: &cedar_policy::Policy) -> bool {
             _ => false,
         }
     }
-    match policy.to_json() {
-        Ok(json) => json.get("conditions").is_some_and(has_entity),
-        Err(_) => true,
-    }
+    json.get("conditions").is_some_and(has_entity)
 }
 
 /// Call `found` with every string literal compared against a `labels` attribute in `expr` (a
@@ -242,8 +239,12 @@ impl Policies {
                         file: file.clone(),
                         id: policy.id().to_string(),
                     })?;
-                check_label_tests(file, &policy)?;
-                names_entities |= names_entities_in_conditions(&policy);
+                // Read in JSON form, where every place a test or a name can hide is explicit.
+                let json = policy
+                    .to_json()
+                    .map_err(|e| PolicyError::Internal(e.to_string()))?;
+                check_label_tests(file, &policy, &json)?;
+                names_entities |= names_entities_in_conditions(&json);
                 added
                     .add(policy)
                     .map_err(|e| PolicyError::Internal(format!("{e}")))?;
