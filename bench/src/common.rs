@@ -98,9 +98,61 @@ impl Summary {
     }
 }
 
+/// CPU time this process has used so far (every thread, user and system).
+pub fn process_cpu() -> std::time::Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    std::time::Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// A random cyclic permutation of `0..n` (Sattolo's algorithm over a xorshift64* stream from
+/// `seed`): following `next[i]` from any slot visits all `n` before it returns. At most
+/// `u32::MAX` slots.
+pub fn random_cycle(n: usize, seed: u64) -> Vec<u32> {
+    let n = n.min(u32::MAX as usize);
+    let mut next: Vec<u32> = (0..n as u32).collect();
+    let mut x = seed | 1;
+    for i in (1..n).rev() {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        let j = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) % i as u64) as usize;
+        next.swap(i, j);
+    }
+    next
+}
+
+/// This machine's memory latency now: nanoseconds per read over a `mib` MiB buffer, each read
+/// depending on the last (a chase through one random cycle of its cache lines, `reads` reads).
+/// On a VM it depends on the host (its other guests, where it placed this guest's memory) and
+/// moves from run to run; a bench whose work is mostly memory-bound (a thousand connections'
+/// state on both ends) moves with it, so each run states it.
+pub fn random_read_ns(mib: usize, reads: usize) -> f64 {
+    /// `u32`s in a 64-byte cache line: one read per line.
+    const LINE: usize = 16;
+    let lines = ((mib << 20) / 64).clamp(2, u32::MAX as usize);
+    let mut buf = vec![0u32; lines * LINE];
+    for (line, next) in random_cycle(lines, 0x9e37_79b9_7f4a_7c15)
+        .into_iter()
+        .enumerate()
+    {
+        buf[line * LINE] = next;
+    }
+    let buf = std::hint::black_box(buf);
+    let started = std::time::Instant::now();
+    let mut at = 0usize;
+    for _ in 0..reads {
+        at = buf[at * LINE] as usize;
+    }
+    std::hint::black_box(at);
+    started.elapsed().as_nanos() as f64 / reads.max(1) as f64
+}
+
 #[cfg(test)]
 mod tests {
-    use super::Summary;
+    use super::{Summary, random_cycle, random_read_ns};
 
     #[test]
     fn percentiles_use_nearest_rank_and_keep_signs() {
@@ -120,5 +172,28 @@ mod tests {
         let v: Vec<i64> = (1..=100).map(|ms| ms * 1_000_000).collect();
         let p99 = Summary::of(&v).expect("samples").percentile(99.0);
         assert!((p99 - 99_000_000).abs() <= 99_000, "{p99}");
+    }
+
+    #[test]
+    fn a_random_cycle_visits_every_slot_once() {
+        for n in [2, 3, 17, 1000] {
+            let next = random_cycle(n, 7);
+            let mut seen = vec![false; n];
+            let mut at = 0usize;
+            for _ in 0..n {
+                assert!(!seen[at], "slot {at} of {n} visited twice");
+                seen[at] = true;
+                at = next[at] as usize;
+            }
+            assert_eq!(at, 0, "back at the start after {n} steps");
+            assert!(seen.iter().all(|&s| s));
+        }
+        assert_ne!(random_cycle(1000, 7), random_cycle(1000, 8));
+    }
+
+    #[test]
+    fn the_memory_probe_reports_a_time_per_read() {
+        let ns = random_read_ns(1, 10_000);
+        assert!(ns.is_finite() && ns > 0.0, "{ns}");
     }
 }

@@ -9,7 +9,9 @@
 //! from the swap until each consumer has received every record whose decision changed (p50, p99,
 //! max over consumers), the records the consumers received for it (counted up to a catalog change
 //! made once every consumer has its records) against the decisions that flipped, and the streams
-//! that ended (a reconnect). Then a new consumer's whole snapshot, beside the subscribed ones,
+//! that ended (a reconnect), and the CPU the whole process used from the swap until every
+//! consumer had the catalog change after it; the run's header states the machine's memory
+//! latency then ([`random_read_ns`]). Then a new consumer's whole snapshot, beside the subscribed ones,
 //! under the neutral custom set (every record decided by Cedar) and under the default set.
 
 use std::time::{Duration, Instant};
@@ -25,7 +27,7 @@ use xcc_registry::authz::{Gate, Policies};
 use xcc_registry::catalog::Source;
 use xcc_registry::{Registry, RegistryConfig};
 
-use crate::common::loadavg;
+use crate::common::{loadavg, process_cpu, random_read_ns};
 use crate::hamlet::{
     BenchPki, CONNECT_PARALLELISM, ack, bulk_records, check_fd_limit, connect, entry, hot_record,
     hot_seq, ms, next, read_snapshot, snapshot_once, subscribe,
@@ -153,13 +155,16 @@ async fn measure(
             ("allow 1 % again", neutral()?)
         });
     }
+    let memory_ns = tokio::task::spawn_blocking(|| random_read_ns(64, 1_000_000))
+        .await
+        .context("the memory probe")?;
     println!(
-        "policy reload: {consumers} consumers (one cluster identity) x {services} services; load {}",
+        "policy reload: {consumers} consumers (one cluster identity) x {services} services; load {}; memory {memory_ns:.0} ns a random read (64 MiB)",
         loadavg()
     );
     println!(
-        "{:<16} {:>8} {:>10} {:>10} {:>10} {:>12} {:>10} {:>7}",
-        "edit", "flipped", "p50 ms", "p99 ms", "max ms", "records", "per flip", "ended"
+        "{:<16} {:>8} {:>10} {:>10} {:>10} {:>12} {:>10} {:>7} {:>8}",
+        "edit", "flipped", "p50 ms", "p99 ms", "max ms", "records", "per flip", "ended", "cpu ms"
     );
     let mut hot = 0u32;
     for (name, policies) in sets {
@@ -263,7 +268,7 @@ impl Edit {
         } = *self;
         let expected_each = if name == "neutral" { 0 } else { FLIPPED };
         expected.store(expected_each, std::sync::atomic::Ordering::Relaxed);
-        let t0 = Instant::now();
+        let (t0, cpu0) = (Instant::now(), process_cpu());
         gate.set_policies(policies);
         let mut done_at: Vec<Duration> = Vec::with_capacity(consumers);
         let mut records = 0usize;
@@ -311,6 +316,9 @@ impl Edit {
                 bail!("{ended} streams ended during the reload");
             }
         }
+        // The whole process (server, bench consumers and all): from the swap until every
+        // consumer had the hot change after the edit's records.
+        let cpu = process_cpu().saturating_sub(cpu0);
         let flipped = expected_each * consumers;
         done_at.sort();
         let pct = |p: f64| {
@@ -319,7 +327,7 @@ impl Edit {
                 .map_or(0.0, |d| ms(*d))
         };
         println!(
-            "{:<16} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>12} {:>10.2} {:>7}",
+            "{:<16} {:>8} {:>10.1} {:>10.1} {:>10.1} {:>12} {:>10.2} {:>7} {:>8.0}",
             name,
             flipped,
             pct(0.50),
@@ -331,7 +339,8 @@ impl Edit {
             } else {
                 records as f64 / flipped as f64
             },
-            ended
+            ended,
+            ms(cpu)
         );
         if wrong_op > 0 {
             bail!("{wrong_op} records had the wrong operation for {name}");

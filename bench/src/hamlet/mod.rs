@@ -567,6 +567,7 @@ mod tests {
         assert_eq!((p.mib, p.idle_s), (1, 0.0));
         assert!(p.warm_ms.is_finite() && p.warm_ms >= 0.0);
         assert!(p.after_idle_ms.is_finite() && p.after_idle_ms >= 0.0);
+        assert!(p.random_read_ns.is_finite() && p.random_read_ns > 0.0);
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub(super) struct IdleMemoryProbe {
     pub(super) idle_s: f64,
     pub(super) warm_ms: f64,
     pub(super) after_idle_ms: f64,
+    /// Nanoseconds a random read over the same size ([`crate::common::random_read_ns`]).
+    pub(super) random_read_ns: f64,
 }
 
 /// Write every page of a `mib` MiB buffer, read it back (warm), leave it untouched for `idle`,
@@ -103,11 +105,13 @@ pub(super) fn idle_memory_probe(mib: usize, idle: Duration) -> IdleMemoryProbe {
     let warm_ms = read(std::hint::black_box(&buf));
     std::thread::sleep(idle);
     let after_idle_ms = read(std::hint::black_box(&buf));
+    drop(buf);
     IdleMemoryProbe {
         mib,
         idle_s: idle.as_secs_f64(),
         warm_ms,
         after_idle_ms,
+        random_read_ns: crate::common::random_read_ns(mib, 1_000_000),
     }
 }
 
@@ -237,11 +241,12 @@ pub(super) fn render(r: &Report) -> String {
     if let Some(p) = &r.idle_memory {
         let _ = writeln!(
             out,
-            "\nthis machine: reading one byte per page of {} MiB took {} ms warm and {} ms after {:.0} s untouched; FIRST pays that for every consumer's connection state",
+            "\nthis machine: reading one byte per page of {} MiB took {} ms warm and {} ms after {:.0} s untouched; FIRST pays that for every consumer's connection state; a random read over it took {:.0} ns",
             p.mib,
             num(p.warm_ms),
             num(p.after_idle_ms),
-            p.idle_s
+            p.idle_s,
+            p.random_read_ns
         );
     }
     if !r.targets.is_empty() {
