@@ -11,8 +11,9 @@
 //! made once every consumer has its records) against the decisions that flipped, and the streams
 //! that ended (a reconnect), and the CPU the whole process used from the swap until every
 //! consumer had the catalog change after it; the run's header states the machine's memory
-//! latency then ([`random_read_ns`]). Then a new consumer's whole snapshot, beside the subscribed ones,
-//! under the neutral custom set (every record decided by Cedar) and under the default set.
+//! latency then ([`random_read_ns`]). Then a new consumer's whole snapshot, beside the
+//! subscribed ones, under the neutral custom set (every record decided by Cedar) and under the
+//! default set.
 
 use std::time::{Duration, Instant};
 
