@@ -130,29 +130,36 @@ pub fn random_cycle(n: usize, seed: u64) -> Vec<u32> {
 /// moves from run to run; a bench whose work is mostly memory-bound (a thousand connections'
 /// state on both ends) moves with it, so each run states it.
 pub fn random_read_ns(mib: usize, reads: usize) -> f64 {
-    /// `u32`s in a 64-byte cache line: one read per line.
-    const LINE: usize = 16;
-    let lines = ((mib << 20) / 64).clamp(2, u32::MAX as usize);
-    let mut buf = vec![0u32; lines * LINE];
-    for (line, next) in random_cycle(lines, 0x9e37_79b9_7f4a_7c15)
-        .into_iter()
-        .enumerate()
-    {
-        buf[line * LINE] = next;
-    }
-    let buf = std::hint::black_box(buf);
+    let buf = std::hint::black_box(chase_buffer(mib));
     let started = std::time::Instant::now();
     let mut at = 0usize;
     for _ in 0..reads {
-        at = buf[at * LINE] as usize;
+        at = buf[at * CHASE_LINE] as usize;
     }
     std::hint::black_box(at);
     started.elapsed().as_nanos() as f64 / reads.max(1) as f64
 }
 
+/// `u32`s in a 64-byte cache line: [`random_read_ns`] reads one per line.
+const CHASE_LINE: usize = 16;
+
+/// [`random_read_ns`]'s buffer of `mib` MiB (at least two lines): the first `u32` of each
+/// cache line holds the next line of one random cycle through all of them.
+fn chase_buffer(mib: usize) -> Vec<u32> {
+    let lines = ((mib << 20) / 64).clamp(2, u32::MAX as usize);
+    let mut buf = vec![0u32; lines * CHASE_LINE];
+    for (line, next) in random_cycle(lines, 0x9e37_79b9_7f4a_7c15)
+        .into_iter()
+        .enumerate()
+    {
+        buf[line * CHASE_LINE] = next;
+    }
+    buf
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{Summary, random_cycle, random_read_ns};
+    use super::{CHASE_LINE, Summary, chase_buffer, random_cycle, random_read_ns};
 
     #[test]
     fn percentiles_use_nearest_rank_and_keep_signs() {
