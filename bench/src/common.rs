@@ -198,9 +198,20 @@ mod tests {
         assert_ne!(random_cycle(1000, 7), random_cycle(1000, 8));
     }
 
+    /// The probe's chase reads a different cache line every time until it has read them all.
     #[test]
-    fn the_memory_probe_reports_a_time_per_read() {
-        let ns = random_read_ns(1, 10_000);
-        assert!(ns.is_finite() && ns > 0.0, "{ns}");
+    fn the_memory_probe_visits_every_cache_line_once() {
+        let buf = chase_buffer(1);
+        let lines = (1 << 20) / 64;
+        assert_eq!(buf.len(), lines * CHASE_LINE);
+        let mut seen = vec![false; lines];
+        let mut at = 0usize;
+        for _ in 0..lines {
+            assert!(!seen[at], "line {at} read twice");
+            seen[at] = true;
+            at = buf[at * CHASE_LINE] as usize;
+        }
+        assert_eq!(at, 0);
+        assert!(random_read_ns(1, 1_000).is_finite());
     }
 }
